@@ -1,0 +1,108 @@
+"""The analysis context rules run against: the DuckDB connection plus derived figures."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from advisor.model import Warning_
+from advisor.schema import TABLES
+
+_PARAM_RE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+
+CAPABILITIES: dict[str, str] = {
+    "device": "device (accelerator) events on at least one rank",
+    "multi_rank": "at least two ranks",
+    "multi_step": "at least two steps on some rank",
+    "breakdown": "the per-(rank, step) breakdown",
+    "critical_path": "the critical path of the analysed step",
+}
+
+
+def bind(sql: str, params: dict[str, Any] | None) -> dict[str, Any]:
+    """Keep only the parameters the SQL names (DuckDB rejects unused ones)."""
+    if not params:
+        return {}
+    used = set(_PARAM_RE.findall(sql))
+    return {k: v for k, v in params.items() if k in used}
+
+
+@dataclass
+class AnalysisContext:
+    """A loaded profile and its derived views."""
+
+    con: Any
+    path: str
+    sources: list[str]
+    ranks: list[int]
+    warnings: list[Warning_] = field(default_factory=list)
+    breakdown: pd.DataFrame | None = None
+    critical_path: dict[str, Any] | None = None
+    focus_rank: int | None = None
+    focus_step: int | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+    _counts: dict[str, int] = field(default_factory=dict)
+
+    # -- SQL helpers -----------------------------------------------------------------------
+    def query(self, sql: str, params: dict[str, Any] | None = None, used_only: bool = True) -> list[dict[str, Any]]:
+        """Run SQL with ``$name`` parameters and return rows as dicts."""
+        cur = self.con.cursor()
+        res = cur.execute(sql, bind(sql, params) if used_only else (params or {}))
+        cols = [d[0] for d in res.description]
+        return [dict(zip(cols, row, strict=True)) for row in res.fetchall()]
+
+    def df(self, sql: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        """Run SQL and return a DataFrame."""
+        cur = self.con.cursor()
+        return cur.execute(sql, bind(sql, params)).df()
+
+    def scalar(self, sql: str, params: dict[str, Any] | None = None) -> Any:
+        """First column of the first row (None when there is no row)."""
+        cur = self.con.cursor()
+        row = cur.execute(sql, bind(sql, params)).fetchone()
+        return None if row is None else row[0]
+
+    def rows(self, table: str) -> int:
+        """Row count of a canonical table (cached)."""
+        if table not in self._counts:
+            self._counts[table] = int(self.scalar(f"SELECT count(*) FROM {table}")) if table in TABLES else 0  # noqa: S608
+        return self._counts[table]
+
+    # -- capabilities ----------------------------------------------------------------------
+    @property
+    def has_device(self) -> bool:
+        """Some rank has device events."""
+        return bool(self.scalar("SELECT bool_or(has_device) FROM ranks"))
+
+    def missing(self, requirement: str) -> str | None:
+        """Why a requirement is not met (None when it is)."""
+        if requirement in TABLES:
+            return None if self.rows(requirement) > 0 else f"no {requirement} data in this profile ({TABLES[requirement].doc})"
+        if requirement == "device":
+            return None if self.has_device else "CPU-only trace: no device events"
+        if requirement == "multi_rank":
+            return None if len(self.ranks) >= 2 else "single rank"
+        if requirement == "multi_step":
+            n = self.scalar("SELECT max(c) FROM (SELECT count(*) c FROM steps WHERE step >= 0 GROUP BY rank)")
+            return None if (n or 0) >= 2 else "fewer than two steps"
+        if requirement == "breakdown":
+            return None if self.breakdown is not None and len(self.breakdown) else "no breakdown"
+        if requirement == "critical_path":
+            return None if self.critical_path and self.critical_path.get("ops") else "no critical path"
+        return f"unknown requirement {requirement!r}"
+
+    # -- figures rules use often --------------------------------------------------------------
+    def step_us(self, rank: int | None = None, step: int | None = None) -> float:
+        """Step time in µs: one (rank, step), the median over a rank's steps, or over everything."""
+        bd = self.breakdown
+        if bd is None or bd.empty:
+            return 0.0
+        sel = bd
+        if rank is not None:
+            sel = sel[sel["rank"] == rank]
+        if step is not None:
+            sel = sel[sel["step"] == step]
+        return float(sel["step_us"].median()) if len(sel) else 0.0

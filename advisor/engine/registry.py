@@ -1,0 +1,59 @@
+"""Rule discovery: import every module under the ``rules`` package, plus entry points."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from importlib.metadata import entry_points
+from typing import Any
+
+from advisor.engine.context import CAPABILITIES
+from advisor.engine.rule import DOC_SECTIONS, RULE_ID_RE, RuleSpec, registered
+from advisor.schema import TABLES
+
+_DISCOVERED = False
+
+
+class RegistryError(Exception):
+    """A rule is declared wrongly."""
+
+
+def validate(spec: RuleSpec[Any]) -> None:
+    """Reject rules that break the conventions (see docs/style)."""
+    from advisor.causes import causes
+
+    if not RULE_ID_RE.match(spec.id):
+        raise RegistryError(f"{spec.module}: rule id {spec.id!r} must match {RULE_ID_RE.pattern}")
+    for req in spec.requires:
+        if req not in TABLES and req not in CAPABILITIES:
+            raise RegistryError(f"{spec.id}: requires unknown table or capability {req!r}")
+    for c in spec.all_causes:
+        if c not in causes():
+            raise RegistryError(f"{spec.id}: cause {c!r} is not in rules/causes.toml")
+    if not dataclasses.is_dataclass(spec.thresholds) or not spec.thresholds.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        raise RegistryError(f"{spec.id}: Thresholds must be a frozen dataclass")
+    for f in dataclasses.fields(spec.thresholds):
+        if not f.metadata.get("help"):
+            raise RegistryError(f"{spec.id}: threshold {f.name} has no help text (use knob())")
+    missing = [s for s in DOC_SECTIONS if s not in spec.doc.sections]
+    if missing:
+        raise RegistryError(f"{spec.id}: docstring lacks sections {missing}")
+
+
+def discover() -> dict[str, RuleSpec[Any]]:
+    """Import all rule modules once and return the registry, sorted by id."""
+    global _DISCOVERED
+    if not _DISCOVERED:
+        import rules
+
+        for mod in pkgutil.walk_packages(rules.__path__, prefix="rules."):
+            if mod.name.rsplit(".", 1)[-1].startswith("_"):
+                continue
+            importlib.import_module(mod.name)
+        for ep in entry_points(group="advisor.rules"):
+            ep.load()
+        for spec in registered().values():
+            validate(spec)
+        _DISCOVERED = True
+    return dict(sorted(registered().items()))

@@ -1,0 +1,228 @@
+"""How a rule is declared: ``@rule(...)`` on a function that yields findings.
+
+A rule module's docstring is its documentation, in fixed sections::
+
+    \"\"\"<one-line summary>
+
+    ## Why it matters
+    ...
+    ## How it is detected
+    ...
+    ## What to do
+    ...
+    \"\"\"
+
+Thresholds are a frozen dataclass whose fields are declared with :func:`knob` (default, help,
+and where one exists the source of the number). ``--set RULE.field=value`` and ``advisor.toml``
+override them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from advisor.causes import optimizations_for
+from advisor.model import Finding, Severity, severity_for_fraction
+
+if TYPE_CHECKING:
+    from advisor.engine.context import AnalysisContext
+
+T = TypeVar("T")
+
+RULE_ID_RE = re.compile(r"^[A-Z]{2,4}\d{3}$")
+DOC_SECTIONS = ("Why it matters", "How it is detected", "What to do")
+
+
+def knob(default: Any, help: str, source: str = "") -> Any:  # noqa: A002 - mirrors argparse
+    """Declare a threshold field with its default, help text and the source of the number."""
+    return field(default=default, metadata={"help": help, "source": source})
+
+
+@dataclass(frozen=True)
+class NoThresholds:
+    """For rules without tunable numbers."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuleDoc:
+    """A rule's documentation, parsed from its module docstring."""
+
+    summary: str
+    sections: Mapping[str, str]
+
+    @classmethod
+    def parse(cls, text: str) -> RuleDoc:
+        """Split a docstring into its summary line and ``## Heading`` sections."""
+        text = (text or "").strip()
+        lines = text.splitlines()
+        summary = lines[0].strip() if lines else ""
+        sections: dict[str, list[str]] = {}
+        current: str | None = None
+        for line in lines[1:]:
+            m = re.match(r"^##\s+(.*\S)\s*$", line)
+            if m:
+                current = m.group(1)
+                sections[current] = []
+            elif current is not None:
+                sections[current].append(line)
+        return cls(summary, {k: "\n".join(v).strip() for k, v in sections.items()})
+
+    def markdown(self) -> str:
+        """The doc as Markdown."""
+        parts = [self.summary, ""]
+        for k, v in self.sections.items():
+            parts += [f"## {k}", v, ""]
+        return "\n".join(parts).strip() + "\n"
+
+
+@dataclass(frozen=True)
+class RuleSpec(Generic[T]):
+    """A registered rule."""
+
+    id: str
+    name: str
+    cause: str
+    requires: tuple[str, ...]
+    thresholds: type
+    func: Callable[[RuleContext[Any]], Iterable[Finding]]
+    doc: RuleDoc
+    module: str
+    status: str = "stable"
+    causes: tuple[str, ...] = ()
+
+    @property
+    def all_causes(self) -> tuple[str, ...]:
+        """The main cause and any others the rule may report."""
+        return (self.cause, *[c for c in self.causes if c != self.cause])
+
+    def threshold_fields(self) -> list[dataclasses.Field[Any]]:
+        """The Thresholds dataclass fields."""
+        return list(dataclasses.fields(self.thresholds))
+
+
+_REGISTRY: dict[str, RuleSpec[Any]] = {}
+
+
+def registered() -> dict[str, RuleSpec[Any]]:
+    """Rules registered so far (see :func:`advisor.engine.registry.discover`)."""
+    return _REGISTRY
+
+
+def rule(
+    id: str,  # noqa: A002
+    name: str,
+    *,
+    cause: str,
+    requires: Sequence[str] = ("events", "steps"),
+    thresholds: type = NoThresholds,
+    status: str = "stable",
+    causes: Sequence[str] = (),
+) -> Callable[[Callable[[RuleContext[Any]], Iterable[Finding]]], Callable[[RuleContext[Any]], Iterable[Finding]]]:
+    """Register a rule function. See the module docstring."""
+
+    def deco(func: Callable[[RuleContext[Any]], Iterable[Finding]]) -> Callable[[RuleContext[Any]], Iterable[Finding]]:
+        import sys
+
+        module = sys.modules[func.__module__]
+        spec = RuleSpec(
+            id=id,
+            name=name,
+            cause=cause,
+            requires=tuple(requires),
+            thresholds=thresholds,
+            func=func,
+            doc=RuleDoc.parse(module.__doc__ or func.__doc__ or ""),
+            module=func.__module__,
+            status=status,
+            causes=tuple(causes),
+        )
+        if id in _REGISTRY and _REGISTRY[id].module != spec.module:
+            raise ValueError(f"duplicate rule id {id} in {spec.module} and {_REGISTRY[id].module}")
+        _REGISTRY[id] = spec
+        return func
+
+    return deco
+
+
+class RuleContext(Generic[T]):
+    """What a rule sees: the analysis context, its thresholds, and a finding factory."""
+
+    def __init__(self, spec: RuleSpec[T], analysis: AnalysisContext, thresholds: T) -> None:
+        self.spec = spec
+        self.analysis = analysis
+        self.t = thresholds
+        self.notes: list[str] = []
+
+    # -- data access -------------------------------------------------------------------
+    @property
+    def con(self) -> Any:
+        """The DuckDB connection holding the canonical tables."""
+        return self.analysis.con
+
+    def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Run SQL with named parameters ($name); threshold fields are bound automatically."""
+        return self.analysis.query(sql, {**dataclasses.asdict(self.t), **(params or {})}, used_only=True)  # type: ignore[call-overload]
+
+    def df(self, sql: str, params: Mapping[str, Any] | None = None) -> Any:
+        """Like :meth:`query` but return a pandas DataFrame."""
+        return self.analysis.df(sql, {**dataclasses.asdict(self.t), **(params or {})})  # type: ignore[call-overload]
+
+    def warn(self, message: str) -> None:
+        """Say that part of the rule could not decide on the data it has (shown in warnings)."""
+        self.notes.append(message)
+
+    # -- findings ----------------------------------------------------------------------
+    def finding(
+        self,
+        *,
+        title: str,
+        evidence: Mapping[str, Any],
+        saving_us: float | None = None,
+        step_us: float | None = None,
+        ranks: Iterable[int] = (),
+        steps: Iterable[int] = (),
+        ops: Iterable[str] = (),
+        cause: str | None = None,
+        severity: Severity | None = None,
+        saving_basis: str = "",
+        detail: str = "",
+        top: Iterable[Mapping[str, Any]] = (),
+    ) -> Finding:
+        """Build a finding. Severity comes from saving/step_us (CAUSES.md) unless given.
+
+        ``saving_us`` is per step (an upper bound, its basis in ``saving_basis``); ``step_us`` the
+        step time it is a share of. A rule that cannot estimate a saving passes ``severity``.
+        """
+        cause = cause or self.spec.cause
+        fraction = None
+        if saving_us is not None and step_us:
+            fraction = max(0.0, min(1.0, saving_us / step_us))
+        if severity is None:
+            severity = severity_for_fraction(fraction)
+        return Finding(
+            rule=self.spec.id,
+            cause=cause,
+            severity=severity,
+            title=title,
+            evidence=dict(evidence),
+            ranks=tuple(sorted({int(r) for r in ranks})),
+            steps=tuple(sorted({int(s) for s in steps if s is not None and int(s) >= 0})),
+            ops=tuple(dict.fromkeys(str(o) for o in ops)),
+            estimated_saving_us=None if saving_us is None else round(float(saving_us), 3),
+            saving_fraction=None if fraction is None else round(fraction, 4),
+            saving_basis=saving_basis,
+            detail=detail,
+            optimizations=optimizations_for(cause),
+            top=tuple(dict(x) for x in top),
+        )
+
+
+def iter_findings(result: Iterable[Finding] | None) -> Iterator[Finding]:
+    """Normalise what a rule function returned."""
+    if result is None:
+        return iter(())
+    return iter(result)

@@ -1,0 +1,215 @@
+"""Load a profile (a directory or one file, one rank or a whole cluster) into canonical tables.
+
+Each source module (``kineto``, ``ascend``) offers ``claim(files, warn) -> [Unit]`` and
+``load(unit, LoadContext) -> info``. Readers are asked in order; a file claimed by one is not
+offered to the next. Ranks are decided after claiming (see :func:`assign_ranks`), then units
+load in parallel, each into the same canonical tables. A unit that fails is skipped with a
+warning; the rest is analysed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from advisor.engine.context import AnalysisContext
+from advisor.ingest.base import InputError, LoadContext, ParseError, Unit, one_line, walk_files
+from advisor.ingest.steps import finalize
+from advisor.model import Warning_
+from advisor.schema import create_all
+
+READER_MODULES = ("advisor.ingest.ascend", "advisor.ingest.kineto")
+
+
+def readers() -> list[Any]:
+    """Source modules in claim order (Ascend first: its exports also contain .json files)."""
+    out = []
+    for name in READER_MODULES:
+        try:
+            out.append(importlib.import_module(name))
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+    return out
+
+
+def connect(memory_limit: str | None = None, threads: int | None = None) -> Any:
+    """An in-memory DuckDB connection that never writes beside the profile (no spill files)."""
+    cfg: dict[str, Any] = {"temp_directory": ""}
+    con = duckdb.connect(":memory:", config=cfg)
+    if memory_limit:
+        con.execute(f"SET memory_limit = '{memory_limit}'")
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
+    con.execute("SET preserve_insertion_order = false")
+    return con
+
+
+def assign_ranks(units: list[Unit], warn: Callable[..., None]) -> None:
+    """Decide each unit's global rank.
+
+    Order of trust: the export's own rank (``distributedInfo`` / ``profiler_info``), a rank in
+    the file name, then order of appearance. Files of one process (same run key, e.g. the
+    worker name that ``tensorboard_trace_handler`` puts in every cycle's file) share a rank.
+    """
+    by_key: dict[str, int] = {}
+    used = {u.rank_hint for u in units if u.rank_hint is not None}
+    for u in units:
+        if u.rank_hint is not None:
+            u.rank = u.rank_hint
+            if u.run_key:
+                by_key.setdefault(u.run_key, u.rank)
+    next_rank = 0
+    guessed = []
+    for u in units:
+        if u.rank_hint is not None:
+            continue
+        if u.run_key and u.run_key in by_key:
+            u.rank = by_key[u.run_key]
+            u.rank_source = "run_key"
+            continue
+        while next_rank in used:
+            next_rank += 1
+        u.rank = next_rank
+        used.add(next_rank)
+        if u.run_key:
+            by_key[u.run_key] = u.rank
+        guessed.append(u)
+    multi = len({u.rank for u in units}) > 1 or len(guessed) > 1
+    for u in guessed:
+        if multi or len(units) > 1:
+            warn("rank_guessed", f"no rank recorded in the trace or its name; taken as rank {u.rank} by order", u.root)
+
+
+def load_profile(
+    path: str | Path,
+    *,
+    progress: Callable[[str, int, int], None] | None = None,
+    max_events: int | None = None,
+    workers: int | None = None,
+    memory_limit: str | None = None,
+) -> AnalysisContext:
+    """Read everything recognisable under ``path`` into a fresh DuckDB connection."""
+    t0 = time.perf_counter()
+    root = Path(path)
+    warnings: list[Warning_] = []
+
+    def warn(code: str, message: str, p: Path | str | None = None) -> None:
+        warnings.append(Warning_(code, one_line(message, 500), None if p is None else str(p)))
+
+    if not os.path.lexists(root):
+        raise InputError(f"{one_line(root)}: no such file or directory")
+    if root.is_dir():
+        files = list(walk_files(root, warn))
+    elif root.is_file():
+        files = [root]
+    else:
+        raise InputError(f"{one_line(root)}: not a regular file or directory")
+    if not files:
+        raise InputError(f"{one_line(root)}: empty directory: no trace files found")
+
+    units: list[Unit] = []
+    remaining = list(files)
+    for reader in readers():
+        claimed = reader.claim(remaining, warn)
+        taken = {f for u in claimed for f in u.files}
+        units.extend(claimed)
+        remaining = [f for f in remaining if f not in taken]
+    if not units:
+        detail = "; ".join(w.message for w in warnings[:1])
+        raise InputError(
+            f"{one_line(root)}: no recognisable trace (Kineto *.json[.gz] or Ascend *_ascend_pt / *_ascend_ms export)"
+            + (f" ({detail})" if detail else "")
+        )
+    assign_ranks(units, warn)
+
+    con = connect(memory_limit=memory_limit)
+    create_all(con)
+    lctx = LoadContext(con, warnings, max_events=max_events)
+    modules = {r.SOURCE: r for r in readers()}
+    infos: dict[int, list[tuple[Unit, dict[str, Any]]]] = defaultdict(list)
+    done = 0
+
+    def run(unit: Unit) -> tuple[Unit, dict[str, Any] | None]:
+        try:
+            return unit, modules[unit.source].load(unit, lctx)
+        except ParseError as exc:
+            lctx.warn(exc.code, exc.message, exc.path)
+        except (OSError, UnicodeDecodeError, ValueError, duckdb.Error) as exc:
+            lctx.warn("bad_file", f"cannot read: {type(exc).__name__}: {exc}", unit.label)
+        return unit, None
+
+    n_workers = workers or min(4, max(1, os.cpu_count() or 1), len(units))
+    if progress:
+        progress("ingest", 0, len(units))
+    if n_workers > 1:
+        with ThreadPoolExecutor(max_workers=n_workers) as pool:
+            for unit, info in pool.map(run, units):
+                done += 1
+                if info is not None:
+                    infos[unit.rank].append((unit, info))
+                if progress:
+                    progress("ingest", done, len(units))
+    else:
+        for unit in units:
+            unit, info = run(unit)
+            done += 1
+            if info is not None:
+                infos[unit.rank].append((unit, info))
+            if progress:
+                progress("ingest", done, len(units))
+
+    if not infos:
+        first = warnings[0].message if warnings else "nothing could be read"
+        where = warnings[0].path if warnings and warnings[0].path else str(root)
+        raise InputError(f"{one_line(where)}: {first}")
+
+    _write_ranks(con, infos)
+    finalize(con, warn)
+    ranks = [r[0] for r in con.execute("SELECT DISTINCT rank FROM ranks ORDER BY rank").fetchall()]
+    sources = [r[0] for r in con.execute("SELECT DISTINCT source FROM ranks ORDER BY source").fetchall()]
+    ctx = AnalysisContext(con=con, path=str(root), sources=sources, ranks=ranks, warnings=warnings)
+    ctx.extras["parse_seconds"] = time.perf_counter() - t0
+    return ctx
+
+
+def _write_ranks(con: Any, infos: dict[int, list[tuple[Unit, dict[str, Any]]]]) -> None:
+    rows = []
+    for rank, items in sorted(infos.items()):
+        units = [u for u, _ in items]
+        merged: dict[str, Any] = {}
+        for _, info in items:
+            for k, v in info.items():
+                if v is not None and k not in merged:
+                    merged[k] = v
+        world = next((u.world_size for u in units if u.world_size), None) or merged.get("world_size")
+        backend = next((u.backend for u in units if u.backend), None) or merged.get("backend")
+        rows.append(
+            (
+                rank,
+                units[0].source,
+                world,
+                backend,
+                merged.get("device_name"),
+                merged.get("device_count"),
+                None,
+                units[0].rank_source,
+                ";".join(str(f) for u in units for f in u.files),
+            )
+        )
+    con.executemany("INSERT INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    con.execute(
+        """UPDATE ranks SET has_device = coalesce((SELECT bool_or(device AND kind IN ('kernel','comm','memcpy','memset'))
+                                                   FROM events e WHERE e.rank = ranks.rank), false)"""
+    )
+
+
+__all__ = ["InputError", "ParseError", "load_profile"]

@@ -1,0 +1,164 @@
+"""What every source reader shares: units of work, the load context, errors, safe file discovery."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import stat
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from advisor.model import Warning_
+
+
+class InputError(Exception):
+    """Nothing usable could be read: the CLI prints ``str(exc)`` on one line and exits 2."""
+
+
+class ParseError(Exception):
+    """One file could not be read; it is skipped with a warning and the rest goes on."""
+
+    def __init__(self, path: Path | str, message: str, code: str = "bad_file") -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = str(path)
+        self.message = message
+        self.code = code
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """Collapse a message to one printable line (file names may hold newlines or control chars)."""
+    s = "".join(ch if ch.isprintable() else " " for ch in str(text))
+    s = " ".join(s.split())
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+@dataclass
+class Unit:
+    """One rank's export from one source: the files a reader will load together."""
+
+    source: str  # kineto | ascend_pt | ascend_ms
+    files: list[Path]
+    root: Path
+    rank_hint: int | None = None
+    rank_source: str = "order"
+    world_size: int | None = None
+    backend: str | None = None
+    run_key: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    rank: int = -1
+
+    @property
+    def label(self) -> str:
+        """A short name for messages."""
+        return str(self.root)
+
+
+class LoadContext:
+    """Passed to a reader's ``load``: a cursor, file ids and a thread-safe warning sink."""
+
+    def __init__(self, con: Any, warnings: list[Warning_], max_events: int | None = None) -> None:
+        self._con = con
+        self._warnings = warnings
+        self._lock = threading.Lock()
+        self._next_file_id = 0
+        self.max_events = max_events
+
+    def cursor(self) -> Any:
+        """A DuckDB cursor for this thread."""
+        return self._con.cursor()
+
+    def file_id(self, path: Path, rank: int, source: str) -> int:
+        """Register a file and return its id (rows in ``events.file_id`` point at it)."""
+        with self._lock:
+            fid = self._next_file_id
+            self._next_file_id += 1
+            self._con.cursor().execute(
+                "INSERT INTO profile_files VALUES (?, ?, ?, ?, 0)", [fid, rank, str(path), source]
+            )
+        return fid
+
+    def warn(self, code: str, message: str, path: Path | str | None = None) -> None:
+        """Record an input problem (shown in the report and on stderr)."""
+        with self._lock:
+            self._warnings.append(Warning_(code, one_line(message, 500), None if path is None else str(path)))
+
+
+# -- safe discovery ----------------------------------------------------------------------------
+
+MAX_FILES = 200_000
+
+
+def walk_files(root: Path, warn: Any) -> Iterator[Path]:
+    """Yield regular files below ``root`` without following links out of it.
+
+    Links are followed only when they resolve inside ``root``; loops, dangling links, pipes,
+    sockets and devices are skipped with a warning.
+    """
+    root_real = Path(os.path.realpath(root))
+    seen_dirs: set[tuple[int, int]] = set()
+    stack = [root]
+    count = 0
+    while stack:
+        d = stack.pop()
+        try:
+            st = d.stat()
+            key = (st.st_dev, st.st_ino)
+            if key in seen_dirs:
+                warn("link_loop", "directory reached twice (symlink loop); skipped", d)
+                continue
+            seen_dirs.add(key)
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError as exc:
+            warn("unreadable", f"cannot list directory: {exc.strerror or exc}", d)
+            continue
+        for entry in entries:
+            p = Path(entry.path)
+            try:
+                if entry.is_symlink():
+                    target = os.path.realpath(p)
+                    if not os.path.exists(target):
+                        warn("dangling_link", "symbolic link points nowhere; skipped", p)
+                        continue
+                    if os.path.commonpath([root_real, target]) != str(root_real):
+                        warn("link_outside", "symbolic link points outside the profile directory; not followed", p)
+                        continue
+                st = p.stat()
+            except OSError as exc:
+                warn("unreadable", f"cannot stat: {exc.strerror or exc}", p)
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(p)
+            elif stat.S_ISREG(st.st_mode):
+                count += 1
+                if count > MAX_FILES:
+                    warn("too_many_files", f"more than {MAX_FILES} files; the rest are ignored", root)
+                    return
+                yield p
+            else:
+                warn("special_file", "not a regular file (pipe, socket or device); skipped", p)
+
+
+def read_head(path: Path, n: int = 65536) -> bytes:
+    """The first ``n`` bytes of a file, decompressed when it is gzip; b'' when unreadable."""
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(2)
+            fh.seek(0)
+            if magic == b"\x1f\x8b":
+                with gzip.GzipFile(fileobj=fh) as gz:
+                    return gz.read(n)
+            return fh.read(n)
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return b""
+
+
+def is_gzip(path: Path) -> bool:
+    """True when the file starts with the gzip magic bytes."""
+    try:
+        with path.open("rb") as fh:
+            return fh.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False

@@ -1,0 +1,152 @@
+"""Plain data passed between the engine and the renderers: findings, warnings, the report."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_ID = "advisor.report/v1"
+
+
+class Severity(enum.IntEnum):
+    """Finding severity; ordered so that ``max()`` and comparisons work."""
+
+    INFO = 0
+    LOW = 1
+    MEDIUM = 2
+    HIGH = 3
+    CRITICAL = 4
+
+    @property
+    def label(self) -> str:
+        """Lower-case name used in reports and on the command line."""
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, text: str) -> Severity:
+        """Parse a severity name (case-insensitive)."""
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            raise ValueError(f"unknown severity {text!r}; use one of {', '.join(s.label for s in cls)}") from None
+
+
+# Share of the step saved -> severity (CAUSES.md): critical >= 20 %, high >= 10 %, medium >= 3 %, low > 0.
+SEVERITY_CUTOFFS: tuple[tuple[float, Severity], ...] = (
+    (0.20, Severity.CRITICAL),
+    (0.10, Severity.HIGH),
+    (0.03, Severity.MEDIUM),
+)
+
+
+def severity_for_fraction(fraction: float | None) -> Severity:
+    """Map an estimated saving (share of the step, 0..1) to a severity, as CAUSES.md defines."""
+    if fraction is None or fraction <= 0:
+        return Severity.INFO
+    for cutoff, sev in SEVERITY_CUTOFFS:
+        if fraction >= cutoff:
+            return sev
+    return Severity.LOW
+
+
+BOTTLENECK_OF_PREFIX = {
+    "parallel": "parallel",
+    "io": "io",
+    "cpu": "cpu",
+    "compute": "computation",
+    "comm": "communication",
+    "cluster": "cluster",
+    "memory": "memory",
+}
+
+
+def bottleneck_of(cause: str) -> str:
+    """The report's ``bottleneck`` for a cause id (``comm.x`` -> ``communication``)."""
+    prefix = cause.split(".", 1)[0]
+    return BOTTLENECK_OF_PREFIX.get(prefix, prefix)
+
+
+@dataclass(frozen=True, slots=True)
+class Optimization:
+    """One optimization from the cause map."""
+
+    id: str
+    title: str
+    how: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Warning_:
+    """An input problem met, or an analysis that could not run, and why."""
+
+    code: str
+    message: str
+    path: str | None = None
+
+    def to_json(self) -> dict[str, str]:
+        """JSON form (contract: code, message, optional path)."""
+        out = {"code": self.code, "message": self.message}
+        if self.path is not None:
+            out["path"] = self.path
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One diagnosed bottleneck cause, with the numbers it was decided on."""
+
+    rule: str
+    cause: str
+    severity: Severity
+    title: str
+    evidence: Mapping[str, Any]
+    ranks: tuple[int, ...] = ()
+    steps: tuple[int, ...] = ()
+    ops: tuple[str, ...] = ()
+    estimated_saving_us: float | None = None
+    saving_fraction: float | None = None
+    saving_basis: str = ""
+    detail: str = ""
+    optimizations: tuple[Optimization, ...] = ()
+    top: tuple[Mapping[str, Any], ...] = ()
+    explains: tuple[str, ...] = ()
+
+    @property
+    def bottleneck(self) -> str:
+        """Bottleneck class (contract vocabulary)."""
+        return bottleneck_of(self.cause)
+
+    @property
+    def id(self) -> str:
+        """Stable id: hash of rule and what is affected, so diffs across runs line up."""
+        key = f"{self.rule}|{self.cause}|{self.ranks}|{self.ops[:5]}"
+        return self.rule + "-" + hashlib.sha1(key.encode()).hexdigest()[:8]
+
+
+@dataclass(slots=True)
+class RuleOutcome:
+    """What happened to one rule in a run."""
+
+    rule: str
+    status: str  # "ran" | "skipped" | "error" | "not_selected"
+    reason: str = ""
+    findings: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class Report:
+    """Everything the renderers need. Built by :func:`advisor.analyze.analyze`."""
+
+    tool_version: str
+    profile: dict[str, Any]
+    breakdown: list[dict[str, Any]]
+    critical_path: dict[str, Any]
+    findings: list[Finding] = field(default_factory=list)
+    warnings: list[Warning_] = field(default_factory=list)
+    rules: list[RuleOutcome] = field(default_factory=list)
+    step_times: list[dict[str, Any]] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)
