@@ -1,0 +1,217 @@
+"""The main job: load a profile, run the stages and the rules, build the Report."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from advisor import __version__
+from advisor.config import Config
+from advisor.engine.context import AnalysisContext
+from advisor.engine.runner import run_rules
+from advisor.ingest import load_profile
+from advisor.model import Report, Warning_
+from advisor.schema import NO_STEP
+from advisor.stages import breakdown as breakdown_stage
+from advisor.stages import critical_path as cp_stage
+
+BREAKDOWN_FIELDS = (
+    "rank",
+    "step",
+    "step_us",
+    "compute_us",
+    "comm_us",
+    "overlapped_us",
+    "compute_only_us",
+    "comm_only_us",
+    "host_only_us",
+    "free_us",
+    "overlap_ratio",
+    "kernel_us",
+    "memory_us",
+    "dataloader_us",
+    "host_busy_us",
+)
+
+
+def choose_focus(ctx: AnalysisContext, rank: int | None, step: int | None) -> tuple[int | None, int | None]:
+    """The (rank, step) whose critical path is reported.
+
+    Default: the rank with the longest median step (the one the others wait for), and on it
+    the step whose time is the median (representative, not a warm-up or a spike).
+    """
+    bd = ctx.breakdown
+    if bd is None or bd.empty:
+        return rank, step
+    if rank is None:
+        med = bd.groupby("rank")["step_us"].median()
+        rank = int(med.idxmax())
+    rows = bd[bd["rank"] == rank].sort_values("step_us")
+    if rows.empty:
+        return rank, step
+    if step is None:
+        step = int(rows.iloc[(len(rows) - 1) // 2]["step"])
+    return rank, step
+
+
+def build_context(
+    path: str | Path,
+    *,
+    rank: int | None = None,
+    step: int | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    max_events: int | None = None,
+    memory_limit: str | None = None,
+) -> AnalysisContext:
+    """Load and run the inter-operator stages (breakdown, critical path)."""
+    ctx = load_profile(path, progress=progress, max_events=max_events, memory_limit=memory_limit)
+    t0 = time.perf_counter()
+    if progress:
+        progress("breakdown", 0, 1)
+    ctx.breakdown = breakdown_stage.compute(ctx.con)
+    breakdown_stage.store(ctx.con, ctx.breakdown)
+    if rank is not None and rank not in ctx.ranks:
+        ctx.warnings.append(Warning_("focus", f"--rank {rank} is not in this profile (ranks: {_short(ctx.ranks)})"))
+        rank = None
+    if step is not None and ctx.breakdown is not None and step not in set(ctx.breakdown["step"]):
+        steps = sorted(set(int(s) for s in ctx.breakdown["step"]))
+        ctx.warnings.append(Warning_("focus", f"--step {step} is not in this profile (steps: {_short(steps)})"))
+        step = None
+    ctx.focus_rank, ctx.focus_step = choose_focus(ctx, rank, step)
+    if progress:
+        progress("critical path", 0, 1)
+    ctx.critical_path = _critical_path(ctx)
+    ctx.extras["stages_seconds"] = time.perf_counter() - t0
+    if not ctx.has_device:
+        ctx.warnings.append(
+            Warning_(
+                "cpu_only",
+                "CPU-only trace (no device events): device idle, communication overlap and roofline analyses "
+                "do not apply; the breakdown treats host operators as compute (see README)",
+            )
+        )
+    return ctx
+
+
+def _short(items: list[int]) -> str:
+    return ", ".join(map(str, items[:10])) + (" …" if len(items) > 10 else "")
+
+
+def _critical_path(ctx: AnalysisContext) -> dict[str, Any]:
+    rank, step = ctx.focus_rank, ctx.focus_step
+    empty = {"rank": rank, "step": None if step in (None, NO_STEP) else step, "length_us": 0.0, "ops": []}
+    if rank is None or step is None:
+        return empty
+    win = ctx.con.cursor().execute("SELECT start_ns, end_ns FROM steps WHERE rank = ? AND step = ?", [rank, step]).fetchone()
+    if not win:
+        return empty
+    cp = cp_stage.compute(ctx.con, rank, step, int(win[0]), int(win[1]))
+    if cp["step"] == NO_STEP:
+        cp["step"] = None
+    return cp
+
+
+def analyze(
+    path: str | Path,
+    cfg: Config | None = None,
+    *,
+    rank: int | None = None,
+    step: int | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    max_events: int | None = None,
+    memory_limit: str | None = None,
+    debug: bool = False,
+) -> Report:
+    """Everything ``advisor analyze`` does before rendering."""
+    cfg = cfg or Config()
+    t_start = time.perf_counter()
+    ctx = build_context(path, rank=rank, step=step, progress=progress, max_events=max_events, memory_limit=memory_limit)
+    if progress:
+        progress("rules", 0, 1)
+    findings, outcomes = run_rules(ctx, cfg, debug=debug)
+    if rank is not None or step is not None:
+        findings = [
+            f
+            for f in findings
+            if (rank is None or not f.ranks or rank in f.ranks) and (step is None or not f.steps or step in f.steps)
+        ]
+    return build_report(ctx, findings, outcomes, t_start, rank=rank, step=step)
+
+
+def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any], t_start: float, *, rank: int | None = None, step: int | None = None) -> Report:
+    """Assemble the Report from a context that stages and rules have run on."""
+    bd = ctx.breakdown
+    rows: list[dict[str, Any]] = []
+    if bd is not None and not bd.empty:
+        sel = bd
+        if rank is not None:
+            sel = sel[sel["rank"] == rank]
+        if step is not None:
+            sel = sel[sel["step"] == step]
+        for rec in sel.to_dict("records"):
+            row = {k: rec.get(k) for k in BREAKDOWN_FIELDS if k in rec}
+            row["rank"] = int(row["rank"])
+            row["step"] = None if int(row["step"]) == NO_STEP else int(row["step"])
+            for k, v in row.items():
+                if k not in ("rank", "step") and v is not None:
+                    row[k] = None if v != v else round(float(v), 3)  # NaN -> None
+            rows.append(row)
+    meta = ctx.query("SELECT rank, world_size, device_name, backend, has_device FROM ranks ORDER BY rank")
+    world = next((m["world_size"] for m in meta if m["world_size"]), None)
+    devices = sorted({m["device_name"] for m in meta if m["device_name"]})
+    steps = sorted({r["step"] for r in rows if r["step"] is not None}) if rows else []
+    if bd is not None and not bd.empty:
+        steps = sorted({int(s) for s in bd["step"] if int(s) != NO_STEP})
+    profile = {
+        "path": ctx.path,
+        "sources": ctx.sources,
+        "ranks": ctx.ranks,
+        "world_size": world,
+        "steps": steps,
+        "devices": devices,
+        "cpu_only": not ctx.has_device,
+        "backends": sorted({m["backend"] for m in meta if m["backend"]}),
+        "parse_seconds": round(float(ctx.extras.get("parse_seconds", 0.0)), 4),
+        "analyze_seconds": round(time.perf_counter() - t_start, 4),
+        "focus": {"rank": ctx.focus_rank, "step": None if ctx.focus_step == NO_STEP else ctx.focus_step},
+    }
+    step_stats = []
+    if bd is not None and not bd.empty:
+        for r, g in bd[bd["step"] != NO_STEP].groupby("rank"):
+            s = g["step_us"]
+            step_stats.append(
+                {
+                    "rank": int(r),
+                    "steps": int(len(s)),
+                    "mean_us": round(float(s.mean()), 3),
+                    "median_us": round(float(s.median()), 3),
+                    "min_us": round(float(s.min()), 3),
+                    "max_us": round(float(s.max()), 3),
+                    "std_us": round(float(s.std(ddof=0)), 3),
+                }
+            )
+    from advisor.render.json import clean
+
+    return Report(
+        tool_version=__version__,
+        profile=profile,
+        breakdown=rows,
+        critical_path=clean(ctx.critical_path or {"rank": None, "step": None, "length_us": 0.0, "ops": []}),
+        findings=findings,
+        warnings=_dedupe(ctx.warnings),
+        rules=outcomes,
+        step_times=step_stats,
+    )
+
+
+def _dedupe(warnings: list[Warning_]) -> list[Warning_]:
+    seen = set()
+    out = []
+    for w in warnings:
+        key = (w.code, w.message, w.path)
+        if key not in seen:
+            seen.add(key)
+            out.append(w)
+    return out

@@ -1,0 +1,216 @@
+"""Command line: ``advisor analyze``, ``advisor rules``, ``advisor explain``.
+
+Exit codes: 0 clean, 1 gate failed (``--fail-on``, ``--baseline``, ``--budget``), 2 usage or
+input error (one line on stderr, never a traceback unless ``--debug``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+import click
+
+from advisor import __version__
+from advisor.config import Config, ConfigError
+from advisor.ingest.base import InputError, one_line
+
+FORMATS = ("terminal", "json", "html", "md")
+
+
+class UsageFailure(Exception):
+    """A usage error detected after click parsing (exit 2)."""
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(f"advisor: {one_line(message, 1000)}", err=True)
+    sys.exit(code)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file in the same directory and a rename."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def render(report: Any, fmt: str, verbose: bool = False) -> str:
+    """Render a report in one of FORMATS (terminal returns text for non-TTY output)."""
+    if fmt == "json":
+        from advisor.render.json import render as r
+    elif fmt == "html":
+        from advisor.render.html import render as r  # type: ignore[no-redef]
+    elif fmt == "md":
+        from advisor.render.markdown import render as r  # type: ignore[no-redef]
+    else:
+        from advisor.render.terminal import render_text
+
+        return render_text(report, verbose=verbose)
+    return r(report)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="advisor")
+def main() -> None:
+    """Rule-based bottleneck advisor for deep-learning training profiles."""
+
+
+@main.command()
+@click.argument("profile", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="terminal", show_default=True, help="Report format.")
+@click.option("--out", type=click.Path(path_type=Path), help="Write the report here (atomically) instead of stdout.")
+@click.option("--rank", type=int, help="Focus one rank (breakdown, critical path, findings).")
+@click.option("--step", type=int, help="Focus one step.")
+@click.option("--set", "sets", multiple=True, metavar="RULE.param=value", help="Override a rule threshold.")
+@click.option("--rule", "select", multiple=True, metavar="ID", help="Run only these rules.")
+@click.option("--skip", multiple=True, metavar="ID", help="Do not run these rules.")
+@click.option("--all", "all_rules", is_flag=True, help="Also run experimental rules.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="advisor.toml (default: ./advisor.toml if present).")
+@click.option("--fail-on", type=click.Choice(["critical", "high", "medium", "low", "info"]), help="Exit 1 when a finding reaches this severity.")
+@click.option("--baseline", type=click.Path(path_type=Path), help="Profile dir or JSON report to compare with.")
+@click.option("--max-regression", type=float, default=10.0, show_default=True, help="Percent slower than the baseline that fails the gate.")
+@click.option("--budget", "budgets", multiple=True, metavar="NAME=VALUE", help="Absolute budget, e.g. step_ms=120, comm_only_ratio=0.15.")
+@click.option("--max-events", type=int, help="Refuse files with more events than this (default: no limit).")
+@click.option("--memory-limit", help="DuckDB memory limit, e.g. 8GB (default: 80% of RAM).")
+@click.option("-v", "--verbose", is_flag=True, help="Show evidence in the terminal summary.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: int | None, sets: tuple[str, ...],
+            select: tuple[str, ...], skip: tuple[str, ...], all_rules: bool, config_path: Path | None,
+            fail_on: str | None, baseline: Path | None, max_regression: float, budgets: tuple[str, ...],
+            max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool) -> None:
+    """Analyse PROFILE (a trace file or a directory of rank exports) and report what limits the step."""
+    try:
+        code = _analyze(profile, fmt, out, rank, step, sets, select, skip, all_rules, config_path, fail_on, baseline,
+                        max_regression, budgets, max_events, memory_limit, verbose, debug)
+    except (InputError, ConfigError, UsageFailure) as exc:
+        if debug:
+            traceback.print_exc()
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except MemoryError:
+        _fail(f"{profile}: out of memory (try --max-events or --memory-limit)")
+    except Exception as exc:  # never a traceback for the user
+        if debug:
+            traceback.print_exc()
+        _fail(f"{profile}: internal error: {type(exc).__name__}: {exc} (rerun with --debug for details)")
+    sys.exit(code)
+
+
+def _analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: int | None, sets: tuple[str, ...],
+             select: tuple[str, ...], skip: tuple[str, ...], all_rules: bool, config_path: Path | None,
+             fail_on: str | None, baseline: Path | None, max_regression: float, budgets: tuple[str, ...],
+             max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool) -> int:
+    from advisor.analyze import analyze as run_analysis
+    from advisor.gate import evaluate, parse_budgets
+
+    if config_path is None and Path("advisor.toml").is_file():
+        config_path = Path("advisor.toml")
+    cfg = Config.load(config_path)
+    for s in sets:
+        cfg.add_set(s)
+    cfg.select += [r.upper() for r in select]
+    cfg.skip += [r.upper() for r in skip]
+    cfg.all_rules = cfg.all_rules or all_rules
+    budget_map = parse_budgets(budgets)
+    if out is not None:
+        out_dir = out.parent if str(out.parent) else Path(".")
+        if not out_dir.is_dir():
+            raise UsageFailure(f"--out {out}: directory {out_dir} does not exist")
+        try:
+            if out.resolve().is_relative_to(profile.resolve()) and profile.is_dir():
+                raise UsageFailure(f"--out {out}: refusing to write inside the profile directory")
+        except OSError:
+            pass
+
+    progress = None
+    terminal_live = fmt == "terminal" and out is None and sys.stderr.isatty()
+    if sys.stderr.isatty():
+        from advisor.render.terminal import Progress
+
+        progress = Progress()
+    try:
+        report = run_analysis(profile, cfg, rank=rank, step=step, progress=progress, max_events=max_events,
+                              memory_limit=memory_limit, debug=debug)
+    finally:
+        if progress is not None:
+            progress.close()
+    gate = evaluate(report, fail_on=fail_on, baseline=baseline, max_regression=max_regression, budgets=budget_map)
+    report.extras.update(gate.report_fields())
+    for w in report.warnings:
+        if w.path:
+            click.echo(f"advisor: warning: {one_line(w.path, 300)}: {one_line(w.message, 300)}", err=True)
+    if fmt == "terminal" and out is None:
+        from advisor.render.terminal import print_report
+
+        print_report(report, verbose=verbose, color=None if terminal_live or sys.stdout.isatty() else False)
+    else:
+        text = render(report, fmt, verbose=verbose)
+        if out is None:
+            click.echo(text, nl=False)
+        else:
+            write_atomic(out, text)
+    for msg in gate.messages:
+        click.echo(f"advisor: gate: {one_line(msg, 500)}", err=True)
+    return gate.exit_code
+
+
+@main.command("rules")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "md"]), default="table", show_default=True)
+def rules_cmd(fmt: str) -> None:
+    """List every rule: id, name, cause, what it needs, status."""
+    from advisor.engine.registry import discover
+
+    specs = discover()
+    if fmt == "json":
+        import json
+
+        click.echo(json.dumps([{"id": s.id, "name": s.name, "cause": s.cause, "causes": list(s.all_causes),
+                                "requires": list(s.requires), "status": s.status, "summary": s.doc.summary}
+                               for s in specs.values()], indent=2))
+        return
+    if fmt == "md":
+        from advisor.render.docs import rules_markdown
+
+        click.echo(rules_markdown(specs), nl=False)
+        return
+    from advisor.render.terminal import print_rules
+
+    print_rules(specs)
+
+
+@main.command()
+@click.argument("rule_id")
+def explain(rule_id: str) -> None:
+    """Print a rule's documentation: what it detects, why, how it decides, what to do, its thresholds."""
+    from advisor.engine.registry import discover
+    from advisor.render.docs import rule_markdown
+
+    specs = discover()
+    spec = specs.get(rule_id.upper())
+    if spec is None:
+        matches = [s for s in specs.values() if s.name == rule_id or s.cause == rule_id]
+        if not matches:
+            _fail(f"unknown rule {rule_id!r} (see 'advisor rules')")
+        spec = matches[0]
+    from advisor.render.terminal import print_markdown
+
+    print_markdown(rule_markdown(spec))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

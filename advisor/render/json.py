@@ -1,0 +1,75 @@
+"""Report -> JSON (contract ``advisor.report/v1``; extra fields allowed, none renamed or dropped)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from advisor.model import SCHEMA_ID, Finding, Report
+
+
+def clean(value: Any) -> Any:
+    """Make a value strict-JSON safe: NaN/Infinity -> None, numpy scalars -> Python, tuples -> lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if hasattr(value, "item"):  # numpy / pandas scalar
+        try:
+            return clean(value.item())
+        except (ValueError, TypeError):
+            pass
+    return str(value)
+
+
+def finding_dict(f: Finding) -> dict[str, Any]:
+    """One finding in contract form plus extra fields (id, saving basis, top rows)."""
+    return {
+        "id": f.id,
+        "rule": f.rule,
+        "bottleneck": f.bottleneck,
+        "cause": f.cause,
+        "severity": f.severity.label,
+        "title": f.title,
+        "detail": f.detail,
+        "evidence": dict(f.evidence),
+        "ranks": list(f.ranks),
+        "steps": list(f.steps),
+        "ops": list(f.ops),
+        "estimated_saving_us": f.estimated_saving_us,
+        "saving_fraction": f.saving_fraction,
+        "saving_basis": f.saving_basis,
+        "optimizations": [{"id": o.id, "title": o.title, "how": o.how} for o in f.optimizations],
+        "top": [dict(t) for t in f.top],
+        "explains": list(f.explains),
+    }
+
+
+def report_dict(report: Report) -> dict[str, Any]:
+    """The whole report as a JSON-ready dict."""
+    out = {
+        "schema": SCHEMA_ID,
+        "tool": {"name": "advisor", "version": report.tool_version},
+        "profile": report.profile,
+        "breakdown": report.breakdown,
+        "critical_path": report.critical_path,
+        "findings": [finding_dict(f) for f in report.findings],
+        "warnings": [w.to_json() for w in report.warnings],
+        "rules": [
+            {"rule": o.rule, "status": o.status, "reason": o.reason, "findings": o.findings, "seconds": round(o.seconds, 4)}
+            for o in report.rules
+        ],
+        "step_times": report.step_times,
+    }
+    out.update(report.extras)
+    return clean(out)
+
+
+def render(report: Report) -> str:
+    """Strict JSON text (allow_nan=False: a NaN that slipped through is a bug, not output)."""
+    return json.dumps(report_dict(report), indent=2, allow_nan=False, ensure_ascii=False) + "\n"

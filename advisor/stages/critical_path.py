@@ -1,0 +1,276 @@
+"""Critical path of one (rank, step) (Hermes §4.2.1).
+
+The walk starts at the end of the step window and goes back in time along the dependency
+that made each operator start when it did (the "last arriving input"), until it reaches the
+window start. The dependencies it follows, each a real edge that can be named:
+
+* **host order** – on a host thread, work runs one piece after another; nested operators are
+  flattened so the innermost running event owns each instant;
+* **launch** – a device task cannot start before the host call that launched it (same
+  correlation id); when the previous task on the stream ended earlier than the launch, the
+  launch is the binding edge and the walk jumps to the host;
+* **stream order** – a device task starts after the previous task on its stream; when that
+  task ended last, it is the binding edge;
+* **sync wait** – a host sync call (``cudaStreamSynchronize``, ``aclrtSynchronizeStream``,
+  blocking ``cudaMemcpy`` …) ends after the device work it waited for; the walk jumps from the
+  end of the wait to the device task that finished last inside it;
+* **thread hand-off** – a helper thread (e.g. autograd's) with nothing earlier in the window
+  was started from the main thread (the one holding the step marker); the walk moves there.
+
+Gaps where the chosen track was doing nothing become ``idle`` segments on the path, so the
+path's length is exactly the window's wall time. Time on the path is credited to the
+outermost framework operator that encloses the host instant (``aten::conv2d`` rather than the
+``cudaLaunchKernel`` inside it), to the kernel for device time, and to ``idle`` for gaps.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+REPORT_KIND = {
+    "host_op": "host",
+    "runtime": "host",
+    "sync": "host",
+    "python": "host",
+    "queue": "host",
+    "other": "other",
+    "kernel": "compute",
+    "memcpy": "compute",
+    "memset": "compute",
+    "comm": "communication",
+    "dataloader": "io",
+}
+
+_EVENTS_SQL = """
+SELECT start_ns, start_ns + dur_ns AS end_ns, kind, name, device, coalesce(tid, '') AS tid,
+       coalesce(stream, -1) AS stream, corr
+FROM events
+WHERE rank = $rank AND dur_ns > 0 AND start_ns < $end AND start_ns + dur_ns > $start
+  AND (device AND kind IN ('kernel', 'comm', 'memcpy', 'memset')
+       OR NOT device AND kind IN ('host_op', 'runtime', 'sync', 'dataloader', 'queue', 'comm', 'python', 'other', 'step'))
+ORDER BY start_ns, dur_ns DESC
+"""
+
+
+@dataclass
+class _Track:
+    """Flattened timeline of one host thread: innermost event per segment."""
+
+    seg_start: list[int]
+    seg_end: list[int]
+    seg_event: list[int]
+
+
+def _flatten(idx: list[int], start: np.ndarray, end: np.ndarray) -> _Track:
+    """Cut nested intervals (sorted by start, longer first) into innermost-owner segments."""
+    ss: list[int] = []
+    se: list[int] = []
+    sv: list[int] = []
+    stack: list[int] = []
+    cursor = None
+
+    def emit(a: int, b: int, owner: int) -> None:
+        if b > a:
+            ss.append(a)
+            se.append(b)
+            sv.append(owner)
+
+    for i in idx:
+        s, e = int(start[i]), int(end[i])
+        while stack and int(end[stack[-1]]) <= s:
+            top = stack.pop()
+            emit(cursor, int(end[top]), top)  # type: ignore[arg-type]
+            cursor = int(end[top])
+            if stack:
+                cursor = max(cursor, int(end[top]))
+        if stack:
+            emit(cursor, s, stack[-1])  # type: ignore[arg-type]
+        if stack and e > int(end[stack[-1]]):
+            e = int(end[stack[-1]])  # badly nested: clip to parent
+            end[i] = e
+        stack.append(i)
+        cursor = s
+    while stack:
+        top = stack.pop()
+        emit(cursor, int(end[top]), top)  # type: ignore[arg-type]
+        cursor = int(end[top])
+    return _Track(ss, se, sv)
+
+
+def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: int = 15) -> dict[str, Any]:
+    """Critical path of one window. Returns the contract's ``critical_path`` object plus segments."""
+    cur = con.cursor()
+    rows = cur.execute(_EVENTS_SQL, {"rank": rank, "start": start_ns, "end": end_ns}).fetchall()
+    length = end_ns - start_ns
+    result: dict[str, Any] = {"rank": rank, "step": step, "length_us": length / 1000.0, "ops": [], "segments": []}
+    if not rows or length <= 0:
+        return result
+    n = len(rows)
+    start = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n).clip(start_ns, end_ns)
+    end = np.fromiter((r[1] for r in rows), dtype=np.int64, count=n).clip(start_ns, end_ns)
+    kind = [r[2] for r in rows]
+    name = [r[3] for r in rows]
+    device = [bool(r[4]) for r in rows]
+    tid = [r[5] for r in rows]
+    stream = [r[6] for r in rows]
+    corr = [r[7] for r in rows]
+
+    # -- host threads, flattened; the main thread is the one holding the step marker ---------
+    by_thread: dict[str, list[int]] = defaultdict(list)
+    for i in range(n):
+        if not device[i] and kind[i] != "step":
+            by_thread[tid[i]].append(i)
+    main_tid = next((tid[i] for i in range(n) if kind[i] == "step"), None)
+    if main_tid is None and by_thread:
+        main_tid = max(by_thread, key=lambda t: len(by_thread[t]))
+    tracks = {t: _flatten(ix, start, end) for t, ix in by_thread.items()}
+    # outermost framework op enclosing each host event (for crediting time)
+    owner = list(range(n))
+    for _t, ix in by_thread.items():
+        stack: list[int] = []
+        for i in ix:
+            while stack and end[stack[-1]] <= start[i]:
+                stack.pop()
+            outer = next((j for j in stack if kind[j] in ("host_op", "dataloader", "comm")), None)
+            owner[i] = outer if outer is not None else i
+            stack.append(i)
+
+    # -- device streams ----------------------------------------------------------------------
+    dev_by_stream: dict[Any, list[int]] = defaultdict(list)
+    dev_all: list[int] = []
+    for i in range(n):
+        if device[i]:
+            dev_by_stream[(tid[i], stream[i])].append(i)
+            dev_all.append(i)
+    dev_ends_sorted = sorted(dev_all, key=lambda i: end[i])
+    dev_end_vals = [int(end[i]) for i in dev_ends_sorted]
+    stream_pos = {}
+    stream_ends: dict[Any, tuple[list[int], list[int]]] = {}
+    for key, ix in dev_by_stream.items():
+        ix.sort(key=lambda i: (end[i], start[i]))
+        stream_ends[key] = ([int(end[i]) for i in ix], ix)
+        for p, i in enumerate(ix):
+            stream_pos[i] = p
+    launch_of: dict[Any, int] = {}
+    for i in range(n):
+        if not device[i] and corr[i] is not None and kind[i] in ("runtime", "sync", "queue", "other", "host_op"):
+            launch_of.setdefault(corr[i], i)
+
+    credit: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    segments: list[tuple[int, int, str, str]] = []
+
+    def add(a: int, b: int, nm: str, kd: str) -> None:
+        if b <= a:
+            return
+        c = credit[(nm, kd)]
+        c[0] += (b - a) / 1000.0
+        c[1] += 1
+        segments.append((a, b, nm, kd))
+
+    def credit_event(i: int, a: int, b: int) -> None:
+        o = owner[i] if not device[i] else i
+        add(a, b, name[o], REPORT_KIND.get(kind[o], "other"))
+
+    def last_device_end_in(a: int, b: int) -> int | None:
+        """Device task with the latest end in (a, b]."""
+        p = bisect.bisect_right(dev_end_vals, b) - 1
+        if p >= 0 and dev_end_vals[p] > a:
+            return dev_ends_sorted[p]
+        return None
+
+    # start: the latest-ending piece of work in the window
+    t = int(end_ns)
+    last = max(range(n), key=lambda i: (end[i], device[i]))
+    if end[last] < t:
+        add(int(end[last]), t, "idle (after last operator)", "idle")
+        t = int(end[last])
+    mode = ("dev", last) if device[last] else ("host", tid[last])
+    guard = 0
+    while t > start_ns and guard < 4 * n + 1000:
+        guard += 1
+        if mode[0] == "dev":
+            v = mode[1]
+            s = int(start[v])
+            credit_event(v, s, t)
+            t = s
+            if t <= start_ns:
+                break
+            key = (tid[v], stream[v])
+            ends, ix = stream_ends[key]
+            p = bisect.bisect_right(ends, t) - 1
+            prev = ix[p] if p >= 0 else None
+            if prev == v:
+                p -= 1
+                prev = ix[p] if p >= 0 else None
+            prev_end = int(end[prev]) if prev is not None else None
+            launch = launch_of.get(corr[v]) if corr[v] is not None else None
+            launch_t = min(int(end[launch]), t) if launch is not None else None
+            if launch_t is not None and (prev_end is None or launch_t >= prev_end):
+                add(launch_t, t, "idle (launch latency)", "idle")
+                t = launch_t
+                mode = ("host", tid[launch])
+            elif prev is not None:
+                add(prev_end, t, "idle (device waiting)", "idle")
+                t = prev_end  # type: ignore[assignment]
+                mode = ("dev", prev)
+            else:
+                # nothing earlier on this stream and no known launch: fall back to the main thread
+                mode = ("host", main_tid)
+            continue
+        # host mode: walk the flattened thread timeline backward from t
+        tr = tracks.get(mode[1])
+        if tr is None:
+            add(start_ns, t, "idle", "idle")
+            t = start_ns
+            break
+        p = bisect.bisect_left(tr.seg_end, t)  # first segment ending at or after t
+        if p < len(tr.seg_end) and tr.seg_start[p] < t:
+            seg = p
+        else:
+            seg = p - 1
+        if seg < 0:
+            if mode[1] != main_tid and main_tid in tracks:
+                mode = ("host", main_tid)
+                continue
+            add(start_ns, t, "idle (host)", "idle")
+            t = start_ns
+            break
+        a, b, i = tr.seg_start[seg], min(tr.seg_end[seg], t), tr.seg_event[seg]
+        if b < t:
+            add(b, t, "idle (host: Python / untraced)", "idle")
+            t = b
+        # a sync (or a blocking call) waits for device work finishing inside it
+        if kind[i] in ("sync",) or (kind[i] == "runtime" and "Memcpy" in name[i] and "Async" not in name[i]):
+            d = last_device_end_in(max(a, int(start[i])), t)
+            if d is not None:
+                credit_event(i, int(end[d]), t)
+                t = int(end[d])
+                mode = ("dev", d)
+                continue
+        credit_event(i, a, t)
+        t = a
+    if t > start_ns:
+        add(start_ns, t, "idle", "idle")
+
+    total = sum(v[0] for v in credit.values())
+    ops = sorted(
+        ({"name": k[0], "kind": k[1], "total_us": round(v[0], 3), "count": int(v[1])} for k, v in credit.items()),
+        key=lambda o: -o["total_us"],
+    )
+    result["ops"] = ops[:top_n]
+    result["ops_total"] = len(ops)
+    result["path_us"] = round(total, 3)
+    by_kind: dict[str, float] = defaultdict(float)
+    for o in ops:
+        by_kind[o["kind"]] += o["total_us"]
+    result["by_kind_us"] = {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}
+    segments.sort()
+    result["segments"] = [
+        {"start_us": (a - start_ns) / 1000.0, "dur_us": (b - a) / 1000.0, "name": nm, "kind": kd} for a, b, nm, kd in segments
+    ]
+    return result

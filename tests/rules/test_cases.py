@@ -1,0 +1,98 @@
+"""Run every rule case file (tests/rules/cases/<ID>.toml): each rule fires on its planted case
+and stays quiet on its control. One parametrized test, ids ``<ID>-<case>``.
+
+Case format::
+
+    [[case]]
+    name = "slow_dataloader"
+    expect = "fires"                     # or "quiet" (no finding of this rule at/above quiet_below)
+    fixture = "tests/data/kineto/cpu_slow_dataloader"   # or "shared:NAME", or generator = "module:func"
+    set = { min_share = 0.2 }            # optional threshold overrides
+    severity_at_least = "medium"         # optional checks on the rule's findings
+    cause = "io.slow_data_processing"
+    ranks = [1]
+    steps = [8]
+    evidence = { dataloader_share = [0.70, 0.80] }   # numeric [lo, hi] or exact string
+    quiet_below = "low"                  # for quiet cases: findings below this severity are tolerated (default: any finding fails)
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from advisor.config import Config
+from advisor.model import Severity
+from tests.conftest import ROOT, report_json, resolve_fixture
+
+CASES_DIR = Path(__file__).parent / "cases"
+
+
+def _cases() -> list[Any]:
+    out = []
+    for f in sorted(CASES_DIR.glob("*.toml")):
+        data = tomllib.loads(f.read_text())
+        for case in data.get("case", []):
+            out.append(pytest.param(f.stem, case, id=f"{f.stem}-{case['name']}"))
+    return out
+
+
+_GEN_CACHE: dict[str, Path] = {}
+
+
+def _fixture_path(case: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if "generator" in case:
+        key = case["generator"]
+        if key not in _GEN_CACHE:
+            mod, func = key.split(":")
+            if str(ROOT) not in sys.path:
+                sys.path.insert(0, str(ROOT))
+            out = tmp_path_factory.mktemp(func)
+            _GEN_CACHE[key] = Path(getattr(importlib.import_module(mod), func)(out) or out)
+        return _GEN_CACHE[key]
+    path = resolve_fixture(case["fixture"])
+    if not path.exists():
+        pytest.skip(f"fixture {path} not present")
+    return path
+
+
+@pytest.mark.parametrize(("rule_id", "case"), _cases())
+def test_rule_case(rule_id: str, case: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> None:
+    from advisor.analyze import analyze
+
+    cfg = Config(select=[rule_id], overrides={rule_id: dict(case.get("set", {}))} if case.get("set") else {})
+    report = analyze(_fixture_path(case, tmp_path_factory), cfg)
+    data = report_json(report)
+    outcome = next(o for o in report.rules if o.rule == rule_id)
+    assert outcome.status != "error", outcome.reason
+    mine = [f for f in data["findings"] if f["rule"] == rule_id]
+    if case["expect"] == "quiet":
+        tolerated = Severity.parse(case["quiet_below"]) if "quiet_below" in case else None
+        bad = [f for f in mine if tolerated is None or Severity.parse(f["severity"]) >= tolerated]
+        assert not bad, f"{rule_id} fired on a quiet case: {[f['title'] for f in bad]}"
+        return
+    assert case["expect"] == "fires"
+    assert outcome.status == "ran", f"{rule_id} did not run: {outcome.reason}"
+    assert mine, f"{rule_id} did not fire; warnings: {[w['message'] for w in data['warnings']][:5]}"
+    f = mine[0]
+    if "cause" in case:
+        assert any(x["cause"] == case["cause"] for x in mine), [x["cause"] for x in mine]
+    if "severity_at_least" in case:
+        assert Severity.parse(f["severity"]) >= Severity.parse(case["severity_at_least"]), f["severity"]
+    if "ranks" in case:
+        assert set(case["ranks"]) <= {r for x in mine for r in x["ranks"]}, [x["ranks"] for x in mine]
+    if "steps" in case:
+        assert set(case["steps"]) <= {s for x in mine for s in x["steps"]}, [x["steps"] for x in mine]
+    for key, want in case.get("evidence", {}).items():
+        got = f["evidence"].get(key)
+        if isinstance(want, list):
+            assert got is not None and want[0] <= got <= want[1], f"evidence {key}={got}, want {want}"
+        else:
+            assert got == want, f"evidence {key}={got!r}, want {want!r}"
+    assert f["optimizations"], "a finding must carry optimizations from the cause map"
+    assert f["evidence"], "a finding must carry evidence"
