@@ -130,6 +130,14 @@ def analyze(
     ctx = build_context(path, rank=rank, step=step, progress=progress, max_events=max_events, memory_limit=memory_limit)
     if progress:
         progress("rules", 0, 1)
+    return analyze_context(ctx, cfg, t_start, rank=rank, step=step, debug=debug)
+
+
+def analyze_context(ctx: AnalysisContext, cfg: Config | None = None, t_start: float | None = None, *,
+                    rank: int | None = None, step: int | None = None, debug: bool = False) -> Report:
+    """Run the rules on an already built context (tests build contexts from canonical rows)."""
+    cfg = cfg or Config()
+    t_start = time.perf_counter() if t_start is None else t_start
     findings, outcomes = run_rules(ctx, cfg, debug=debug)
     if rank is not None or step is not None:
         findings = [

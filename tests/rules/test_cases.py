@@ -6,7 +6,9 @@ Case format::
     [[case]]
     name = "slow_dataloader"
     expect = "fires"                     # or "quiet" (no finding of this rule at/above quiet_below)
-    fixture = "tests/data/kineto/cpu_slow_dataloader"   # or "shared:NAME", or generator = "module:func"
+    fixture = "tests/data/kineto/cpu_slow_dataloader"   # or "shared:NAME"
+    # or generator = "module:func": func(tmp_dir) writes a profile there (returns its path or None)
+    # or tables = "module:func": func() returns canonical rows {table: [row dicts]} (advisor.testing)
     set = { min_share = 0.2 }            # optional threshold overrides
     severity_at_least = "medium"         # optional checks on the rule's findings
     cause = "io.slow_data_processing"
@@ -20,7 +22,10 @@ from __future__ import annotations
 
 import importlib
 import sys
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +68,18 @@ def _fixture_path(case: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
 
 @pytest.mark.parametrize(("rule_id", "case"), _cases())
 def test_rule_case(rule_id: str, case: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> None:
-    from advisor.analyze import analyze
+    from advisor.analyze import analyze, analyze_context
 
     cfg = Config(select=[rule_id], overrides={rule_id: dict(case.get("set", {}))} if case.get("set") else {})
-    report = analyze(_fixture_path(case, tmp_path_factory), cfg)
+    if "tables" in case:
+        from advisor.testing import context_from_tables
+
+        mod, func = case["tables"].split(":")
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        report = analyze_context(context_from_tables(getattr(importlib.import_module(mod), func)()), cfg)
+    else:
+        report = analyze(_fixture_path(case, tmp_path_factory), cfg)
     data = report_json(report)
     outcome = next(o for o in report.rules if o.rule == rule_id)
     assert outcome.status != "error", outcome.reason
