@@ -1,0 +1,149 @@
+"""Kineto ingest: every number here is recomputed from the raw JSON with the stdlib, not pasted."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from advisor.ingest import load_profile
+from advisor.ingest.base import InputError
+from tests.conftest import SAMPLES, TRACES
+
+
+def raw_events(path: Path) -> dict:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def step_numbers(doc: dict) -> set[int]:
+    return {
+        int(m.group(1))
+        for e in doc["traceEvents"]
+        if e.get("ph") == "X" and (m := re.match(r"ProfilerStep#(\d+)", str(e.get("name", "")))) and e.get("cat") != "gpu_user_annotation"
+    }
+
+
+@pytest.mark.parametrize("sample", ["kineto_resnet50_num_workers_0", "kineto_two_ranks"])
+def test_every_timed_event_is_loaded_per_category(sample: str, samples: Path) -> None:
+    files = sorted((samples / sample).glob("*.json.gz"))
+    ctx = load_profile(samples / sample)
+    for f in files:
+        doc = raw_events(f)
+        want = Counter(
+            e.get("cat") for e in doc["traceEvents"] if e.get("ph") == "X" and str(e.get("cat", "")).lower() not in ("trace",)
+        )
+        got = dict(
+            ctx.con.execute(
+                "SELECT e.cat, count(*) FROM events e JOIN profile_files p USING (file_id) WHERE p.path = ? GROUP BY 1",
+                [str(f)],
+            ).fetchall()
+        )
+        assert got == dict(want)
+
+
+def test_old_schema_kinds_and_steps(samples: Path) -> None:
+    path = samples / "kineto_resnet50_num_workers_0"
+    doc = raw_events(next(path.glob("*.gz")))
+    ctx = load_profile(path)
+    kinds = dict(ctx.con.execute("SELECT kind, count(*) FROM events GROUP BY 1").fetchall())
+    raw = Counter(e.get("cat") for e in doc["traceEvents"] if e.get("ph") == "X")
+    assert kinds["kernel"] == raw["Kernel"]  # no NCCL kernels in a single-GPU job
+    assert kinds["memcpy"] == raw["Memcpy"] and kinds["memset"] == raw["Memset"]
+    assert kinds["runtime"] + kinds.get("sync", 0) == raw["Runtime"]
+    steps = [r[0] for r in ctx.con.execute("SELECT step FROM steps ORDER BY step").fetchall()]
+    assert steps == sorted(step_numbers(doc)) == [5, 6, 7, 8, 9, 10]
+    # rank from the file name (worker0), no distributedInfo in this trace
+    assert ctx.ranks == [0]
+    assert ctx.has_device
+
+
+def test_ranks_from_distributed_info_and_windows(samples: Path) -> None:
+    ctx = load_profile(samples / "kineto_two_ranks")
+    assert ctx.ranks == [0, 1]
+    rows = ctx.con.execute("SELECT rank, world_size, backend, rank_source FROM ranks ORDER BY rank").fetchall()
+    assert rows == [(0, 128, "nccl", "distributedInfo"), (1, 128, "nccl", "distributedInfo")]
+    for rank in (0, 1):
+        doc = raw_events(samples / "kineto_two_ranks" / f"rank-{rank}.json.gz")
+        marks = sorted(
+            (e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation" and e.get("ph") == "X"),
+            key=lambda e: e["ts"],
+        )
+        win = ctx.con.execute("SELECT step, start_ns, end_ns FROM steps WHERE rank = ? ORDER BY step", [rank]).fetchall()
+        assert [w[0] for w in win] == [int(m["name"].split("#")[1]) for m in marks]
+        # consecutive steps tile the timeline: step N ends where step N+1's marker starts
+        assert win[0][2] == round(marks[1]["ts"] * 1000)
+        assert win[0][1] == round(marks[0]["ts"] * 1000)
+
+
+def test_cpu_only_trace_has_no_device_and_relative_timestamps() -> None:
+    path = TRACES / "cpu_healthy"
+    f = next(path.glob("*.gz"))
+    doc = raw_events(f)
+    ctx = load_profile(path)
+    assert not ctx.has_device
+    base = int(doc["baseTimeNanoseconds"])
+    first = min(e["ts"] for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") != "Trace" and isinstance(e.get("ts"), (int, float)))
+    got = ctx.con.execute("SELECT min(start_ns) FROM events").fetchall()[0][0]
+    assert abs(got - (base + first * 1000)) < 1000  # within 1 µs (float ts precision)
+
+
+def test_multi_cycle_files_merge_into_one_rank() -> None:
+    path = TRACES / "cpu_multi_cycle"
+    files = sorted(path.glob("*.gz"))
+    assert len(files) == 2
+    want = set()
+    for f in files:
+        want |= step_numbers(raw_events(f))
+    ctx = load_profile(path)
+    assert ctx.ranks == [0]
+    steps = {r[0] for r in ctx.con.execute("SELECT step FROM steps").fetchall()}
+    assert steps == want == {2, 3, 6, 7}
+    # the last step of the first cycle does not stretch over the gap to the next cycle
+    (w3,) = ctx.con.execute("SELECT end_ns - host_end_ns FROM steps WHERE step = 3").fetchall()[0]
+    assert w3 < 50_000_000
+
+
+def test_no_step_marker_is_one_window_with_warning() -> None:
+    ctx = load_profile(TRACES / "cpu_no_step_marker")
+    assert ctx.con.execute("SELECT step FROM steps").fetchall() == [(-1,)]
+    assert any(w.code == "no_step_marker" for w in ctx.warnings)
+
+
+def test_gloo_ranks_and_host_collectives() -> None:
+    ctx = load_profile(TRACES / "gloo_slow_rank")
+    assert ctx.ranks == [0, 1]
+    doc = raw_events(TRACES / "gloo_slow_rank" / "rank0.pt.trace.json.gz")
+    n_gloo = sum(1 for e in doc["traceEvents"] if e.get("ph") == "X" and str(e.get("name", "")).startswith("gloo:"))
+    got = ctx.con.execute("SELECT count(*) FROM events WHERE rank = 0 AND kind = 'comm' AND name LIKE 'gloo:%'").fetchall()[0][0]
+    assert got == n_gloo > 0
+
+
+def test_single_file_path(samples: Path) -> None:
+    ctx = load_profile(samples / "kineto_two_ranks" / "rank-1.json.gz")
+    assert ctx.ranks == [1]
+
+
+def test_bad_paths(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no such file"):
+        load_profile(tmp_path / "missing")
+    with pytest.raises(InputError, match="empty directory"):
+        load_profile(tmp_path)
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(InputError, match="no recognisable trace"):
+        load_profile(tmp_path)
+
+
+def test_bad_rank_file_is_skipped_with_warning(tmp_path: Path, samples: Path) -> None:
+    import shutil
+
+    shutil.copy(samples / "kineto_two_ranks" / "rank-0.json.gz", tmp_path / "rank-0.json.gz")
+    (tmp_path / "rank-1.json").write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "ts": 1')
+    ctx = load_profile(tmp_path)
+    assert ctx.ranks == [0]
+    assert any(w.path and w.path.endswith("rank-1.json") for w in ctx.warnings)
