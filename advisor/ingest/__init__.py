@@ -134,7 +134,7 @@ def load_profile(
     con = connect(memory_limit=memory_limit)
     create_all(con)
     lctx = LoadContext(con, warnings, max_events=max_events)
-    modules = {r.SOURCE: r for r in readers()}
+    modules = {src: r for r in readers() for src in getattr(r, "SOURCES", (r.SOURCE,))}
     infos: dict[int, list[tuple[Unit, dict[str, Any]]]] = defaultdict(list)
     done = 0
 
@@ -172,13 +172,56 @@ def load_profile(
         where = warnings[0].path if warnings and warnings[0].path else str(root)
         raise InputError(f"{one_line(where)}: {first}")
 
+    _drop_duplicate_files(con, warn)
     _write_ranks(con, infos)
     finalize(con, warn)
+    _check_runs(con, warn)
     ranks = [r[0] for r in con.execute("SELECT DISTINCT rank FROM ranks ORDER BY rank").fetchall()]
     sources = [r[0] for r in con.execute("SELECT DISTINCT source FROM ranks ORDER BY source").fetchall()]
     ctx = AnalysisContext(con=con, path=str(root), sources=sources, ranks=ranks, warnings=warnings)
     ctx.extras["parse_seconds"] = time.perf_counter() - t0
     return ctx
+
+
+def _drop_duplicate_files(con: Any, warn: Callable[..., None]) -> None:
+    """Two files of one rank whose time ranges overlap cannot both be that rank's timeline.
+
+    Cycles of one run (``repeat > 1``) follow each other in time and are merged; a file that
+    overlaps another file of the same rank (a copy, or a file from another run claiming the same
+    rank) is dropped, keeping the one with more events.
+    """
+    rows = con.cursor().execute(
+        """SELECT p.file_id, p.rank, p.path, min(e.start_ns) AS a, max(e.start_ns + e.dur_ns) AS b, count(*) AS n
+        FROM profile_files p JOIN events e USING (file_id) GROUP BY ALL ORDER BY p.rank, n DESC, p.file_id"""
+    ).fetchall()
+    kept: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
+    dropped = []
+    for fid, rank, fpath, a, b, _n in rows:
+        clash = next((k for k in kept[rank] if a < k[1] and k[0] < b), None)
+        if clash is None:
+            kept[rank].append((a, b, fpath))
+            continue
+        dropped.append(fid)
+        warn("duplicate_rank", f"another file already provides rank {rank} for the same time range ({clash[2]}); this file was not used", fpath)
+    if dropped:
+        cur = con.cursor()
+        cur.execute(f"DELETE FROM events WHERE file_id IN ({', '.join(map(str, dropped))})")
+        cur.execute(f"DELETE FROM profile_files WHERE file_id IN ({', '.join(map(str, dropped))})")
+
+
+def _check_runs(con: Any, warn: Callable[..., None]) -> None:
+    """Ranks of one job run at the same time; ranks whose steps never overlap may come from different runs."""
+    rows = con.cursor().execute("SELECT rank, min(start_ns), max(end_ns) FROM steps GROUP BY rank ORDER BY rank").fetchall()
+    if len(rows) < 2:
+        return
+    latest_start = max(r[1] for r in rows)
+    earliest_end = min(r[2] for r in rows)
+    if latest_start > earliest_end:
+        warn(
+            "different_runs",
+            "the ranks' profiled windows do not overlap in time: they may come from different runs; "
+            "cross-rank comparisons (slow rank, collective wait) may be meaningless",
+        )
 
 
 def _write_ranks(con: Any, infos: dict[int, list[tuple[Unit, dict[str, Any]]]]) -> None:

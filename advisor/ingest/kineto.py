@@ -29,9 +29,6 @@ _RANK_IN_NAME = [
     re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d+)", re.IGNORECASE),
     re.compile(r"(?:^|[^a-z])worker[_\-.]?(\d+)", re.IGNORECASE),
 ]
-_DIST_RE = re.compile(rb'"distributedInfo"\s*:\s*(\{[^{}]*\})')
-_INT_RE = re.compile(rb'"(rank|world_size)"\s*:\s*(\d+)')
-_BACKEND_RE = re.compile(rb'"backend"\s*:\s*"([^"]{0,40})"')
 # tensorboard_trace_handler names files "<worker>.<time_ms>.pt.trace.json[.gz]"
 _WORKER_RE = re.compile(r"^(.*?)(?:\.\d{10,})?\.pt\.trace\.json(?:\.gz)?$", re.IGNORECASE)
 
@@ -93,14 +90,15 @@ def claim(files: list[Path], ctx_warn: Any) -> list[Unit]:
         if not looks_like_kineto(head):
             continue
         unit = Unit(SOURCE, [p], p, run_key=worker_key(p))
-        m = _DIST_RE.search(head)
-        if m:
-            ints = {k.decode(): int(v) for k, v in _INT_RE.findall(m.group(1))}
-            if "rank" in ints:
-                unit.rank_hint, unit.rank_source = ints["rank"], "distributedInfo"
-            unit.world_size = ints.get("world_size")
-            b = _BACKEND_RE.search(m.group(1))
-            unit.backend = b.group(1).decode(errors="replace") if b else None
+        dist = _distributed_info(head)
+        if dist:
+            rank = dist.get("rank")
+            if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 1 << 24:
+                unit.rank_hint, unit.rank_source = rank, "distributedInfo"
+            ws = dist.get("world_size")
+            unit.world_size = ws if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0 else None
+            backend = dist.get("backend")
+            unit.backend = str(backend)[:40] if isinstance(backend, str) else None
         if unit.rank_hint is None:
             for rx in _RANK_IN_NAME:
                 mm = rx.search(p.name)
@@ -109,6 +107,23 @@ def claim(files: list[Path], ctx_warn: Any) -> list[Unit]:
                     break
         units.append(unit)
     return units
+
+
+def _distributed_info(head: bytes) -> dict[str, Any] | None:
+    """The ``distributedInfo`` object from the start of a trace (Kineto writes it before the events)."""
+    import json
+
+    pos = head.find(b'"distributedInfo"')
+    if pos < 0:
+        return None
+    colon = head.find(b":", pos + 17)
+    if colon < 0:
+        return None
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(head[colon + 1 :].decode("utf-8", errors="replace").lstrip())
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def _max_object_size(path: Path) -> int:
