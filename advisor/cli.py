@@ -39,6 +39,9 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is meant to be shared
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -149,7 +152,8 @@ def _analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: 
     finally:
         if progress is not None:
             progress.close()
-    gate = evaluate(report, fail_on=fail_on, baseline=baseline, max_regression=max_regression, budgets=budget_map)
+    gate = evaluate(report, fail_on=fail_on, baseline=baseline, max_regression=max_regression, budgets=budget_map,
+                    cfg=cfg)
     report.extras.update(gate.report_fields())
     for w in report.warnings:
         if w.path:
