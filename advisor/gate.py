@@ -1,13 +1,35 @@
-"""The CI gate: ``--fail-on SEVERITY``, ``--baseline``, ``--budget``. Exit 0 clean, 1 failed."""
+"""The CI gate: ``--fail-on SEVERITY``, ``--baseline OTHER``, ``--budget NAME=VALUE``.
+
+Exit codes: 0 clean, 1 the gate failed, 2 usage or input error (raised here as
+:class:`~advisor.config.ConfigError` / :class:`~advisor.ingest.base.InputError`, which the CLI
+turns into one line on stderr and exit 2).
+
+What is compared:
+
+* **Baseline** — the mean step time and each phase of the breakdown (``compute_only``,
+  ``overlapped``, ``comm_only``, ``host_only``, ``free``), as the mean over ranks of each
+  rank's mean over its steps. The gate fails when the step got slower by more than
+  ``--max-regression`` percent of the baseline step; the phases say where the time went.
+  Findings are matched by rule, cause and ranks: *new* ones, *gone* ones, and ones whose
+  severity changed.
+* **Budgets** — absolute limits on one profile, measured on the worst rank (the job runs at
+  the pace of its slowest rank): ``step_ms``, ``<phase>_ms``/``_us``, ``<phase>_ratio``
+  (share of the step), ``overlap_ratio_min`` (overlapped / communication, a lower bound) and
+  ``findings_<severity>`` (most findings allowed at that severity or above).
+"""
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from advisor.config import ConfigError
-from advisor.model import Report, Severity
+from advisor.config import Config, ConfigError
+from advisor.model import SCHEMA_ID, Report, Severity
+from advisor.render.view import PHASE_LABEL, PHASES, finding_key, overall_means, per_rank_means, report_data
 
 
 @dataclass
@@ -20,38 +42,250 @@ class GateResult:
     checks: list[dict[str, Any]] = field(default_factory=list)
 
     def report_fields(self) -> dict[str, Any]:
-        """Fields added to the JSON report."""
+        """Fields added to the JSON report (``gate`` and ``baseline_diff``)."""
         out: dict[str, Any] = {}
         if self.checks or self.diff is not None:
-            out["gate"] = {"status": "failed" if self.exit_code else "passed", "checks": self.checks, "messages": self.messages}
+            out["gate"] = {"status": "failed" if self.exit_code else "passed", "checks": self.checks,
+                           "messages": self.messages}
         if self.diff is not None:
             out["baseline_diff"] = self.diff
         return out
 
+    def fail(self, message: str) -> None:
+        """Record a failed check."""
+        self.exit_code = 1
+        self.messages.append(message)
+
+
+# ---------------------------------------------------------------------------------------------- budgets
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One budget name: what it measures and whether the value is an upper or a lower bound."""
+
+    name: str
+    help: str
+    measure: Callable[[Mapping[str, Any]], float | None]
+    lower_bound: bool = False
+    ratio: bool = False
+    unit: str = ""
+
+
+def _worst_phase(key: str, scale: float) -> Callable[[Mapping[str, Any]], float | None]:
+    def measure(d: Mapping[str, Any]) -> float | None:
+        pr = per_rank_means(d.get("breakdown") or [])
+        return max(m[key] for m in pr.values()) / scale if pr else None
+
+    return measure
+
+
+def _worst_share(key: str) -> Callable[[Mapping[str, Any]], float | None]:
+    def measure(d: Mapping[str, Any]) -> float | None:
+        pr = per_rank_means(d.get("breakdown") or [])
+        shares = [m[key] / m["step_us"] for m in pr.values() if m["step_us"] > 0]
+        return max(shares) if shares else None
+
+    return measure
+
+
+def _min_overlap(d: Mapping[str, Any]) -> float | None:
+    pr = per_rank_means(d.get("breakdown") or [])
+    vals = [m["overlap_ratio"] for m in pr.values() if m["overlap_ratio"] == m["overlap_ratio"]]  # skip NaN
+    return min(vals) if vals else None
+
+
+def _count_at_least(level: Severity) -> Callable[[Mapping[str, Any]], float | None]:
+    def measure(d: Mapping[str, Any]) -> float | None:
+        return float(sum(1 for f in d.get("findings") or [] if Severity.parse(f["severity"]) >= level))
+
+    return measure
+
+
+def _budgets() -> dict[str, Budget]:
+    out: dict[str, Budget] = {}
+    for key in ("step_us", *PHASES):
+        base = key[:-3]
+        label = PHASE_LABEL[key]
+        out[f"{base}_ms"] = Budget(f"{base}_ms", f"mean {label} time per step on the worst rank, ms",
+                                   _worst_phase(key, 1000.0), unit="ms")
+        out[f"{base}_us"] = Budget(f"{base}_us", f"mean {label} time per step on the worst rank, µs",
+                                   _worst_phase(key, 1.0), unit="µs")
+        if key != "step_us":
+            out[f"{base}_ratio"] = Budget(f"{base}_ratio", f"{label} share of the step on the worst rank (0..1)",
+                                          _worst_share(key), ratio=True)
+    out["overlap_ratio_min"] = Budget("overlap_ratio_min", "lowest overlapped / communication time of any rank (0..1)",
+                                      _min_overlap, lower_bound=True, ratio=True)
+    for sev in Severity:
+        out[f"findings_{sev.label}"] = Budget(f"findings_{sev.label}",
+                                              f"most findings allowed at severity {sev.label} or above",
+                                              _count_at_least(sev))
+    out["findings_total"] = Budget("findings_total", "most findings allowed in all", _count_at_least(Severity.INFO))
+    return out
+
+
+BUDGETS: dict[str, Budget] = _budgets()
+
 
 def parse_budgets(items: tuple[str, ...] | list[str]) -> dict[str, float]:
-    """``step_ms=120`` -> {"step_ms": 120.0}."""
+    """``step_ms=120`` -> {"step_ms": 120.0}; unknown names and bad values are usage errors."""
     out: dict[str, float] = {}
     for item in items:
         if "=" not in item:
             raise ConfigError(f"--budget {item!r}: expected NAME=VALUE, e.g. step_ms=120")
         k, v = item.split("=", 1)
+        k = k.strip()
+        if k not in BUDGETS:
+            raise ConfigError(f"--budget {item!r}: unknown budget {k!r}; known: {', '.join(BUDGETS)}")
         try:
-            out[k.strip()] = float(v)
+            value = float(v)
         except ValueError:
             raise ConfigError(f"--budget {item!r}: {v!r} is not a number") from None
+        if math.isnan(value) or value < 0:
+            raise ConfigError(f"--budget {item!r}: must be a number >= 0")
+        if BUDGETS[k].ratio and value > 1:
+            raise ConfigError(f"--budget {item!r}: {k} is a ratio between 0 and 1 (e.g. 0.15 for 15 %)")
+        out[k] = value
     return out
 
 
-def evaluate(report: Report, *, fail_on: str | None = None, baseline: Path | None = None,
-             max_regression: float = 10.0, budgets: dict[str, float] | None = None) -> GateResult:
-    """Apply the gate to a finished report."""
+def check_budgets(d: Mapping[str, Any], budgets: Mapping[str, float], res: GateResult) -> None:
+    """Compare measured values with the budgets; an unmeasurable budget fails (a gate must not pass blind)."""
+    for name, limit in budgets.items():
+        b = BUDGETS[name]
+        value = b.measure(d)
+        check: dict[str, Any] = {"check": "budget", "name": name, "threshold": limit, "value": value,
+                                 "bound": "min" if b.lower_bound else "max"}
+        if value is None:
+            if name == "overlap_ratio_min":
+                check.update(passed=True, note="no communication in this profile")
+            else:
+                check.update(passed=False, note="cannot be measured: no step windows")
+                res.fail(f"budget {name}={limit:g}: cannot be measured (no step windows)")
+        else:
+            ok = value >= limit if b.lower_bound else value <= limit
+            check["passed"] = ok
+            if not ok:
+                shown = f"{value:.3f}" if b.ratio else f"{value:.4g}"
+                word = "below" if b.lower_bound else "over"
+                res.fail(f"budget {name}: {shown}{b.unit and ' ' + b.unit} is {word} the budget {limit:g}{b.unit and ' ' + b.unit}")
+        res.checks.append(check)
+
+
+# ---------------------------------------------------------------------------------------------- baseline
+
+
+def load_baseline(path: Path, cfg: Config | None = None) -> tuple[dict[str, Any], str]:
+    """A baseline as a report dict: an earlier JSON report, or a profile (file or dir) analysed now."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"--baseline {path}: no such file or directory")
+    if path.is_file() and path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise ConfigError(f"--baseline {path}: not a readable JSON file: {exc}") from None
+        if isinstance(data, dict) and "schema" in data:
+            if data.get("schema") != SCHEMA_ID:
+                raise ConfigError(f"--baseline {path}: report schema {data.get('schema')!r}, expected {SCHEMA_ID!r}")
+            if not isinstance(data.get("breakdown"), list) or not isinstance(data.get("findings"), list):
+                raise ConfigError(f"--baseline {path}: report lacks 'breakdown' or 'findings'")
+            return data, "report"
+    from advisor.analyze import analyze
+
+    return report_data(analyze(path, cfg or Config())), "profile"
+
+
+def baseline_diff(current: Mapping[str, Any], base: Mapping[str, Any], max_regression: float) -> dict[str, Any]:
+    """Step time per phase and findings of ``current`` against ``base``."""
+    cur_m = overall_means(current.get("breakdown") or [])
+    base_m = overall_means(base.get("breakdown") or [])
+    phases: list[dict[str, Any]] = []
+    regression_pct: float | None = None
+    if cur_m and base_m:
+        base_step = base_m["step_us"]
+        for key in ("step_us", *PHASES):
+            delta = cur_m[key] - base_m[key]
+            pct = 100.0 * delta / base_step if base_step > 0 else None
+            phases.append({"phase": key, "label": PHASE_LABEL[key], "baseline_us": round(base_m[key], 3),
+                           "current_us": round(cur_m[key], 3), "delta_us": round(delta, 3),
+                           "delta_pct_of_step": None if pct is None else round(pct, 2),
+                           "slower": pct is not None and pct > max_regression})
+        regression_pct = phases[0]["delta_pct_of_step"]
+    ranks: list[dict[str, Any]] = []
+    cur_r = per_rank_means(current.get("breakdown") or [])
+    base_r = per_rank_means(base.get("breakdown") or [])
+    for rank in sorted(set(cur_r) & set(base_r)):
+        b, c = base_r[rank]["step_us"], cur_r[rank]["step_us"]
+        ranks.append({"rank": rank, "baseline_step_us": round(b, 3), "current_step_us": round(c, 3),
+                      "delta_pct": round(100.0 * (c - b) / b, 2) if b > 0 else None})
+    ranks.sort(key=lambda r: -(r["delta_pct"] or 0.0))
+
+    def brief(f: Mapping[str, Any]) -> dict[str, Any]:
+        return {"key": finding_key(f), "rule": f.get("rule"), "cause": f.get("cause"), "severity": f.get("severity"),
+                "title": f.get("title"), "ranks": list(f.get("ranks") or []),
+                "estimated_saving_us": f.get("estimated_saving_us")}
+
+    cur_f = {finding_key(f): f for f in current.get("findings") or []}
+    base_f = {finding_key(f): f for f in base.get("findings") or []}
+    changed = [
+        {**brief(cur_f[k]), "baseline_severity": base_f[k].get("severity")}
+        for k in cur_f
+        if k in base_f and cur_f[k].get("severity") != base_f[k].get("severity")
+    ]
+    notes = []
+    if set(cur_r) != set(base_r):
+        notes.append(f"rank sets differ: baseline {len(base_r)} ranks, current {len(cur_r)} ranks; "
+                     "phase means are over each run's own ranks")
+    return {
+        "baseline": str((base.get("profile") or {}).get("path", "")),
+        "max_regression_pct": max_regression,
+        "regression_pct": regression_pct,
+        "regressed": regression_pct is not None and regression_pct > max_regression,
+        "phases": phases,
+        "ranks": ranks[:64],
+        "new_findings": [brief(f) for k, f in cur_f.items() if k not in base_f],
+        "gone_findings": [brief(f) for k, f in base_f.items() if k not in cur_f],
+        "changed_findings": changed,
+        "notes": notes,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- gate
+
+
+def evaluate(report: Report | Mapping[str, Any], *, fail_on: str | None = None, baseline: Path | None = None,
+             max_regression: float = 10.0, budgets: Mapping[str, float] | None = None,
+             cfg: Config | None = None) -> GateResult:
+    """Apply the gate to a finished report (a Report or its JSON dict)."""
     res = GateResult()
+    if max_regression < 0:
+        raise ConfigError(f"--max-regression {max_regression}: must be >= 0")
+    d = report_data(report) if (fail_on or baseline or budgets) else {}
     if fail_on:
         level = Severity.parse(fail_on)
-        hits = [f for f in report.findings if f.severity >= level]
-        res.checks.append({"check": "fail_on", "threshold": fail_on, "hits": len(hits), "passed": not hits})
+        hits = [f for f in d.get("findings") or [] if Severity.parse(f["severity"]) >= level]
+        res.checks.append({"check": "fail_on", "threshold": level.label, "value": len(hits), "passed": not hits})
         if hits:
-            res.exit_code = 1
-            res.messages.append(f"{len(hits)} finding(s) at or above {fail_on}: " + "; ".join(f"{f.rule} {f.title}" for f in hits[:3]))
+            res.fail(f"{len(hits)} finding(s) at or above {level.label}: "
+                     + "; ".join(f"{f['rule']} {f['title']}" for f in hits[:3]))
+    if baseline is not None:
+        base, kind = load_baseline(Path(baseline), cfg)
+        diff = baseline_diff(d, base, max_regression)
+        diff["baseline"] = str(baseline)
+        diff["baseline_kind"] = kind
+        res.diff = diff
+        check = {"check": "baseline", "threshold": max_regression, "value": diff["regression_pct"],
+                 "passed": not diff["regressed"]}
+        if diff["regression_pct"] is None:
+            check["note"] = "no step windows in one of the runs: step times not compared"
+        res.checks.append(check)
+        if diff["regressed"]:
+            slower = [p for p in diff["phases"][1:] if p["delta_us"] > 0]
+            slower.sort(key=lambda p: -p["delta_us"])
+            where = ", ".join(f"{p['label']} +{p['delta_pct_of_step']:.1f}%" for p in slower[:3])
+            res.fail(f"step time {diff['regression_pct']:+.1f}% against the baseline {baseline} "
+                     f"(allowed {max_regression:g}%)" + (f"; slower: {where}" if where else ""))
+    if budgets:
+        check_budgets(d, budgets, res)
     return res

@@ -1,4 +1,4 @@
-"""Terminal output with rich: the verdict first, then breakdown, critical path, findings, warnings.
+"""Terminal output with rich: the verdict first, then gate, breakdown, baseline diff, findings, critical path, confidence.
 
 Only this module prints to the terminal. Without a TTY it writes plain text (no colour codes).
 """
@@ -15,128 +15,224 @@ from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
-from advisor.model import Report, Severity
+from advisor.ingest.base import one_line
+from advisor.model import Report
+from advisor.render import view
+from advisor.render.view import fmt_us
 
-SEV_STYLE = {
-    Severity.CRITICAL: "bold white on red",
-    Severity.HIGH: "bold red",
-    Severity.MEDIUM: "yellow",
-    Severity.LOW: "cyan",
-    Severity.INFO: "dim",
+SEV_STYLE = {  # colour is decoration only: the severity word is always printed
+    "critical": "bold white on red",
+    "high": "bold red",
+    "medium": "yellow",
+    "low": "cyan",
+    "info": "dim",
 }
 
 
 def _us(v: float | None) -> str:
-    if v is None:
-        return "-"
-    if v >= 1e6:
-        return f"{v / 1e6:.2f} s"
-    if v >= 1e3:
-        return f"{v / 1e3:.2f} ms"
-    return f"{v:.1f} µs"
+    return fmt_us(v)
 
 
 def _pct(part: float, whole: float) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
 
 
-def verdict(report: Report) -> str:
+def verdict(report: Report | dict[str, Any]) -> str:
     """One sentence: what limits the step."""
-    if report.findings:
-        f = report.findings[0]
-        saving = f" — up to {_us(f.estimated_saving_us)} per step ({100 * (f.saving_fraction or 0):.0f}%)" if f.estimated_saving_us else ""
-        return f"{f.severity.label.upper()}: {f.title}{saving}"
-    bd = report.breakdown
-    if not bd:
-        return "No step could be analysed."
-    tot = {k: sum(r[k] or 0 for r in bd) for k in ("step_us", "compute_only_us", "overlapped_us", "comm_only_us", "host_only_us", "free_us")}
-    biggest = max(("compute_only_us", "comm_only_us", "host_only_us", "free_us", "overlapped_us"), key=lambda k: tot[k])
-    return f"No rule fired. Largest share of the step: {biggest[:-3].replace('_', '-')} ({_pct(tot[biggest], tot['step_us'])})."
+    return str(view.verdict(view.report_data(report))["text"])
 
 
-def print_report(report: Report, *, verbose: bool = False, color: bool | None = None, file: Any = None) -> None:
-    """Print the report to the terminal (or ``file``)."""
-    console = Console(file=file or sys.stdout, no_color=color is False, highlight=False, soft_wrap=False,
-                      force_terminal=False if color is False else None, width=None if color is not False else 120)
-    p = report.profile
-    console.print(Text("advisor ", style="bold") + Text(f"{report.tool_version} — {p.get('path')}"))
+def _console(file: Any, color: bool | None) -> Console:
+    """A console that writes plain text (no colour, no cursor codes) when ``color`` is False or not a TTY."""
+    if color is False:
+        return Console(file=file or sys.stdout, no_color=True, highlight=False, soft_wrap=False, force_terminal=False,
+                       width=120, emoji=False)
+    return Console(file=file or sys.stdout, highlight=False, soft_wrap=False, emoji=False)
+
+
+def print_report(report: Report | dict[str, Any], *, verbose: bool = False, color: bool | None = None,
+                 file: Any = None) -> None:
+    """Print the report: verdict, gate, breakdown, baseline diff, findings by saving, critical path, confidence."""
+    d = view.report_data(report)
+    console = _console(file, color)
+    p = d.get("profile") or {}
+    console.print(Text("advisor ", style="bold") + Text(f"{(d.get('tool') or {}).get('version', '?')} — {p.get('path')}"))
     console.print(
-        f"sources: {', '.join(p.get('sources') or []) or '-'}   ranks: {_list(p.get('ranks'))}"
-        f"   world size: {p.get('world_size') or '-'}   steps: {_list(p.get('steps'))}"
-        + ("   [CPU-only]" if p.get("cpu_only") else "")
+        Text(f"sources: {', '.join(p.get('sources') or []) or '-'}   ranks: {_list(p.get('ranks'))}"
+             f"   world size: {p.get('world_size') or '-'}   steps: {_list(p.get('steps'))}"
+             + ("   [CPU-only]" if p.get("cpu_only") else ""), style="dim")
     )
     console.print()
-    console.print(Text("Verdict: ", style="bold") + Text(verdict(report)))
-    console.print()
-
-    # breakdown per rank (mean over steps)
-    if report.breakdown:
-        t = Table(title="Step breakdown (mean per step)", title_justify="left", show_edge=False)
-        for col in ("rank", "steps", "step", "compute-only", "overlapped", "comm-only", "host-only", "free"):
-            t.add_column(col, justify="right")
-        by_rank: dict[int, list[dict[str, Any]]] = {}
-        for r in report.breakdown:
-            by_rank.setdefault(r["rank"], []).append(r)
-        shown = sorted(by_rank.items())
-        if len(shown) > 16:
-            shown = sorted(shown, key=lambda kv: -sum(x["step_us"] for x in kv[1]) / len(kv[1]))[:16]
-        for rank, rows in shown:
-            n = len(rows)
-            mean = {k: sum(x[k] or 0 for x in rows) / n for k in ("step_us", "compute_only_us", "overlapped_us", "comm_only_us", "host_only_us", "free_us")}
-            s = mean["step_us"]
-            t.add_row(
-                str(rank), str(n), _us(s),
-                *(f"{_us(mean[k])} ({_pct(mean[k], s)})" for k in ("compute_only_us", "overlapped_us", "comm_only_us", "host_only_us", "free_us")),
-            )
-        console.print(t)
-        if len(by_rank) > 16:
-            console.print(f"  (16 slowest of {len(by_rank)} ranks shown)")
-        console.print()
-
-    cp = report.critical_path
-    if cp and cp.get("ops"):
-        t = Table(title=f"Critical path: rank {cp.get('rank')}, step {cp.get('step')}, {_us(cp.get('length_us'))}",
-                  title_justify="left", show_edge=False)
-        t.add_column("operator", overflow="fold", max_width=70)
-        t.add_column("kind")
-        t.add_column("time on path", justify="right")
-        t.add_column("share", justify="right")
-        t.add_column("count", justify="right")
-        for op in cp["ops"][:10]:
-            t.add_row(Text(str(op["name"])), op["kind"], _us(op["total_us"]), _pct(op["total_us"], cp.get("length_us") or 0), str(op.get("count", "")))
-        console.print(t)
-        console.print()
-
-    if report.findings:
-        console.print(Text(f"Findings ({len(report.findings)}), largest saving first", style="bold"))
-        for f in report.findings:
-            line = Text("  ")
-            line.append(f"{f.severity.label:<8}", style=SEV_STYLE[f.severity])
-            line.append(f" {f.rule} {f.cause}: ")
-            line.append(f.title)
-            if f.estimated_saving_us:
-                line.append(f"  [save ≤ {_us(f.estimated_saving_us)}/step]", style="green")
-            console.print(line)
-            if verbose:
-                for k, v in f.evidence.items():
-                    console.print(Text(f"      {k}: {v}", style="dim"))
-                if f.optimizations:
-                    console.print(Text("      do: " + "; ".join(o.title for o in f.optimizations), style="dim"))
-    else:
-        console.print(Text("No findings.", style="bold green"))
-    console.print()
-    if report.warnings:
-        console.print(Text(f"Warnings ({len(report.warnings)})", style="bold"))
-        for w in report.warnings[:30]:
-            console.print(Text(f"  [{w.code}] " + (f"{w.path}: " if w.path else "") + w.message))
-        if len(report.warnings) > 30:
-            console.print(f"  … {len(report.warnings) - 30} more (see --format json)")
-    gate = report.extras.get("gate")
+    v = view.verdict(d)
+    line = Text("Verdict: ", style="bold")
+    line.append(v["text"], style=SEV_STYLE.get(v["severity"], "") if v["kind"] == "finding" else "bold green")
+    console.print(line)
+    gate = d.get("gate")
     if gate:
-        console.print(Text(f"Gate: {gate.get('status')}", style="bold red" if gate.get("status") == "failed" else "bold green"))
+        failed = gate.get("status") == "failed"
+        console.print(Text(f"Gate: {gate.get('status')}", style="bold red" if failed else "bold green")
+                      + Text("".join(f"\n  - {one_line(m, 300)}" for m in gate.get("messages") or [])))
+    console.print()
+    _breakdown(console, d)
+    diff = d.get("baseline_diff")
+    if diff:
+        _diff(console, diff)
+    _findings(console, d, verbose)
+    _critical_path(console, d)
+    _confidence(console, d, verbose)
 
 
-def render_text(report: Report, verbose: bool = False) -> str:
+def _breakdown(console: Console, d: dict[str, Any]) -> None:
+    pr = view.per_rank_means(d.get("breakdown") or [])
+    if not pr:
+        console.print(Text("No step windows: no breakdown.", style="yellow"))
+        console.print()
+        return
+    t = Table(title="Step breakdown (mean per step)", title_justify="left", show_edge=False, title_style="bold")
+    for col in ("rank", "steps", "step", *(view.PHASE_LABEL[k] for k in view.PHASES)):
+        t.add_column(col, justify="right", no_wrap=True)
+    outl = view.step_outliers(d.get("breakdown") or [])
+
+    def row(label: str, n: str, m: dict[str, float]) -> list[str]:
+        s = m["step_us"]
+        return [label, n, _us(s), *(f"{_us(m[k])} ({_pct(m[k], s)})" for k in view.PHASES)]
+
+    shown = sorted(pr.items())
+    if len(shown) > 16:
+        shown = sorted(shown, key=lambda kv: -kv[1]["step_us"])[:16]
+    if len(pr) > 1:
+        overall = view.overall_means(d["breakdown"]) or {}
+        t.add_row(*row("all", str(len(d["breakdown"])), overall), style="bold")
+    busiest = view.busiest_rank(d.get("breakdown") or [])
+    for rank, m in shown:
+        t.add_row(*row(str(rank) + (" *" if rank == busiest else ""), str(int(m["steps"])), m))
+    console.print(t)
+    notes = []
+    if len(pr) > 16:
+        notes.append(f"16 slowest of {len(pr)} ranks shown")
+    if busiest is not None:
+        notes.append(f"* busiest rank (the one others wait for): {busiest}")
+    if outl:
+        notes.append("outlier steps: " + ", ".join(f"rank {r} step {s}" for r, s in sorted(outl)[:8])
+                     + (" …" if len(outl) > 8 else ""))
+    for n in notes:
+        console.print(Text("  " + n, style="dim"))
+    console.print()
+
+
+def _diff(console: Console, diff: dict[str, Any]) -> None:
+    reg = diff.get("regression_pct")
+    head = Text(f"Against the baseline {diff.get('baseline')}: ", style="bold")
+    if reg is None:
+        head.append("step times not compared (no step windows in one run)")
+    else:
+        head.append(f"mean step {reg:+.1f}% (allowed +{diff.get('max_regression_pct'):g}%)",
+                    style="bold red" if diff.get("regressed") else "green")
+    console.print(head)
+    if diff.get("phases"):
+        t = Table(show_edge=False, box=None, padding=(0, 2))
+        for col in ("phase", "baseline", "now", "change", "of step"):
+            t.add_column(col, justify="left" if col == "phase" else "right")
+        for p in diff["phases"]:
+            pct = p.get("delta_pct_of_step")
+            style = "red" if p.get("slower") else ("green" if p["delta_us"] < 0 else "")
+            t.add_row(p["label"], _us(p["baseline_us"]), _us(p["current_us"]),
+                      Text(("+" if p["delta_us"] > 0 else "") + _us(p["delta_us"]), style=style),
+                      "-" if pct is None else f"{pct:+.1f}%")
+        console.print(t)
+    for label, key, style in (("new", "new_findings", "red"), ("gone", "gone_findings", "green"),
+                              ("severity changed", "changed_findings", "yellow")):
+        for f in diff.get(key) or []:
+            was = f" (was {f['baseline_severity']})" if f.get("baseline_severity") else ""
+            console.print(Text(f"  {label}: ", style=style)
+                          + Text(one_line(f"{f.get('severity')}{was} {f.get('rule')} {f.get('title')}", 200)),
+                          overflow="ellipsis", no_wrap=True)
+    console.print()
+
+
+def _findings(console: Console, d: dict[str, Any], verbose: bool) -> None:
+    findings = d.get("findings") or []
+    if not findings:
+        console.print(Text("No findings.", style="bold green"))
+        console.print()
+        return
+    console.print(Text(f"Findings ({len(findings)}), largest saving first", style="bold"))
+    width = max(len(f"save ≤ {_us(f['estimated_saving_us'])}") if f.get("estimated_saving_us") else 1 for f in findings)
+    for f in findings:
+        sev = f.get("severity", "info")
+        saving = f"save ≤ {_us(f['estimated_saving_us'])}" if f.get("estimated_saving_us") else "-"
+        line = Text("  ")
+        line.append(f"{sev:<8}", style=SEV_STYLE.get(sev, ""))
+        line.append(f" {f.get('rule', ''):<7}")
+        line.append(f"{saving:>{width}}", style="green")
+        line.append("  " + one_line(str(f.get("title", "")), 400))
+        console.print(line, no_wrap=True, overflow="ellipsis")
+        if verbose:
+            console.print(_details(f), no_wrap=True, overflow="ellipsis")
+    console.print()
+
+
+def _details(f: dict[str, Any]) -> Text:
+    out = Text(style="dim")
+    out.append(f"      cause {f.get('cause')} · ranks {view.compact_ints(f.get('ranks'))} · steps {view.compact_ints(f.get('steps'))}\n")
+    if f.get("saving_basis"):
+        out.append(f"      saving: {one_line(f['saving_basis'], 200)}\n")
+    for k, v in (f.get("evidence") or {}).items():
+        kind = "threshold" if view.is_threshold_key(k) else "measured"
+        out.append(f"        {k} = {view.fmt_evidence(k, v)}  ({kind})\n")
+    for o in list(f.get("ops") or [])[:5]:
+        out.append(f"        op: {view.truncate(o, 100)}\n")
+    for row in list(f.get("top") or [])[:5]:
+        out.append("        top: " + view.truncate(", ".join(f"{k}={view.fmt_evidence(k, v)}" for k, v in row.items()), 110) + "\n")
+    for i, o in enumerate(f.get("optimizations") or [], 1):
+        out.append(f"        do {i}. {o.get('title')}" + (f" — {view.truncate(o.get('how', ''), 100)}" if o.get("how") else "") + "\n")
+    return out
+
+
+def _critical_path(console: Console, d: dict[str, Any]) -> None:
+    cp = d.get("critical_path") or {}
+    if not cp.get("ops"):
+        return
+    length = cp.get("length_us") or 0
+    t = Table(title=f"Critical path: rank {cp.get('rank')}, step {cp.get('step')}, {_us(length)}",
+              title_justify="left", show_edge=False, title_style="bold")
+    t.add_column("operator", no_wrap=True, overflow="ellipsis", max_width=70)
+    t.add_column("kind", no_wrap=True)
+    t.add_column("time on path", justify="right", no_wrap=True)
+    t.add_column("share", justify="right", no_wrap=True)
+    t.add_column("count", justify="right", no_wrap=True)
+    for op in cp["ops"][:10]:
+        t.add_row(Text(view.truncate(op.get("name", ""), 70)), str(op.get("kind")), _us(op.get("total_us")),
+                  _pct(op.get("total_us") or 0, length), str(op.get("count", "")))
+    console.print(t)
+    console.print()
+
+
+def _confidence(console: Console, d: dict[str, Any], verbose: bool) -> None:
+    conf = view.confidence(d)
+    console.print(Text(f"Confidence: {conf['level']} — {conf['summary']}", style="bold"))
+    for n in conf["notes"]:
+        console.print(Text(f"  {n}", style="dim"))
+    for r in conf["errors"]:
+        console.print(Text(f"  {r.get('rule')} failed: {one_line(str(r.get('reason')), 300)}", style="red"))
+    limit = None if verbose else 8
+    skipped = conf["skipped"]
+    for r in skipped[:limit]:
+        console.print(Text(f"  {r.get('rule')} skipped: {one_line(str(r.get('reason')), 200)}", style="dim"),
+                      overflow="ellipsis", no_wrap=True)
+    if limit is not None and len(skipped) > limit:
+        console.print(Text(f"  … {len(skipped) - limit} more skipped rules (--verbose)", style="dim"))
+    ws = conf["shown_warnings"]
+    if ws:
+        console.print(Text(f"Warnings ({len(ws)})", style="bold"))
+        for w in ws[:30]:
+            console.print(Text(f"  [{w.get('code')}] " + (f"{one_line(w['path'], 120)}: " if w.get("path") else "")
+                               + one_line(str(w.get("message")), 400)))
+        if len(ws) > 30:
+            console.print(f"  … {len(ws) - 30} more (see --format json)")
+
+
+def render_text(report: Report | dict[str, Any], verbose: bool = False) -> str:
     """The terminal summary as plain text."""
     buf = io.StringIO()
     print_report(report, verbose=verbose, color=False, file=buf)

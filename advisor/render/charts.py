@@ -1,0 +1,398 @@
+"""Chart geometry for the HTML report: plain numbers and labels, drawn as SVG by the templates.
+
+Nothing here builds markup. Every function returns a dict of coordinates, CSS class names from
+fixed sets, and label/title strings; the jinja templates (autoescape on) turn them into SVG, so
+profile strings (operator names) are escaped like any other text. Sizes are bounded so that a
+report for hundreds of ranks stays small: bars are aggregated and timeline segments merged below
+one pixel.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+from advisor.render.view import PHASE_LABEL, PHASES, busiest_rank, fmt_ratio, fmt_us, per_rank_means, truncate
+
+WIDTH = 960
+MAX_BARS = 480  # (rank, step) bars in the per-step chart before it switches to one bar per rank
+MAX_SERIES = 64  # ranks drawn as their own line in the step-time series before min/median/max bands
+KINDS = ("compute", "communication", "host", "io", "other", "idle")
+KIND_LABEL = {"compute": "compute", "communication": "communication", "host": "host", "io": "data loading",
+              "other": "other", "idle": "idle / waiting"}
+
+
+def nice_ticks(vmax: float, n: int = 5) -> list[float]:
+    """Round tick values from 0 to at least ``vmax``."""
+    if vmax <= 0 or not math.isfinite(vmax):
+        return [0.0]
+    raw = vmax / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    return [i * step for i in range(math.ceil(vmax / step) + 1)]
+
+
+def _phase_title(head: str, row: Mapping[str, Any]) -> str:
+    step = float(row.get("step_us") or 0.0)
+    parts = [f"{head}: {fmt_us(step)}"]
+    for k in PHASES:
+        v = float(row.get(k) or 0.0)
+        if v > 0:
+            parts.append(f"{PHASE_LABEL[k]} {fmt_us(v)} ({fmt_ratio(v / step if step else None)})")
+    return "\n".join(parts)
+
+
+def _stack(row: Mapping[str, Any], y0: float, scale: float, vertical: bool) -> list[dict[str, Any]]:
+    """Stacked segments of one bar (bottom-up when vertical, left-to-right otherwise)."""
+    segs = []
+    pos = 0.0
+    for k in PHASES:
+        v = float(row.get(k) or 0.0) * scale
+        if v <= 0:
+            continue
+        if vertical:
+            segs.append({"cls": "ph-" + k[:-3], "a": round(y0 - pos - v, 2), "len": round(v, 2)})
+        else:
+            segs.append({"cls": "ph-" + k[:-3], "a": round(y0 + pos, 2), "len": round(v, 2)})
+        pos += v
+    return segs
+
+
+def breakdown_bars(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int]]) -> dict[str, Any] | None:
+    """Stacked breakdown per (rank, step), grouped by rank; per-rank means when there are too many bars."""
+    if not breakdown:
+        return None
+    rows = sorted(breakdown, key=lambda r: (int(r["rank"]), r.get("step") if r.get("step") is not None else -1))
+    aggregated = len(rows) > MAX_BARS
+    if aggregated:
+        pr = per_rank_means(rows)
+        rows = [{"rank": r, "step": None, **m} for r, m in pr.items()]
+    left, right, top, bottom = 62, 10, 12, 34
+    height = 240
+    plot_h = height - top - bottom
+    plot_w = WIDTH - left - right
+    vmax = max(float(r.get("step_us") or 0.0) for r in rows) or 1.0
+    ticks = nice_ticks(vmax)
+    scale = plot_h / ticks[-1] if ticks[-1] else 0.0
+    ranks = sorted({int(r["rank"]) for r in rows})
+    gap = 0.0 if aggregated or len(ranks) == 1 else max(1.0, min(8.0, plot_w * 0.15 / len(ranks)))
+    slot = (plot_w - gap * (len(ranks) - 1)) / len(rows)
+    bar_w = max(0.6, slot * (0.8 if slot > 3 else 1.0))
+    bars, groups = [], []
+    x = float(left)
+    base_y = top + plot_h
+    for rank in ranks:
+        gx = x
+        for r in (r for r in rows if int(r["rank"]) == rank):
+            step = r.get("step")
+            head = f"rank {rank}" + (f", step {step}" if step is not None else " (mean over steps)")
+            out = step is not None and (rank, int(step)) in outliers
+            bars.append({"x": round(x + (slot - bar_w) / 2, 2), "w": round(bar_w, 2),
+                         "segs": _stack(r, base_y, scale, vertical=True),
+                         "title": _phase_title(head + (" — outlier" if out else ""), r), "outlier": out,
+                         "top": round(base_y - float(r.get("step_us") or 0.0) * scale, 2)})
+            x += slot
+        groups.append({"rank": rank, "x": round((gx + x) / 2, 2), "x0": round(gx, 2), "x1": round(x, 2)})
+        x += gap
+    every = max(1, math.ceil(len(groups) * 28 / plot_w))
+    for i, g in enumerate(groups):
+        g["label"] = (i % every == 0) or i == len(groups) - 1 and len(groups) <= 64
+    return {"width": WIDTH, "height": height, "left": left, "top": top, "plot_w": plot_w, "plot_h": plot_h,
+            "base_y": base_y, "bars": bars, "groups": groups, "aggregated": aggregated,
+            "yticks": [{"y": round(base_y - t * scale, 2), "label": fmt_us(t)} for t in ticks],
+            "show_steps": not aggregated and len(ranks) == 1, "steps_label_every": max(1, math.ceil(len(bars) * 30 / plot_w))}
+
+
+def rank_comparison(breakdown: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One horizontal stacked bar per rank (mean per step): the slow rank stands out by its busy time."""
+    pr = per_rank_means(breakdown)
+    if len(pr) < 2:
+        return None
+    n = len(pr)
+    row_h = max(3.0, min(18.0, 640.0 / n))
+    left, right, top, bottom = 70, 130, 8, 30
+    plot_w = WIDTH - left - right
+    height = int(top + bottom + row_h * n)
+    vmax = max(m["step_us"] for m in pr.values()) or 1.0
+    ticks = nice_ticks(vmax)
+    scale = plot_w / ticks[-1]
+    busiest = busiest_rank(breakdown)
+    steps = [m["step_us"] for m in pr.values()]
+    mean_step = statistics.fmean(steps)
+    busy = {r: m["step_us"] - m["comm_only_us"] - m["free_us"] for r, m in pr.items()}
+    med_busy = statistics.median(busy.values())
+    every = max(1, math.ceil(11.0 / row_h))
+    rows = []
+    for i, (rank, m) in enumerate(pr.items()):
+        y = top + i * row_h
+        slow = rank == busiest and busy[rank] > med_busy * 1.05
+        rows.append({"rank": rank, "y": round(y, 2), "h": round(max(1.0, row_h * 0.82), 2),
+                     "segs": _stack(m, left, scale, vertical=False), "slow": slow,
+                     "label": i % every == 0 or slow,
+                     "busy": fmt_us(busy[rank]),
+                     "end": round(left + m["step_us"] * scale, 2),
+                     "title": _phase_title(f"rank {rank} (mean of {int(m['steps'])} steps)", m)})
+    return {"width": WIDTH, "height": height, "left": left, "top": top, "plot_w": plot_w, "row_h": row_h,
+            "rows": rows, "busiest": busiest, "mean_x": round(left + mean_step * scale, 2),
+            "mean_label": fmt_us(mean_step), "base_y": round(top + row_h * n, 2),
+            "xticks": [{"x": round(left + t * scale, 2), "label": fmt_us(t)} for t in ticks]}
+
+
+def step_series(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int]]) -> dict[str, Any] | None:
+    """Step time across steps, one line per rank (bands when there are many), outliers marked."""
+    pts: dict[int, list[tuple[int, float]]] = {}
+    for r in breakdown:
+        if r.get("step") is None:
+            continue
+        pts.setdefault(int(r["rank"]), []).append((int(r["step"]), float(r.get("step_us") or 0.0)))
+    steps = sorted({s for p in pts.values() for s, _ in p})
+    if len(steps) < 2:
+        return None
+    left, right, top, bottom = 62, 16, 12, 34
+    height = 220
+    plot_w, plot_h = WIDTH - left - right, height - top - bottom
+    vmax = max(v for p in pts.values() for _, v in p) or 1.0
+    ticks = nice_ticks(vmax)
+    sy = plot_h / ticks[-1]
+    xs = {s: left + plot_w * i / (len(steps) - 1) for i, s in enumerate(steps)}
+    base_y = top + plot_h
+
+    def pt(s: int, v: float) -> str:
+        return f"{xs[s]:.1f},{base_y - v * sy:.1f}"
+
+    lines = []
+    if len(pts) <= MAX_SERIES:
+        for rank, p in sorted(pts.items()):
+            p.sort()
+            lines.append({"points": " ".join(pt(s, v) for s, v in p), "title": f"rank {rank}", "cls": "series"})
+    else:
+        by_step: dict[int, list[float]] = {}
+        for p in pts.values():
+            for s, v in p:
+                by_step.setdefault(s, []).append(v)
+        for name, fn in (("max", max), ("median", statistics.median), ("min", min)):
+            lines.append({"points": " ".join(pt(s, fn(by_step[s])) for s in steps),
+                          "title": f"{name} over {len(pts)} ranks", "cls": "series band-" + name})
+    marks = []
+    for rank, p in pts.items():
+        for s, v in p:
+            if (rank, s) in outliers:
+                marks.append({"x": round(xs[s], 1), "y": round(base_y - v * sy, 1),
+                              "title": f"rank {rank}, step {s}: {fmt_us(v)} (outlier)"})
+    every = max(1, math.ceil(len(steps) * 36 / plot_w))
+    return {"width": WIDTH, "height": height, "left": left, "top": top, "plot_w": plot_w, "base_y": base_y,
+            "lines": lines, "marks": marks, "ranks": len(pts),
+            "xticks": [{"x": round(xs[s], 1), "label": str(s)} for i, s in enumerate(steps)
+                       if i % every == 0 or i == len(steps) - 1],
+            "yticks": [{"y": round(base_y - t * sy, 2), "label": fmt_us(t)} for t in ticks]}
+
+
+def kind_class(kind: Any) -> str:
+    """CSS class of a critical-path kind (unknown kinds are 'other')."""
+    return "k-" + (kind if kind in KINDS else "other")
+
+
+def cp_ops(cp: Mapping[str, Any], top_n: int = 15) -> dict[str, Any] | None:
+    """Critical-path operators as horizontal bars, longest first."""
+    ops = list(cp.get("ops") or [])[:top_n]
+    length = float(cp.get("length_us") or 0.0)
+    if not ops or length <= 0:
+        return None
+    left, right, row_h, top = 330, 150, 20, 4
+    plot_w = WIDTH - left - right
+    vmax = max(float(o.get("total_us") or 0.0) for o in ops) or 1.0
+    rows = []
+    for i, o in enumerate(ops):
+        t = float(o.get("total_us") or 0.0)
+        name = str(o.get("name", ""))
+        rows.append({"y": top + i * row_h, "w": round(max(1.0, plot_w * t / vmax), 2), "cls": kind_class(o.get("kind")),
+                     "label": truncate(name, 46), "name": name,
+                     "value": f"{fmt_us(t)} · {fmt_ratio(t / length)}",
+                     "title": f"{name}\n{o.get('kind')}: {fmt_us(t)} on the path ({fmt_ratio(t / length)}), "
+                              f"{o.get('count', '?')} segment(s)"})
+    return {"width": WIDTH, "height": top * 2 + row_h * len(rows), "left": left, "row_h": row_h, "rows": rows,
+            "more": max(0, int(cp.get("ops_total") or len(cp.get("ops") or [])) - len(rows))}
+
+
+def cp_timeline(cp: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The critical path of one step as a timeline, one lane per kind; sub-pixel segments merged."""
+    segs = list(cp.get("segments") or [])
+    length = float(cp.get("length_us") or 0.0)
+    if not segs or length <= 0:
+        return None
+    left, right, lane_h, top, bottom = 110, 34, 22, 6, 28
+    plot_w = WIDTH - left - right
+    sx = plot_w / length
+    px_us = 1.0 / sx  # one pixel in µs
+    present = [k for k in KINDS if any((s.get("kind") if s.get("kind") in KINDS else "other") == k for s in segs)]
+    lane_of = {k: i for i, k in enumerate(present)}
+    rects: list[dict[str, Any]] = []
+    open_: dict[str, dict[str, Any]] = {}
+    for s in sorted(segs, key=lambda s: float(s.get("start_us") or 0.0)):
+        kind = s.get("kind") if s.get("kind") in KINDS else "other"
+        a = float(s.get("start_us") or 0.0)
+        d = float(s.get("dur_us") or 0.0)
+        cur = open_.get(kind)
+        if cur is not None and a - cur["end"] < px_us and (d < px_us or cur["end"] - cur["start"] < px_us):
+            cur["end"] = max(cur["end"], a + d)
+            cur["n"] += 1
+            cur["names"][str(s.get("name", ""))] = cur["names"].get(str(s.get("name", "")), 0.0) + d
+            continue
+        cur = {"kind": kind, "start": a, "end": a + d, "n": 1, "names": {str(s.get("name", "")): d}}
+        open_[kind] = cur
+        rects.append(cur)
+    out = []
+    for r in rects:
+        top_names = sorted(r["names"].items(), key=lambda kv: -kv[1])[:3]
+        dur = r["end"] - r["start"]
+        if r["n"] == 1:
+            title = f"{top_names[0][0]}\n{KIND_LABEL[r['kind']]}: {fmt_us(dur)} at +{fmt_us(r['start'])}"
+        else:
+            title = (f"{r['n']} segments in {fmt_us(dur)} at +{fmt_us(r['start'])}\n"
+                     + "\n".join(f"{truncate(n, 80)}: {fmt_us(v)}" for n, v in top_names))
+        out.append({"x": round(left + r["start"] * sx, 2), "w": round(max(0.5, dur * sx), 2),
+                    "y": top + lane_of[r["kind"]] * lane_h + 2, "cls": kind_class(r["kind"]), "title": title})
+    ticks = nice_ticks(length, 6)
+    base_y = top + lane_h * len(present)
+    return {"width": WIDTH, "height": base_y + bottom, "left": left, "lane_h": lane_h, "rects": out,
+            "lanes": [{"y": top + i * lane_h, "label": KIND_LABEL[k], "cls": kind_class(k)} for i, k in enumerate(present)],
+            "base_y": base_y, "segments": len(segs),
+            "xticks": [{"x": round(left + t * sx, 2), "label": fmt_us(t)} for t in ticks if t <= length * 1.001]}
+
+
+# Key names a roofline finding may carry (evidence / top rows); see docs in html.py.
+ROOF_PEAK_KEYS = ("peak_tflops",)
+ROOF_BW_KEYS = ("peak_bandwidth_tbps", "peak_bandwidth_gbps", "peak_bw_gbps")
+
+
+def roofline(findings: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Operators by arithmetic intensity (FLOP/byte) and achieved TFLOP/s, log-log, with roofs if known."""
+    pts = []
+    peak = bw_tbps = None
+    thresholds: list[tuple[str, float]] = []
+    for f in findings:
+        ev = f.get("evidence") or {}
+        for k in ROOF_PEAK_KEYS:
+            if isinstance(ev.get(k), (int, float)) and ev[k] > 0:
+                peak = float(ev[k])
+        for k in ROOF_BW_KEYS:
+            if isinstance(ev.get(k), (int, float)) and ev[k] > 0:
+                bw_tbps = float(ev[k]) / (1000.0 if k.endswith("gbps") else 1.0)
+        for k in ("compute_bound_ratio", "memory_bound_ratio", "min_compute_ratio", "min_bandwidth_ratio"):
+            if isinstance(ev.get(k), (int, float)) and 0 < ev[k] < 1:
+                thresholds.append((k, float(ev[k])))
+        for row in f.get("top") or []:
+            i, a = row.get("intensity"), row.get("achieved_tflops")
+            if isinstance(i, (int, float)) and isinstance(a, (int, float)) and i > 0 and a > 0:
+                name = str(row.get("name") or row.get("op") or "")
+                pts.append({"i": float(i), "a": float(a), "name": name, "rule": f.get("rule"),
+                            "sev": f.get("severity") if f.get("severity") in ("critical", "high", "medium", "low", "info") else "info"})
+    if not pts:
+        return None
+    xs = [p["i"] for p in pts]
+    ys = [p["a"] for p in pts]
+    ridge = peak / bw_tbps if peak and bw_tbps else None
+    x_lo, x_hi = min(xs), max(xs)
+    y_lo, y_hi = min(ys), max(ys)
+    if ridge:
+        x_lo, x_hi = min(x_lo, ridge), max(x_hi, ridge)
+    if peak:
+        y_hi = max(y_hi, peak)
+    lx0, lx1 = math.floor(math.log10(x_lo)) , math.ceil(math.log10(x_hi)) + (1 if x_hi == x_lo else 0)
+    ly0, ly1 = math.floor(math.log10(y_lo)), math.ceil(math.log10(y_hi * 1.2))
+    if ly1 == ly0:
+        ly1 += 1
+    left, right, top, bottom, height = 70, 20, 14, 40, 320
+    plot_w, plot_h = WIDTH - left - right, height - top - bottom
+
+    def X(v: float) -> float:
+        return round(left + plot_w * (math.log10(v) - lx0) / (lx1 - lx0), 2)
+
+    def Y(v: float) -> float:
+        return round(top + plot_h * (1 - (math.log10(v) - ly0) / (ly1 - ly0)), 2)
+
+    def clampy(v: float) -> float:
+        return min(max(v, 10**ly0), 10**ly1)
+
+    roofs = []
+    if peak and bw_tbps and ridge:
+        x_start = 10**lx0
+        y_start = clampy(bw_tbps * x_start)
+        x_start = y_start / bw_tbps
+        roofs.append({"points": f"{X(x_start)},{Y(y_start)} {X(ridge)},{Y(peak)} {X(10**lx1)},{Y(peak)}",
+                      "cls": "roof", "title": f"roof: {peak:g} TFLOP/s peak, {bw_tbps:g} TB/s"})
+        for name, t in thresholds[:2]:
+            yy = clampy(bw_tbps * t * x_start)
+            roofs.append({"points": f"{X(yy / (bw_tbps * t))},{Y(yy)} {X(ridge)},{Y(peak * t)} {X(10**lx1)},{Y(peak * t)}",
+                          "cls": "roof-threshold", "title": f"{name} = {t:g} × roof"})
+    dots = [{"x": X(p["i"]), "y": Y(p["a"]), "cls": "sev-" + p["sev"],
+             "title": f"{p['name']}\n{p['rule']}: intensity {p['i']:.3g} FLOP/B, {p['a']:.3g} TFLOP/s"} for p in pts[:400]]
+    return {"width": WIDTH, "height": height, "left": left, "top": top, "plot_w": plot_w, "plot_h": plot_h,
+            "dots": dots, "roofs": roofs,
+            "ridge": {"x": X(ridge), "label": f"ridge {ridge:.3g} FLOP/B"} if ridge else None,
+            "xticks": [{"x": X(10**e), "label": f"{10**e:g}"} for e in range(lx0, lx1 + 1)],
+            "yticks": [{"y": Y(10**e), "label": f"{10**e:g}"} for e in range(ly0, ly1 + 1)]}
+
+
+COMM_VALUE_KEYS = (("bandwidth_gbps", "GB/s", True), ("time_us", "µs", False), ("bytes", "B", False))
+
+
+def comm_matrix(extras: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Heat map of ``extras['comm_matrix']``: rows ``{src, dst, bandwidth_gbps | time_us | bytes}``."""
+    data = extras.get("comm_matrix")
+    rows = data.get("links") if isinstance(data, Mapping) else data
+    if not isinstance(rows, list) or not rows:
+        return None
+    key = unit = None
+    higher_is_better = True
+    for k, u, hib in COMM_VALUE_KEYS:
+        if any(isinstance(r, Mapping) and isinstance(r.get(k), (int, float)) for r in rows):
+            key, unit, higher_is_better = k, u, hib
+            break
+    if key is None:
+        return None
+    cells: dict[tuple[int, int], float] = {}
+    for r in rows:
+        try:
+            s, d, v = int(r["src"]), int(r["dst"]), float(r[key])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if math.isfinite(v):
+            cells[(s, d)] = v
+    if not cells:
+        return None
+    ranks = sorted({a for a, _ in cells} | {b for _, b in cells})[:256]
+    idx = {r: i for i, r in enumerate(ranks)}
+    n = len(ranks)
+    cell = max(2.0, min(28.0, 640.0 / n))
+    left, top = 56, 40
+    vals = list(cells.values())
+    lo, hi = min(vals), max(vals)
+    out = []
+    for (s, d), v in cells.items():
+        if s not in idx or d not in idx:
+            continue
+        t = 0.5 if hi == lo else (v - lo) / (hi - lo)
+        bad = 1 - t if higher_is_better else t
+        out.append({"x": round(left + idx[d] * cell, 2), "y": round(top + idx[s] * cell, 2), "fill": _heat(bad),
+                    "title": f"rank {s} → rank {d}: {v:.4g} {unit}"})
+    every = max(1, math.ceil(12.0 / cell))
+    labels = [{"rank": r, "pos": round(i * cell + cell / 2, 2)} for i, r in enumerate(ranks) if i % every == 0]
+    return {"width": int(left + n * cell + 20), "height": int(top + n * cell + 20), "left": left, "top": top,
+            "cell": round(cell, 2), "cells": out, "labels": labels, "metric": key, "unit": unit,
+            "lo": f"{lo:.4g} {unit}", "hi": f"{hi:.4g} {unit}", "higher_is_better": higher_is_better}
+
+
+def _heat(bad: float) -> str:
+    """Green (good) to red (bad) through yellow, as a hex colour."""
+    bad = min(1.0, max(0.0, bad))
+    stops = ((0.0, (26, 152, 80)), (0.5, (254, 224, 139)), (1.0, (215, 48, 39)))
+    for (t0, c0), (t1, c1) in itertools.pairwise(stops):
+        if bad <= t1:
+            f = (bad - t0) / (t1 - t0)
+            rgb = tuple(round(a + (b - a) * f) for a, b in zip(c0, c1))
+            return "#{:02x}{:02x}{:02x}".format(*rgb)
+    return "#d73027"  # pragma: no cover

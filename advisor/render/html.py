@@ -1,0 +1,263 @@
+"""Report -> one self-contained HTML file (jinja2, autoescape on, inline SVG, no network fetch).
+
+The page's first screen answers "what limits the step, by how much, and how sure are we":
+the verdict (top finding and its saving), the step-time breakdown, and what could not be
+analysed. Charts are inline SVG whose geometry comes from :mod:`advisor.render.charts`; the
+templates draw them with autoescaping, so operator names from a profile are always text.
+
+A Content-Security-Policy meta tag (``default-src 'none'``) forbids any fetch; the one inline
+script (table sorting, expand/collapse) is allowed by its SHA-256 hash only.
+
+Optional inputs the page uses when present:
+
+* ``report.extras['baseline_diff']`` and ``['gate']`` (from :mod:`advisor.gate`);
+* ``report.extras['comm_matrix']``: a list of ``{"src": rank, "dst": rank, "bandwidth_gbps" |
+  "time_us" | "bytes": value}`` (or ``{"links": [...]}``) -> communication heat map;
+* finding ``top`` rows with ``intensity`` (FLOP/byte) and ``achieved_tflops`` (and ``name``) ->
+  roofline scatter; the roof is drawn when a finding's evidence has ``peak_tflops`` and
+  ``peak_bandwidth_gbps`` (or ``peak_bandwidth_tbps``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from advisor.model import Report
+from advisor.render import charts
+from advisor.render.view import (
+    PHASE_LABEL,
+    PHASES,
+    SEVERITIES,
+    breakdown_summary,
+    compact_ints,
+    confidence,
+    fmt_evidence,
+    fmt_ratio,
+    fmt_us,
+    fmt_value,
+    is_threshold_key,
+    report_data,
+    step_outliers,
+    truncate,
+    verdict,
+)
+
+SCRIPT_TEMPLATE = "_script.js.j2"
+MAX_TOP_ROWS = 25
+MAX_OPS_LISTED = 30
+
+
+def templates_dir() -> Path:
+    """Where the templates live: the installed ``advisor_templates`` package, else ``templates/`` in the source tree."""
+    try:
+        import advisor_templates  # type: ignore[import-not-found]  # installed: pyproject maps it to templates/
+
+        return Path(advisor_templates.__file__).resolve().parent
+    except ImportError:
+        return Path(__file__).resolve().parents[2] / "templates"
+
+
+def environment(override: str | Path | None = None) -> jinja2.Environment:
+    """The jinja environment; templates in ``override`` (if given) win over the built-in ones."""
+    loaders: list[jinja2.BaseLoader] = []
+    if override is not None:
+        loaders.append(jinja2.FileSystemLoader(str(override)))
+    loaders.append(jinja2.FileSystemLoader(str(templates_dir())))
+    env = jinja2.Environment(
+        loader=jinja2.ChoiceLoader(loaders),
+        autoescape=True,  # every template, whatever its extension: profile strings are never markup
+        undefined=jinja2.ChainableUndefined,  # optional keys of older/newer JSON reports render as empty
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(us=fmt_us, pct=fmt_ratio, val=fmt_value, ints=compact_ints, trunc=truncate)
+    return env
+
+
+def _csp(env: jinja2.Environment) -> str:
+    script = env.get_template(SCRIPT_TEMPLATE).render()
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
+    return (f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; img-src data:; "
+            "base-uri 'none'; form-action 'none'")
+
+
+_INLINE = re.compile(r"(`[^`]+`|\*\*[^*]+\*\*)")
+
+
+def _inline(text: str) -> list[dict[str, str]]:
+    """Markdown inline code and bold as tokens (the template wraps them; nothing becomes markup)."""
+    out = []
+    for part in _INLINE.split(text):
+        if not part:
+            continue
+        if part.startswith("`") and part.endswith("`") and len(part) > 1:
+            out.append({"t": "code", "s": part[1:-1]})
+        elif part.startswith("**") and part.endswith("**") and len(part) > 3:
+            out.append({"t": "b", "s": part[2:-2]})
+        else:
+            out.append({"t": "text", "s": part})
+    return out
+
+
+def md_blocks(text: str) -> list[dict[str, Any]]:
+    """A small Markdown subset (headings, lists, tables, paragraphs) as blocks for the explain text."""
+    blocks: list[dict[str, Any]] = []
+    para: list[str] = []
+
+    def flush() -> None:
+        if para:
+            blocks.append({"type": "p", "parts": _inline(" ".join(para))})
+            para.clear()
+
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if not line.strip():
+            flush()
+            continue
+        m = re.match(r"^(#{1,6})\s+(.*)$", line)
+        if m:
+            flush()
+            blocks.append({"type": "h", "level": min(6, len(m.group(1)) + 3), "parts": _inline(m.group(2))})
+        elif line.lstrip().startswith("|"):
+            flush()
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if all(re.fullmatch(r":?-{2,}:?", c) for c in cells if c):
+                continue
+            if blocks and blocks[-1]["type"] == "table":
+                blocks[-1]["rows"].append([_inline(c) for c in cells])
+            else:
+                blocks.append({"type": "table", "head": [_inline(c) for c in cells], "rows": []})
+        elif re.match(r"^\s*([-*]|\d+\.)\s+", line):
+            flush()
+            item = re.sub(r"^\s*([-*]|\d+\.)\s+", "", line)
+            if blocks and blocks[-1]["type"] == "list":
+                blocks[-1]["entries"].append(_inline(item))
+            else:
+                blocks.append({"type": "list", "ordered": bool(re.match(r"^\s*\d", line)), "entries": [_inline(item)]})
+        else:
+            para.append(line.strip())
+    flush()
+    return blocks
+
+
+def explain_texts(rule_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
+    """``advisor explain`` text of each rule, as blocks; rules not installed here are left out."""
+    if not rule_ids:
+        return {}
+    try:
+        from advisor.engine.registry import discover
+        from advisor.render.docs import rule_markdown
+
+        specs = discover()
+    except Exception:  # noqa: BLE001 -- a broken rule package must not stop the report; the rule table still shows them
+        return {}
+    return {rid: md_blocks(rule_markdown(specs[rid])) for rid in sorted(rule_ids) if rid in specs}
+
+
+def _sev(s: Any) -> str:
+    return s if s in SEVERITIES else "info"
+
+
+def finding_view(f: Mapping[str, Any], step_us: float | None) -> dict[str, Any]:
+    """Everything one finding card shows, formatted."""
+    ev = dict(f.get("evidence") or {})
+    measured = [{"key": k, "value": fmt_evidence(k, v), "raw": v} for k, v in ev.items() if not is_threshold_key(k)]
+    limits = [{"key": k, "value": fmt_evidence(k, v), "raw": v} for k, v in ev.items() if is_threshold_key(k)]
+    top = [dict(t) for t in (f.get("top") or [])][:MAX_TOP_ROWS]
+    cols: list[str] = []
+    for t in top:
+        for k in t:
+            if k not in cols and len(cols) < 10:
+                cols.append(k)
+    top_rows = [[{"text": truncate(fmt_evidence(c, t.get(c)), 90), "full": fmt_value(t.get(c)),
+                  "num": t.get(c) if isinstance(t.get(c), (int, float)) and not isinstance(t.get(c), bool) else None}
+                 for c in cols] for t in top]
+    saving = f.get("estimated_saving_us")
+    frac = f.get("saving_fraction")
+    if frac is None and saving and step_us:
+        frac = saving / step_us
+    ops = [str(o) for o in (f.get("ops") or [])]
+    return {
+        **f,
+        "severity": _sev(f.get("severity")),
+        "anchor": "f-" + re.sub(r"[^A-Za-z0-9_-]", "", str(f.get("id") or f.get("rule") or "x")),
+        "measured": measured,
+        "limits": limits,
+        "top_cols": cols,
+        "top_rows": top_rows,
+        "top_more": max(0, len(f.get("top") or []) - len(top)),
+        "ranks_text": compact_ints(f.get("ranks")),
+        "steps_text": compact_ints(f.get("steps")),
+        "ops_list": ops[:MAX_OPS_LISTED],
+        "ops_more": max(0, len(ops) - MAX_OPS_LISTED),
+        "saving_text": fmt_us(saving) if saving else None,
+        "saving_share": fmt_ratio(frac, 0) if frac else None,
+        "saving_w": round(min(1.0, max(0.0, frac or 0.0)) * 100, 2),
+    }
+
+
+def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
+    """The template context: the JSON form of the report plus chart geometry and formatted views."""
+    d = report_data(report)
+    prof = d.get("profile") or {}
+    bd = d.get("breakdown") or []
+    summary = breakdown_summary(d)
+    step_us = summary["step_us"] if summary else None
+    outl = step_outliers(bd)
+    findings = [{**finding_view(f, step_us), "open": i < 3} for i, f in enumerate(d.get("findings") or [])]
+    first_bar = None
+    if summary and summary["step_us"] > 0:
+        x = 0.0
+        first_bar = []
+        for p in summary["phases"]:
+            w = 100.0 * p["us"] / summary["step_us"]
+            if w > 0:
+                first_bar.append({"x": round(x, 3), "w": round(w, 3), "cls": "ph-" + p["key"][:-3],
+                                  "title": f"{p['label']}: {fmt_us(p['us'])} ({fmt_ratio(p['share'])})"})
+                x += w
+    extras_known = {"gate", "baseline_diff", "comm_matrix"}
+    return {
+        "d": d,
+        "profile": prof,
+        "verdict": verdict(d),
+        "summary": summary,
+        "first_bar": first_bar,
+        "confidence": confidence(d),
+        "gate": d.get("gate"),
+        "diff": d.get("baseline_diff"),
+        "findings": findings,
+        "sev_counts": {s: sum(1 for f in findings if f["severity"] == s) for s in SEVERITIES},
+        "explain": explain_texts({str(f.get("rule")) for f in findings}),
+        "outliers": sorted(outl),
+        "charts": {
+            "breakdown": charts.breakdown_bars(bd, outl),
+            "ranks": charts.rank_comparison(bd),
+            "series": charts.step_series(bd, outl),
+            "cp_ops": charts.cp_ops(d.get("critical_path") or {}),
+            "cp_timeline": charts.cp_timeline(d.get("critical_path") or {}),
+            "roofline": charts.roofline(d.get("findings") or []),
+            "comm": charts.comm_matrix(d),
+        },
+        "cp": d.get("critical_path") or {},
+        "phases": [{"key": k, "cls": "ph-" + k[:-3], "label": PHASE_LABEL[k]} for k in PHASES],
+        "kinds": [{"cls": charts.kind_class(k), "label": charts.KIND_LABEL[k]} for k in charts.KINDS],
+        "step_stats": d.get("step_times") or [],
+        "rules": d.get("rules") or [],
+        "unknown_extras": sorted(k for k in d if k not in extras_known and k not in (
+            "schema", "tool", "profile", "breakdown", "critical_path", "findings", "warnings", "rules", "step_times")),
+    }
+
+
+def render(report: Report | Mapping[str, Any], *, templates: str | Path | None = None) -> str:
+    """The HTML report as one string (a Report, or the dict of a JSON report)."""
+    env = environment(templates)
+    ctx = context(report)
+    ctx["csp"] = _csp(env)
+    return env.get_template("report.html.j2").render(**ctx)

@@ -1,0 +1,343 @@
+"""Report -> GitHub-flavoured Markdown for a pull-request comment (the same content as the HTML first screen).
+
+Every string that comes from a profile (operator names, paths, titles that quote them, warning
+messages) goes through :func:`md_escape`: Markdown punctuation is backslash-escaped, ``& < >`` become
+entities (so ``<script>`` is text, not HTML), and newlines collapse to spaces so a name cannot break
+a table row. Rule documentation (``advisor explain``) is the project's own text and is kept as Markdown.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from advisor.model import Report
+from advisor.render.view import (
+    breakdown_summary,
+    compact_ints,
+    confidence,
+    fmt_evidence,
+    fmt_ratio,
+    fmt_us,
+    fmt_value,
+    is_threshold_key,
+    per_rank_means,
+    report_data,
+    step_outliers,
+    truncate,
+    verdict,
+)
+
+# Markdown punctuation that can start markup mid-line (emphasis, code, links, tables, strikethrough,
+# mentions / issue refs); the rest only matters at the start of a line, which renderers never give a profile string.
+_MD_PUNCT = re.compile(r"([\\`*_\[\]{}#|~@$])")
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def md_escape(value: Any, limit: int | None = None) -> str:
+    """Text safe inside Markdown paragraphs and table cells: one line, no markup, no HTML."""
+    s = " ".join(str(value).split())  # newlines, tabs, CR -> single spaces
+    if limit is not None:
+        s = truncate(s, limit)
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    s = _MD_PUNCT.sub(r"\\\1", s)
+    return s.replace("://", ":\\/\\/").replace("www.", "www\\.")  # no autolinks
+
+
+def html_text(value: Any, limit: int | None = None) -> str:
+    """Text for inside raw HTML tags such as ``<summary>`` (Markdown is not parsed there)."""
+    s = " ".join(str(value).split())
+    if limit is not None:
+        s = truncate(s, limit)
+    return html.escape(s, quote=True)
+
+
+def _bar(share: float | None, width: int = 20) -> str:
+    if not share or share <= 0:
+        return ""
+    n = max(1, round(min(1.0, share) * width))
+    return "█" * n
+
+
+def spark(values: list[float]) -> str:
+    """A sparkline of step times (▁ … █)."""
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    if hi <= lo:
+        return _SPARK[0] * len(values)
+    return "".join(_SPARK[min(7, int((v - lo) / (hi - lo) * 7.999))] for v in values)
+
+
+def _row(*cells: Any) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def render(report: Report | Mapping[str, Any], *, max_findings: int = 20) -> str:
+    """The Markdown report (a Report, or the dict of a JSON report)."""
+    d = report_data(report)
+    prof = d.get("profile") or {}
+    out: list[str] = []
+    v = verdict(d)
+    out.append("## advisor: " + md_escape(v["title"]))
+    out.append("")
+    if v["kind"] == "finding":
+        line = f"**{v['severity'].upper()}** · {md_escape(v['rule'])} `{md_escape_code(v['cause'])}`"
+        if v.get("saving_us"):
+            line += f" · **up to {fmt_us(v['saving_us'])} per step**"
+            if v.get("saving_fraction"):
+                line += f" ({fmt_ratio(v['saving_fraction'], 0)} of the step)"
+        if v["others"]:
+            line += f" · {v['others']} more finding{'s' if v['others'] != 1 else ''}"
+        out.append(line)
+        out.append("")
+    ranks = prof.get("ranks") or []
+    out.append(f"Profile {md_escape(prof.get('path', ''))} · {md_escape(', '.join(prof.get('sources') or []) or '?')}"
+               f" · {len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
+               + (f" (world size {prof['world_size']})" if prof.get("world_size") else "")
+               + f" · steps {compact_ints(prof.get('steps'))}" + (" · CPU-only" if prof.get("cpu_only") else "")
+               + f" · advisor {md_escape((d.get('tool') or {}).get('version', '?'))}")
+    out.append("")
+
+    gate = d.get("gate")
+    if gate:
+        out += _gate(gate)
+    summary = breakdown_summary(d)
+    out.append(f"### Step time{' — mean ' + fmt_us(summary['step_us']) if summary else ''}")
+    out.append("")
+    if summary:
+        out.append(_row("phase", "mean per step", "share", ""))
+        out.append("|---|---:|---:|---|")
+        for p in summary["phases"]:
+            out.append(_row(p["label"], fmt_us(p["us"]), fmt_ratio(p["share"]), _bar(p["share"])))
+        out.append("")
+        out += _ranks(d)
+    else:
+        out += ["No step windows were found, so there is no breakdown.", ""]
+
+    conf = confidence(d)
+    out.append(f"### Confidence: {conf['level']}")
+    out.append("")
+    out.append(md_escape(conf["summary"]) + ".")
+    for n in conf["notes"]:
+        out.append(f"- {md_escape(n)}")
+    for r in conf["errors"]:
+        out.append(f"- **{md_escape(r.get('rule'))}** failed: {md_escape(r.get('reason'), 300)}")
+    out.append("")
+    if conf["skipped"]:
+        out.append(f"<details><summary>{len(conf['skipped'])} rule(s) could not run</summary>")
+        out.append("")
+        out += [f"- **{md_escape(r.get('rule'))}**: {md_escape(r.get('reason'), 300)}" for r in conf["skipped"]]
+        out += ["", "</details>", ""]
+    if conf["shown_warnings"]:
+        ws = conf["shown_warnings"]
+        out.append(f"<details><summary>{len(ws)} input warning(s)</summary>")
+        out.append("")
+        for w in ws[:30]:
+            where = f"{md_escape(w.get('path'), 120)}: " if w.get("path") else ""
+            out.append(f"- {md_escape(w.get('code'))}: {where}{md_escape(w.get('message'), 300)}")
+        if len(ws) > 30:
+            out.append(f"- … {len(ws) - 30} more in the JSON report")
+        out += ["", "</details>", ""]
+
+    diff = d.get("baseline_diff")
+    if diff:
+        out += _diff(diff)
+
+    findings = d.get("findings") or []
+    out.append(f"### Findings ({len(findings)})")
+    out.append("")
+    if findings:
+        out.append(_row("severity", "rule", "finding", "saving / step", "ranks"))
+        out.append("|---|---|---|---:|---|")
+        for f in findings[:max_findings]:
+            saving = fmt_us(f.get("estimated_saving_us")) if f.get("estimated_saving_us") else "-"
+            if f.get("estimated_saving_us") and f.get("saving_fraction"):
+                saving += f" ({fmt_ratio(f['saving_fraction'], 0)})"
+            out.append(_row(f"**{md_escape(f.get('severity'))}**", md_escape(f.get("rule")), md_escape(f.get("title"), 200),
+                            saving, md_escape(compact_ints(f.get("ranks")))))
+        if len(findings) > max_findings:
+            out.append(f"\n… {len(findings) - max_findings} more findings in the HTML/JSON report.")
+        out.append("")
+        explains = _explains({str(f.get("rule")) for f in findings[:max_findings]})
+        for f in findings[:max_findings]:
+            out += _finding(f, explains.get(str(f.get("rule"))))
+    else:
+        out += ["No rule fired on this profile.", ""]
+
+    out += _critical_path(d.get("critical_path") or {})
+    return "\n".join(out).rstrip() + "\n"
+
+
+def md_escape_code(value: Any) -> str:
+    """Text for inside a single-backtick code span (backticks and newlines removed)."""
+    return " ".join(str(value).replace("`", "'").split())
+
+
+def _gate(gate: Mapping[str, Any]) -> list[str]:
+    out = [f"### CI gate: {'❌ failed' if gate.get('status') == 'failed' else '✅ passed'}", ""]
+    out.append(_row("check", "limit", "measured", "result"))
+    out.append("|---|---|---:|---|")
+    for c in gate.get("checks") or []:
+        if c.get("check") == "fail_on":
+            limit = f"no finding at or above {md_escape(c.get('threshold'))}"
+        elif c.get("check") == "baseline":
+            limit = f"step at most {fmt_value(c.get('threshold'))}% slower"
+        else:
+            limit = ("≥ " if c.get("bound") == "min" else "≤ ") + fmt_value(c.get("threshold"))
+        value = c.get("value")
+        shown = "-" if value is None else (f"{value:+.1f}%" if c.get("check") == "baseline" else fmt_value(value))
+        name = f" `{md_escape_code(c['name'])}`" if c.get("name") else ""
+        note = f" ({md_escape(c['note'])})" if c.get("note") else ""
+        out.append(_row(f"{md_escape(c.get('check'))}{name}", limit, shown, ("pass" if c.get("passed") else "**fail**") + note))
+    out.append("")
+    for m in gate.get("messages") or []:
+        out.append(f"- {md_escape(m, 500)}")
+    out.append("")
+    return out
+
+
+def _ranks(d: Mapping[str, Any]) -> list[str]:
+    """Per-rank step means with a sparkline of step times (at most 16 ranks: the slowest)."""
+    bd = d.get("breakdown") or []
+    pr = per_rank_means(bd)
+    if not pr:
+        return []
+    outl = step_outliers(bd)
+    series: dict[int, list[tuple[int, float]]] = {}
+    for r in bd:
+        if r.get("step") is not None:
+            series.setdefault(int(r["rank"]), []).append((int(r["step"]), float(r.get("step_us") or 0.0)))
+    shown = sorted(pr, key=lambda r: -pr[r]["step_us"])[:16] if len(pr) > 16 else sorted(pr)
+    out = [_row("rank", "steps", "mean step", "busy", "comm only", "idle", "step times", "outliers"),
+           "|---:|---:|---:|---:|---:|---:|---|---|"]
+    for rank in shown:
+        m = pr[rank]
+        busy = m["step_us"] - m["comm_only_us"] - m["free_us"]
+        pts = sorted(series.get(rank, []))
+        out_steps = [s for s, _ in pts if (rank, s) in outl]
+        out.append(_row(rank, int(m["steps"]), fmt_us(m["step_us"]), fmt_us(busy), fmt_us(m["comm_only_us"]),
+                        fmt_us(m["free_us"]), spark([v for _, v in pts]), compact_ints(out_steps) if out_steps else ""))
+    if len(pr) > 16:
+        out.append(f"\n16 slowest of {len(pr)} ranks shown.")
+    out.append("")
+    return out
+
+
+def _diff(diff: Mapping[str, Any]) -> list[str]:
+    out = [f"### Against the baseline {md_escape(diff.get('baseline', ''))}", ""]
+    if diff.get("regression_pct") is not None:
+        out.append(f"Mean step **{diff['regression_pct']:+.1f}%** (allowed +{fmt_value(diff.get('max_regression_pct'))}%)"
+                   + (" — **regression**" if diff.get("regressed") else "") + ".")
+    else:
+        out.append("Step times could not be compared (no step windows in one of the runs).")
+    for n in diff.get("notes") or []:
+        out.append(f"\n_{md_escape(n)}_")
+    out.append("")
+    if diff.get("phases"):
+        out.append(_row("phase", "baseline", "now", "change", "of baseline step"))
+        out.append("|---|---:|---:|---:|---:|")
+        for p in diff["phases"]:
+            pct = p.get("delta_pct_of_step")
+            delta = ("+" if p["delta_us"] > 0 else "") + fmt_us(p["delta_us"])
+            if p.get("slower"):
+                delta = f"**{delta}**"
+            out.append(_row(p["label"], fmt_us(p["baseline_us"]), fmt_us(p["current_us"]), delta,
+                            "-" if pct is None else f"{pct:+.1f}%"))
+        out.append("")
+    for label, key in (("New findings", "new_findings"), ("Gone findings", "gone_findings"),
+                       ("Severity changed", "changed_findings")):
+        items = diff.get(key) or []
+        if items:
+            out.append(f"**{label} ({len(items)})**")
+            out.append("")
+            for f in items:
+                was = f" (was {md_escape(f['baseline_severity'])})" if f.get("baseline_severity") else ""
+                out.append(f"- **{md_escape(f.get('severity'))}**{was} {md_escape(f.get('rule'))} "
+                           f"`{md_escape_code(f.get('cause'))}` ranks {md_escape(compact_ints(f.get('ranks')))}: "
+                           f"{md_escape(f.get('title'), 200)}")
+            out.append("")
+    if not any(diff.get(k) for k in ("new_findings", "gone_findings", "changed_findings")):
+        out += ["Same findings as the baseline.", ""]
+    return out
+
+
+def _explains(rule_ids: set[str]) -> dict[str, str]:
+    try:
+        from advisor.engine.registry import discover
+        from advisor.render.docs import rule_markdown
+
+        specs = discover()
+    except Exception:  # noqa: BLE001 -- a broken rule package must not stop the report
+        return {}
+    out = {}
+    for rid in rule_ids:
+        if rid in specs:
+            text = rule_markdown(specs[rid])
+            out[rid] = re.sub(r"^(#{1,4}) ", lambda m: "#" * min(6, len(m.group(1)) + 3) + " ", text, flags=re.MULTILINE)
+    return out
+
+
+def _finding(f: Mapping[str, Any], explain: str | None) -> list[str]:
+    saving = ""
+    if f.get("estimated_saving_us"):
+        saving = f" — save ≤ {fmt_us(f['estimated_saving_us'])}/step"
+    summary = (f"<details><summary><b>{html_text(f.get('severity'))}</b> {html_text(f.get('rule'))}: "
+               f"{html_text(f.get('title'), 200)}{html_text(saving)}</summary>")
+    out = [summary, ""]
+    out.append(f"- cause: `{md_escape_code(f.get('cause'))}` ({md_escape(f.get('bottleneck'))})")
+    out.append(f"- ranks: {md_escape(compact_ints(f.get('ranks')))}; steps: {md_escape(compact_ints(f.get('steps')))}")
+    if f.get("estimated_saving_us"):
+        basis = f": {md_escape(f['saving_basis'])}" if f.get("saving_basis") else ""
+        out.append(f"- estimated saving: up to {fmt_us(f['estimated_saving_us'])} per step"
+                   + (f" ({fmt_ratio(f['saving_fraction'], 0)})" if f.get("saving_fraction") else "") + basis)
+    ops = list(f.get("ops") or [])
+    if ops:
+        out.append("- operators: " + ", ".join(md_escape(o, 100) for o in ops[:10])
+                   + (f", … {len(ops) - 10} more" if len(ops) > 10 else ""))
+    if f.get("detail"):
+        out += ["", md_escape(f["detail"], 1000)]
+    ev = f.get("evidence") or {}
+    if ev:
+        out += ["", _row("evidence", "value", ""), "|---|---:|---|"]
+        for k, val in ev.items():
+            out.append(_row(f"`{md_escape_code(k)}`", md_escape(fmt_evidence(k, val), 120),
+                            "threshold" if is_threshold_key(k) else "measured"))
+    top = list(f.get("top") or [])[:10]
+    if top:
+        cols: list[str] = []
+        for t in top:
+            cols += [k for k in t if k not in cols]
+        cols = cols[:8]
+        out += ["", _row(*(md_escape(c) for c in cols)), "|" + "---|" * len(cols)]
+        for t in top:
+            out.append(_row(*(md_escape(fmt_evidence(c, t.get(c)), 80) for c in cols)))
+    opts = f.get("optimizations") or []
+    if opts:
+        out += ["", "**What to do**", ""]
+        for i, o in enumerate(opts, 1):
+            how = f" — {md_escape(o.get('how'))}" if o.get("how") else ""
+            out.append(f"{i}. **{md_escape(o.get('title'))}**{how}")
+    if explain:
+        out += ["", f"<details><summary>advisor explain {html_text(f.get('rule'))}</summary>", "", explain.strip(), "",
+                "</details>"]
+    out += ["", "</details>", ""]
+    return out
+
+
+def _critical_path(cp: Mapping[str, Any]) -> list[str]:
+    ops = list(cp.get("ops") or [])
+    length = float(cp.get("length_us") or 0.0)
+    if not ops or length <= 0:
+        return []
+    step = cp.get("step") if cp.get("step") is not None else "-"
+    out = [f"### Critical path — rank {md_escape(cp.get('rank'))}, step {md_escape(step)}, {fmt_us(length)}", ""]
+    out.append(_row("operator", "kind", "time on path", "share"))
+    out.append("|---|---|---:|---:|")
+    for o in ops[:10]:
+        t = float(o.get("total_us") or 0.0)
+        out.append(_row(md_escape(o.get("name"), 90), md_escape(o.get("kind")), fmt_us(t), fmt_ratio(t / length)))
+    out.append("")
+    return out

@@ -1,0 +1,271 @@
+"""Figures every renderer shows, computed once from the JSON form of a report.
+
+The HTML, Markdown and terminal renderers all start from :func:`report_data` (a Report or the
+dict of an earlier JSON report), so the four formats say the same thing. Pure functions: no I/O.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from advisor.model import Report
+
+#: Phases of the breakdown in the order they are stacked (they add up to ``step_us``).
+PHASES: tuple[str, ...] = ("compute_only_us", "overlapped_us", "comm_only_us", "host_only_us", "free_us")
+PHASE_LABEL: dict[str, str] = {
+    "step_us": "step",
+    "compute_only_us": "compute only",
+    "overlapped_us": "compute ∥ comm",
+    "comm_only_us": "comm only",
+    "host_only_us": "host only",
+    "free_us": "idle",
+}
+PHASE_HELP: dict[str, str] = {
+    "compute_only_us": "device computes, no communication runs",
+    "overlapped_us": "computation and communication run at the same time",
+    "comm_only_us": "communication runs, nothing computes (exposed communication)",
+    "host_only_us": "the device is idle while the host works (dispatch, data loading, sync)",
+    "free_us": "nothing runs on host or device",
+}
+SEVERITIES: tuple[str, ...] = ("critical", "high", "medium", "low", "info")
+
+
+def report_data(report: Report | Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON form (``report_dict``) of a Report; a dict is returned as it is."""
+    if isinstance(report, Report):
+        from advisor.render.json import report_dict
+
+        return report_dict(report)
+    return dict(report)
+
+
+def fmt_us(v: float | None) -> str:
+    """Microseconds as a human duration (``1.23 ms``); ``-`` for unknown."""
+    if v is None:
+        return "-"
+    if v == 0:
+        return "0"
+    a = abs(v)
+    if a >= 1e6:
+        return f"{v / 1e6:.2f} s"
+    if a >= 1e3:
+        return f"{v / 1e3:.2f} ms"
+    return f"{v:.1f} µs"
+
+
+def fmt_ratio(x: float | None, digits: int = 1) -> str:
+    """A 0..1 ratio as a percentage."""
+    if x is None:
+        return "-"
+    return f"{100.0 * x:.{digits}f}%"
+
+
+def fmt_value(v: Any) -> str:
+    """An evidence value: ratios as-is, floats rounded, everything else as text."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-3):
+            return f"{v:.3g}"
+        return f"{v:,.4f}".rstrip("0").rstrip(".") if abs(v) < 100 else f"{v:,.1f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(fmt_value(x) for x in v)
+    return str(v)
+
+
+def fmt_evidence(key: str, v: Any) -> str:
+    """An evidence value using its unit suffix (``_us``, ``_ns``, ``_ratio``/``_share``, ``_bytes``)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if key.endswith("_us") or "_us_" in key:
+            return fmt_us(float(v))
+        if key.endswith("_ms") or "_ms_" in key:
+            return fmt_us(float(v) * 1000.0)
+        if key.endswith("_ns"):
+            return fmt_us(float(v) / 1000.0)
+        if key.endswith(("_ratio", "_share", "_fraction")) and -10 <= v <= 10:
+            return fmt_ratio(float(v))
+        if key.endswith("_bytes"):
+            return fmt_bytes(float(v))
+    return fmt_value(v)
+
+
+def fmt_bytes(v: float) -> str:
+    """Bytes with a binary unit."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(v) < 1024 or unit == "GiB":
+            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
+        v /= 1024
+    return f"{v:.1f} GiB"  # pragma: no cover
+
+
+def is_threshold_key(key: str) -> bool:
+    """Evidence keys that hold a rule's threshold rather than a measurement."""
+    k = key.lower()
+    return k.startswith(("min_", "max_", "threshold")) or k.endswith(("_threshold", "_min", "_max", "_limit"))
+
+
+def compact_ints(xs: Iterable[int] | None, limit: int = 12) -> str:
+    """``[0,1,2,3,7,9]`` -> ``0–3, 7, 9``; long lists are cut with a count."""
+    vals = sorted({int(x) for x in (xs or [])})
+    if not vals:
+        return "-"
+    runs: list[str] = []
+    start = prev = vals[0]
+    for v in [*vals[1:], None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        runs.append(str(start) if start == prev else f"{start}–{prev}")
+        if v is not None:
+            start = prev = v
+    text = ", ".join(runs[:limit])
+    if len(runs) > limit:
+        text += f", … ({len(vals)} in all)"
+    return text
+
+
+def truncate(text: Any, n: int = 60) -> str:
+    """One line, at most ``n`` characters (newlines and tabs become spaces)."""
+    s = " ".join(str(text).split())
+    return s if len(s) <= n else s[: max(1, n - 1)] + "…"
+
+
+def per_rank_means(breakdown: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """Mean of ``step_us`` and each phase over the steps of every rank (plus ``steps``)."""
+    acc: dict[int, list[dict[str, Any]]] = {}
+    for r in breakdown:
+        acc.setdefault(int(r["rank"]), []).append(r)
+    out: dict[int, dict[str, float]] = {}
+    for rank, rows in sorted(acc.items()):
+        n = len(rows)
+        m = {k: sum(float(x.get(k) or 0.0) for x in rows) / n for k in ("step_us", *PHASES)}
+        m["steps"] = float(n)
+        ov = [x.get("overlap_ratio") for x in rows if x.get("overlap_ratio") is not None]
+        m["overlap_ratio"] = sum(ov) / len(ov) if ov else float("nan")
+        out[rank] = m
+    return out
+
+
+def overall_means(breakdown: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Mean over ranks of the per-rank means (step and phases); None without rows."""
+    pr = per_rank_means(breakdown)
+    if not pr:
+        return None
+    n = len(pr)
+    return {k: sum(m[k] for m in pr.values()) / n for k in ("step_us", *PHASES)}
+
+
+def breakdown_summary(d: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Mean step and its phases with shares, for the first screen of every format."""
+    means = overall_means(d.get("breakdown") or [])
+    if not means:
+        return None
+    step = means["step_us"]
+    rows = []
+    for k in PHASES:
+        rows.append({"key": k, "label": PHASE_LABEL[k], "help": PHASE_HELP[k], "us": means[k],
+                     "share": means[k] / step if step else None})
+    ranks = {int(r["rank"]) for r in d["breakdown"]}
+    return {"step_us": step, "phases": rows, "ranks": len(ranks), "rows": len(d["breakdown"])}
+
+
+def verdict(d: Mapping[str, Any]) -> dict[str, Any]:
+    """What limits the step: the top finding with its saving, else the largest phase."""
+    findings = d.get("findings") or []
+    if findings:
+        f = findings[0]
+        saving = f.get("estimated_saving_us")
+        frac = f.get("saving_fraction")
+        text = f"{f['severity'].upper()}: {f['title']}"
+        if saving:
+            text += f" — up to {fmt_us(saving)} per step" + (f" ({fmt_ratio(frac, 0)})" if frac else "")
+        return {"kind": "finding", "severity": f["severity"], "title": f["title"], "rule": f["rule"],
+                "cause": f["cause"], "saving_us": saving, "saving_fraction": frac, "finding_id": f.get("id"),
+                "text": text, "others": len(findings) - 1}
+    summ = breakdown_summary(d)
+    if not summ:
+        return {"kind": "none", "severity": "info", "title": "No step could be analysed.",
+                "text": "No step could be analysed.", "others": 0}
+    top = max(summ["phases"], key=lambda p: p["us"])
+    title = f"No rule fired. Largest share of the step: {top['label']} ({fmt_ratio(top['share'])})."
+    return {"kind": "clean", "severity": "info", "title": title, "text": title, "others": 0}
+
+
+def confidence(d: Mapping[str, Any]) -> dict[str, Any]:
+    """What could not be analysed and why: rules skipped or failed, input warnings, CPU-only traces."""
+    rules = d.get("rules") or []
+    ran = [r for r in rules if r.get("status") == "ran"]
+    skipped = [r for r in rules if r.get("status") == "skipped"]
+    errors = [r for r in rules if r.get("status") == "error"]
+    not_sel = [r for r in rules if r.get("status") == "not_selected"]
+    warnings = d.get("warnings") or []
+    prof = d.get("profile") or {}
+    notes: list[str] = []
+    if prof.get("cpu_only"):
+        notes.append("CPU-only trace: device idle, overlap and roofline analyses do not apply.")
+    if not d.get("breakdown"):
+        notes.append("No step windows: the step-time breakdown is empty.")
+    if errors:
+        level = "low"
+    elif skipped or warnings or prof.get("cpu_only"):
+        level = "reduced"
+    else:
+        level = "full"
+    summary = f"{len(ran)} of {len(rules) - len(not_sel)} rules ran"
+    if skipped:
+        summary += f", {len(skipped)} skipped"
+    if errors:
+        summary += f", {len(errors)} failed"
+    # The engine also files a warning for every skipped rule; the rule list already says so.
+    # The CPU-only warning is already a note.
+    shown = [w for w in warnings if not (w.get("code") == "rule_skipped" and skipped)
+             and not (w.get("code") == "cpu_only" and prof.get("cpu_only"))]
+    if shown:
+        summary += f"; {len(shown)} input warning{'s' if len(shown) != 1 else ''}"
+    return {"level": level, "summary": summary, "ran": ran, "skipped": skipped, "errors": errors,
+            "not_selected": not_sel, "warnings": warnings, "shown_warnings": shown, "notes": notes}
+
+
+def step_outliers(breakdown: list[dict[str, Any]], k: float = 3.0, min_excess: float = 0.2) -> set[tuple[int, int]]:
+    """(rank, step) pairs whose step time is far above that rank's median.
+
+    Robust k-sigma (median + k·1.4826·MAD, the LLMPrism k-sigma with a robust spread so one
+    huge step cannot hide itself) and at least ``min_excess`` above the median, so that a very
+    steady run does not flag 1 % jitter.
+    """
+    by_rank: dict[int, list[tuple[int, float]]] = {}
+    for r in breakdown:
+        if r.get("step") is None:
+            continue
+        by_rank.setdefault(int(r["rank"]), []).append((int(r["step"]), float(r.get("step_us") or 0.0)))
+    out: set[tuple[int, int]] = set()
+    for rank, pts in by_rank.items():
+        if len(pts) < 3:
+            continue
+        vals = [v for _, v in pts]
+        med = statistics.median(vals)
+        mad = statistics.median(abs(v - med) for v in vals) * 1.4826
+        for step, v in pts:
+            if v > med + k * mad and v > med * (1 + min_excess):
+                out.add((rank, step))
+    return out
+
+
+def busiest_rank(breakdown: list[dict[str, Any]]) -> int | None:
+    """The rank with the most busy time (step minus exposed communication and idle): the one others wait for."""
+    pr = per_rank_means(breakdown)
+    if len(pr) < 2:
+        return None
+    return max(pr, key=lambda r: pr[r]["step_us"] - pr[r]["comm_only_us"] - pr[r]["free_us"])
+
+
+def finding_key(f: Mapping[str, Any]) -> str:
+    """Identity of a finding across runs: rule, cause and ranks (what the baseline diff matches on)."""
+    ranks = ",".join(str(r) for r in sorted(f.get("ranks") or []))
+    return f"{f.get('rule')}|{f.get('cause')}|{ranks}"

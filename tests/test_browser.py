@@ -1,0 +1,158 @@
+"""The HTML report in a real browser: headless Chromium (Debian ``chromium`` + ``chromium-driver``) via Selenium.
+
+Loads the file from disk with the network cut off, checks that findings and charts are in the DOM, that no
+request left the page, that an operator named ``<script>…</script>`` shows as text, and that a 64-rank report
+is small and opens fast. Screenshots go to ``$ADVISOR_ARTIFACTS`` (default ``./artifacts``).
+
+Skips when Chromium, chromedriver or the ``selenium`` package is missing, unless ``ADVISOR_REQUIRE_BROWSER=1``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, TRACES
+from tests.render_helpers import EVIL_NAMES, run_cli, write_cluster, write_evil_trace
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM = os.environ.get("ADVISOR_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("ADVISOR_CHROMEDRIVER", "/usr/bin/chromedriver")
+ARTIFACTS = Path(os.environ.get("ADVISOR_ARTIFACTS") or ROOT / "artifacts")
+
+
+def _missing() -> str | None:
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        return f"chromium not installed ({CHROMIUM}, {CHROMEDRIVER}): apt-get install -y chromium chromium-driver"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "python package selenium not installed: pip install selenium"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    why = _missing()
+    if why:
+        if os.environ.get("ADVISOR_REQUIRE_BROWSER") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile_dir = tempfile.mkdtemp(prefix="advisor-chromium-")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1400,1000",
+                 # belt and braces: even if something tried, no name resolves and no proxy answers
+                 "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=127.0.0.1:9",
+                 f"--user-data-dir={profile_dir}"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)  # no Selenium Manager download
+    driver.set_page_load_timeout(60)
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd("Network.emulateNetworkConditions",
+                           {"offline": True, "latency": 0, "downloadThroughput": 0, "uploadThroughput": 0})
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile_dir, ignore_errors=True)
+
+
+def _open(driver, path: Path) -> float:
+    t0 = time.perf_counter()
+    driver.get(path.resolve().as_uri())
+    elapsed = time.perf_counter() - t0
+    assert driver.execute_script("return document.readyState") == "complete"
+    return elapsed
+
+
+def _no_requests(driver) -> None:
+    entries = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert entries == [], f"the page fetched {entries}"
+    assert driver.execute_script("return document.documentElement.getAttribute('data-js')") == "ready", \
+        "the inline script did not run (CSP hash mismatch?)"
+
+
+def _shot(driver, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1400, min(int(height) + 40, 8000))
+    path = ARTIFACTS / name
+    driver.save_screenshot(str(path))
+    driver.set_window_size(1400, 1000)
+    assert path.stat().st_size > 10_000
+    return path
+
+
+def test_report_in_browser(browser, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    out = tmp_path / "gloo.html"
+    res = run_cli(TRACES / "gloo_slow_rank", "--format", "html", "--out", out, "--baseline", TRACES / "gloo_slow_rank")
+    assert res.returncode == 0, res.stderr
+    _open(browser, out)
+    _no_requests(browser)
+    assert browser.find_element(By.ID, "verdict").text.strip()
+    cards = browser.find_elements(By.CSS_SELECTOR, "details.finding")
+    assert len(cards) == len(browser.find_elements(By.CSS_SELECTOR, "#findings-table tbody tr")) >= 1
+    for chart in ("chart-breakdown", "chart-ranks", "chart-series", "chart-cp-timeline", "chart-cp-ops"):
+        svg = browser.find_element(By.CSS_SELECTOR, f"#{chart} svg")
+        assert svg.size["width"] > 300 and svg.size["height"] > 40, chart
+    assert browser.find_elements(By.ID, "baseline-diff")
+    # the sort script works: clicking "saving" twice puts the smallest saving first
+    header = browser.find_elements(By.CSS_SELECTOR, "#findings-table th")[3]
+    header.click()
+    header.click()
+    assert header.get_attribute("data-dir") == "asc"
+    _shot(browser, "report-gloo_slow_rank.png")
+
+
+def test_script_names_are_text(browser, tmp_path: Path) -> None:
+    from selenium.common.exceptions import NoAlertPresentException
+    from selenium.webdriver.common.by import By
+
+    prof = tmp_path / "evil"
+    write_evil_trace(prof)
+    out = tmp_path / "evil.html"
+    assert run_cli(prof, "--format", "html", "--out", out).returncode == 0
+    _open(browser, out)
+    _no_requests(browser)
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert.text  # noqa: B018
+    assert browser.execute_script("return document.scripts.length") == 1
+    cells = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#critical-path-table td.name")]
+    assert EVIL_NAMES[0] in cells and EVIL_NAMES[1] in cells and EVIL_NAMES[2] in cells
+    assert browser.execute_script("return document.querySelectorAll('[onmouseover]').length") == 0
+    _shot(browser, "report-escaping.png")
+
+
+def test_64_rank_report_is_small_and_fast(browser, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    prof = write_cluster(tmp_path / "cluster64", ranks=64, slow=37)
+    out = tmp_path / "cluster64.html"
+    res = run_cli(prof, "--format", "html", "--out", out)
+    assert res.returncode == 0, res.stderr
+    assert out.stat().st_size < 5_000_000
+    elapsed = _open(browser, out)  # cold: the first load of this file
+    nav = browser.execute_script(
+        "const n = performance.getEntriesByType('navigation')[0]; return n.loadEventEnd - n.startTime")
+    assert elapsed < 2.0 and nav < 2000, (elapsed, nav)
+    _no_requests(browser)
+    rows = browser.find_elements(By.CSS_SELECTOR, "#chart-ranks g.rank-row")
+    assert len(rows) == 64
+    slow = browser.find_elements(By.CSS_SELECTOR, "#chart-ranks g.rank-row.slow")
+    assert len(slow) == 1 and "rank 37" in slow[0].get_attribute("textContent")
+    _shot(browser, "report-64-ranks.png")

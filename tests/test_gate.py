@@ -1,0 +1,169 @@
+"""The CI gate: exit codes and the baseline diff, on real samples through the CLI (as CI runs it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from advisor.config import ConfigError
+from advisor.gate import BUDGETS, baseline_diff, evaluate, parse_budgets
+from tests.conftest import TRACES, validate_report
+from tests.render_helpers import run_cli
+
+SLOW = TRACES / "cpu_slow_dataloader"  # planted: num_workers=0 and 30 ms of sleep per step
+HEALTHY = TRACES / "cpu_healthy"
+
+
+@pytest.fixture(scope="module")
+def healthy_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("baseline") / "healthy.json"
+    res = run_cli(HEALTHY, "--format", "json", "--out", out)
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def test_slow_dataloader_regresses_against_healthy(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    res = run_cli(SLOW, "--baseline", HEALTHY, "--format", "json", "--out", out)
+    assert res.returncode == 1, res.stderr
+    assert "gate: step time +" in res.stderr
+    data = json.loads(out.read_text())
+    validate_report(data)
+    diff = data["baseline_diff"]
+    assert diff["regressed"] and diff["regression_pct"] > 50  # ~42 ms vs ~25 ms per step
+    phases = {p["phase"]: p for p in diff["phases"]}
+    assert phases["host_only_us"]["delta_us"] > 25_000  # the 30 ms sleep shows as host-only time
+    assert phases["host_only_us"]["slower"]
+    assert [f["rule"] for f in diff["new_findings"]] == ["IO001"]
+    assert diff["gone_findings"] == []
+    assert data["gate"]["status"] == "failed"
+    assert {c["check"] for c in data["gate"]["checks"]} == {"baseline"}
+
+
+def test_healthy_against_slow_is_an_improvement(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    res = run_cli(HEALTHY, "--baseline", SLOW, "--format", "json", "--out", out)
+    assert res.returncode == 0, res.stderr
+    diff = json.loads(out.read_text())["baseline_diff"]
+    assert diff["regression_pct"] < -30 and not diff["regressed"]
+    assert [f["rule"] for f in diff["gone_findings"]] == ["IO001"]
+
+
+def test_profile_against_itself_passes(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    res = run_cli(SLOW, "--baseline", SLOW, "--max-regression", "0", "--format", "json", "--out", out)
+    assert res.returncode == 0, res.stderr
+    diff = json.loads(out.read_text())["baseline_diff"]
+    assert diff["regression_pct"] == 0 and not diff["new_findings"] and not diff["gone_findings"]
+
+
+def test_baseline_from_earlier_json_report(healthy_json: Path, tmp_path: Path) -> None:
+    assert run_cli(HEALTHY, "--baseline", healthy_json, "--max-regression", "0").returncode == 0
+    out = tmp_path / "r.json"
+    res = run_cli(SLOW, "--baseline", healthy_json, "--format", "json", "--out", out)
+    assert res.returncode == 1
+    assert json.loads(out.read_text())["baseline_diff"]["baseline_kind"] == "report"
+    # a generous limit lets the same regression pass
+    assert run_cli(SLOW, "--baseline", healthy_json, "--max-regression", "500").returncode == 0
+
+
+@pytest.mark.parametrize("fmt,marker", [("terminal", "Against the baseline"), ("md", "### Against the baseline"),
+                                        ("html", 'id="baseline-diff"')])
+def test_every_format_shows_the_diff(healthy_json: Path, fmt: str, marker: str) -> None:
+    res = run_cli(SLOW, "--baseline", healthy_json, "--format", fmt)
+    assert res.returncode == 1
+    assert marker in res.stdout
+    assert "IO001" in res.stdout
+    assert ("regression" in res.stdout) or ("+66" in res.stdout) or ("%" in res.stdout)
+
+
+def test_fail_on() -> None:
+    assert run_cli(SLOW, "--fail-on", "high").returncode == 1
+    assert run_cli(HEALTHY, "--fail-on", "low").returncode == 0
+    assert run_cli(SLOW, "--fail-on", "bogus").returncode == 2
+
+
+def test_budgets(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    res = run_cli(SLOW, "--budget", "step_ms=30", "--budget", "host_only_ratio=0.9", "--budget", "findings_critical=0",
+                  "--format", "json", "--out", out)
+    assert res.returncode == 1
+    checks = {c["name"]: c for c in json.loads(out.read_text())["gate"]["checks"]}
+    assert not checks["step_ms"]["passed"] and 35 < checks["step_ms"]["value"] < 50
+    assert checks["host_only_ratio"]["passed"]
+    assert not checks["findings_critical"]["passed"]
+    assert run_cli(HEALTHY, "--budget", "step_ms=1000", "--budget", "comm_only_ratio=0.15",
+                   "--budget", "overlap_ratio_min=0.5").returncode == 0
+
+
+@pytest.mark.parametrize("args", [
+    ("--budget", "nonsense_ms=3"),
+    ("--budget", "step_ms"),
+    ("--budget", "step_ms=fast"),
+    ("--budget", "comm_only_ratio=15"),
+    ("--baseline", "/nonexistent/baseline"),
+    ("--max-regression", "-1", "--baseline", str(HEALTHY)),
+])
+def test_usage_errors_exit_2(args: tuple[str, ...]) -> None:
+    res = run_cli(HEALTHY, *args)
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert res.stderr.startswith("advisor: ") and "Traceback" not in res.stderr
+
+
+def test_baseline_json_of_another_schema_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({"schema": "something/v9", "findings": []}))
+    res = run_cli(HEALTHY, "--baseline", bad)
+    assert res.returncode == 2 and "schema" in res.stderr
+
+
+# ---- unit level (no analysis) -------------------------------------------------------------------
+
+
+def _rows(rank: int, step_us: float, comm: float = 0.0, n: int = 3) -> list[dict]:
+    return [{"rank": rank, "step": s, "step_us": step_us, "compute_only_us": step_us - comm, "overlapped_us": 0.0,
+             "comm_only_us": comm, "host_only_us": 0.0, "free_us": 0.0, "overlap_ratio": 0.0 if comm else None}
+            for s in range(n)]
+
+
+def _report(rows: list[dict], findings: list[dict] | None = None) -> dict:
+    return {"schema": "advisor.report/v1", "profile": {"path": "x"}, "breakdown": rows, "findings": findings or []}
+
+
+def test_parse_budgets_names() -> None:
+    for name in ("step_ms", "step_us", "compute_only_ratio", "comm_only_ratio", "host_only_ratio", "free_ratio",
+                 "overlap_ratio_min", "findings_high", "findings_critical"):
+        assert name in BUDGETS
+    assert parse_budgets(["step_ms=120", "comm_only_ratio=0.15"]) == {"step_ms": 120.0, "comm_only_ratio": 0.15}
+    with pytest.raises(ConfigError):
+        parse_budgets(["steps=1"])
+
+
+def test_budgets_use_the_worst_rank() -> None:
+    rep = _report(_rows(0, 100_000.0, comm=10_000.0) + _rows(1, 150_000.0, comm=60_000.0))
+    res = evaluate(rep, budgets={"step_ms": 120.0, "comm_only_ratio": 0.3, "overlap_ratio_min": 0.0})
+    by = {c["name"]: c for c in res.checks}
+    assert by["step_ms"]["value"] == pytest.approx(150.0) and not by["step_ms"]["passed"]
+    assert by["comm_only_ratio"]["value"] == pytest.approx(0.4) and not by["comm_only_ratio"]["passed"]
+    assert by["overlap_ratio_min"]["passed"]
+    assert res.exit_code == 1 and len(res.messages) == 2
+
+
+def test_budget_without_steps_fails() -> None:
+    res = evaluate(_report([]), budgets={"step_ms": 100.0})
+    assert res.exit_code == 1 and "cannot be measured" in res.messages[0]
+
+
+def test_diff_matches_findings_by_rule_cause_ranks() -> None:
+    f = {"rule": "COM001", "cause": "comm.slow_synchronization", "severity": "high", "title": "t", "ranks": [0, 1]}
+    base = _report(_rows(0, 100.0), [f, {**f, "rule": "IO001", "cause": "io.slow_data_processing", "ranks": [0]}])
+    cur = _report(_rows(0, 105.0), [{**f, "severity": "critical", "title": "other words"},
+                                    {**f, "ranks": [3]}])
+    d = baseline_diff(cur, base, max_regression=10.0)
+    assert d["regression_pct"] == pytest.approx(5.0) and not d["regressed"]
+    assert [x["ranks"] for x in d["new_findings"]] == [[3]]
+    assert [x["rule"] for x in d["gone_findings"]] == ["IO001"]
+    assert d["changed_findings"][0]["baseline_severity"] == "high"
+    assert baseline_diff(_report(_rows(0, 111.0)), base, 10.0)["regressed"]

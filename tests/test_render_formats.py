@@ -1,0 +1,208 @@
+"""Every format renders for every sample profile; JSON matches the contract; HTML is self-contained and escaped."""
+
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from advisor.ingest.base import InputError
+from tests.conftest import report_json
+from tests.render_helpers import EVIL_NAMES, run_cli, sample_dirs, write_evil_trace
+
+SAMPLES = sample_dirs()
+_CACHE: dict[Path, object] = {}
+
+
+def _report(path: Path):
+    if path not in _CACHE:
+        from advisor.analyze import analyze
+
+        try:
+            _CACHE[path] = analyze(path)
+        except InputError as exc:  # e.g. an Ascend sample before its reader lands
+            _CACHE[path] = exc
+    rep = _CACHE[path]
+    if isinstance(rep, InputError):
+        pytest.skip(f"{path.name} does not load yet: {rep}")
+    return rep
+
+
+class _Collect(HTMLParser):
+    """Tags, attributes and text of an HTML page (stdlib parser; checks structure, not looks)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+        self._in_script = False
+        self.scripts: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        self._in_script = tag == "script"
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._in_script = False
+
+    def handle_data(self, data):
+        (self.scripts if self._in_script else self.text).append(data)
+
+
+def parse_html(text: str) -> _Collect:
+    p = _Collect()
+    p.feed(text)
+    return p
+
+
+def assert_self_contained(text: str) -> None:
+    """No attribute may point outside the page, and the CSP forbids fetching anything."""
+    page = parse_html(text)
+    csp = [a for t, a in page.tags if t == "meta" and (a.get("http-equiv") or "").lower() == "content-security-policy"]
+    assert csp and "default-src 'none'" in csp[0]["content"]
+    for tag, attrs in page.tags:
+        for name in ("src", "href", "srcset", "data", "poster", "action", "xlink:href"):
+            val = attrs.get(name)
+            if val is not None:
+                assert val.startswith("#"), f"<{tag} {name}={val!r}> points outside the page"
+        assert tag not in ("link", "iframe", "object", "embed", "img", "base"), f"<{tag}> in a self-contained report"
+    assert len([t for t, _ in page.tags if t == "script"]) == 1
+    assert not re.search(r"url\(\s*['\"]?(https?:|//)", text)
+    assert "@import" not in text
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=[p.name for p in SAMPLES])
+def test_every_format_renders(path: Path) -> None:
+    from advisor.render import html, markdown, terminal
+
+    rep = _report(path)
+    data = report_json(rep)  # schema-valid
+    page = html.render(rep)
+    assert_self_contained(page)
+    doc = parse_html(page)
+    ids = {a.get("id") for _, a in doc.tags}
+    assert {"verdict", "breakdown-summary", "confidence", "findings-list"} <= ids
+    cards = [a for t, a in doc.tags if t == "details" and "finding" in (a.get("class") or "").split()]
+    assert len(cards) == len(data["findings"])
+    if data["breakdown"]:
+        assert "chart-breakdown" in ids
+    if data["critical_path"]["ops"]:
+        assert {"chart-cp-ops", "chart-cp-timeline"} <= ids
+    if len({r["rank"] for r in data["breakdown"]}) > 1:
+        assert "chart-ranks" in ids
+    assert html.render(data) == page, "rendering from the JSON dict must give the same page"
+    assert len(page) < 5_000_000
+
+    md = markdown.render(rep)
+    assert md.startswith("## advisor: ")
+    assert markdown.render(data) == md
+    for f in data["findings"]:
+        assert f["rule"] in md
+
+    text = terminal.render_text(rep)
+    assert "\x1b[" not in text
+    assert text.splitlines()[3].startswith("Verdict: ")
+    assert max(len(line) for line in text.splitlines()) <= 120
+
+
+def test_verbose_terminal_shows_evidence() -> None:
+    from advisor.render import terminal
+
+    rep = _report(Path(__file__).parent / "data" / "kineto" / "cpu_slow_dataloader")
+    quiet, loud = terminal.render_text(rep), terminal.render_text(rep, verbose=True)
+    key = next(iter(rep.findings[0].evidence))
+    assert key not in quiet and key in loud
+    assert "(threshold)" in loud and "do 1." in loud
+
+
+def test_explain_text_in_cards() -> None:
+    from advisor.render import html
+
+    rep = _report(Path(__file__).parent / "data" / "kineto" / "cpu_slow_dataloader")
+    page = html.render(rep)
+    assert "advisor explain IO001" in page
+    assert "Thresholds" in page  # a section of rule_markdown()
+
+
+def test_md_escape() -> None:
+    from advisor.render.markdown import md_escape
+
+    assert md_escape("<script>alert(1)</script>") == "&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert md_escape("a|b") == "a\\|b"
+    assert md_escape("x\ny\r\nz") == "x y z"
+    assert "`" not in md_escape("`code`").replace("\\`", "")
+    assert md_escape("see http://e.com") == "see http:\\/\\/e.com"
+    assert md_escape("@team #12") == "\\@team \\#12"
+
+
+@pytest.fixture(scope="module")
+def evil(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("evil") / "profile"
+    write_evil_trace(d)
+    return d
+
+
+def test_html_escapes_profile_strings(evil: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    res = run_cli(evil, "--format", "html", "--out", out)
+    assert res.returncode == 0, res.stderr
+    page = out.read_text()
+    assert_self_contained(page)
+    assert "<script>alert(1)</script>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert 'onmouseover="x' not in page and "&#34; onmouseover=&#34;x" in page
+    assert "{{ 7*7 }}" in page  # shown as typed: never evaluated
+    doc = parse_html(page)
+    text = "".join(doc.text)
+    for name in EVIL_NAMES[:3]:
+        assert name in text, f"{name!r} must show as text"
+    for _, attrs in doc.tags:  # the injected attribute never becomes one
+        assert "onmouseover" not in attrs
+
+
+def test_markdown_escapes_profile_strings(evil: Path) -> None:
+    res = run_cli(evil, "--format", "md")
+    assert res.returncode == 0, res.stderr
+    md = res.stdout
+    assert "<script>" not in md and "&lt;script&gt;alert(1)&lt;/script&gt;" in md
+    assert "\\{\\{ 7\\*7 \\}\\}" in md
+    row = next(line for line in md.splitlines() if "line1" in line)
+    assert "line2" in row, "a newline in a name must not split the table row"
+    assert row.count("|") - row.count("\\|") == 5, "a pipe in a name must not add a table column"
+    assert "http://evil" not in md
+
+
+def test_terminal_and_json_keep_names(evil: Path) -> None:
+    res = run_cli(evil)
+    assert res.returncode == 0, res.stderr
+    assert "<script>alert(1)</script>" in res.stdout  # plain text in a terminal is harmless
+    assert "\x1b[" not in res.stdout
+    assert not any(line.startswith("line2") for line in res.stdout.splitlines())
+    data = json.loads(run_cli(evil, "--format", "json").stdout)
+    assert {o["name"] for o in data["critical_path"]["ops"]} >= set(EVIL_NAMES)
+
+
+def test_optional_charts_render() -> None:
+    """Roofline rows in findings and a communication matrix in extras produce their charts (escaped)."""
+    from advisor.model import Finding, Report, Severity
+    from advisor.render import html
+
+    rep = _report(Path(__file__).parent / "data" / "kineto" / "gloo_slow_rank")
+    roof = Finding(rule="CMP001", cause="compute.memory_bound", severity=Severity.HIGH, title="roof <b>x</b>",
+                   evidence={"peak_tflops": 100.0, "peak_bandwidth_gbps": 2000.0, "min_bandwidth_ratio": 0.6},
+                   top=({"name": "<img src=x>", "intensity": 3.0, "achieved_tflops": 4.0},
+                        {"name": "gemm", "intensity": 200.0, "achieved_tflops": 80.0}))
+    r2 = Report(tool_version=rep.tool_version, profile=rep.profile, breakdown=rep.breakdown,
+                critical_path=rep.critical_path, findings=[*rep.findings, roof], warnings=rep.warnings,
+                rules=rep.rules, step_times=rep.step_times,
+                extras={"comm_matrix": [{"src": a, "dst": b, "bandwidth_gbps": 10.0 if 1 in (a, b) else 40.0}
+                                        for a in range(4) for b in range(4) if a != b]})
+    page = html.render(r2)
+    assert 'id="chart-roofline"' in page and 'id="chart-comm"' in page
+    assert "<img src=x>" not in page and "&lt;img src=x&gt;" in page
+    assert_self_contained(page)
+    report_json(r2)
