@@ -66,7 +66,9 @@ class AnalysisContext:
         return None if row is None else row[0]
 
     def rows(self, table: str) -> int:
-        """Row count of a canonical table (cached)."""
+        """Row count of a canonical table or of the derived ``breakdown`` table (cached)."""
+        if table == "breakdown":
+            return 0 if self.breakdown is None else len(self.breakdown)
         if table not in self._counts:
             self._counts[table] = int(self.scalar(f"SELECT count(*) FROM {table}")) if table in TABLES else 0  # noqa: S608
         return self._counts[table]

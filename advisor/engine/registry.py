@@ -13,6 +13,7 @@ from advisor.engine.rule import DOC_SECTIONS, RULE_ID_RE, RuleSpec, registered
 from advisor.schema import TABLES
 
 _DISCOVERED = False
+LOAD_ERRORS: list[str] = []  # rule modules that failed to import: reported, the others still run
 
 
 class RegistryError(Exception):
@@ -47,13 +48,23 @@ def discover() -> dict[str, RuleSpec[Any]]:
     if not _DISCOVERED:
         import rules
 
-        for mod in pkgutil.walk_packages(rules.__path__, prefix="rules."):
+        for mod in pkgutil.walk_packages(rules.__path__, prefix="rules.", onerror=lambda name: LOAD_ERRORS.append(f"{name}: cannot import")):
             if mod.name.rsplit(".", 1)[-1].startswith("_"):
                 continue
-            importlib.import_module(mod.name)
+            try:
+                importlib.import_module(mod.name)
+            except Exception as exc:  # a broken rule module must not take the others down
+                LOAD_ERRORS.append(f"{mod.name}: {type(exc).__name__}: {exc}")
         for ep in entry_points(group="advisor.rules"):
-            ep.load()
-        for spec in registered().values():
-            validate(spec)
+            try:
+                ep.load()
+            except Exception as exc:
+                LOAD_ERRORS.append(f"entry point {ep.name}: {type(exc).__name__}: {exc}")
+        for rid, spec in list(registered().items()):
+            try:
+                validate(spec)
+            except RegistryError as exc:
+                LOAD_ERRORS.append(str(exc))
+                del registered()[rid]
         _DISCOVERED = True
     return dict(sorted(registered().items()))

@@ -32,7 +32,11 @@ def selected(specs: dict[str, RuleSpec[Any]], cfg: Config) -> dict[str, RuleSpec
 
 def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[list[Finding], list[RuleOutcome]]:
     """Run every selected rule against ``ctx``; warnings for skips/errors go into ``ctx.warnings``."""
+    from advisor.engine.registry import LOAD_ERRORS
+
     specs = discover()
+    for err in LOAD_ERRORS:
+        ctx.warnings.append(Warning_("rule_error", f"rule not loaded: {err}"))
     chosen = selected(specs, cfg)
     thresholds = {rid: build_thresholds(rid, s.thresholds, cfg.overrides.get(rid, {})) for rid, s in chosen.items()}
     findings: list[Finding] = []
@@ -62,5 +66,13 @@ def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[l
             ctx.warnings.append(Warning_("rule_undecided", f"{rid} ({spec.name}): {note}"))
         findings.extend(got)
         outcomes.append(RuleOutcome(rid, "ran", findings=len(got), seconds=time.perf_counter() - t0))
+    if findings and ctx.breakdown is not None and not ctx.breakdown.empty:
+        from advisor.engine.explain import annotate
+
+        steps_by_rank = {int(r): {int(s) for s in g["step"] if int(s) >= 0} for r, g in ctx.breakdown.groupby("rank")}
+        try:
+            findings = annotate(findings, steps_by_rank=steps_by_rank)
+        except Exception as exc:  # cross-referencing is a nicety; never lose the findings over it
+            ctx.warnings.append(Warning_("rule_error", f"cross-referencing findings failed: {type(exc).__name__}: {exc}"))
     findings.sort(key=lambda f: (f.estimated_saving_us is None, -(f.estimated_saving_us or 0), -f.severity, f.rule))
     return findings, outcomes

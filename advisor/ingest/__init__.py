@@ -124,10 +124,12 @@ def load_profile(
         units.extend(claimed)
         remaining = [f for f in remaining if f not in taken]
     if not units:
-        detail = "; ".join(w.message for w in warnings[:1])
+        file_warnings = [w for w in warnings if w.path]
+        if len(file_warnings) == 1:  # one bad file: name it and its problem
+            raise InputError(f"{one_line(file_warnings[0].path)}: {file_warnings[0].message}")
+        detail = f" ({len(file_warnings)} files skipped, first: {one_line(file_warnings[0].path)}: {file_warnings[0].message})" if file_warnings else ""
         raise InputError(
-            f"{one_line(root)}: no recognisable trace (Kineto *.json[.gz] or Ascend *_ascend_pt / *_ascend_ms export)"
-            + (f" ({detail})" if detail else "")
+            f"{one_line(root)}: no recognisable trace (Kineto *.json[.gz] or Ascend *_ascend_pt / *_ascend_ms export)" + detail
         )
     assign_ranks(units, warn)
 

@@ -19,12 +19,12 @@ SOURCE_PT = "ascend_pt"
 SOURCE_MS = "ascend_ms"
 
 #: Text (JSON number or string, µs, any number of decimals) -> integer ns. Exact for up to three
-#: decimals (format doc §22.3: never via float64, ``ts`` has ns precision at ~1.7e15 µs).
-#: Falls back to DOUBLE only for text DECIMAL cannot read (exponents); 1e300 / NaN give NULL.
-US_TO_NS = (
-    "coalesce(TRY_CAST(TRY_CAST(trim({x}, ' \t\r\n\"') AS DECIMAL(38,3)) * 1000 AS BIGINT), "
-    "TRY_CAST(round(TRY_CAST(trim({x}, ' \t\r\n\"') AS DOUBLE) * 1000) AS BIGINT))"
-)
+#: decimals (format doc §22.3: never via float64, ``ts`` has ns precision at ~1.7e15 µs). DuckDB's
+#: cast accepts surrounding blanks/tabs (CANN's trailing tab) and exponents; NaN, Infinity and
+#: 1e300 give NULL. Kept deliberately small: expression binding cost matters per file. A DOUBLE
+#: input must go through ``CAST(x AS VARCHAR)`` (shortest repr) first: DuckDB's DOUBLE -> DECIMAL
+#: cast is not exact (1704161511422740.8 becomes ...740.736).
+US_TO_NS = "TRY_CAST(TRY_CAST({x} AS DECIMAL(38,3)) * 1000 AS BIGINT)"
 #: Milliseconds (communication files) -> ns. These are derived floats, so DOUBLE is fine.
 MS_TO_NS = "TRY_CAST(round(TRY_CAST({x} AS DOUBLE) * 1e6) AS BIGINT)"
 #: Communication "MB" is 10^6 bytes (format doc addendum: bandwidth = MB / ms is exact only in decimal units).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 import stat
 import threading
 from collections.abc import Iterator
@@ -151,7 +152,7 @@ def read_head(path: Path, n: int = 65536) -> bytes:
                 with gzip.GzipFile(fileobj=fh) as gz:
                     return gz.read(n)
             return fh.read(n)
-    except (OSError, EOFError, gzip.BadGzipFile):
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error):
         return b""
 
 

@@ -41,6 +41,13 @@ COLUMNS = (
     "'baseTimeNanoseconds': 'VARCHAR', 'displayTimeUnit': 'VARCHAR'}"
 )
 
+# args fields read, in this order (1-based in SQL); both spellings of the old and new schema
+ARG_PATHS = (
+    '$.correlation', '$."External id"', '$."external id"', '$.bytes', '$.stream',
+    '$."Input Dims"', '$."Input dims"', '$."Input type"', '$.flops', '$."Call stack"', '$.name',
+    '$."In msg nelems"', '$.dtype', '$."Process Group Name"', '$."Process Group Description"', '$."Group size"',
+)
+
 DEVICE_CATS = ("kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset", "gpu_user_annotation", "cuda_sync")
 RUNTIME_CATS = ("cuda_runtime", "runtime", "cuda_driver", "hip_runtime", "xpu_runtime", "privateuse1_runtime", "mtia_runtime")
 COMM_KERNEL_RE = r"(?i)nccl|rccl|hccl|msccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv"
@@ -58,12 +65,21 @@ DTYPE_BYTES_SQL = """CASE lower(coalesce({d}, ''))
     ELSE NULL END"""
 
 
-def looks_like_kineto(head: bytes) -> bool:
-    """True when the first bytes look like a Chrome trace object (Kineto writes ``{"schemaVersion"..``)."""
+def trace_form(head: bytes) -> str | None:
+    """'object' for a Chrome trace object (Kineto writes ``{"schemaVersion"..``), 'array' for the
+    bare event-list form of the Chrome trace format, None when the bytes are neither."""
     s = head.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if not s.startswith(b"{"):
-        return False
-    return any(k in head for k in (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"', b'"distributedInfo"'))
+    if s.startswith(b"{"):
+        keys = (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"', b'"distributedInfo"')
+        return "object" if any(k in head for k in keys) else None
+    if s.startswith(b"[") and b'"ph"' in head:
+        return "array"
+    return None
+
+
+def looks_like_kineto(head: bytes) -> bool:
+    """True when the first bytes look like a Chrome trace (object or array form)."""
+    return trace_form(head) is not None
 
 
 def worker_key(path: Path) -> str:
@@ -87,9 +103,11 @@ def claim(files: list[Path], ctx_warn: Any) -> list[Unit]:
             else:
                 ctx_warn("unreadable", "cannot read the start of the file (truncated gzip?); skipped", p)
             continue
-        if not looks_like_kineto(head):
+        form = trace_form(head)
+        if form is None:
+            ctx_warn("not_a_trace", "not a Chrome/Kineto trace (no traceEvents object or event list); skipped", p)
             continue
-        unit = Unit(SOURCE, [p], p, run_key=worker_key(p))
+        unit = Unit(SOURCE, [p], p, run_key=worker_key(p), info={"form": form})
         dist = _distributed_info(head)
         if dist:
             rank = dist.get("rank")
@@ -147,27 +165,41 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
     cur = lctx.cursor()
     fid = lctx.file_id(path, rank, SOURCE)
     stage = f"kstage_{fid}"
-    src = f"read_json($path, columns={COLUMNS}, format='auto', maximum_object_size={_max_object_size(path)})"
+    form = unit.info.get("form", "object")
+    limit = _max_object_size(path)
+    src = f"read_json($path, columns={COLUMNS}, format='auto', maximum_object_size={limit})"
+    if form == "array":  # the bare event-list form: one JSON value per event
+        unnest = (f"SELECT json AS e FROM read_json($path, format='array', records=false, "
+                  f"columns={{'json': '{EVENT_TYPE[:-2]}'}}, maximum_object_size={limit})")
+    else:
+        unnest = f"SELECT unnest(traceEvents) AS e FROM {src}"
     try:
+        # one JSON parse of args per event: json_extract_string with a list of paths
+        paths = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in ARG_PATHS) + "]"
+        a = "a[{}]"
         cur.execute(
             f"""CREATE TEMP TABLE {stage} AS
-            SELECT e.ph AS ph, e.cat AS cat, e.name AS name, e.pid AS pid, e.tid AS tid,
-                   {_US_TO_NS.format(x='e.ts')} AS ts_ns, {_US_TO_NS.format(x='e.dur')} AS dur_ns,
-                   e.args->>'$.correlation' AS corr, coalesce(e.args->>'$."External id"', e.args->>'$."external id"') AS ext,
-                   e.args->>'$.bytes' AS bytes, e.args->>'$.stream' AS stream,
-                   coalesce(e.args->>'$."Input Dims"', e.args->>'$."Input dims"') AS shapes,
-                   e.args->>'$."Input type"' AS dtypes, e.args->>'$.flops' AS flops,
-                   e.args->>'$."Call stack"' AS stack, e.args->>'$.name' AS meta_name,
-                   e.args->>'$."In msg nelems"' AS in_nelems, e.args->>'$.dtype' AS msg_dtype,
-                   coalesce(e.args->>'$."Process Group Name"', e.args->>'$."Process Group Description"') AS pg_name,
-                   e.args->>'$."Group size"' AS group_size
-            FROM (SELECT unnest(traceEvents) AS e FROM {src})""",
+            SELECT ph, cat, name, pid, tid, ts_ns, dur_ns,
+                   {a.format(1)} AS corr, coalesce({a.format(2)}, {a.format(3)}) AS ext,
+                   {a.format(4)} AS bytes, {a.format(5)} AS stream,
+                   coalesce({a.format(6)}, {a.format(7)}) AS shapes, {a.format(8)} AS dtypes, {a.format(9)} AS flops,
+                   {a.format(10)} AS stack, {a.format(11)} AS meta_name, {a.format(12)} AS in_nelems,
+                   {a.format(13)} AS msg_dtype, coalesce({a.format(14)}, {a.format(15)}) AS pg_name,
+                   {a.format(16)} AS group_size
+            FROM (
+                SELECT e.ph AS ph, e.cat AS cat, e.name AS name, e.pid AS pid, e.tid AS tid,
+                       {_US_TO_NS.format(x='e.ts')} AS ts_ns, {_US_TO_NS.format(x='e.dur')} AS dur_ns,
+                       CASE WHEN e.args IS NULL THEN NULL ELSE json_extract_string(e.args, {paths}) END AS a
+                FROM ({unnest})
+            )""",
             {"path": str(path)},
         )
-        header = cur.execute(
-            f"SELECT distributedInfo::VARCHAR, deviceProperties::VARCHAR, baseTimeNanoseconds, displayTimeUnit FROM {src}",
-            {"path": str(path)},
-        ).fetchone()
+        header = None
+        if form != "array":
+            header = cur.execute(
+                f"SELECT distributedInfo::VARCHAR, deviceProperties::VARCHAR, baseTimeNanoseconds, displayTimeUnit FROM {src}",
+                {"path": str(path)},
+            ).fetchone()
     except Exception as exc:  # duckdb raises its own error types for bad JSON / gzip / IO
         cur.execute(f"DROP TABLE IF EXISTS {stage}")
         raise ParseError(path, "not a readable Kineto trace: " + _short_duckdb_error(exc)) from None
@@ -207,6 +239,8 @@ def _from_stage(cur: Any, stage: str, rank: int, fid: int, header: Any, path: Pa
     if bad[1]:
         lctx.warn("bad_events", f"{bad[1]} events with a negative duration were dropped", path)
     total = cur.execute(f"SELECT count(*) FROM {stage} WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns >= 0").fetchone()[0]
+    if total == 0:
+        raise ParseError(path, "the trace holds no timed events (traceEvents missing or empty)", code="empty_trace")
     if lctx.max_events is not None and total > lctx.max_events:
         raise ParseError(path, f"{total} events exceed --max-events {lctx.max_events}", code="too_big")
     lc = "lower(coalesce(cat, ''))"

@@ -64,6 +64,16 @@ def templates_dir() -> Path:
         return Path(__file__).resolve().parents[2] / "templates"
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _visible(value: Any) -> Any:
+    """Every printed value: control characters from a profile become U+FFFD (HTML forbids them)."""
+    if isinstance(value, str) and _CONTROL.search(value):
+        return _CONTROL.sub("\ufffd", value)
+    return value
+
+
 def environment(override: str | Path | None = None) -> jinja2.Environment:
     """The jinja environment; templates in ``override`` (if given) win over the built-in ones."""
     loaders: list[jinja2.BaseLoader] = []
@@ -76,6 +86,7 @@ def environment(override: str | Path | None = None) -> jinja2.Environment:
         undefined=jinja2.ChainableUndefined,  # optional keys of older/newer JSON reports render as empty
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_visible,
     )
     env.filters.update(us=fmt_us, pct=fmt_ratio, val=fmt_value, ints=compact_ints, trunc=truncate)
     return env

@@ -39,6 +39,7 @@ _SPARK = "▁▂▃▄▅▆▇█"
 def md_escape(value: Any, limit: int | None = None) -> str:
     """Text safe inside Markdown paragraphs and table cells: one line, no markup, no HTML."""
     s = " ".join(str(value).split())  # newlines, tabs, CR -> single spaces
+    s = "".join(ch if ch.isprintable() else "\ufffd" for ch in s)
     if limit is not None:
         s = truncate(s, limit)
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
@@ -48,7 +49,7 @@ def md_escape(value: Any, limit: int | None = None) -> str:
 
 def html_text(value: Any, limit: int | None = None) -> str:
     """Text for inside raw HTML tags such as ``<summary>`` (Markdown is not parsed there)."""
-    s = " ".join(str(value).split())
+    s = "".join(ch if ch.isprintable() else "\ufffd" for ch in " ".join(str(value).split()))
     if limit is not None:
         s = truncate(s, limit)
     return html.escape(s, quote=True)
@@ -173,7 +174,7 @@ def render(report: Report | Mapping[str, Any], *, max_findings: int = 20) -> str
 
 def md_escape_code(value: Any) -> str:
     """Text for inside a single-backtick code span (backticks and newlines removed)."""
-    return " ".join(str(value).replace("`", "'").split())
+    return "".join(ch if ch.isprintable() else "\ufffd" for ch in " ".join(str(value).replace("`", "'").split()))
 
 
 def _gate(gate: Mapping[str, Any]) -> list[str]:

@@ -10,6 +10,7 @@ reach, and add a relative floor so that tiny σ on very regular data does not fl
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -91,15 +92,16 @@ def forward_search(values: Sequence[float], k: float, min_excess_ratio: float) -
 def spacing_pattern(steps: Sequence[int], min_count: int = 3) -> tuple[str, int | None]:
     """Describe where slow steps fall: ``isolated`` / ``recurring`` / ``periodic`` and the period.
 
-    Periodic: at least ``min_count`` slow steps whose gaps all lie within ±1 of the median gap
-    (e.g. GC full collections triggered by allocation counts, checkpoints every N steps).
+    Periodic: at least ``min_count`` slow steps, never two in a row, whose gaps all lie within
+    ±1 of the median gap (e.g. GC full collections triggered by allocation counts, checkpoints
+    every N steps).
     """
     s = sorted(set(steps))
     if len(s) <= 1:
         return ("isolated", None)
-    gaps = [b - a for a, b in zip(s, s[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(s)]
     med_gap = median([float(g) for g in gaps])
-    if len(s) >= min_count and med_gap >= 2 and all(abs(g - med_gap) <= 1 for g in gaps):
+    if len(s) >= min_count and min(gaps) >= 2 and all(abs(g - med_gap) <= 1 for g in gaps):
         return ("periodic", round(med_gap))
     return ("recurring", None)
 

@@ -19,8 +19,8 @@ analysis by the evidence a Kineto trace has):
 * **reading** (``io.slow_data_reading``): multi-process iterator waiting on empty worker queues
   with no batch-building work inside ``__next__`` (the workers themselves cannot keep up: on a
   trace alone reading and processing in workers look the same, so the finding says so);
-* **fetching** (``io.slow_data_fetching``): host-to-device copies of the batch (memcpy H2D right
-  after ``__next__``) take longer than ``__next__`` itself.
+* **fetching** (``io.slow_data_fetching``) is not decided here: host-to-device copies of the batch
+  are measured by IO003 (``io.host-to-device-copy``), and queue states by IO002.
 
 The saving is the median per-step dataloader time that the device spent idle (CPU-only: the
 whole dataloader time), an upper bound on what hiding data loading can give back.

@@ -571,5 +571,225 @@ def main(argv: list[str]) -> None:
     summarize(names)
 
 
+
+# --------------------------------------------------------------------------
+# scenarios added for the CPU rules (CPU001 compilation, CPU005 contention)
+# --------------------------------------------------------------------------
+
+RECOMPILE_BATCHES = (8, 16, 24, 32, 40, 48, 56, 64)
+
+
+def cpu_torch_recompile() -> None:
+    """torch.compile(dynamic=False) with a new batch size every step: a recompile per step.
+
+    The aot_eager backend needs no C++ compiler, so this records on any CPU machine; the
+    Dynamo/AOTAutograd compile markers (``entire_frame_compile``, ``... (dynamo_timed)``,
+    ``Torch-Compiled Region: 0/N``) are the same as with inductor.
+    """
+    import torch._dynamo
+
+    d = scenario_dir("cpu_torch_recompile")
+    seed_all(0)
+    torch.set_num_threads(2)
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+    compiled = torch.compile(model, backend="aot_eager", dynamic=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=1, warmup=1, active=6),
+        on_trace_ready=fixed_name_handler(os.path.join(d, "cpu_torch_recompile.pt.trace.json.gz")),
+        record_shapes=True,
+    ) as prof:
+        for b in RECOMPILE_BATCHES:
+            x = torch.randn(b, 64)
+            opt.zero_grad(set_to_none=True)
+            loss = compiled(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            prof.step()
+
+
+CONTENTION_ITERS = (5, 6, 7)  # iterations (= ProfilerStep numbers) run next to CPU hogs
+CONTENTION_HOGS = 4
+
+
+def cpu_contention() -> None:
+    """Healthy MLP loop; during steps #5-#7 four busy-loop processes compete for the 2 cores."""
+    d = scenario_dir("cpu_contention")
+    seed_all(0)
+    torch.set_num_threads(2)
+    model = mlp(1024, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batch, n_iter = 256, 10
+    xs = torch.randn(n_iter, batch, 1024)
+    ys = torch.randint(0, 10, (n_iter, batch))
+    hogs: list[subprocess.Popen] = []
+    try:
+        with profile(
+            activities=[ProfilerActivity.CPU],
+            schedule=schedule(wait=1, warmup=1, active=8),
+            on_trace_ready=fixed_name_handler(os.path.join(d, "cpu_contention.pt.trace.json.gz")),
+            record_shapes=True,
+        ) as prof:
+            for it in range(n_iter):
+                if it == CONTENTION_ITERS[0]:
+                    hogs = [subprocess.Popen([sys.executable, "-S", "-c", "while True: pass"])
+                            for _ in range(CONTENTION_HOGS)]
+                if it == CONTENTION_ITERS[-1] + 1:
+                    for h in hogs:
+                        h.kill()
+                    for h in hogs:
+                        h.wait()
+                    hogs = []
+                train_step(model, opt, xs[it], ys[it])
+                prof.step()
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
+SCENARIOS.update({"cpu_torch_recompile": cpu_torch_recompile, "cpu_contention": cpu_contention})
+
+
+
+# --------------------------------------------------------------------------
+# scenario added for the parallel rules (PAR002 pipeline bubble)
+# --------------------------------------------------------------------------
+
+PIPE_WIDTH, PIPE_DEPTH, PIPE_BATCH = 1024, 3, 256
+
+
+def _gloo_pipeline_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Two-stage pipeline, ONE micro-batch per step (GPipe with m = 1): each stage idles in recv."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=world_size)
+    seed_all(0)
+    layers: list[nn.Module] = []
+    for _ in range(PIPE_DEPTH):
+        layers += [nn.Linear(PIPE_WIDTH, PIPE_WIDTH), nn.ReLU()]
+    stage = nn.Sequential(*layers)
+    opt = torch.optim.SGD(stage.parameters(), lr=0.01)
+    n_iter = 8
+    g = torch.Generator().manual_seed(200)
+    xs = torch.randn(n_iter, PIPE_BATCH, PIPE_WIDTH, generator=g)
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=1, warmup=1, active=6),
+        on_trace_ready=fixed_name_handler(
+            os.path.join(out_dir, f"rank{rank}.pt.trace.json.gz")),
+        record_shapes=True,
+    ) as prof:
+        for it in range(n_iter):
+            opt.zero_grad(set_to_none=True)
+            if rank == 0:  # first stage: forward, send activations, wait for their gradient
+                act = stage(xs[it])
+                dist.send(act.detach(), 1)
+                grad = torch.empty_like(act)
+                dist.recv(grad, 1)
+                act.backward(grad)
+            else:  # last stage: wait for activations, forward + loss + backward, send the gradient back
+                inp = torch.empty(PIPE_BATCH, PIPE_WIDTH)
+                dist.recv(inp, 0)
+                inp.requires_grad_()
+                stage(inp).pow(2).mean().backward()
+                dist.send(inp.grad, 0)
+            opt.step()
+            prof.step()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def gloo_pipeline_bubble() -> None:
+    import torch.multiprocessing as mp
+
+    d = scenario_dir("gloo_pipeline_bubble")
+    mp.spawn(_gloo_pipeline_worker, args=(2, _free_port(), d), nprocs=2, join=True)
+
+
+SCENARIOS.update({"gloo_pipeline_bubble": gloo_pipeline_bubble})
+
+
+# --------------------------------------------------------------------------
+# scenario added for the computation rules (CMP003 affinity APIs)
+# --------------------------------------------------------------------------
+
+UNFUSED_LAYERS, UNFUSED_DIM, UNFUSED_HEADS, UNFUSED_SEQ, UNFUSED_BATCH = 1, 64, 4, 32, 4
+
+
+class _UnfusedBlock(nn.Module):
+    """A pre-norm transformer block written with generic ops: hand-made RMSNorm, rotate-half RoPE,
+    matmul-softmax-matmul attention (with an explicit transpose + contiguous), SiLU-times-gate MLP."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.proj = nn.Linear(dim, dim, bias=False)
+        self.gate = nn.Linear(dim, 2 * dim, bias=False)
+        self.up = nn.Linear(dim, 2 * dim, bias=False)
+        self.down = nn.Linear(2 * dim, dim, bias=False)
+        self.n1 = nn.Parameter(torch.ones(dim))
+        self.n2 = nn.Parameter(torch.ones(dim))
+
+    @staticmethod
+    def rms(x, w):  # RMSNorm by hand: pow -> mean -> add -> rsqrt -> mul (-> mul)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    @staticmethod
+    def rope(x, cos, sin):  # rotate-half RoPE: slice, slice, neg, cat, mul, mul, add
+        half = x.shape[-1] // 2
+        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rot * sin
+
+    def forward(self, x, cos, sin):
+        b, s, d = x.shape
+        h = self.rms(x, self.n1)
+        q, k, v = self.qkv(h).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+        att = torch.softmax(q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5, dim=-1)  # matmul -> softmax -> matmul
+        o = (att @ v).transpose(1, 2).contiguous().view(b, s, d)  # transpose -> contiguous copy
+        x = x + self.proj(o)
+        h = self.rms(x, self.n2)
+        return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))  # silu -> mul
+
+
+def cpu_unfused_transformer() -> None:
+    """Tiny transformer with unfused RMSNorm / RoPE / SwiGLU / attention and a per-parameter AdamW."""
+    d = scenario_dir("cpu_unfused_transformer")
+    seed_all(0)
+    torch.set_num_threads(2)
+    dim, heads, seq = UNFUSED_DIM, UNFUSED_HEADS, UNFUSED_SEQ
+    blocks = nn.ModuleList(_UnfusedBlock(dim, heads) for _ in range(UNFUSED_LAYERS))
+    head = nn.Linear(dim, 10)
+    params = [*blocks.parameters(), *head.parameters()]
+    opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)  # one set of per-tensor ops per parameter
+    pos = torch.arange(seq).float()[:, None] * torch.arange(dim // heads).float()[None, :] / (dim // heads)
+    cos, sin = pos.cos(), pos.sin()
+    xs = torch.randn(8, UNFUSED_BATCH, seq, dim)
+    ys = torch.randint(0, 10, (8, UNFUSED_BATCH))
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=1, warmup=1, active=3),
+        on_trace_ready=fixed_name_handler(os.path.join(d, "cpu_unfused_transformer.pt.trace.json.gz")),
+        record_shapes=True,
+    ) as prof:
+        for it in range(5):
+            opt.zero_grad(set_to_none=True)
+            x = xs[it]
+            for blk in blocks:
+                x = blk(x, cos, sin)
+            nn.functional.cross_entropy(head(x.mean(1)), ys[it]).backward()
+            opt.step()
+            prof.step()
+
+
+SCENARIOS.update({"cpu_unfused_transformer": cpu_unfused_transformer})
+
+
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -1,0 +1,114 @@
+"""Post-pass: link cluster findings (slow rank, step fluctuation) to the findings that explain them.
+
+Rules run independently, so a cluster rule cannot see the other rules' findings. The runner
+calls :func:`annotate` once on the full list after every rule has run (proposed hook: in
+``advisor.engine.runner.run_rules``, after the loop and before sorting,
+``findings = annotate(findings)``). It returns new ``Finding`` objects (they are frozen):
+
+* the explaining finding gets the cluster finding's id in ``explains`` (A.explains ∋ B means
+  "A explains B");
+* the cluster finding gets ``evidence["explained_by"]`` (the explaining ids, comma separated)
+  and a sentence in ``detail``, so the slow rank / slow step lists its own causes.
+
+What counts as an explanation:
+
+* **cluster.slow_rank on rank R** (flagged steps S, excess own time E): a non-cluster finding
+  that names R (and not all of R's peers: a group-level finding such as comm.slow_synchronization
+  is the symptom) and whose steps (if any) meet S, and that is *specific* to R: the same rule and
+  cause did not fire on the peers, or its saving on R exceeds the peers' median saving for that
+  rule and cause by at least ``min_share`` × E (a cause every rank has equally does not explain
+  why R is slower).
+* **cluster.step_fluctuation on ranks R, slow steps S**: a non-cluster finding on one of R whose
+  steps meet S and either do not cover every profiled step of the rank (step-specific), or whose
+  cause is one that typically comes and goes (GC, data loading, compilation, contention, host
+  sync) — those rules often list every step they saw but their cost concentrates in the spikes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from advisor.model import Finding
+
+INTERMITTENT_CAUSES = (
+    "cpu.garbage_collection",
+    "cpu.operator_compilation",
+    "cpu.resource_contention",
+    "cpu.host_device_sync",
+    "io.slow_data_reading",
+    "io.slow_data_processing",
+    "io.slow_data_fetching",
+)
+
+
+def _peers(f: Finding) -> list[int]:
+    text = str(f.evidence.get("peer_ranks", ""))
+    out = []
+    for part in text.replace("…", "").split(","):
+        part = part.strip()
+        if part.isdigit():
+            out.append(int(part))
+    return out
+
+
+def annotate(findings: Sequence[Finding], min_share: float = 0.25,
+             steps_by_rank: dict[int, set[int]] | None = None) -> list[Finding]:
+    """Return ``findings`` with ``explains`` / ``explained_by`` filled in (see the module doc)."""
+    items = list(findings)
+    explains: dict[int, list[str]] = {}      # index of explaining finding -> cluster ids it explains
+    explained_by: dict[int, list[str]] = {}  # index of cluster finding -> ids explaining it
+    for ci, c in enumerate(items):
+        if c.cause == "cluster.slow_rank" and c.ranks:
+            rank = c.ranks[0]
+            peers = _peers(c)
+            excess = float(c.evidence.get("excess_us_median") or 0.0)
+            for fi, f in enumerate(items):
+                if fi == ci or f.cause.startswith("cluster.") or rank not in f.ranks:
+                    continue
+                if f.steps and c.steps and not set(f.steps) & set(c.steps):
+                    continue
+                if peers and set(peers) <= set(f.ranks):
+                    continue  # a group-level finding (e.g. comm.slow_synchronization) is the symptom, not the cause
+                same = [g for g in items if g.rule == f.rule and g.cause == f.cause and set(g.ranks) & set(peers)
+                        and rank not in g.ranks]
+                if same:
+                    peer_saving = sorted(float(g.estimated_saving_us or 0.0) for g in same)[len(same) // 2]
+                    if f.estimated_saving_us is None or float(f.estimated_saving_us) - peer_saving < min_share * excess:
+                        continue
+                _link(explains, explained_by, fi, ci, f, c)
+        elif c.cause == "cluster.step_fluctuation" and c.steps:
+            slow = set(c.steps)
+            for fi, f in enumerate(items):
+                if fi == ci or f.cause.startswith("cluster.") or not set(f.ranks) & set(c.ranks):
+                    continue
+                if not f.steps or not set(f.steps) & slow:
+                    continue
+                every = None
+                if steps_by_rank:
+                    every = set().union(*(steps_by_rank.get(r, set()) for r in f.ranks))
+                specific = every is not None and not set(every) <= set(f.steps)
+                if specific or f.cause in INTERMITTENT_CAUSES:
+                    _link(explains, explained_by, fi, ci, f, c)
+    out: list[Finding] = []
+    for i, f in enumerate(items):
+        changes: dict[str, Any] = {}
+        if i in explains:
+            changes["explains"] = tuple(dict.fromkeys((*f.explains, *explains[i])))
+        if i in explained_by:
+            ids = explained_by[i]
+            ev = dict(f.evidence)
+            ev["explained_by"] = ", ".join(ids)
+            changes["evidence"] = ev
+            rules = sorted({items[j].rule for j, g in enumerate(items) if g.id in ids})
+            note = "Explained by this rank's own findings: " + ", ".join(rules) + "."
+            changes["detail"] = (f.detail + " " + note).strip()
+        out.append(dataclasses.replace(f, **changes) if changes else f)
+    return out
+
+
+def _link(explains: dict[int, list[str]], explained_by: dict[int, list[str]], fi: int, ci: int,
+          f: Finding, c: Finding) -> None:
+    explains.setdefault(fi, []).append(c.id)
+    explained_by.setdefault(ci, []).append(f.id)

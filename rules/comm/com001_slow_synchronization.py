@@ -1,0 +1,236 @@
+"""Collectives spend most of their time waiting for the slowest member of the group.
+
+## Why it matters
+A collective finishes only when its last member has arrived and transmitted. Every other member
+waits, and that wait is pure loss. Hermes (§4.2.2, eq. 1–2) models it: with T_i the time device i
+needs and T_max the slowest, the group wastes T_wait = Σ(T_max − T_i) = n(T_max − T_avg) of
+T_total = n·T_max, i.e. R_wait = 1 − T_avg / T_max. In its VGG16 case an R_wait of 0.3 pointed at
+one slow NPU.
+
+## How it is detected
+The same collective instance is matched across the ranks of its group: per step and group, by
+name where the name carries a sequence number (Ascend ``hcom_allReduce__445_2``), otherwise by the
+operation type and its order within the step (the k-th all-reduce of step N on every rank).
+Sources: ``comm_ops`` (Ascend communication.json, Kineto NCCL/HCCL device kernels); on ranks
+without device communication, the host collectives that block for their peers (``gloo:*``,
+``mpi:*``, ``ucc:*`` annotations; CPU-only gloo traces). Point-to-point send/recv are left out
+(their partner is one rank, not a group).
+
+Per instance and member, the wait w_i is the exported wait time where the source has it (Ascend
+``Wait Time(ms)``), else the member's duration minus the shortest duration in the group: the
+collectives end together, so the member that arrives last has the shortest duration and everyone
+else waited the difference. R_wait = Σ w_i / Σ d_i over the members; in the paper's model (all
+members busy for T_max, w_i = T_max − T_i) this is exactly 1 − T_avg / T_max. The rule fires for a
+group when R_wait over all its matched instances (time-weighted) reaches ``min_wait_ratio``. The
+slowest member is the rank with the least wait (ties within ``tie_share`` of the longest duration
+all count: several members can arrive last together), scored by the wait it caused the others.
+
+The saving is, per step, the largest total wait of one member (capped at the time that member
+spent inside the collectives, so concurrent collectives are not counted twice; the median over
+steps): an upper bound of what removing the imbalance gives back, since a wait hidden under other
+work costs less.
+
+## What to do
+Find out why the slowest member arrives late: look at that rank's own findings (data loading,
+host overhead, compute, frequency drop) and at cluster.slow_rank. Balance per-rank work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from advisor.engine.rule import RuleContext, knob, rule
+from advisor.model import Finding
+from rules.comm._common import P2P_RE, ms, step_us
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Thresholds for COM001."""
+
+    min_wait_ratio: float = knob(
+        0.2,
+        "R_wait (share of the group's collective time spent waiting) at which the rule fires",
+        "Hermes §4.2.2 eq. 2 and §5 (VGG16: R_wait 0.3 was above the threshold); msprof-analyze packet/priority "
+        "ratios use 0.2",
+    )
+    min_instances: int = knob(1, "matched collective instances a group needs before it is judged")
+    top_n: int = knob(5, "collective instances listed in the finding")
+    tie_share: float = knob(0.05, "members whose wait is within this share of the instance's longest duration of "
+                            "the least wait all count as arriving last")
+
+
+BASE = """
+WITH dev AS (SELECT DISTINCT rank FROM comm_ops),
+src AS (
+    SELECT rank, step, coalesce(group_name, '') AS grp, name, coalesce(op_type, '') AS op_type,
+           start_ns, dur_ns, wait_ns, 'comm_ops' AS source
+    FROM comm_ops
+    WHERE step IS NOT NULL AND dur_ns > 0 AND NOT regexp_matches(name || ' ' || coalesce(op_type, ''), $p2p)
+    UNION ALL
+    SELECT rank, step, '' AS grp, name, lower(regexp_replace(name, '^[a-z]+:', '')) AS op_type,
+           start_ns, dur_ns, NULL AS wait_ns, 'host' AS source
+    FROM events
+    WHERE kind = 'comm' AND NOT device AND step IS NOT NULL AND dur_ns > 0
+      AND regexp_matches(name, '^(gloo|mpi|ucc):') AND NOT regexp_matches(name, $p2p)
+      AND rank NOT IN (SELECT rank FROM dev)
+),
+keyed AS (
+    SELECT *, CASE WHEN regexp_matches(name, '^hcom_\\w+__\\d+_\\d+') THEN name
+                   WHEN op_type <> '' THEN op_type ELSE name END AS key_name
+    FROM src
+),
+ops AS (
+    SELECT *, row_number() OVER (PARTITION BY rank, step, grp, key_name ORDER BY start_ns) AS ord
+    FROM keyed
+),
+inst AS (
+    SELECT step, grp, key_name, ord, count(*) AS n, min(dur_ns) AS dmin, max(dur_ns) AS dmax,
+           avg(dur_ns) AS davg, sum(dur_ns) AS dsum, bool_and(wait_ns IS NOT NULL) AS has_wait,
+           min(source) AS source, any_value(name) AS name
+    FROM ops GROUP BY ALL HAVING count(*) >= 2
+),
+member AS (
+    SELECT o.rank, o.step, o.grp, o.key_name, o.ord, o.start_ns, o.dur_ns,
+           CASE WHEN i.has_wait THEN o.wait_ns ELSE o.dur_ns - i.dmin END AS w
+    FROM ops o JOIN inst i USING (step, grp, key_name, ord)
+)
+"""
+
+SQL = BASE + """
+SELECT m.*, i.n, i.dmin, i.dmax, i.davg, i.dsum, i.has_wait, i.source, i.name
+FROM member m JOIN inst i USING (step, grp, key_name, ord)
+ORDER BY grp, step, key_name, ord, rank
+"""
+
+# per (group, rank, step): time inside the matched collectives (union of intervals: concurrent
+# collectives on several threads or streams must not count twice)
+UNION_SQL = BASE + """,
+prev AS (
+    SELECT grp, rank, step, start_ns AS s, start_ns + dur_ns AS e,
+           max(start_ns + dur_ns) OVER (PARTITION BY grp, rank, step ORDER BY start_ns
+                                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+    FROM member
+),
+isl AS (
+    SELECT *, sum(CASE WHEN prev_end IS NULL OR s > prev_end THEN 1 ELSE 0 END)
+              OVER (PARTITION BY grp, rank, step ORDER BY s ROWS UNBOUNDED PRECEDING) AS island
+    FROM prev
+)
+SELECT grp, rank, step, sum(e2 - s2) AS inside_ns
+FROM (SELECT grp, rank, step, island, min(s) AS s2, max(e) AS e2 FROM isl GROUP BY ALL)
+GROUP BY ALL
+"""
+
+COUNTS = """
+SELECT rank, step, grp, key_name, count(*) AS n FROM (
+    SELECT rank, step, coalesce(group_name, '') AS grp,
+           CASE WHEN regexp_matches(name, '^hcom_\\w+__\\d+_\\d+') THEN name
+                WHEN coalesce(op_type, '') <> '' THEN op_type ELSE name END AS key_name
+    FROM comm_ops WHERE step IS NOT NULL
+) GROUP BY ALL
+"""
+
+
+@rule("COM001", "comm.slow-synchronization", cause="comm.slow_synchronization",
+      requires=("events", "steps", "multi_rank"), thresholds=Thresholds)
+def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
+    """Fire per communication group whose collectives mostly wait for one member."""
+    df = ctx.df(SQL, {"p2p": P2P_RE})
+    if df.empty:
+        n_comm = ctx.query(
+            "SELECT (SELECT count(*) FROM comm_ops) + (SELECT count(*) FROM events WHERE kind = 'comm') AS n"
+        )[0]["n"]
+        if n_comm:
+            ctx.warn("no collective was found on two or more ranks with the same step, group and order "
+                     "(only point-to-point transfers, only host-side enqueue ops such as nccl:* / c10d::*, "
+                     "or the ranks in the profile do not share a group); R_wait cannot be computed")
+        return
+    world = ctx.query("SELECT max(world_size) AS w, count(*) AS n FROM ranks")[0]
+    inside = ctx.df(UNION_SQL, {"p2p": P2P_RE}).set_index(["grp", "rank", "step"])["inside_ns"]
+    for grp, g in df.groupby("grp", sort=True):
+        per_inst = g.groupby(["step", "key_name", "ord"], sort=False).agg(
+            w=("w", "sum"), d=("dur_ns", "sum"), n=("n", "first"), dmin=("dmin", "first"), dmax=("dmax", "first"),
+            davg=("davg", "first"), name=("name", "first"), has_wait=("has_wait", "first"))
+        if len(per_inst) < ctx.t.min_instances:
+            continue
+        total_w, total_d = float(g["w"].sum()), float(g["dur_ns"].sum())
+        r_wait = total_w / total_d if total_d > 0 else 0.0
+        if r_wait < ctx.t.min_wait_ratio:
+            continue
+        # slowest members per instance = least wait (ties within tie_share of the longest duration: several
+        # members can arrive last together); score each rank by the wait the others spent on it
+        keys = ["step", "key_name", "ord"]
+        wmin = g.groupby(keys, sort=False)["w"].transform("min")
+        tied = g[g["w"] <= wmin + ctx.t.tie_share * g["dmax"]]
+        slow = tied[[*keys, "rank"]].merge(per_inst[["w"]].reset_index(), on=keys)
+        by_rank = slow.groupby("rank")["w"].sum().sort_values(ascending=False)
+        slowest_ranks = sorted(int(r) for r, v in by_rank.items() if v >= 0.9 * float(by_rank.iloc[0]))
+        slowest = int(by_rank.index[0])
+        slowest_share = float(slow[slow["rank"] == slowest][keys].drop_duplicates().shape[0] / len(per_inst))
+        # a member cannot wait longer than it spent inside the collectives of that step
+        per_rank_step = g.groupby(["rank", "step"])["w"].sum()
+        cap = inside.loc[grp].reindex(per_rank_step.index)
+        per_rank_step = per_rank_step.clip(upper=cap.fillna(per_rank_step))
+        worst_per_step = per_rank_step.groupby("step").max()
+        saving_us = float(worst_per_step.median()) / 1000.0
+        waiting_rank = int(per_rank_step.groupby("rank").median().idxmax())
+        s_us = step_us(ctx, waiting_rank)
+        ranks = sorted(int(r) for r in g["rank"].unique())
+        per_inst = per_inst.assign(r=per_inst["w"] / per_inst["d"]).sort_values("w", ascending=False)
+        slow_by_inst = slow.groupby(keys)["rank"].agg(lambda x: ", ".join(str(int(v)) for v in sorted(x)))
+        top = [
+            {"step": int(k[0]), "collective": str(row["name"]), "order_in_step": int(k[2]), "members": int(row["n"]),
+             "r_wait": round(float(row["r"]), 4), "t_max_ms": ms(row["dmax"]), "t_avg_ms": ms(row["davg"]),
+             "t_min_ms": ms(row["dmin"]), "total_wait_ms": ms(row["w"]), "slowest_ranks": slow_by_inst.loc[k]}
+            for k, row in per_inst.head(ctx.t.top_n).iterrows()
+        ]
+        has_wait = bool(per_inst["has_wait"].all())
+        label = f"group {grp}" if grp else "the default group"
+        who = (f"rank {slowest}" if len(slowest_ranks) == 1 else
+               "ranks " + ", ".join(map(str, slowest_ranks[:4])) + (" …" if len(slowest_ranks) > 4 else ""))
+        partial = world["w"] is not None and world["w"] > len(ranks)
+        yield ctx.finding(
+            title=f"Collectives in {label} wait {r_wait:.0%} of their time for {who} "
+                  f"(R_wait {r_wait:.2f} ≥ {ctx.t.min_wait_ratio}; up to {saving_us / 1000:.1f} ms per step)",
+            evidence={
+                "r_wait": round(r_wait, 4),
+                "min_wait_ratio": ctx.t.min_wait_ratio,
+                "r_wait_max_instance": round(float(per_inst["r"].max()), 4),
+                "slowest_rank": slowest,
+                "slowest_rank_share": round(slowest_share, 4),
+                "slowest_ranks": ", ".join(map(str, slowest_ranks)),
+                "instances": len(per_inst),
+                "members": len(ranks),
+                "world_size": None if world["w"] is None else int(world["w"]),
+                "total_wait_ms": ms(total_w),
+                "total_collective_ms": ms(total_d),
+                "wait_per_step_ms_median": round(saving_us / 1000.0, 3),
+                "waiting_rank": waiting_rank,
+                "wait_source": "exported wait time" if has_wait else "duration minus the group's shortest duration",
+                "group": grp or None,
+            },
+            saving_us=saving_us,
+            step_us=s_us,
+            saving_basis="median over steps of the largest per-step wait of one member (upper bound: waits hidden "
+                         "under other work cost less)",
+            ranks=ranks,
+            steps=sorted(int(s) for s in g["step"].unique()),
+            ops=list(dict.fromkeys(str(n) for n in per_inst["name"]))[:5],
+            detail=("Only part of the world is in this profile; the R_wait is over the ranks present."
+                    if partial else ""),
+            top=top,
+        )
+    _check_counts(ctx)
+
+
+def _check_counts(ctx: RuleContext[Thresholds]) -> None:
+    """Warn when ranks disagree on how many instances of a collective a step has (order matching is then unsure)."""
+    rows = ctx.query(
+        f"SELECT step, grp, key_name, min(n) AS lo, max(n) AS hi FROM ({COUNTS}) GROUP BY ALL HAVING min(n) <> max(n) "
+        "ORDER BY step LIMIT 3"
+    )
+    for r in rows:
+        ctx.warn(f"step {r['step']}: ranks record {r['lo']}–{r['hi']} instances of {r['key_name']} "
+                 f"in group {r['grp'] or '(default)'}; instances were matched by order")

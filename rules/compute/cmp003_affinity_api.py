@@ -1,0 +1,271 @@
+"""Generic operator chains that have a fused or hardware-affine replacement (RMSNorm, RoPE, SwiGLU, attention, permute + copy, per-parameter optimizer ops).
+
+## Why it matters
+A chain of small generic operators reads and writes the same tensor several times and pays a
+launch per operator, where one fused or hardware-affine operator does the work in one pass.
+Hermes counts "operators with suboptimal hardware affinity" and missing fusion among the main
+reasons for underutilised computation (§4.2.2, appendix C: FastGeLU, fused LayerNorm), and its
+advisor matches such patterns to fused APIs.
+
+## How it is detected
+Operators are turned into tokens by generic name patterns - framework operators on Kineto
+(``aten::pow``, ``aten::rsqrt``, ``aten::softmax``, ``aten::permute`` ...) and operator types on
+Ascend (``Pow``, ``Rsqrt``, ``SoftmaxV2``, ``Transpose``, ``ConcatD`` ...) - and the token
+sequence of each (rank, step, thread or device) is searched for these chains, allowing up to
+``max_gap`` unrelated operators between two links:
+
+* **RMSNorm**: pow/square -> mean -> (add) -> rsqrt -> mul;
+* **RoPE** (rotate-half): neg -> cat -> mul;
+* **SwiGLU**: silu/swish -> mul, or sigmoid -> mul -> mul;
+* **attention**: matmul -> (scale / mask / dropout) -> softmax -> (dropout) -> matmul;
+* **permute + copy**: permute/transpose -> contiguous copy (Kineto), a Transpose task next to a
+  matmul (Ascend: the matmul can read the transposed layout itself);
+* **GELU** (Ascend): ``Gelu`` where ``FastGelu`` exists;
+* **per-parameter optimizer**: at least ``min_optimizer_ops`` per step of per-tensor optimizer
+  updates (``aten::add_``/``mul_``/``addcdiv_``/``addcmul_``/``lerp_``/``sqrt`` inside
+  ``Optimizer.step``, or Ascend ``ApplyAdam*`` tasks) and no multi-tensor (``_foreach_*`` /
+  ``_fused_*``) operator.
+
+Time of an operator: its device time (Ascend tasks; Kineto kernels attributed to the innermost
+host operator that launched them), or its host time on CPU-only traces. The saving of a chain
+is its time minus its longest operator (what remains if the chain becomes one operator of that
+cost); for the optimizer pattern it is the device idle time between the per-parameter tasks
+(``wait``) on Ascend, else the host time of the per-tensor operators. Per step, upper bounds.
+The rule fires when a pattern's saving reaches ``min_saving_share`` of the step.
+
+## What to do
+Use the fused API: ``torch.nn.functional.rms_norm`` / ``torch_npu.npu_rms_norm``, ``npu_rotary_mul``
+or a fused RoPE kernel, ``npu_swiglu`` / fused SwiGLU, ``scaled_dot_product_attention`` /
+FlashAttention (``npu_fusion_attention``), FastGelu, the matmul's transpose flags instead of an
+explicit permute + contiguous, and ``foreach=True`` / ``fused=True`` optimizers
+(``torch_npu.optim.NpuFused*``). ``torch.compile`` fuses many of these chains automatically.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from advisor.engine.rule import RuleContext, knob, rule
+from advisor.model import Finding, Severity
+from rules.compute._common import KINETO_KERNEL_OPS
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Thresholds for CMP003."""
+
+    max_gap: int = knob(2, "unrelated operators allowed between two links of a chain")
+    min_optimizer_ops: int = knob(
+        16, "per-parameter optimizer operators per step that make the optimizer pattern",
+        "first principles: a handful of parameter groups is normal; dozens of per-tensor updates is a per-parameter loop",
+    )
+    min_saving_share: float = knob(
+        0.0, "report a pattern only when its estimated saving is at least this share of the step (0 = every match; "
+        "severity still follows the saving)",
+    )
+    patterns: str = knob("all", "comma-separated patterns to look for: rms_norm, rope, swiglu, swiglu_sigmoid, "
+                         "attention, permute_copy, transpose_matmul, gelu, optimizer; 'all' for every one")
+    top_n: int = knob(10, "matches listed per finding")
+
+
+# name -> token. Kineto names are matched without the 'aten::' prefix; Ascend by op type.
+TOKEN_SQL = """CASE
+    WHEN {x} IN ('pow', 'square') THEN 'pow'
+    WHEN {x} IN ('mean', 'reducemean', 'reducemeand') THEN 'mean'
+    WHEN {x} IN ('rsqrt') THEN 'rsqrt'
+    WHEN {x} IN ('mul', 'muls') THEN 'mul'
+    WHEN {x} IN ('add', 'adds', 'addv2') THEN 'add'
+    WHEN {x} IN ('div', 'realdiv', 'divs') THEN 'div'
+    WHEN {x} IN ('neg') THEN 'neg'
+    WHEN {x} IN ('cat', 'concat', 'concatd', 'concatv2', 'concatv2d') THEN 'cat'
+    WHEN {x} IN ('silu', 'swish') THEN 'silu'
+    WHEN {x} IN ('sigmoid') THEN 'sigmoid'
+    WHEN {x} IN ('softmax', '_softmax', 'softmaxv2', 'scaledmaskedsoftmax', 'softmaxv2withdropoutdomaskv3d') THEN 'softmax'
+    WHEN {x} IN ('dropout', 'native_dropout', 'dropoutdomask', 'dropoutdomaskv3', 'dropoutgenmask') THEN 'drop'
+    WHEN {x} IN ('matmul', 'mm', 'bmm', 'addmm', 'baddbmm', 'linear', 'matmulv2', 'matmulv3', 'batchmatmul',
+               'batchmatmulv2', 'batchmatmulv3') THEN 'mm'
+    WHEN {x} IN ('permute', 'transpose', 'swapaxes', 'transposed') THEN 'perm'
+    WHEN {x} IN ('contiguous', 'asstrided', 'viewcopy') THEN 'copy'
+    WHEN {x} IN ('gelu') THEN 'gelu'
+    WHEN {x} IN ('add_', 'mul_', 'addcdiv_', 'addcmul_', 'lerp_', 'sqrt', 'div_', 'applyadam', 'applyadamw',
+               'applyadamd', 'applyadamwv2', 'applymomentum', 'applyadamwd') THEN 'optel'
+    WHEN {x} LIKE '_foreach_%' OR {x} LIKE '_fused_%' OR {x} LIKE 'npufused%' THEN 'multi'
+    ELSE '_'
+END"""
+
+ASCEND_SQL = f"""
+SELECT rank, step, 'device' AS lane, start_ns, dur_ns, coalesce(wait_ns, 0) AS wait_ns, name,
+       {TOKEN_SQL.format(x='lower(coalesce(op_type, name))')} AS tok
+FROM kernels
+WHERE dur_ns >= 0 AND upper(coalesce(core_type, '')) NOT IN ('HCCL', 'COMMUNICATION') AND step IS NOT NULL
+ORDER BY rank, step, start_ns
+"""
+
+# Kineto: the top-level host operators of each thread (an operator nested in another one is part
+# of it: aten::sum inside aten::mean, autograd's backward ops inside their evaluate_function
+# wrapper), without pure view / metadata operators. Time = device time of all kernels launched
+# inside the operator, or its host duration on CPU-only ranks.
+VIEW_OPS = (
+    "('view', 'reshape', '_unsafe_view', 'as_strided', 'expand', 'expand_as', 'select', 'unbind', 'slice', "
+    "'narrow', 'split', 'chunk', 'unsqueeze', 'squeeze', 't', 'detach', 'alias', 'resolve_conj', 'resolve_neg', "
+    "'view_as', 'flatten', 'unflatten', 'split_with_sizes', 'empty', 'empty_like', 'empty_strided', 'lift_fresh')"
+)
+KINETO_SQL = (
+    "WITH "
+    + KINETO_KERNEL_OPS
+    + f""",
+incl AS (SELECT rank, pid, tid, op_start_ns, sum(dur_ns) AS dev_ns FROM kop GROUP BY ALL),
+dev AS (SELECT rank, bool_or(device) AS has_dev FROM events GROUP BY rank),
+host AS (
+    SELECT rank, step, pid, tid, start_ns, dur_ns, name,
+           max(start_ns + dur_ns) OVER (PARTITION BY rank, pid, tid ORDER BY start_ns, dur_ns DESC
+                                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+    FROM events WHERE NOT device AND kind = 'host_op'
+),
+ops AS (
+    SELECT h.*, lower(regexp_replace(h.name, '^aten::', '')) AS short,
+           {TOKEN_SQL.format(x="lower(regexp_replace(h.name, '^aten::', ''))")} AS tok,
+           EXISTS (SELECT 1 FROM events a WHERE a.rank = h.rank AND NOT a.device AND a.kind = 'annotation'
+                   AND a.name LIKE 'Optimizer.step#%' AND a.start_ns <= h.start_ns
+                   AND a.start_ns + a.dur_ns >= h.start_ns + h.dur_ns) AS in_opt
+    FROM host h
+    WHERE (h.prev_end IS NULL OR h.start_ns >= h.prev_end) AND h.step IS NOT NULL
+)
+SELECT o.rank, o.step, o.pid || ':' || o.tid AS lane, o.start_ns,
+       CASE WHEN d.has_dev THEN coalesce(w.dev_ns, 0) ELSE o.dur_ns END AS dur_ns, 0 AS wait_ns, o.name,
+       CASE WHEN o.tok = 'optel' AND NOT o.in_opt THEN '_' ELSE o.tok END AS tok
+FROM ops o JOIN dev d USING (rank)
+LEFT JOIN incl w ON w.rank = o.rank AND w.pid = o.pid AND w.tid = o.tid AND w.op_start_ns = o.start_ns
+WHERE o.short NOT IN {VIEW_OPS}
+ORDER BY o.rank, o.step, lane, o.start_ns
+"""
+)
+
+# chain patterns: token lists, with optional links marked '?'
+PATTERNS: dict[str, tuple[str, list[str], str]] = {
+    "rms_norm": ("unfused RMSNorm (pow -> mean -> rsqrt -> mul)", ["pow", "mean", "add?", "rsqrt", "mul"],
+                 "torch.nn.functional.rms_norm / torch_npu.npu_rms_norm / a fused RMSNorm kernel"),
+    "rope": ("unfused rotary embedding (neg -> cat -> mul)", ["neg", "cat", "mul"],
+             "torch_npu.npu_rotary_mul / a fused RoPE kernel"),
+    "swiglu": ("unfused SwiGLU (silu -> mul)", ["silu", "mul"], "torch_npu.npu_swiglu / a fused SwiGLU kernel"),
+    "swiglu_sigmoid": ("unfused SwiGLU (sigmoid -> mul -> mul)", ["sigmoid", "mul", "mul"],
+                       "torch_npu.npu_swiglu / a fused SwiGLU kernel"),
+    "attention": ("unfused attention (matmul -> softmax -> matmul)", ["mm", "softmax", "drop?", "mm"],
+                  "scaled_dot_product_attention / FlashAttention (torch_npu.npu_fusion_attention)"),
+    "permute_copy": ("permute/transpose followed by a contiguous copy", ["perm", "copy"],
+                     "no .contiguous() copy: let the consumer read the strided layout (matmul transpose flags)"),
+    "transpose_matmul": ("Transpose task feeding a matmul", ["perm", "mm"],
+                         "the matmul's transpose flags (adj_x / adj_y) instead of an explicit Transpose"),
+    "gelu": ("Gelu where FastGelu exists", ["gelu"], "FastGelu (torch_npu.fast_gelu / npu_fast_gelu)"),
+}
+ASCEND_ONLY = {"gelu", "transpose_matmul"}
+KINETO_ONLY = {"permute_copy"}
+
+
+def _regex(links: list[str], gap: int) -> re.Pattern[str]:
+    g = rf"(?:\S+ ){{0,{gap}}}"
+    parts = []
+    for i, link in enumerate(links):
+        opt = link.endswith("?")
+        tok = rf"{link.rstrip('?')}#\d+ "
+        piece = (g if i else "") + tok
+        parts.append(f"(?:{piece})?" if opt else piece)
+    return re.compile("".join(parts))
+
+
+@rule("CMP003", "compute.affinity-api", cause="compute.affinity_api", requires=("events", "steps"),
+      thresholds=Thresholds)
+def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
+    """One finding per rank and pattern whose estimated saving is worth reporting."""
+    ascend = bool(ctx.analysis.rows("kernels"))
+    wanted = {p.strip() for p in ctx.t.patterns.split(",") if p.strip()}
+    if "all" in wanted:
+        wanted = {*PATTERNS, "optimizer"}
+    df = ctx.df(ASCEND_SQL if ascend else KINETO_SQL)
+    if df.empty:
+        return
+    n_steps = df[df["step"] >= 0].groupby("rank")["step"].nunique().to_dict()
+    # matches[(rank, pattern)] -> list of (step, names, total_ns, saving_ns)
+    matches: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    opt_stats: dict[int, dict[str, float]] = {}
+    for (rank, step, _lane), g in df.groupby(["rank", "step", "lane"], sort=False):
+        toks = g["tok"].tolist()
+        durs = g["dur_ns"].astype(float).tolist()
+        names = g["name"].tolist()
+        text = "".join(f"{t}#{i} " for i, t in enumerate(toks))
+        for key, (_label, links, _fix) in PATTERNS.items():
+            if key not in wanted or (ascend and key in KINETO_ONLY) or (not ascend and key in ASCEND_ONLY):
+                continue
+            for m in _regex(links, ctx.t.max_gap).finditer(text):
+                idx = [int(x) for x in re.findall(r"#(\d+)", m.group(0))]
+                chain = [i for i in idx if toks[i] != "_"]
+                times = [durs[i] for i in chain]
+                if not sum(times):
+                    continue  # nothing ran (e.g. .contiguous() on a tensor that already was): no cost to remove
+                saving = sum(times) - max(times) if len(chain) > 1 else 0.0
+                if key == "gelu":
+                    saving = 0.0  # no measured FastGelu speed-up to apply; reported with its time only
+                matches.setdefault((int(rank), key), []).append(
+                    {"step": int(step), "ops": [names[i] for i in chain], "time_ns": sum(times), "saving_ns": saving})
+        opt = g[g["tok"] == "optel"]
+        if len(opt):
+            st = opt_stats.setdefault(int(rank), {"ops": 0.0, "time_ns": 0.0, "wait_ns": 0.0, "multi": 0.0})
+            st["ops"] += len(opt)
+            st["time_ns"] += float(opt["dur_ns"].sum())
+            st["wait_ns"] += float(opt["wait_ns"].sum())
+        st_m = (g["tok"] == "multi").sum()
+        if st_m:
+            opt_stats.setdefault(int(rank), {"ops": 0.0, "time_ns": 0.0, "wait_ns": 0.0, "multi": 0.0})["multi"] += st_m
+    for (rank, key), ms in sorted(matches.items()):
+        label, _links, fix = PATTERNS[key]
+        steps = max(1, int(n_steps.get(rank, 1)))
+        saving_us = sum(m["saving_ns"] for m in ms) / 1e3 / steps
+        step_us = ctx.analysis.step_us(rank) or None
+        if key != "gelu" and (not step_us or saving_us < ctx.t.min_saving_share * step_us):
+            continue
+        time_us = sum(m["time_ns"] for m in ms) / 1e3 / steps
+        ms.sort(key=lambda m: -m["saving_ns"])
+        yield ctx.finding(
+            title=(f"Rank {rank}: {len(ms) / steps:.0f} {label} per step, {time_us:.0f} µs of operator time; "
+                   f"use {fix.split(' / ')[0]}"),
+            evidence={"pattern": key, "matches_per_step": round(len(ms) / steps, 2),
+                      "chain_us_per_step": round(time_us, 2), "max_gap": ctx.t.max_gap, "steps": steps,
+                      "data": "kernels" if ascend else "kineto"},
+            saving_us=saving_us if key != "gelu" else None,
+            step_us=step_us,
+            severity=None if key != "gelu" else Severity.LOW,
+            saving_basis="per step, each chain's time minus its longest operator (the chain as one operator of that "
+            "cost)",
+            ranks=[rank],
+            ops=list(dict.fromkeys(o for m in ms for o in m["ops"]))[: ctx.t.top_n],
+            detail=f"Fused replacement: {fix}.",
+            top=[{"step": m["step"], "ops": " -> ".join(m["ops"]), "time_us": round(m["time_ns"] / 1e3, 2),
+                  "saving_us": round(m["saving_ns"] / 1e3, 2)} for m in ms[: ctx.t.top_n]],
+        )
+    for rank, st in sorted(opt_stats.items()):
+        steps = max(1, int(n_steps.get(rank, 1)))
+        per_step = st["ops"] / steps
+        if "optimizer" not in wanted or per_step < ctx.t.min_optimizer_ops or st["multi"] > 0:
+            continue
+        saving_ns = st["wait_ns"] if ascend else st["time_ns"]
+        step_us = ctx.analysis.step_us(rank) or None
+        yield ctx.finding(
+            title=(f"Rank {rank}: {per_step:.0f} per-parameter optimizer operators per step and no multi-tensor "
+                   f"(foreach / fused) optimizer"),
+            evidence={"pattern": "per_parameter_optimizer", "optimizer_ops_per_step": round(per_step, 1),
+                      "min_optimizer_ops": ctx.t.min_optimizer_ops,
+                      "optimizer_us_per_step": round(st["time_ns"] / 1e3 / steps, 2),
+                      "idle_between_us_per_step": round(st["wait_ns"] / 1e3 / steps, 2) if ascend else None,
+                      "steps": steps, "data": "kernels" if ascend else "kineto"},
+            saving_us=saving_ns / 1e3 / steps,
+            step_us=step_us,
+            saving_basis=("per step, the device idle time before each per-parameter optimizer task (Wait Time), which "
+                          "one multi-tensor operator removes" if ascend else
+                          "per step, the time of the per-tensor optimizer operators (upper bound of what a foreach / "
+                          "fused optimizer replaces)"),
+            ranks=[rank],
+            detail="Use foreach=True / fused=True optimizers (torch.optim), torch_npu.optim.NpuFused* on Ascend.",
+        )

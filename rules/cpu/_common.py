@@ -1,0 +1,96 @@
+"""SQL building blocks shared by the CPU and I/O rules (not a rule module: the name starts with ``_``).
+
+Every fragment is plain SQL over the canonical tables; values still reach queries only as
+``$named`` parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+# Host operators that are not nested in another host operator on the same thread ("top-level"):
+# an operator is top-level when no earlier-starting operator of the thread is still running.
+TOP_LEVEL_OPS = """
+top_ops AS (
+    SELECT * FROM (
+        SELECT e.rank, e.step, e.tid, e.name, e.start_ns, e.dur_ns, e.start_ns + e.dur_ns AS end_ns,
+               max(e.start_ns + e.dur_ns) OVER (
+                   PARTITION BY e.rank, e.pid, e.tid ORDER BY e.start_ns, e.dur_ns DESC
+                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+        FROM events e
+        WHERE e.kind = 'host_op' AND NOT e.device AND e.step IS NOT NULL
+    ) WHERE prev_end IS NULL OR prev_end <= start_ns
+)"""
+
+
+def outermost(cte: str, src: str) -> str:
+    """A CTE ``cte`` keeping the rows of ``src`` (rank, pid, tid, start_ns, dur_ns, ...) not nested in another row of ``src`` on the same thread."""
+    return f"""
+{cte} AS (
+    SELECT * EXCLUDE (prev_end) FROM (
+        SELECT s.*, max(s.start_ns + s.dur_ns) OVER (
+            PARTITION BY s.rank, s.pid, s.tid ORDER BY s.start_ns, s.dur_ns DESC
+            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+        FROM {src} s
+    ) WHERE prev_end IS NULL OR prev_end <= start_ns
+)"""
+
+
+# Union of device-busy intervals per rank (kernels, memcpy, memset, device communication),
+# as disjoint islands (gaps-and-islands over start-sorted intervals).
+DEVICE_BUSY_ISLANDS = """
+dev_iv AS (
+    SELECT rank, start_ns AS s, start_ns + dur_ns AS e FROM events
+    WHERE device AND kind IN ('kernel', 'comm', 'memcpy', 'memset') AND dur_ns > 0
+),
+dev_mark AS (
+    SELECT *, CASE WHEN s <= max(e) OVER (PARTITION BY rank ORDER BY s, e
+                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 0 ELSE 1 END AS new_island
+    FROM dev_iv
+),
+dev_isl_id AS (SELECT *, sum(new_island) OVER (PARTITION BY rank ORDER BY s, e) AS island FROM dev_mark),
+dev_busy AS (SELECT rank, min(s) AS s, max(e) AS e FROM dev_isl_id GROUP BY rank, island)"""
+
+
+def covered_by_device_sql(intervals: str) -> str:
+    """SQL over CTE ``intervals`` (id, rank, s, e) adding ``busy_ns``: how much of each interval the device was busy.
+
+    Needs :data:`DEVICE_BUSY_ISLANDS` in the same WITH clause.
+    """
+    return f"""
+SELECT i.id, coalesce(sum(least(i.e, b.e) - greatest(i.s, b.s)) FILTER (WHERE b.s IS NOT NULL), 0) AS busy_ns
+FROM {intervals} i LEFT JOIN dev_busy b ON b.rank = i.rank AND b.s < i.e AND b.e > i.s
+GROUP BY i.id"""
+
+
+def step_table(ctx: Any) -> pd.DataFrame:
+    """The breakdown as a DataFrame (rank, step, step_us, ...); empty when there is none."""
+    bd = ctx.analysis.breakdown
+    return bd if bd is not None else pd.DataFrame(columns=["rank", "step", "step_us"])
+
+
+def steady_steps(steps: list[int]) -> list[int]:
+    """Steps after the first recorded one when there are at least three (the first often holds one-off warm-up work)."""
+    s = sorted(steps)
+    return s[1:] if len(s) >= 3 else s
+
+
+def fmt_ms(us: float) -> str:
+    """µs -> '12.3 ms' (or '850 µs' below 1 ms)."""
+    return f"{us / 1000:.1f} ms" if abs(us) >= 1000 else f"{us:.0f} µs"
+
+
+def python_stack_sql(targets: str) -> str:
+    """SQL: for each row of CTE ``targets`` (id, rank, pid, tid, start_ns, end_ns), the enclosing Python frames.
+
+    Returns (id, frames) with frames ordered outermost first, joined by newlines. Uses
+    ``python`` events on the same thread (Kineto ``with_stack`` / python tracer).
+    """
+    return f"""
+SELECT t.id, string_agg(p.name, '\n' ORDER BY p.start_ns, p.dur_ns DESC) AS frames
+FROM {targets} t JOIN events p ON p.rank = t.rank AND p.pid = t.pid AND p.tid = t.tid AND p.kind = 'python'
+     AND NOT p.device AND p.name <> 'Python GC'
+     AND p.start_ns <= t.start_ns AND p.start_ns + p.dur_ns >= t.end_ns
+GROUP BY t.id"""

@@ -1,0 +1,199 @@
+"""The host blocks on the device: ``.item()``, ``nonzero``, ``.tolist()``, explicit synchronize, SyncBatchNorm.
+
+## Why it matters
+Launches are asynchronous: the host normally runs ahead and the device always has queued work.
+A call that needs a device value on the host (``tensor.item()``, ``.tolist()``, ``torch.nonzero``
+and boolean-mask indexing whose output size depends on the data, ``cudaStreamSynchronize`` /
+``aclrtSynchronizeStream``, SyncBatchNorm's statistics exchange, a device-to-host copy) makes
+the host wait until the device has drained its queue; afterwards the device idles until the host
+has launched new work. Hermes (§4.2.2, Table 2 "synchronous operations"; its case study found
+18 syncs, the two slowest costing 24 ms of a step) detects them and shows their call stack.
+
+## How it is detected
+Sync points are host events named ``aten::item``, ``aten::_local_scalar_dense``,
+``aten::nonzero``, ``aten::is_nonzero``, anything with ``SyncBatchNorm`` or
+``batch_norm_gather_stats``, any ``*Synchronize*`` runtime call (kind ``sync``), and Python calls
+``<built-in method item|tolist|nonzero of Tensor ...>``; nested ones (``aten::item`` inside the
+Python ``item`` call, ``_local_scalar_dense`` inside ``aten::item``) count once. Device-side
+``Memcpy DtoH`` copies are sync points too. The call stack comes from ``events.stack`` when the
+export has it, else from the enclosing Python frames (``with_stack=True``).
+
+*With a device*: for each sync point, the device idle time from its end to the next device
+work (less any data loading in between, which IO001 reports), each idle gap counted once. It
+fires when that time per step is at least ``min_idle_share`` of the step; the saving is the mean
+per-step idle time after sync points (upper bound: removing the syncs lets the host run ahead).
+
+*CPU-only*: there is no device queue to drain, so a sync point costs only its own few µs here
+and the blocking time it would cause on an accelerator cannot be measured. The rule still counts
+sync points per step and fires when there are at least ``min_per_step``, with severity *low*
+and no saving (the count is certain, the cost is not), and says so in a warning. This keeps the
+finding visible for code that will run on a device without claiming a measured cost.
+
+## What to do
+Keep values on the device: accumulate losses and metrics as tensors and read them every N
+steps, avoid ``.item()`` / ``.tolist()`` / printing tensors inside the step, replace
+``nonzero`` / boolean indexing with fixed-size ops (``torch.where``, masks), avoid explicit
+synchronize calls, and use SyncBatchNorm only where the per-device batch is too small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from advisor.engine.rule import RuleContext, knob, rule
+from advisor.model import Finding, Severity
+from rules.cpu._common import DEVICE_BUSY_ISLANDS, fmt_ms, outermost, python_stack_sql, step_table
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Thresholds for CPU003."""
+
+    min_idle_share: float = knob(0.01, "device idle after sync points, as a share of the step, that fires the rule (device traces)",
+                                 "first principles: below 1 % of the step the syncs are not worth a finding; severity follows CAUSES.md")
+    min_per_step: float = knob(1.0, "sync points per step that fire the rule on CPU-only traces",
+                               "Hermes §4.2.2: synchronous operations in the training loop are a CPU cause; any one per step is avoidable")
+    top_n: int = knob(5, "sync-point kinds listed with their call stacks", "presentation")
+    stack_frames: int = knob(6, "innermost call-stack frames shown per sync point", "presentation")
+
+
+HOST_SYNC_RE = (r"^aten::(item|_local_scalar_dense|nonzero|is_nonzero)$|SyncBatchNorm|batch_norm_gather_stats"
+                r"|(?i:synchronize)")
+PY_SYNC_RE = r"^<built-in method (item|tolist|nonzero) of "
+DTOH_RE = r"(?i)dtoh|devicetohost|device to host|d2h"
+ADDR_RE = r" at 0x[0-9a-fA-F]+"
+
+SQL = f"""
+WITH {DEVICE_BUSY_ISLANDS},
+host_cand AS (
+    SELECT rank, step, pid, tid, kind, regexp_replace(name, $addr_re, '') AS name, start_ns, dur_ns, stack
+    FROM events
+    WHERE NOT device AND step IS NOT NULL
+      AND (kind = 'sync' OR (kind = 'python' AND regexp_matches(name, $py_sync_re))
+           OR (kind NOT IN ('python', 'step') AND regexp_matches(name, $host_sync_re)))
+),
+{outermost("host_pts", "host_cand")},
+pts AS (
+    SELECT rank, step, pid, tid, kind, name, start_ns, dur_ns, stack, false AS on_device FROM host_pts
+    UNION ALL
+    SELECT rank, step, pid, tid, kind, name, start_ns, dur_ns, stack, true FROM events
+    WHERE device AND kind = 'memcpy' AND step IS NOT NULL AND regexp_matches(name, $dtoh_re)
+),
+pts_id AS MATERIALIZED (SELECT row_number() OVER (ORDER BY rank, start_ns, dur_ns, pid, tid, name) AS id, *, start_ns + dur_ns AS end_ns FROM pts),
+cur AS (  -- the device busy period (if any) still running when the sync point ends
+    SELECT p.id, b.e AS busy_until FROM pts_id p ASOF LEFT JOIN dev_busy b ON p.rank = b.rank AND p.end_ns >= b.s
+),
+nxt AS (
+    SELECT p.id, b.s AS next_busy FROM pts_id p ASOF LEFT JOIN dev_busy b ON p.rank = b.rank AND b.s > p.end_ns
+),
+gap AS (
+    SELECT p.*, CASE WHEN c.busy_until > p.end_ns OR n.next_busy IS NULL THEN 0 ELSE n.next_busy - p.end_ns END AS gap_ns,
+           n.next_busy
+    FROM pts_id p JOIN cur c USING (id) JOIN nxt n USING (id)
+),
+dl AS (
+    SELECT g.id, coalesce(sum(least(g.next_busy, d.start_ns + d.dur_ns) - greatest(g.end_ns, d.start_ns)), 0) AS dl_ns
+    FROM gap g JOIN events d ON d.rank = g.rank AND d.kind = 'dataloader' AND NOT d.device
+         AND d.start_ns < g.next_busy AND d.start_ns + d.dur_ns > g.end_ns
+    WHERE g.gap_ns > 0 GROUP BY g.id
+)
+SELECT g.id, g.rank, g.step, g.pid, g.tid, g.kind, g.name, g.start_ns, g.end_ns, g.dur_ns, g.stack, g.on_device,
+       g.next_busy, greatest(g.gap_ns - coalesce(dl.dl_ns, 0), 0) AS idle_ns
+FROM gap g LEFT JOIN dl USING (id)
+"""
+
+@rule("CPU003", "cpu.host-device-sync", cause="cpu.host_device_sync",
+      requires=("events", "steps", "breakdown"), thresholds=Thresholds)
+def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
+    """One finding per rank with sync points in its steps."""
+    df = ctx.df(SQL, {"addr_re": ADDR_RE, "py_sync_re": PY_SYNC_RE, "host_sync_re": HOST_SYNC_RE, "dtoh_re": DTOH_RE})
+    if df.empty:
+        return
+    bd = step_table(ctx)
+    dev_ranks = {int(r["rank"]) for r in ctx.query("SELECT rank FROM ranks WHERE has_device")}
+    for rank, g in df.groupby("rank"):
+        rank = int(rank)
+        steps_r = bd[bd["rank"] == rank]
+        if steps_r.empty:
+            continue
+        n_steps = len(steps_r)
+        step_us = float(steps_r["step_us"].mean())
+        g = g[g["step"].isin(steps_r["step"])]
+        host = g[~g["on_device"]]
+        per_step = len(host) / n_steps
+        # each idle gap once (several sync points can precede the same device work)
+        idle_us = float(g.groupby("next_busy")["idle_ns"].max().sum()) / 1000.0 / n_steps if rank in dev_ranks else 0.0
+        by_name = (g.groupby("name").agg(n=("id", "size"), total_us=("dur_ns", "sum"), idle_us=("idle_ns", "sum"),
+                                         example=("id", "first"), max_us=("dur_ns", "max"))
+                   .sort_values(["idle_us", "n"], ascending=False))
+        stacks = _stacks(ctx, g, [int(x) for x in by_name["example"].head(ctx.t.top_n)])
+        top = [{"sync_point": name, "count": int(r.n), "per_step": round(r.n / n_steps, 2),
+                "total_us": round(r.total_us / 1000.0, 1), "max_us": round(r.max_us / 1000.0, 1),
+                "device_idle_after_us": round(r.idle_us / 1000.0, 1) if rank in dev_ranks else None,
+                "stack": stacks.get(int(r.example), "")}
+               for name, r in by_name.head(ctx.t.top_n).iterrows()]
+        evidence = {
+            "sync_points_per_step": round(per_step, 2),
+            "dtoh_copies_per_step": round(int(g["on_device"].sum()) / n_steps, 2),
+            "sync_time_us_per_step": round(float(host["dur_ns"].sum()) / 1000.0 / n_steps, 1),
+            "steps": n_steps, "step_us_mean": round(step_us, 1),
+            "stack_recorded": any(t["stack"] for t in top),
+        }
+        names = [t["sync_point"] for t in top]
+        if rank in dev_ranks:
+            share = idle_us / step_us if step_us else 0.0
+            evidence |= {"device_idle_after_sync_us_per_step": round(idle_us, 1), "idle_share": round(share, 4),
+                         "min_idle_share": ctx.t.min_idle_share}
+            if share < ctx.t.min_idle_share:
+                continue
+            yield ctx.finding(
+                title=f"Rank {rank} blocks on the device {per_step:.1f} times per step; the device then idles "
+                f"{fmt_ms(idle_us)} per step ({share:.0%} of {fmt_ms(step_us)}), mostly after {names[0]}",
+                evidence=evidence, saving_us=idle_us, step_us=step_us,
+                saving_basis="mean per-step device idle time from the end of each sync point to the next device work "
+                "(data loading excluded, each gap once)",
+                ranks=[rank], steps=sorted({int(s) for s in g["step"]}), ops=names, top=top,
+            )
+        else:
+            evidence |= {"min_per_step": ctx.t.min_per_step}
+            if per_step < ctx.t.min_per_step:
+                continue
+            ctx.warn(f"rank {rank}: CPU-only trace, so the time the {per_step:.1f} sync points per step would block on an "
+                     "accelerator cannot be measured; reported by count with severity low")
+            yield ctx.finding(
+                title=f"Rank {rank} reads device values on the host {per_step:.1f} times per step "
+                f"({_summary(top)}); each would block on an accelerator",
+                evidence=evidence, severity=Severity.LOW,
+                saving_basis="not measurable on a CPU-only trace: there is no device queue to drain",
+                ranks=[rank], steps=sorted({int(s) for s in host["step"]}), ops=names, top=top,
+            )
+
+
+def _summary(top: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{float(t['per_step']):g}x {t['sync_point']}" for t in top[:3])
+
+
+def _stacks(ctx: RuleContext[Thresholds], g: object, ids: list[int]) -> dict[int, str]:
+    """Call stack per sync point id: events.stack when recorded, else the enclosing Python frames (innermost last)."""
+    import pandas as pd
+
+    sel = g[g["id"].isin(ids)]  # type: ignore[index]
+    out: dict[int, str] = {}
+    for r in sel.itertuples():
+        if isinstance(r.stack, str) and r.stack:
+            out[int(r.id)] = "\n".join(r.stack.replace(";", "\n").splitlines()[: ctx.t.stack_frames])
+    need = sel[~sel["id"].isin(list(out))]
+    if len(need):
+        cur = ctx.con.cursor()
+        cur.register("_cpu003_targets", pd.DataFrame(need[["id", "rank", "pid", "tid", "start_ns", "end_ns"]]))
+        try:
+            rows = cur.execute(python_stack_sql("_cpu003_targets")).fetchall()
+        finally:
+            cur.unregister("_cpu003_targets")
+        for id_, frames in rows:
+            fr = [f for f in frames.split("\n") if f]
+            fr = [f for f in fr if not f.startswith("<built-in method")] or fr
+            out[int(id_)] = "\n".join(fr[-ctx.t.stack_frames:])
+    return out

@@ -1,0 +1,137 @@
+"""Other processes steal the host CPU: the same operators run much slower in some steps.
+
+## Why it matters
+The training process shares its cores with whatever else runs on the node: monitoring agents
+(Hermes names Prometheus), other jobs, data preprocessing bound to the same cores. When they
+compete, every host operator, launch and Python statement slows down at once, and the device
+waits. Hermes (Table 2) checks the CPU usage of common processes; a profile has no per-process
+CPU usage, but it shows the symptom.
+
+## How it is detected
+Host operators are compared with themselves: for each host operator with recorded
+input shapes (``record_shapes=True``; operators without shapes, such as autograd nodes, may do
+different work in different steps and are left out), keyed by name and input shapes, its time per step is compared with its own median over the steps it appears
+in (at least ``min_steps``). A step is *contended* when, over the keys it runs, the time is at
+least ``slow_ratio`` x the keys' medians **and** keys holding at least ``min_key_share`` of that (median) time, at least
+``min_slowed_keys`` distinct ones, are each that much slower (a step must share at least
+``min_keys`` keys with the others, and those keys must take at least ``min_covered_share`` of the
+step): a broad slowdown of unrelated operators doing the same work
+as in the other steps, unlike one slow operator. Short operators often escape (they fit in a
+scheduler time slice), so the share is weighted by time, not by count. The saving is the time
+the contended steps took beyond the median of the other steps (at most the compared operators'
+extra time), averaged over all steps.
+
+Thread CPU time against wall time would prove it directly, but neither Kineto nor the Ascend
+exports carry it per thread; the rule says what it measured and warns that the cause of the
+slowdown (another process, CPU binding, frequency scaling) is inferred, not observed.
+
+## What to do
+Find what else runs on the node during the slow steps (``top``/``pidstat``), stop or move it,
+and bind each rank to its own NUMA node's cores (``numactl``/``taskset``) with
+``OMP_NUM_THREADS`` sized to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from advisor.engine.rule import RuleContext, knob, rule
+from advisor.model import Finding
+from rules.cpu._common import fmt_ms, step_table
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Thresholds for CPU005."""
+
+    slow_ratio: float = knob(1.5, "operator time in a step / its median over steps that counts as slowed",
+                             "first principles: a competing busy process on the same cores halves the CPU share (~2x); 1.5x leaves margin for noise")
+    min_key_share: float = knob(0.5, "share of a step's operator time (at the keys' medians) in keys that are slowed (a broad slowdown)",
+                                "first principles: contention slows most of the work, a single slow op does not")
+    min_slowed_keys: int = knob(2, "distinct operator keys that must be slowed in a contended step",
+                                "first principles: one slow operator is that operator's problem, not the host's")
+    min_keys: int = knob(5, "operator keys (name + shapes) a step must share with the others to be judged",
+                         "first principles: enough unrelated operators to call a slowdown broad")
+    min_covered_share: float = knob(0.2, "the compared operators must take at least this share of the contended step",
+                                    "first principles: the slowdown must explain the step, not a corner of it")
+    min_steps: int = knob(3, "steps an operator key must appear in to have a median",
+                          "first principles: a median needs at least three points")
+
+
+SQL = """
+WITH k AS (
+    SELECT rank, step, name, shapes, sum(dur_ns) AS dur_ns
+    FROM events
+    WHERE kind = 'host_op' AND NOT device AND step >= 0 AND regexp_matches(coalesce(shapes, ''), '\\d')
+    GROUP BY ALL
+),
+med AS (
+    SELECT rank, name, shapes, median(dur_ns) AS med_ns, count(*) AS n_steps
+    FROM k GROUP BY ALL HAVING count(*) >= $min_steps
+)
+SELECT k.rank, k.step, k.name, k.shapes, k.dur_ns, m.med_ns
+FROM k JOIN med m USING (rank, name, shapes)
+"""
+
+
+@rule("CPU005", "cpu.resource-contention", cause="cpu.resource_contention",
+      requires=("events", "steps", "breakdown", "multi_step"), thresholds=Thresholds)
+def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
+    """One finding per rank with steps in which most operators run much slower than their own median."""
+    df = ctx.df(SQL)
+    if df.empty:
+        if not ctx.analysis.scalar("SELECT count(*) FROM events WHERE kind = 'host_op' AND shapes IS NOT NULL AND shapes NOT IN ('', '[]')"):
+            ctx.warn("no operator input shapes recorded (record_shapes=True): operators cannot be compared with themselves "
+                     "doing the same work, so contention is not judged")
+        return
+    bd = step_table(ctx)
+    df["slowed"] = df["dur_ns"] >= ctx.t.slow_ratio * df["med_ns"]
+    for rank, g in df.groupby("rank"):
+        rank = int(rank)
+        steps_r = bd[bd["rank"] == rank]
+        g = g.assign(slowed_med=g["med_ns"].where(g["slowed"], 0))
+        per = g.groupby("step").agg(n_keys=("name", "size"), slowed=("slowed", "sum"), dur=("dur_ns", "sum"), med=("med_ns", "sum"),
+                                    slowed_med=("slowed_med", "sum"))
+        per["ratio"] = per["dur"] / per["med"]
+        per["key_share"] = per["slowed_med"] / per["med"]
+        per = per.join(steps_r.set_index("step")["step_us"])
+        per["covered"] = per["dur"] / 1000.0 / per["step_us"]
+        hot = per[(per["ratio"] >= ctx.t.slow_ratio) & (per["key_share"] >= ctx.t.min_key_share)
+                  & (per["n_keys"] >= ctx.t.min_keys) & (per["slowed"] >= ctx.t.min_slowed_keys)
+                  & (per["covered"] >= ctx.t.min_covered_share)]
+        if hot.empty:
+            continue
+        n_steps = max(len(steps_r), 1)
+        calm = steps_r[~steps_r["step"].isin(hot.index)]["step_us"]
+        base_us = float(calm.median()) if len(calm) else float(steps_r["step_us"].min())
+        # a step cannot lose more to contention than its compared operators' extra time
+        extra_us = sum(min(max(float(su) - base_us, 0.0), float(d - m) / 1000.0)
+                       for su, d, m in zip(hot["step_us"], hot["dur"], hot["med"], strict=True))
+        saving = extra_us / n_steps
+        step_us = float(steps_r["step_us"].mean())
+        worst = g[g["step"].isin(hot.index)].assign(r=lambda x: x["dur_ns"] / x["med_ns"]).sort_values("r", ascending=False)
+        top = [{"step": int(s), "op_time_ratio": round(float(r["ratio"]), 2), "slowed_key_share": round(float(r["key_share"]), 3),
+                "op_extra_us": round(float(r["dur"] - r["med"]) / 1000.0, 1),
+                "step_us": round(float(steps_r.loc[steps_r["step"] == s, "step_us"].iloc[0]), 1) if (steps_r["step"] == s).any() else None}
+               for s, r in hot.sort_values("ratio", ascending=False).iterrows()]
+        ctx.warn(f"rank {rank}: operators ran {float(hot['ratio'].median()):.1f}x slower than their own median in "
+                 f"{len(hot)} steps; the trace has no per-thread CPU time, so competing processes are inferred, not observed")
+        yield ctx.finding(
+            title=f"Rank {rank}: host operators run {float(hot['ratio'].median()):.1f}x slower than their own median in "
+            f"{len(hot)} of {n_steps} steps ({float(hot['key_share'].median()):.0%} of operator time in slowed operators); "
+            f"those steps took {fmt_ms(extra_us)} longer than the others' median in total",
+            evidence={
+                "contended_steps": len(hot), "steps": n_steps,
+                "op_time_ratio_median": round(float(hot["ratio"].median()), 3), "slow_ratio": ctx.t.slow_ratio,
+                "slowed_key_share_median": round(float(hot["key_share"].median()), 3), "min_key_share": ctx.t.min_key_share,
+                "keys_compared_median": float(per["n_keys"].median()), "min_keys": ctx.t.min_keys,
+                "extra_step_us_total": round(extra_us, 1), "extra_us_per_step": round(saving, 1),
+                "calm_step_us_median": round(base_us, 1),
+                "step_us_mean": round(step_us, 1),
+                "other_steps_ratio_median": round(float(per.drop(hot.index)["ratio"].median()), 3) if len(per) > len(hot) else None,
+            },
+            saving_us=saving, step_us=step_us,
+            saving_basis="time the contended steps took over the median of the other steps, averaged over all steps",
+            ranks=[rank], steps=[int(s) for s in hot.index], ops=list(dict.fromkeys(worst["name"]))[:5], top=top,
+        )

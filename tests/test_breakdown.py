@@ -1,0 +1,134 @@
+"""Breakdown and critical-path invariants on every Kineto sample.
+
+For every real Kineto sample (``../shared/samples/kineto_*`` and the CPU traces in
+``tests/data/kineto/``), for every (rank, step):
+
+* the five breakdown classes (compute-only, overlapped, comm-only, host-only, free) add up to
+  the step within 0.1 %, and the step equals its window in ``steps``;
+* the critical path's length equals the step's wall time within 1 %, the time credited to the
+  operators on it adds up to that length, and its segments tile the window without overlap;
+* every critical-path operator kind is in the contract's enum.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import cache, lru_cache
+from pathlib import Path
+
+import pytest
+
+from advisor.ingest import load_profile
+from advisor.stages import breakdown as breakdown_stage
+from advisor.stages import critical_path as cp_stage
+from tests.conftest import SAMPLES, SCHEMA_PATH, TRACES, report_json
+
+CLASSES = ("compute_only_us", "overlapped_us", "comm_only_us", "host_only_us", "free_us")
+
+
+def _kineto_samples() -> list[Path]:
+    out = sorted(p for p in SAMPLES.glob("kineto_*") if p.is_dir()) if SAMPLES.is_dir() else []
+    out += sorted(p for p in TRACES.iterdir() if p.is_dir() and any(p.glob("*.json*")))
+    return out
+
+
+SAMPLE_DIRS = _kineto_samples()
+IDS = [p.name for p in SAMPLE_DIRS]
+
+
+@cache
+def _ctx(path: Path):
+    return load_profile(path)
+
+
+@lru_cache(maxsize=1)
+def _cp_kinds() -> frozenset[str]:
+    schema = json.loads(SCHEMA_PATH.read_text())
+    return frozenset(schema["properties"]["critical_path"]["properties"]["ops"]["items"]["properties"]["kind"]["enum"])
+
+
+def _windows(ctx) -> list[tuple[int, int, int, int]]:
+    return ctx.con.cursor().execute("SELECT rank, step, start_ns, end_ns FROM steps ORDER BY rank, step").fetchall()
+
+
+def test_samples_found():
+    assert any(p.parent == TRACES for p in SAMPLE_DIRS), "tests/data/kineto has no trace directories"
+    if SAMPLES.is_dir():
+        assert {"kineto_resnet50_num_workers_0", "kineto_two_ranks"} <= set(IDS)
+
+
+@pytest.mark.parametrize("path", SAMPLE_DIRS, ids=IDS)
+def test_five_classes_sum_to_step(path: Path):
+    ctx = _ctx(path)
+    bd = breakdown_stage.compute(ctx.con)
+    windows = {(r, s): (e - b) / 1000.0 for r, s, b, e in _windows(ctx)}
+    assert len(bd) == len(windows) > 0
+    for row in bd.to_dict("records"):
+        key = (row["rank"], row["step"])
+        step_us = row["step_us"]
+        assert step_us > 0, key
+        # the step is its window, all of it
+        assert step_us == pytest.approx(windows[key], rel=1e-3), key
+        parts = [row[c] for c in CLASSES]
+        assert all(p >= 0 for p in parts), (key, parts)
+        assert sum(parts) == pytest.approx(step_us, rel=1e-3), (key, dict(zip(CLASSES, parts)))
+        # the derived columns are consistent with the classes
+        assert row["compute_us"] == pytest.approx(row["compute_only_us"] + row["overlapped_us"], abs=1e-6)
+        assert row["comm_us"] == pytest.approx(row["comm_only_us"] + row["overlapped_us"], abs=1e-6)
+        for extra in ("kernel_us", "memory_us", "dataloader_us", "host_busy_us"):
+            assert -1e-6 <= row[extra] <= step_us * (1 + 1e-3), (key, extra, row[extra])
+        if ctx.has_device:
+            # device compute = kernels ∪ memcpy/memset, so each is at most the union
+            assert row["kernel_us"] <= row["compute_us"] + 1e-6, key
+            assert row["memory_us"] <= row["compute_us"] + 1e-6, key
+        ratio = row["overlap_ratio"]
+        if row["comm_us"] > 0:
+            assert 0 <= ratio <= 1 + 1e-9, key
+        else:
+            assert ratio is None or math.isnan(ratio), key
+
+
+@pytest.mark.parametrize("path", SAMPLE_DIRS, ids=IDS)
+def test_critical_path_length_is_step_wall_time(path: Path):
+    ctx = _ctx(path)
+    kinds = _cp_kinds()
+    for rank, step, start, end in _windows(ctx):
+        wall_us = (end - start) / 1000.0
+        cp = cp_stage.compute(ctx.con, rank, step, start, end, top_n=10**9)
+        key = (rank, step)
+        assert cp["length_us"] == pytest.approx(wall_us, rel=1e-2), key
+        assert cp["ops"], key
+        # every instant of the window is credited exactly once (the path is the whole step)
+        assert cp["path_us"] == pytest.approx(wall_us, rel=1e-2), key
+        assert cp["ops_total"] == len(cp["ops"]), key
+        assert sum(o["total_us"] for o in cp["ops"]) == pytest.approx(wall_us, rel=1e-2), key
+        segs = cp["segments"]
+        assert segs, key
+        pos = 0.0
+        for s in segs:
+            assert s["dur_us"] > 0, (key, s)
+            assert s["start_us"] >= pos - 1e-3, (key, "segments overlap", s)
+            pos = s["start_us"] + s["dur_us"]
+        assert pos <= wall_us + 1e-3, key
+        assert sum(s["dur_us"] for s in segs) == pytest.approx(wall_us, rel=1e-2), key
+        bad = {o["kind"] for o in cp["ops"]} - kinds
+        assert not bad, (key, f"critical-path kinds outside the contract enum: {sorted(bad)}")
+        assert {s["kind"] for s in segs} <= kinds, key
+        assert all(o["total_us"] > 0 and o["count"] >= 1 for o in cp["ops"]), key
+
+
+@pytest.mark.parametrize("path", SAMPLE_DIRS, ids=IDS)
+def test_report_breakdown_and_critical_path(path: Path):
+    """The same invariants hold in the schema-valid JSON report of ``advisor analyze``."""
+    from advisor.analyze import analyze
+
+    data = report_json(analyze(path))
+    assert data["breakdown"], "empty breakdown"
+    for row in data["breakdown"]:
+        assert sum(row[c] for c in CLASSES) == pytest.approx(row["step_us"], rel=1e-3), row
+    cp = data["critical_path"]
+    focus = [r for r in data["breakdown"] if r["rank"] == cp["rank"] and r["step"] == cp["step"]]
+    assert len(focus) == 1, (cp["rank"], cp["step"])
+    assert cp["length_us"] == pytest.approx(focus[0]["step_us"], rel=1e-2)
+    assert {o["kind"] for o in cp["ops"]} <= _cp_kinds()
