@@ -127,6 +127,51 @@ def claim(files: list[Path], ctx_warn: Any) -> list[Unit]:
     return units
 
 
+def _header_value(head: bytes, key: bytes) -> Any:
+    """Decode the JSON value of a top-level ``key`` found in the first bytes of a trace."""
+    import json
+
+    pos = head.find(b'"' + key + b'"')
+    if pos < 0:
+        return None
+    colon = head.find(b":", pos + len(key) + 2)
+    if colon < 0:
+        return None
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(head[colon + 1 :].decode("utf-8", errors="replace").lstrip())
+    except ValueError:
+        return None
+    return obj
+
+
+def _header_from_head(path: Path) -> tuple[Any, ...] | None:
+    """Kineto writes its header keys before ``traceEvents``: read them from the first bytes
+    instead of parsing the whole file a second time. None when the events come first."""
+    import json
+
+    head = read_head(path, 1 << 20)
+    cut = head.find(b'"traceEvents"')
+    if cut < 0:
+        return None
+    head = head[:cut]
+    dist = _header_value(head, b"distributedInfo")
+    props = _header_value(head, b"deviceProperties")
+    base = _header_value(head, b"baseTimeNanoseconds")
+    unit = _header_value(head, b"displayTimeUnit")
+    return (
+        None if dist is None else json.dumps(dist),
+        None if props is None else json.dumps(props),
+        None if base is None else str(base),
+        unit,
+    )
+
+
+def _looks_relative(cur: Any, stage: str) -> bool:
+    """Timestamps far below the Unix-epoch range (~1.7e18 ns) are relative to a base time."""
+    med = cur.execute(f"SELECT median(ts_ns) FROM {stage} WHERE ph = 'X'").fetchone()[0]
+    return med is not None and med < 10**17
+
+
 def _distributed_info(head: bytes) -> dict[str, Any] | None:
     """The ``distributedInfo`` object from the start of a trace (Kineto writes it before the events)."""
     import json
@@ -194,8 +239,10 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
             )""",
             {"path": str(path)},
         )
-        header = None
-        if form != "array":
+        header = _header_from_head(path) if form != "array" else None
+        if header is not None and header[2] is None and _looks_relative(cur, stage):
+            header = None  # relative timestamps but no base in the head: read the header keys properly
+        if header is None and form != "array":
             header = cur.execute(
                 f"SELECT distributedInfo::VARCHAR, deviceProperties::VARCHAR, baseTimeNanoseconds, displayTimeUnit FROM {src}",
                 {"path": str(path)},

@@ -56,20 +56,25 @@ iv AS (
     WHERE e.dur_ns > 0 AND e.rank IN (SELECT rank FROM win)
       AND ((e.device AND e.kind IN {devbusy}) OR (NOT e.device AND e.kind IN {hostbusy}))
 ),
-pts AS (
-    SELECT rank, s AS t, c, m, h, d, k, y FROM iv
-    UNION ALL SELECT rank, e, -c, -m, -h, -d, -k, -y FROM iv
-    UNION ALL SELECT rank, start_ns, 0, 0, 0, 0, 0, 0 FROM win
-    UNION ALL SELECT rank, end_ns, 0, 0, 0, 0, 0, 0 FROM win
+pts AS (  -- +1 / -1 per class at each boundary, the six counters packed 20 bits apart in one HUGEINT
+    SELECT rank, s AS t, (c + (m << 20) + (h << 40) + (d << 60) + (k << 80) + (y << 100)) AS v FROM (
+        SELECT rank, s, c::HUGEINT c, m::HUGEINT m, h::HUGEINT h, d::HUGEINT d, k::HUGEINT k, y::HUGEINT y FROM iv)
+    UNION ALL
+    SELECT rank, e, -(c + (m << 20) + (h << 40) + (d << 60) + (k << 80) + (y << 100)) FROM (
+        SELECT rank, e, c::HUGEINT c, m::HUGEINT m, h::HUGEINT h, d::HUGEINT d, k::HUGEINT k, y::HUGEINT y FROM iv)
+    UNION ALL SELECT rank, start_ns, 0::HUGEINT FROM win
+    UNION ALL SELECT rank, end_ns, 0::HUGEINT FROM win
 ),
-agg AS (
-    SELECT rank, t, sum(c) c, sum(m) m, sum(h) h, sum(d) d, sum(k) k, sum(y) y FROM pts GROUP BY rank, t
+agg AS (SELECT rank, t, sum(v) AS v FROM pts GROUP BY rank, t),
+acc AS (
+    SELECT rank, t, lead(t) OVER w AS t2, sum(v) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS v
+    FROM agg WINDOW w AS (PARTITION BY rank ORDER BY t)
 ),
-run AS (
-    SELECT rank, t, lead(t) OVER (PARTITION BY rank ORDER BY t) AS t2,
-      sum(c) OVER w > 0 AS c, sum(m) OVER w > 0 AS m, sum(h) OVER w > 0 AS h,
-      sum(d) OVER w > 0 AS d, sum(k) OVER w > 0 AS k, sum(y) OVER w > 0 AS y
-    FROM agg WINDOW w AS (PARTITION BY rank ORDER BY t ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+run AS (  -- a class is active when its counter is positive (counters never exceed 2^20 - 1 here)
+    SELECT rank, t, t2,
+      (v & 1048575) > 0 AS c, ((v >> 20) & 1048575) > 0 AS m, ((v >> 40) & 1048575) > 0 AS h,
+      ((v >> 60) & 1048575) > 0 AS d, ((v >> 80) & 1048575) > 0 AS k, ((v >> 100) & 1048575) > 0 AS y
+    FROM acc
 ),
 seg AS (
     SELECT run.rank, w.step, run.t2 - run.t AS len, run.c, run.m, run.h, run.d, run.k, run.y, r.dev

@@ -203,14 +203,25 @@ def tensor_bytes(shapes: str | None, dtypes: str | None) -> float | None:
 # kernel, start_ns, dur_ns, op_name, op_start_ns, op_dur_ns, op_flops, shapes, dtypes, pid, tid.
 KINETO_KERNEL_OPS = """
 kk AS (
-    SELECT k.rank, k.step, k.name AS kernel, k.start_ns, k.dur_ns, k.corr, r.pid, r.tid, r.start_ns AS launch_ns
+    SELECT k.rank, k.step, k.name AS kernel, k.start_ns, k.dur_ns, k.corr, r.pid, r.tid, r.start_ns AS launch_ns,
+           r.ext_id AS launch_ext
     FROM events k JOIN events r ON r.rank = k.rank AND r.corr = k.corr AND NOT r.device AND r.kind = 'runtime'
     WHERE k.device AND k.kind = 'kernel' AND k.corr IS NOT NULL
 ),
 kop AS (
-    SELECT kk.*, o.name AS op_name, o.start_ns AS op_start_ns, o.dur_ns AS op_dur_ns, o.flops AS op_flops,
-           o.shapes, o.dtypes,
-           row_number() OVER (PARTITION BY kk.rank, kk.corr ORDER BY o.dur_ns, o.start_ns DESC) AS depth_rank
-    FROM kk JOIN events o ON o.rank = kk.rank AND o.pid = kk.pid AND o.tid = kk.tid AND NOT o.device
-         AND o.kind = 'host_op' AND o.start_ns <= kk.launch_ns AND o.start_ns + o.dur_ns >= kk.launch_ns
+    -- the launching operator: the launch call carries its operator's External id (hash join);
+    -- only launches without one fall back to the innermost enclosing operator on the thread
+    SELECT kk.* EXCLUDE (launch_ext), o.name AS op_name, o.start_ns AS op_start_ns, o.dur_ns AS op_dur_ns,
+           o.flops AS op_flops, o.shapes, o.dtypes, 1 AS depth_rank
+    FROM kk JOIN events o ON o.rank = kk.rank AND o.ext_id = kk.launch_ext AND NOT o.device AND o.kind = 'host_op'
+    UNION ALL
+    SELECT * EXCLUDE (rn), rn AS depth_rank FROM (
+        SELECT kk.* EXCLUDE (launch_ext), o.name AS op_name, o.start_ns AS op_start_ns, o.dur_ns AS op_dur_ns,
+               o.flops AS op_flops, o.shapes, o.dtypes,
+               row_number() OVER (PARTITION BY kk.rank, kk.corr ORDER BY o.dur_ns, o.start_ns DESC) AS rn
+        FROM kk JOIN events o ON o.rank = kk.rank AND o.step IS NOT DISTINCT FROM kk.step AND o.pid = kk.pid
+             AND o.tid = kk.tid AND NOT o.device AND o.kind = 'host_op'
+             AND o.start_ns <= kk.launch_ns AND o.start_ns + o.dur_ns >= kk.launch_ns
+        WHERE kk.launch_ext IS NULL
+    )
 )"""

@@ -50,7 +50,11 @@ WITH c AS MATERIALIZED (
            regexp_matches(name, '(?i)pageable') AS pageable, regexp_matches(name, '(?i)pinned') AS pinned
     FROM events WHERE device AND kind = 'memcpy' AND step IS NOT NULL AND regexp_matches(name, $h2d_re)
 ),
-k AS (SELECT rank, start_ns AS s, start_ns + dur_ns AS e FROM events WHERE device AND kind = 'kernel' AND dur_ns > 0),
+k AS (  -- only kernels that overlap some copy matter for the copies' overlap (keeps the island pass small)
+    SELECT DISTINCT x.rank, x.start_ns AS s, x.start_ns + x.dur_ns AS e
+    FROM events x JOIN c ON c.rank = x.rank AND x.start_ns < c.e AND x.start_ns + x.dur_ns > c.s
+    WHERE x.device AND x.kind = 'kernel' AND x.dur_ns > 0
+),
 kmark AS (
     SELECT *, CASE WHEN s <= max(e) OVER (PARTITION BY rank ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
                    THEN 0 ELSE 1 END AS nw FROM k

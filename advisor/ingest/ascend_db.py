@@ -1,0 +1,727 @@
+"""Ascend database exports -> canonical tables (format doc §17).
+
+``ascend_pytorch_profiler[_{rank}].db`` (CANN's unified db plus torch_npu's tables),
+``ascend_mindspore_profiler[_{rank}].db``, ``analysis.db`` (torch_npu's communication and step
+analysis) and MindSpore's raw ``communication_analyzer.db``.
+
+DuckDB's sqlite extension cannot be downloaded here, so SQLite is read with Python's
+``sqlite3``: each query's rows are fetched in chunks, turned into Arrow columns (typed, so ns
+timestamps never pass through float64) and inserted with one SQL statement per chunk. String
+ids and enums are resolved by joins in DuckDB. No Python code runs per row.
+
+The database is opened read-only and immutable (``mode=ro&immutable=1``): nothing is written
+beside it (no journal, no -shm file).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+
+from advisor.ingest.ascend_common import (
+    HCCL_DTYPE_BYTES_SQL,
+    MB_TO_BYTES,
+    MS_TO_NS,
+    OP_TYPE_SQL,
+    STEP_KEY_SQL,
+    SYNC_RE,
+    US_TO_NS,
+    insert_groups,
+    metadata_meta,
+    sql_str,
+)
+from advisor.ingest.base import LoadContext, ParseError, Unit
+
+CHUNK_ROWS = 250_000
+_EXT_BASE = 1 << 62
+_I64 = pa.int64()
+_STR = pa.string()
+_F64 = pa.float64()
+
+
+def connect_ro(path: Path) -> sqlite3.Connection:
+    """Open an SQLite file read-only without creating journal or WAL side files."""
+    try:
+        con = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+        con.execute("PRAGMA query_only = 1")
+        con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error as exc:
+        raise ParseError(path, f"not a readable SQLite database: {exc}", code="bad_db") from None
+    return con
+
+
+class Db:
+    """A read-only SQLite source with schema lookups."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.con = connect_ro(path)
+        try:
+            self.tables = {r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+        except sqlite3.Error as exc:
+            self.con.close()
+            raise ParseError(path, f"corrupt SQLite database: {exc}", code="bad_db") from None
+        self._cols: dict[str, list[str]] = {}
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.con.close()
+
+    def has(self, table: str) -> bool:
+        """True when the table exists."""
+        return table in self.tables
+
+    def cols(self, table: str) -> list[str]:
+        """Column names of a table (PRAGMA table_info), [] when absent."""
+        if table not in self._cols:
+            try:
+                self._cols[table] = [r[1] for r in self.con.execute(f'PRAGMA table_info("{table}")')] if self.has(table) else []
+            except sqlite3.Error:
+                self._cols[table] = []
+        return self._cols[table]
+
+    def pick(self, table: str, *names: str, default: str = "NULL") -> str:
+        """The first existing column of ``names`` (quoted), else ``default``."""
+        have = {c.lower(): c for c in self.cols(table)}
+        for n in names:
+            if n.lower() in have:
+                return f'"{have[n.lower()]}"'
+        return default
+
+    def chunks(self, sql: str, schema: list[tuple[str, pa.DataType]]) -> Iterator[pa.Table]:
+        """Run ``sql`` and yield Arrow tables of at most CHUNK_ROWS rows, typed by ``schema``.
+
+        Integer columns are read through ``CAST(.. AS INTEGER)`` in the SQL by the callers, so
+        SQLite's type affinity (TEXT timestamps in PYTORCH_API) cannot leak mixed types here.
+        """
+        cur = self.con.execute(sql)
+        names = [n for n, _ in schema]
+        while True:
+            rows = cur.fetchmany(CHUNK_ROWS)
+            if not rows:
+                break
+            cols = list(zip(*rows, strict=True))
+            arrays = []
+            for (_, typ), values in zip(schema, cols, strict=True):
+                try:
+                    arrays.append(pa.array(values, type=typ))
+                except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                    arrays.append(pa.array([_coerce(v, typ) for v in values], type=typ))
+            yield pa.Table.from_arrays(arrays, names=names)
+
+
+def _ci(db: Db, table: str, alias: str, *names: str, cast: str = "INTEGER") -> str:
+    """SQL ``CAST(alias.col AS cast)`` for the first existing column of ``names``, else NULL."""
+    c = db.pick(table, *names)
+    return "NULL" if c == "NULL" else f"CAST({alias + '.' if alias else ''}{c} AS {cast})"
+
+
+def _coerce(v: Any, typ: pa.DataType) -> Any:
+    """Slow path for a column whose values do not fit its type (corrupt or odd databases)."""
+    if v is None:
+        return None
+    try:
+        if typ == _I64:
+            x = int(v)
+            return x if -(1 << 63) <= x < (1 << 63) else None
+        if typ == _F64:
+            return float(v)
+        return str(v)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _insert_chunks(cur: Any, db: Db, sql: str, schema: list[tuple[str, pa.DataType]], insert_sql: str,
+                   params: dict[str, Any], view: str) -> int:
+    """Stream ``sql`` from SQLite and run ``insert_sql`` (which reads ``view``) once per chunk."""
+    n = 0
+    for tbl in db.chunks(sql, schema):
+        cur.register(view, tbl)
+        try:
+            cur.execute(insert_sql, params)
+        finally:
+            try:
+                cur.unregister(view)
+            except Exception:  # noqa: S110 - an aborted transaction must not mask the real error
+                pass
+        n += tbl.num_rows
+    return n
+
+
+def _load_lookup(cur: Any, db: Db, table: str, name: str, key_cols: tuple[str, str] = ("id", "value")) -> None:
+    """Copy an (id, text) lookup table (STRING_IDS, ENUM_*) into a DuckDB temp table ``name``."""
+    cur.execute(f"DROP TABLE IF EXISTS {name}")
+    cur.execute(f"CREATE TEMP TABLE {name} (id BIGINT, value VARCHAR)")
+    if not db.has(table):
+        return
+    k, v = db.pick(table, key_cols[0]), db.pick(table, key_cols[1], "name")
+    if k == "NULL" or v == "NULL":
+        return
+    _insert_chunks(cur, db, f'SELECT CAST({k} AS INTEGER), CAST({v} AS TEXT) FROM "{table}"',
+                   [("id", _I64), ("value", _STR)], f"INSERT INTO {name} SELECT * FROM _chunk", {}, "_chunk")
+
+
+def load(unit: Unit, lctx: LoadContext, cur: Any, guarded: Any, info: dict[str, Any], meta_rows: list[tuple[str, str]]) -> None:
+    """Load the database form of one rank export (called by :func:`advisor.ingest.ascend.load`)."""
+    roles: dict[str, list[Path]] = unit.info.get("roles", {})
+    flavor = unit.info.get("flavor", "ascend_pt")
+    rank = unit.rank
+    comm_dbs = roles.get("analysis_db", []) + roles.get("comm_db", [])
+    analysis_stats = None
+    for p in comm_dbs[:1]:
+        lctx.file_id(p, rank, flavor)
+        analysis_stats = guarded(p, p.name, lambda p=p: load_analysis_db(cur, p, rank))
+        if analysis_stats is not None:
+            info["data_loaded"] = True
+            info["has_comm"] = analysis_stats.get("comm_ops", 0) > 0
+    for p in roles.get("db", [])[:1]:
+        fid = lctx.file_id(p, rank, flavor)
+        stats = guarded(
+            p, p.name,
+            lambda p=p, fid=fid: load_profiler_db(cur, p, rank, fid, meta_rows, info,
+                                                  comm_ops_from_db=not (analysis_stats and analysis_stats.get("comm_ops")),
+                                                  max_events=lctx.max_events),
+        )
+        if stats is not None:
+            info["data_loaded"] = True
+            info["events"] = stats["events"]
+            cur.execute("UPDATE profile_files SET events = ? WHERE file_id = ?", [stats["events"], fid])
+
+
+def load_profiler_db(cur: Any, path: Path, rank: int, fid: int, meta_rows: list[tuple[str, str]], info: dict[str, Any],
+                     *, comm_ops_from_db: bool, max_events: int | None) -> dict[str, Any]:
+    """``ascend_pytorch_profiler*.db`` / ``ascend_mindspore_profiler*.db`` / ``msprof_*.db``."""
+    db = Db(path)
+    p = f"_adb{fid}"
+    sid, api_t, dtype_t, link_t, trans_t = f"{p}_sid", f"{p}_api", f"{p}_dt", f"{p}_lt", f"{p}_tt"
+    temps = [sid, api_t, dtype_t, link_t, trans_t, f"{p}_conn", f"{p}_cext", f"{p}_ktask", f"{p}_pmu", f"{p}_ops", f"{p}_ct",
+             f"{p}_host"]
+    try:
+        if not (db.has("TASK") or db.has("PYTORCH_API") or db.has("CANN_API")):
+            raise ParseError(path, "no TASK, PYTORCH_API or CANN_API table: not an Ascend profiler database", code="bad_db")
+        n_rows = 0
+        for t in ("TASK", "PYTORCH_API", "CANN_API", "COMMUNICATION_OP"):
+            if db.has(t):
+                n_rows += db.con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
+        if max_events is not None and n_rows > max_events:
+            raise ParseError(path, f"{n_rows} events exceed --max-events {max_events}", code="too_big")
+        _load_lookup(cur, db, "STRING_IDS", sid)
+        _load_lookup(cur, db, "ENUM_API_TYPE", api_t, ("id", "name"))
+        _load_lookup(cur, db, "ENUM_HCCL_DATA_TYPE", dtype_t, ("id", "name"))
+        _load_lookup(cur, db, "ENUM_HCCL_LINK_TYPE", link_t, ("id", "name"))
+        _load_lookup(cur, db, "ENUM_HCCL_TRANSPORT_TYPE", trans_t, ("id", "name"))
+        _meta(cur, db, rank, sid, meta_rows, info)
+        # links first (torch op -> CANN connection ids), so every row is inserted once, complete:
+        # no UPDATE on the shared canonical tables (their cost would grow with the cluster)
+        has_cann = db.has("CANN_API") and db.con.execute("SELECT count(*) FROM (SELECT 1 FROM CANN_API LIMIT 1)").fetchone()[0] > 0
+        _pytorch_stage(cur, db, p)
+        stats = {"events": 0}
+        stats["events"] += _device_tasks(cur, db, rank, fid, p, sid, has_cann=has_cann)
+        stats["events"] += _comm(cur, db, rank, fid, p, sid, dtype_t, link_t, trans_t, comm_ops_from_db)
+        stats["events"] += _cann_api(cur, db, rank, fid, p, sid, api_t)
+        n_host, has_step_events = _pytorch_insert(cur, db, rank, fid, p, sid, api_t, has_cann=has_cann)
+        stats["events"] += n_host
+        stats["events"] += _gc_mstx(cur, db, rank, fid, sid)
+        _memory_freq(cur, db, rank, sid)
+        if not has_step_events:
+            _steps_from_step_time(cur, db, rank, p)
+        cur.execute(
+            """INSERT INTO tracks
+            SELECT rank, pid, tid, bool_or(device), max(cat), max(tid) FROM events WHERE file_id = $fid GROUP BY rank, pid, tid""",
+            {"fid": fid},
+        )
+        return stats
+    finally:
+        for t in temps:
+            try:
+                cur.execute(f"DROP TABLE IF EXISTS {t}")
+            except Exception:  # noqa: S110 - cleanup after an error must not mask it
+                pass
+        db.close()
+
+
+def _s(sid: str, col: str) -> str:
+    """SQL: resolve a STRING_IDS id column (scalar subquery keeps rows whose id is unknown)."""
+    return f"(SELECT value FROM {sid} WHERE id = {col})"
+
+
+def _meta(cur: Any, db: Db, rank: int, sid: str, meta_rows: list[tuple[str, str]], info: dict[str, Any]) -> None:
+    if db.has("META_DATA"):
+        doc: dict[str, Any] = {}
+        for name, value in db.con.execute(
+            f"SELECT CAST({db.pick('META_DATA', 'name')} AS TEXT), CAST({db.pick('META_DATA', 'value')} AS TEXT) FROM META_DATA LIMIT 10000"
+        ):
+            if name is None:
+                continue
+            try:
+                doc[name] = json.loads(value) if value else value
+            except ValueError:
+                doc[name] = value
+        rows, groups, minfo = metadata_meta(doc)
+        have = {k for k, _ in meta_rows}
+        meta_rows.extend(r for r in rows if r[0] not in have)
+        info.update({k: v for k, v in minfo.items() if k not in info})
+        if not cur.execute("SELECT count(*) FROM comm_groups WHERE rank = ?", [rank]).fetchone()[0]:
+            insert_groups(cur, rank, groups)  # profiler_metadata.json, when present, was loaded already
+    if db.has("HOST_INFO"):
+        for uid, name in db.con.execute(
+            f"SELECT CAST({db.pick('HOST_INFO', 'hostUid')} AS TEXT), CAST({db.pick('HOST_INFO', 'hostName')} AS TEXT) FROM HOST_INFO LIMIT 4"
+        ):
+            meta_rows.append(("host.uid", str(uid)))
+            meta_rows.append(("host.name", str(name)))
+    if db.has("RANK_DEVICE_MAP"):
+        devs = [r[0] for r in db.con.execute(f"SELECT DISTINCT CAST({db.pick('RANK_DEVICE_MAP', 'deviceId')} AS INTEGER) FROM RANK_DEVICE_MAP LIMIT 8")]
+        if devs:
+            meta_rows.append(("device_id", ",".join(str(d) for d in devs if d is not None)))
+
+
+def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, has_cann: bool) -> int:
+    """TASK (+ COMPUTE_TASK_INFO, TASK_PMU_INFO) -> events (device) and kernels."""
+    ktask, pmu = f"{p}_ktask", f"{p}_pmu"
+    if not db.has("TASK"):
+        cur.execute(f"CREATE OR REPLACE TEMP TABLE {ktask} (start BIGINT, end_ BIGINT)")
+        return 0
+    has_cti = db.has("COMPUTE_TASK_INFO")
+    cti = "COMPUTE_TASK_INFO"
+    comm_filter = ""
+    if db.has("COMMUNICATION_TASK_INFO"):
+        comm_filter = "LEFT JOIN COMMUNICATION_TASK_INFO h ON h.globalTaskId = t.globalTaskId WHERE h.globalTaskId IS NULL"
+    if has_cti:
+        c = lambda *n: _ci(db, cti, "c", *n)  # noqa: E731
+        cti_cols = (
+            f"{c('name')}, {c('opType')}, {c('taskType')}, {c('blockDim', 'blockNum')}, {c('mixBlockDim', 'mixBlockNum')}, "
+            f"{c('inputShapes')}, {c('inputDataTypes')}, {c('inputFormats')}, {c('outputShapes')}, {c('outputDataTypes')}, "
+            f"{c('outputFormats')}, CASE WHEN c.globalTaskId IS NOT NULL THEN 1 ELSE 0 END"
+        )
+        join = f"LEFT JOIN {cti} c ON c.globalTaskId = t.globalTaskId"
+    else:
+        cti_cols = ", ".join(["NULL"] * 11) + ", 0"
+        join = ""
+    t = lambda *n: _ci(db, "TASK", "t", *n)  # noqa: E731
+    sql = f"""SELECT {t('startNs')}, {t('endNs')}, {t('deviceId')}, {t('streamId')}, {t('taskId')}, {t('connectionId')},
+                     {t('globalTaskId')}, {t('taskType')}, {cti_cols}
+              FROM TASK t {join} {comm_filter}"""
+    schema = [(n, _I64) for n in ("start", "end_", "dev", "stream", "task", "conn", "gtid", "ttype", "name", "optype", "core",
+                                   "block", "mix", "ish", "idt", "ifm", "osh", "odt", "ofm", "is_compute")]
+    cur.execute(f"DROP TABLE IF EXISTS {ktask}")
+    cur.execute(f"CREATE TEMP TABLE {ktask} ({', '.join(f'{n} BIGINT' for n, _ in schema)})")
+    _insert_chunks(cur, db, sql, schema, f"INSERT INTO {ktask} SELECT * FROM _chunk", {}, "_chunk")
+    # PMU: one JSON object per task (names resolved; time metrics as exported, ns in the db [U])
+    cur.execute(f"DROP TABLE IF EXISTS {pmu}")
+    cur.execute(f"CREATE TEMP TABLE {pmu} (gtid BIGINT, pmu VARCHAR)")
+    if db.has("TASK_PMU_INFO"):
+        tmp = f"{pmu}_long"
+        cur.execute(f"CREATE TEMP TABLE {tmp} (gtid BIGINT, name BIGINT, value DOUBLE)")
+        _insert_chunks(
+            cur, db,
+            f"SELECT CAST({db.pick('TASK_PMU_INFO', 'globalTaskId')} AS INTEGER), CAST({db.pick('TASK_PMU_INFO', 'name')} AS INTEGER), "
+            f"CAST({db.pick('TASK_PMU_INFO', 'value')} AS REAL) FROM TASK_PMU_INFO",
+            [("gtid", _I64), ("name", _I64), ("value", _F64)], f"INSERT INTO {tmp} SELECT * FROM _chunk", {}, "_chunk",
+        )
+        cur.execute(
+            f"""INSERT INTO {pmu}
+            SELECT l.gtid, to_json(map(list(coalesce(s.value, l.name::VARCHAR)), list(l.value)))::VARCHAR
+            FROM {tmp} l LEFT JOIN {sid} s ON s.id = l.name GROUP BY l.gtid"""
+        )
+        cur.execute(f"DROP TABLE {tmp}")
+    kind = f"""CASE WHEN k.is_compute = 1 THEN
+                   CASE WHEN upper(coalesce(sc.value, '')) LIKE '%MEMCPY%' THEN 'memcpy' ELSE 'kernel' END
+               WHEN upper(coalesce(st.value, '')) LIKE '%MEMCPY%' THEN 'memcpy'
+               WHEN upper(coalesce(st.value, '')) LIKE '%MEMSET%' THEN 'memset'
+               WHEN upper(coalesce(st.value, '')) LIKE 'KERNEL%' OR upper(coalesce(st.value, '')) LIKE 'FFTS%' THEN 'kernel'
+               ELSE 'other' END"""
+    # corr: the CANN connection id the task shares with the launch API; without CANN_API rows
+    # (Level0) the launching torch op's id instead. ext_id: the torch op's id (format doc §17.1).
+    corr = "NULLIF(k.conn, 4294967295)" if has_cann else "x.ext"
+    cur.execute(
+        f"""INSERT INTO events
+        SELECT $rank, NULL, {kind}, coalesce(sn.value, st.value, 'task'), coalesce(sc.value, st.value, 'Ascend Hardware'),
+               'NPU ' || coalesce(k.dev::VARCHAR, '?'), 'Stream ' || coalesce(k.stream::VARCHAR, '?'), true, k.stream,
+               k.start, greatest(k.end_ - k.start, 0), {corr}, x.ext, NULL,
+               si.value, sd.value, NULL, NULL, $fid
+        FROM {ktask} k LEFT JOIN {p}_cext x ON x.conn = k.conn
+        LEFT JOIN {sid} sn ON sn.id = k.name LEFT JOIN {sid} st ON st.id = k.ttype LEFT JOIN {sid} sc ON sc.id = k.core
+        LEFT JOIN {sid} si ON si.id = k.ish LEFT JOIN {sid} sd ON sd.id = k.idt
+        WHERE k.start IS NOT NULL AND k.end_ IS NOT NULL""",
+        {"rank": rank, "fid": fid},
+    )
+    n = cur.execute(f"SELECT count(*) FROM {ktask} WHERE start IS NOT NULL AND end_ IS NOT NULL").fetchone()[0]
+    # wait before each task on its stream: the kernel_details 'Wait Time(us)' definition (gap since the previous task)
+    cur.execute(
+        f"""INSERT INTO kernels
+        WITH w AS (SELECT *, greatest(start - lag(end_) OVER (PARTITION BY dev, stream ORDER BY start), 0) AS wait
+                   FROM {ktask} WHERE start IS NOT NULL AND end_ IS NOT NULL)
+        SELECT $rank, NULL, sn.value, so.value, upper(sc.value), k.start, greatest(k.end_ - k.start, 0), k.wait,
+               k.block::INTEGER, k.mix::INTEGER, si.value, sd.value, sf.value, s2.value, s3.value, s4.value,
+               NULL, NULL, pm.pmu
+        FROM w k
+        LEFT JOIN {sid} sn ON sn.id = k.name LEFT JOIN {sid} so ON so.id = k.optype LEFT JOIN {sid} sc ON sc.id = k.core
+        LEFT JOIN {sid} si ON si.id = k.ish LEFT JOIN {sid} sd ON sd.id = k.idt LEFT JOIN {sid} sf ON sf.id = k.ifm
+        LEFT JOIN {sid} s2 ON s2.id = k.osh LEFT JOIN {sid} s3 ON s3.id = k.odt LEFT JOIN {sid} s4 ON s4.id = k.ofm
+        LEFT JOIN {pmu} pm ON pm.gtid = k.gtid
+        WHERE k.is_compute = 1""",
+        {"rank": rank},
+    )
+    return n
+
+
+def _comm(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, dtype_t: str, link_t: str, trans_t: str,
+          comm_ops_from_db: bool) -> int:
+    """COMMUNICATION_OP -> comm events (+ comm_ops when analysis.db lacks them); COMMUNICATION_TASK_INFO -> comm_tasks."""
+    ops, ct = f"{p}_ops", f"{p}_ct"
+    n = 0
+    cur.execute(f"DROP TABLE IF EXISTS {ops}")
+    cur.execute(f"CREATE TEMP TABLE {ops} (op_id BIGINT, name BIGINT, op_type BIGINT, grp BIGINT, start BIGINT, end_ BIGINT, "
+                f"conn BIGINT, dtype BIGINT, cnt BIGINT)")
+    if db.has("COMMUNICATION_OP"):
+        o = lambda *x: f"CAST({db.pick('COMMUNICATION_OP', *x)} AS INTEGER)"  # noqa: E731
+        _insert_chunks(
+            cur, db,
+            f"SELECT {o('opId')}, {o('opName')}, {o('opType')}, {o('groupName')}, {o('startNs')}, {o('endNs')}, "
+            f"{o('connectionId')}, {o('dataType')}, {o('count')} FROM COMMUNICATION_OP",
+            [(x, _I64) for x in ("op_id", "name", "op_type", "grp", "start", "end_", "conn", "dtype", "cnt")],
+            f"INSERT INTO {ops} SELECT * FROM _chunk", {}, "_chunk",
+        )
+        bytes_sql = f"o.cnt * ({HCCL_DTYPE_BYTES_SQL.format(d='dt.value')})"
+        cur.execute(
+            f"""INSERT INTO events
+            SELECT $rank, NULL, 'comm', coalesce(sn.value, 'hcom'), 'HCCL', 'HCCL',
+                   'Group ' || coalesce(sg.value, '?') || ' Communication', true, NULL,
+                   o.start, greatest(o.end_ - o.start, 0), NULLIF(o.conn, 4294967295), NULL, {bytes_sql}, NULL, dt.value, NULL, NULL, $fid
+            FROM {ops} o LEFT JOIN {sid} sn ON sn.id = o.name LEFT JOIN {sid} sg ON sg.id = o.grp
+            LEFT JOIN {dtype_t} dt ON dt.id = o.dtype
+            WHERE o.start IS NOT NULL AND o.end_ IS NOT NULL""",
+            {"rank": rank, "fid": fid},
+        )
+        n = cur.execute(f"SELECT count(*) FROM {ops} WHERE start IS NOT NULL AND end_ IS NOT NULL").fetchone()[0]
+        # kernel_details.csv lists every HCCL operator as a task with core type HCCL (format doc §6.3): same here
+        cur.execute(
+            f"""INSERT INTO kernels (rank, step, name, op_type, core_type, start_ns, dur_ns, block_dim)
+            SELECT $rank, NULL, sn.value, st.value, 'HCCL', o.start, greatest(o.end_ - o.start, 0), 0
+            FROM {ops} o LEFT JOIN {sid} sn ON sn.id = o.name LEFT JOIN {sid} st ON st.id = o.op_type
+            WHERE o.start IS NOT NULL AND o.end_ IS NOT NULL""",
+            {"rank": rank},
+        )
+    cur.execute(f"DROP TABLE IF EXISTS {ct}")
+    cur.execute(f"CREATE TEMP TABLE {ct} (start BIGINT, end_ BIGINT, name BIGINT, ttype BIGINT, op_id BIGINT, grp BIGINT, "
+                f"plane BIGINT, src BIGINT, dst BIGINT, transport BIGINT, link BIGINT, size BIGINT)")
+    if db.has("COMMUNICATION_TASK_INFO") and db.has("TASK"):
+        h = lambda *x: _ci(db, "COMMUNICATION_TASK_INFO", "h", *x)  # noqa: E731
+        _insert_chunks(
+            cur, db,
+            f"""SELECT CAST(t.startNs AS INTEGER), CAST(t.endNs AS INTEGER), {h('name')}, {h('taskType')}, {h('opId')},
+                       {h('groupName')}, {h('planeId')}, {h('srcRank')}, {h('dstRank')}, {h('transportType')},
+                       {h('linkType')}, {h('size')}
+                FROM COMMUNICATION_TASK_INFO h JOIN TASK t ON t.globalTaskId = h.globalTaskId""",
+            [(x, _I64) for x in ("start", "end_", "name", "ttype", "op_id", "grp", "plane", "src", "dst", "transport", "link", "size")],
+            f"INSERT INTO {ct} SELECT * FROM _chunk", {}, "_chunk",
+        )
+        cur.execute(
+            f"""INSERT INTO comm_tasks
+            SELECT $rank, NULL, so.value, sg.value, h.plane::INTEGER, coalesce(sn.value, ''), stt.value, h.start,
+                   greatest(h.end_ - h.start, 0), h.src::INTEGER, h.dst::INTEGER, tr.value, lk.value, coalesce(h.size, 0)
+            FROM {ct} h LEFT JOIN {ops} o ON o.op_id = h.op_id
+            LEFT JOIN {sid} so ON so.id = o.name LEFT JOIN {sid} sg ON sg.id = h.grp LEFT JOIN {sid} sn ON sn.id = h.name
+            LEFT JOIN {sid} stt ON stt.id = h.ttype LEFT JOIN {trans_t} tr ON tr.id = h.transport LEFT JOIN {link_t} lk ON lk.id = h.link
+            WHERE h.start IS NOT NULL""",
+            {"rank": rank},
+        )
+    if comm_ops_from_db and n:
+        # the analysis.db figures are missing: derive them from the tasks (format doc addendum)
+        cur.execute(
+            f"""INSERT INTO comm_ops
+            WITH t AS (SELECT op_id, name, start, end_ - start AS dur, coalesce(size, 0) AS b, coalesce(plane, 0) AS plane FROM {ct}),
+            m AS (SELECT op_id, min(plane) AS plane FROM t GROUP BY op_id),
+            fx AS (SELECT t.op_id, min(t.start) FILTER (WHERE t.b > 0) AS fx FROM t JOIN m USING (op_id, plane) GROUP BY t.op_id),
+            agg AS (SELECT t.op_id, sum(t.dur) FILTER (WHERE t.b > 0) AS transit,
+                           sum(t.dur) FILTER (WHERE sn.value ILIKE '%wait%') AS wait,
+                           sum(t.dur) FILTER (WHERE sn.value ILIKE '%wait%' AND (f.fx IS NULL OR t.start < f.fx)) AS sync
+                    FROM t JOIN m USING (op_id, plane) LEFT JOIN fx f USING (op_id) LEFT JOIN {sid} sn ON sn.id = t.name
+                    GROUP BY t.op_id),
+            bytes AS (SELECT op_id, sum(b) AS b FROM t GROUP BY op_id)
+            SELECT $rank, NULL, sn.value, {OP_TYPE_SQL.format(n="coalesce(st.value, sn.value, '')")}, sg.value,
+                   o.start, greatest(o.end_ - o.start, 0), a.transit, a.wait, a.sync,
+                   CASE WHEN a.op_id IS NOT NULL THEN greatest(o.end_ - o.start - coalesce(a.transit, 0) - coalesce(a.wait, 0), 0) END,
+                   coalesce(NULLIF(b.b, 0), o.cnt * ({HCCL_DTYPE_BYTES_SQL.format(d='dt.value')}))
+            FROM {ops} o LEFT JOIN agg a ON a.op_id = o.op_id LEFT JOIN bytes b ON b.op_id = o.op_id
+            LEFT JOIN {sid} sn ON sn.id = o.name LEFT JOIN {sid} st ON st.id = o.op_type LEFT JOIN {sid} sg ON sg.id = o.grp
+            LEFT JOIN {dtype_t} dt ON dt.id = o.dtype
+            WHERE o.start IS NOT NULL AND o.end_ IS NOT NULL""",
+            {"rank": rank},
+        )
+    return n
+
+
+def _cann_api(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, api_t: str) -> int:
+    """CANN_API -> runtime / sync events (corr = connectionId, shared with the TASK it queued)."""
+    if not db.has("CANN_API"):
+        return 0
+    a = lambda *x: f"CAST({db.pick('CANN_API', *x)} AS INTEGER)"  # noqa: E731
+    view = "_chunk"
+    insert = f"""INSERT INTO events
+        SELECT $rank, NULL, CASE WHEN regexp_matches(coalesce(sn.value, ''), {sql_str(SYNC_RE)}) THEN 'sync' ELSE 'runtime' END,
+               coalesce(ap.value || '@', '') || coalesce(sn.value, ''), 'CANN', (c.gtid >> 32)::VARCHAR, (c.gtid & 4294967295)::VARCHAR,
+               false, NULL, c.start, greatest(c.end_ - c.start, 0), NULLIF(c.conn, 4294967295), x.ext, NULL, NULL, NULL, NULL, NULL, $fid
+        FROM {view} c LEFT JOIN {p}_cext x ON x.conn = c.conn LEFT JOIN {sid} sn ON sn.id = c.name LEFT JOIN {api_t} ap ON ap.id = c.type
+        WHERE c.start IS NOT NULL AND c.end_ IS NOT NULL"""
+    return _insert_chunks(
+        cur, db,
+        f"SELECT {a('startNs')}, {a('endNs')}, {a('type')}, {a('globalTid')}, {a('connectionId')}, {a('name')} FROM CANN_API",
+        [("start", _I64), ("end_", _I64), ("type", _I64), ("gtid", _I64), ("conn", _I64), ("name", _I64)],
+        insert, {"rank": rank, "fid": fid}, view,
+    )
+
+
+def _pytorch_stage(cur: Any, db: Db, p: str) -> None:
+    """PYTORCH_API + CONNECTION_IDS -> temp tables ``{p}_host`` and ``{p}_cext(conn, ext)`` (CANN connection id -> torch op id)."""
+    conn, host, cext = f"{p}_conn", f"{p}_host", f"{p}_cext"
+    cur.execute(f"DROP TABLE IF EXISTS {conn}")
+    cur.execute(f"CREATE TEMP TABLE {conn} (id BIGINT, conn BIGINT)")
+    cur.execute(f"DROP TABLE IF EXISTS {host}")
+    cur.execute(f"CREATE TEMP TABLE {host} (rid BIGINT, start BIGINT, end_ BIGINT, gtid BIGINT, conn BIGINT, name BIGINT, "
+                f"idt BIGINT, ish BIGINT, type BIGINT, stack VARCHAR)")
+    if db.has("PYTORCH_API"):
+        if db.has("CONNECTION_IDS"):
+            _insert_chunks(
+                cur, db,
+                f"SELECT CAST({db.pick('CONNECTION_IDS', 'id')} AS INTEGER), CAST({db.pick('CONNECTION_IDS', 'connectionId')} AS INTEGER) FROM CONNECTION_IDS",
+                [("id", _I64), ("conn", _I64)], f"INSERT INTO {conn} SELECT * FROM _chunk", {}, "_chunk",
+            )
+        a = lambda *x: _ci(db, "PYTORCH_API", "p", *x)  # noqa: E731
+        stack_sql = "NULL"
+        if db.has("PYTORCH_CALLCHAINS") and db.has("STRING_IDS") and db.pick("PYTORCH_API", "callchainId") != "NULL":
+            stack_sql = (
+                f"(SELECT group_concat(s.value, char(10)) FROM (SELECT c.stack AS sid_, c.stackDepth FROM PYTORCH_CALLCHAINS c "
+                f"WHERE c.id = p.{db.pick('PYTORCH_API', 'callchainId')} ORDER BY c.stackDepth) cc JOIN STRING_IDS s ON s.id = cc.sid_)"
+            )
+        _insert_chunks(
+            cur, db,
+            f"""SELECT p.rowid, {a('startNs')}, {a('endNs')}, {a('globalTid')}, {a('connectionId')}, {a('name')}, {a('inputDtypes')},
+                       {a('inputShapes')}, {a('type')}, {stack_sql} FROM PYTORCH_API p""",
+            [("rid", _I64), ("start", _I64), ("end_", _I64), ("gtid", _I64), ("conn", _I64), ("name", _I64), ("idt", _I64),
+             ("ish", _I64), ("type", _I64), ("stack", _STR)],
+            f"INSERT INTO {host} SELECT * FROM _chunk", {}, "_chunk",
+        )
+    # every torch op gets an id; the CANN calls and tasks of its connection ids share it
+    cur.execute(
+        f"""CREATE OR REPLACE TEMP TABLE {cext} AS
+        SELECT c.conn, min({_EXT_BASE} + h.rid) AS ext FROM {host} h JOIN {conn} c ON c.id = h.conn GROUP BY c.conn"""
+    )
+
+
+def _pytorch_insert(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, api_t: str, *, has_cann: bool) -> tuple[int, bool]:
+    """The staged PYTORCH_API rows -> host events (ext_id = own id; corr too when there is no CANN layer)."""
+    conn, host = f"{p}_conn", f"{p}_host"
+    typ = "lower(coalesce(ap.value, CASE h.type WHEN 50001 THEN 'op' WHEN 50002 THEN 'queue' WHEN 50003 THEN 'trace' WHEN 50004 THEN 'mstx' END, 'op'))"
+    kind = f"""CASE WHEN {typ} = 'queue' THEN 'queue' WHEN {typ} = 'trace' THEN 'python' WHEN {typ} = 'mstx' THEN 'annotation'
+                    WHEN sn.value LIKE 'ProfilerStep#%' THEN 'step'
+                    WHEN lower(sn.value) LIKE '%dataloader%' THEN 'dataloader' ELSE 'host_op' END"""
+    corr = "NULL" if has_cann else f"CASE WHEN h.conn IN (SELECT id FROM {conn}) THEN {_EXT_BASE} + h.rid END"
+    cur.execute(
+        f"""INSERT INTO events
+        SELECT $rank, NULL, {kind}, coalesce(sn.value, ''), CASE WHEN {typ} = 'op' THEN 'cpu_op' ELSE {typ} END,
+               (h.gtid >> 32)::VARCHAR, (h.gtid & 4294967295)::VARCHAR, false, NULL, h.start, greatest(h.end_ - h.start, 0),
+               {corr}, {_EXT_BASE} + h.rid, NULL, si.value, sd.value, NULL, h.stack, $fid
+        FROM {host} h LEFT JOIN {sid} sn ON sn.id = h.name LEFT JOIN {api_t} ap ON ap.id = h.type
+        LEFT JOIN {sid} si ON si.id = h.ish LEFT JOIN {sid} sd ON sd.id = h.idt
+        WHERE h.start IS NOT NULL AND h.end_ IS NOT NULL""",
+        {"rank": rank, "fid": fid},
+    )
+    n, steps = cur.execute(
+        f"SELECT count(*), count(*) FILTER (WHERE sn.value LIKE 'ProfilerStep#%') FROM {host} h LEFT JOIN {sid} sn ON sn.id = h.name "
+        "WHERE h.start IS NOT NULL AND h.end_ IS NOT NULL"
+    ).fetchone()
+    return n, steps > 0
+
+
+def _gc_mstx(cur: Any, db: Db, rank: int, fid: int, sid: str) -> int:
+    n = 0
+    if db.has("GC_RECORD"):
+        g = lambda *x: f"CAST({db.pick('GC_RECORD', *x)} AS INTEGER)"  # noqa: E731
+        n += _insert_chunks(
+            cur, db, f"SELECT {g('startNs')}, {g('endNs')}, {g('globalTid')} FROM GC_RECORD",
+            [("start", _I64), ("end_", _I64), ("gtid", _I64)],
+            """INSERT INTO events SELECT $rank, NULL, 'python', 'GC', 'GC', (gtid >> 32)::VARCHAR, (gtid & 4294967295)::VARCHAR,
+                   false, NULL, start, greatest(end_ - start, 0), NULL, NULL, NULL, NULL, NULL, NULL, NULL, $fid
+               FROM _chunk WHERE start IS NOT NULL AND end_ IS NOT NULL""",
+            {"rank": rank, "fid": fid}, "_chunk",
+        )
+    if db.has("MSTX_EVENTS"):
+        m = lambda *x: f"CAST({db.pick('MSTX_EVENTS', *x)} AS INTEGER)"  # noqa: E731
+        n += _insert_chunks(
+            cur, db, f"SELECT {m('startNs')}, {m('endNs')}, {m('message')}, {m('globalTid')}, {m('eventType')} FROM MSTX_EVENTS",
+            [("start", _I64), ("end_", _I64), ("msg", _I64), ("gtid", _I64), ("etype", _I64)],
+            f"""INSERT INTO events SELECT $rank, NULL, 'annotation', coalesce(s.value, 'mstx'), 'mstx',
+                   (c.gtid >> 32)::VARCHAR, (c.gtid & 4294967295)::VARCHAR, false, NULL, c.start, greatest(c.end_ - c.start, 0),
+                   NULL, NULL, NULL, NULL, NULL, NULL, NULL, $fid
+               FROM _chunk c LEFT JOIN {sid} s ON s.id = c.msg WHERE c.start IS NOT NULL AND c.end_ IS NOT NULL""",
+            {"rank": rank, "fid": fid}, "_chunk",
+        )
+    return n
+
+
+def _memory_freq(cur: Any, db: Db, rank: int, sid: str) -> None:
+    if db.has("MEMORY_RECORD"):
+        m = lambda *x: f"CAST({db.pick('MEMORY_RECORD', *x)} AS INTEGER)"  # noqa: E731
+        _insert_chunks(
+            cur, db,
+            f"SELECT {m('timestamp', 'timestampNs')}, {m('totalAllocated')}, {m('totalReserved')}, {m('component')}, {m('deviceId')} FROM MEMORY_RECORD",
+            [("ts", _I64), ("alloc", _I64), ("res", _I64), ("comp", _I64), ("dev", _I64)],
+            f"""INSERT INTO memory SELECT $rank, c.ts, c.alloc, c.res, coalesce(s.value, '?') || coalesce(' NPU:' || c.dev, '')
+               FROM _chunk c LEFT JOIN {sid} s ON s.id = c.comp WHERE c.ts IS NOT NULL""",
+            {"rank": rank}, "_chunk",
+        )
+    if db.has("AICORE_FREQ"):
+        f = lambda *x: f"CAST({db.pick('AICORE_FREQ', *x)} AS INTEGER)"  # noqa: E731
+        _insert_chunks(
+            cur, db, f"SELECT {f('timestampNs')}, CAST({db.pick('AICORE_FREQ', 'freq')} AS REAL) FROM AICORE_FREQ",
+            [("ts", _I64), ("freq", _F64)],
+            "INSERT INTO hw_metrics SELECT $rank, 'aicore_freq_mhz', ts, freq FROM _chunk WHERE ts IS NOT NULL",
+            {"rank": rank}, "_chunk",
+        )
+
+
+def _steps_from_step_time(cur: Any, db: Db, rank: int, p: str) -> None:
+    """STEP_TIME holds each ProfilerStep's host range (format doc §17.2); consecutive steps tile."""
+    if not db.has("STEP_TIME"):
+        return
+    s = lambda *x: f"CAST({db.pick('STEP_TIME', *x)} AS INTEGER)"  # noqa: E731
+    rows = db.con.execute(f"SELECT {s('id')}, {s('startNs')}, {s('endNs')} FROM STEP_TIME").fetchall()
+    rows = [r for r in rows if None not in r]
+    if not rows:
+        return
+    cur.register("_st", pa.table({"step": [r[0] for r in rows], "s": [r[1] for r in rows], "e": [r[2] for r in rows]}))
+    try:
+        cur.execute(
+            f"""INSERT INTO steps
+            WITH n AS (SELECT *, lead(step) OVER (ORDER BY s) AS ns, lead(s) OVER (ORDER BY s) AS nxt FROM _st),
+            d AS (SELECT start, end_ FROM {p}_ktask UNION ALL SELECT start, end_ FROM {p}_ops),
+            dev AS (SELECT n.step, max(d.end_) AS dev_end FROM n JOIN d ON d.start >= n.s AND d.start < n.e GROUP BY n.step)
+            SELECT $rank, n.step, n.s,
+                   CASE WHEN n.ns = n.step + 1 AND n.nxt >= n.e - 1000 THEN n.nxt ELSE greatest(n.e, coalesce(d.dev_end, n.e)) END,
+                   n.s, n.e
+            FROM n LEFT JOIN dev d USING (step)""",
+            {"rank": rank},
+        )
+    finally:
+        cur.unregister("_st")
+
+
+# -- analysis.db / communication_analyzer.db (format doc §17.3) --------------------------------------
+
+
+def load_analysis_db(cur: Any, path: Path, rank: int) -> dict[str, Any]:
+    """CommAnalyzerTime / Bandwidth / Matrix and StepTraceTime (JSON units: ms, MB, GB/s, µs)."""
+    db = Db(path)
+    stats: dict[str, Any] = {"comm_ops": 0}
+    try:
+        if not any(db.has(t) for t in ("CommAnalyzerTime", "CommAnalyzerBandwidth", "CommAnalyzerMatrix", "StepTraceTime")):
+            raise ParseError(path, "no CommAnalyzer* or StepTraceTime table", code="bad_db")
+        # bandwidth first: operator bytes are summed from it before the operators are inserted (no UPDATE)
+        bstage = f"_aab{abs(hash(str(path))) % 10**9}"
+        cols = ("op", "grp", "transport", "size", "time", "bw", "lpr", "pkg", "cnt", "tot", "step")
+        cur.execute(f"DROP TABLE IF EXISTS {bstage}")
+        cur.execute(f"CREATE TEMP TABLE {bstage} ({', '.join(f'{x} VARCHAR' for x in cols)})")
+        try:
+            if db.has("CommAnalyzerBandwidth"):
+                b = lambda *x: _ci(db, "CommAnalyzerBandwidth", "", *x, cast="TEXT")  # noqa: E731
+                _insert_chunks(
+                    cur, db,
+                    f"""SELECT {b('hccl_op_name')}, {b('group_name')}, {b('transport_type')}, {b('transit_size')}, {b('transit_time')},
+                               {b('bandwidth')}, {b('large_packet_ratio')}, {b('package_size')}, {b('count')}, {b('total_duration')},
+                               {b('step')} FROM CommAnalyzerBandwidth""",
+                    [(x, _STR) for x in cols], f"INSERT INTO {bstage} SELECT * FROM _chunk", {}, "_chunk",
+                )
+                # per-transport totals repeat on every packet-size row: one row per (op, transport), sizes gathered
+                cur.execute(
+                    f"""INSERT INTO comm_bandwidth
+                    SELECT $rank, {STEP_KEY_SQL.format(k='step')},
+                           op, grp, transport, {MB_TO_BYTES.format(x='any_value(size)')}, {MS_TO_NS.format(x='any_value(time)')},
+                           TRY_CAST(any_value(bw) AS DOUBLE), TRY_CAST(any_value(lpr) AS DOUBLE),
+                           CASE WHEN count(pkg) > 0 THEN to_json(map(list(pkg ORDER BY TRY_CAST(pkg AS DOUBLE)) FILTER (WHERE pkg IS NOT NULL),
+                                list([TRY_CAST(cnt AS DOUBLE), TRY_CAST(tot AS DOUBLE)] ORDER BY TRY_CAST(pkg AS DOUBLE)) FILTER (WHERE pkg IS NOT NULL)))::VARCHAR END
+                    FROM {bstage} WHERE op IS NOT NULL AND NOT starts_with(lower(op), 'total')
+                    GROUP BY op, grp, transport, step""",
+                    {"rank": rank},
+                )
+            if db.has("CommAnalyzerTime"):
+                c = lambda *x: _ci(db, "CommAnalyzerTime", "", *x, cast="TEXT")  # noqa: E731
+                f = lambda *x: _ci(db, "CommAnalyzerTime", "", *x, cast="REAL")  # noqa: E731
+                cur.execute(
+                    f"""CREATE OR REPLACE TEMP TABLE {bstage}_b AS
+                    SELECT op, grp, step,
+                        coalesce(sum(s) FILTER (WHERE upper(transport) = 'RDMA'), 0)
+                        + greatest(coalesce(sum(s) FILTER (WHERE upper(transport) = 'SDMA'), 0),
+                                   coalesce(sum(s) FILTER (WHERE upper(transport) IN ('HCCS', 'PCIE', 'SIO')), 0)) AS b
+                    FROM (SELECT DISTINCT op, grp, step, transport, {MB_TO_BYTES.format(x='size')} AS s FROM {bstage}) GROUP BY ALL"""
+                )
+                stats["comm_ops"] = _insert_chunks(
+                    cur, db,
+                    f"""SELECT {c('hccl_op_name')}, {c('group_name')}, {f('start_timestamp')}, {f('elapse_time')}, {f('transit_time')},
+                               {f('wait_time')}, {f('synchronization_time')}, {f('idle_time')}, {c('step')} FROM CommAnalyzerTime""",
+                    [("op", _STR), ("grp", _STR), ("start", _F64), ("elapse", _F64), ("transit", _F64), ("wait", _F64),
+                     ("sync", _F64), ("idle", _F64), ("step", _STR)],
+                    f"""INSERT INTO comm_ops
+                    SELECT $rank, {STEP_KEY_SQL.format(k='t.step')}, t.op, {OP_TYPE_SQL.format(n='t.op')}, t.grp,
+                           {US_TO_NS.format(x='CAST(t.start AS VARCHAR)')},
+                           {MS_TO_NS.format(x='t.elapse')}, {MS_TO_NS.format(x='t.transit')}, {MS_TO_NS.format(x='t.wait')},
+                           {MS_TO_NS.format(x='t.sync')}, {MS_TO_NS.format(x='t.idle')}, x.b
+                    FROM _chunk t LEFT JOIN {bstage}_b x ON x.op = t.op AND x.grp IS NOT DISTINCT FROM t.grp
+                                                        AND x.step IS NOT DISTINCT FROM t.step
+                    WHERE t.op IS NOT NULL AND NOT starts_with(lower(t.op), 'total')""",
+                    {"rank": rank}, "_chunk",
+                )
+        finally:
+            cur.execute(f"DROP TABLE IF EXISTS {bstage}")
+            cur.execute(f"DROP TABLE IF EXISTS {bstage}_b")
+        if db.has("CommAnalyzerMatrix"):
+            from advisor.ingest.ascend_text import insert_matrix_stage
+
+            m = lambda *x: _ci(db, "CommAnalyzerMatrix", "", *x, cast="TEXT")  # noqa: E731
+            stage = f"_aam{abs(hash(str(path))) % 10**9}"
+            cols = ("op", "grp", "src", "dst", "transport", "size", "time", "bw", "step")
+            cur.execute(f"DROP TABLE IF EXISTS {stage}_raw")
+            cur.execute(f"CREATE TEMP TABLE {stage}_raw ({', '.join(f'{x} VARCHAR' for x in cols)})")
+            _insert_chunks(
+                cur, db,
+                f"""SELECT {m('hccl_op_name')}, {m('group_name')}, {m('src_rank')}, {m('dst_rank')}, {m('transport_type')},
+                           {m('transit_size')}, {m('transit_time')}, {m('bandwidth')}, {m('step')} FROM CommAnalyzerMatrix""",
+                [(x, _STR) for x in cols], f"INSERT INTO {stage}_raw SELECT * FROM _chunk", {}, "_chunk",
+            )
+            cur.execute(
+                f"""CREATE TEMP TABLE {stage} AS
+                SELECT 0 AS fno, {int(rank)} AS rank, {STEP_KEY_SQL.format(k='step')} AS step, op || coalesce('@' || grp, '') AS name, grp,
+                       TRY_CAST(src AS INTEGER) AS src, TRY_CAST(dst AS INTEGER) AS dst, transport,
+                       {MB_TO_BYTES.format(x='size')} AS bytes, {MS_TO_NS.format(x='time')} AS transit_ns,
+                       TRY_CAST(bw AS DOUBLE) AS bw
+                FROM {stage}_raw"""
+            )
+            cur.execute(f"DROP TABLE IF EXISTS {stage}_raw")
+            try:
+                stats["matrix"] = insert_matrix_stage(cur, stage).get(0)
+            finally:
+                cur.execute(f"DROP TABLE IF EXISTS {stage}")
+        if db.has("StepTraceTime"):
+            s = lambda *x: _ci(db, "StepTraceTime", "", *x, cast="TEXT")  # noqa: E731
+            cols = ("step", "computing", "cno", "ov", "comm", "free", "stage", "bubble", "cnoer", "prep")
+            _insert_chunks(
+                cur, db,
+                f"""SELECT {s('step')}, {s('computing')}, {s('communication_not_overlapped')}, {s('overlapped')}, {s('communication')},
+                           {s('free')}, {s('stage')}, {s('bubble')}, {s('communication_not_overlapped_and_exclude_receive')},
+                           {s('preparing')} FROM StepTraceTime""",
+                [(x, _STR) for x in cols],
+                f"""INSERT INTO vendor_steps
+                SELECT $rank, coalesce(TRY_CAST(TRY_CAST(step AS DOUBLE) AS INTEGER), {STEP_KEY_SQL.format(k='step')}, -1),
+                       {', '.join(US_TO_NS.format(x=x) for x in cols[1:])}
+                FROM _chunk""",
+                {"rank": rank}, "_chunk",
+            )
+        return stats
+    finally:
+        db.close()
