@@ -16,10 +16,14 @@ to it (Kineto >= 2.1 writes relative timestamps to keep precision) and the base 
 
 from __future__ import annotations
 
+import io
 import re
+
+import duckdb
 from pathlib import Path
 from typing import Any
 
+from advisor.ingest.jsonstream import EventsStream, LayoutError, header_value
 from advisor.ingest.base import LoadContext, ParseError, Unit, is_gzip, one_line, read_head
 
 SOURCE = "kineto"
@@ -53,6 +57,8 @@ RUNTIME_CATS = ("cuda_runtime", "runtime", "cuda_driver", "hip_runtime", "xpu_ru
 COMM_KERNEL_RE = r"(?i)nccl|rccl|hccl|msccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv"
 COMM_HOST_RE = r"^(nccl|gloo|mpi|ucc|hccl|c10d):|^c10d::|^record_param_comms$|^c10d_functional::"
 SYNC_RE = r"(?i)synchronize$|^(cuda|hip)Memcpy$|^(cuda|hip)StreamQuery$"
+
+EVENT_MAX_BYTES = 64 << 20  # one event larger than this is refused (bounds memory on hostile input)
 
 # SQL expression: text (JSON number or string) in µs -> integer ns. Exact for decimal text.
 _US_TO_NS = "TRY_CAST(round(TRY_CAST({x} AS DECIMAL(38,6)) * 1000) AS BIGINT)"
@@ -144,6 +150,23 @@ def _header_value(head: bytes, key: bytes) -> Any:
     return obj
 
 
+def _header_from_stream(stream: EventsStream) -> tuple[Any, ...]:
+    """Header keys from the bytes before the events and the keys after them."""
+    import json
+
+    def get(key: str) -> Any:
+        v = header_value(stream.head_bytes, key)
+        return stream.trailer.get(key) if v is None else v
+
+    dist, props, base, unit = (get(k) for k in ("distributedInfo", "deviceProperties", "baseTimeNanoseconds", "displayTimeUnit"))
+    return (
+        None if dist is None else json.dumps(dist),
+        None if props is None else json.dumps(props),
+        None if base is None else str(base),
+        unit,
+    )
+
+
 def _header_from_head(path: Path) -> tuple[Any, ...] | None:
     """Kineto writes its header keys before ``traceEvents``: read them from the first bytes
     instead of parsing the whole file a second time. None when the events come first."""
@@ -168,7 +191,7 @@ def _header_from_head(path: Path) -> tuple[Any, ...] | None:
 
 def _looks_relative(cur: Any, stage: str) -> bool:
     """Timestamps far below the Unix-epoch range (~1.7e18 ns) are relative to a base time."""
-    med = cur.execute(f"SELECT median(ts_ns) FROM {stage} WHERE ph = 'X'").fetchone()[0]
+    med = cur.execute(f"SELECT median(ts_ns) FROM {stage} WHERE ph = 'X'").fetchall()[0][0]
     return med is not None and med < 10**17
 
 
@@ -213,11 +236,23 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
     form = unit.info.get("form", "object")
     limit = _max_object_size(path)
     src = f"read_json($path, columns={COLUMNS}, format='auto', maximum_object_size={limit})"
+    stream = None
+    main_cur = cur
     if form == "array":  # the bare event-list form: one JSON value per event
         unnest = (f"SELECT json AS e FROM read_json($path, format='array', records=false, "
                   f"columns={{'json': '{EVENT_TYPE[:-2]}'}}, maximum_object_size={limit})")
     else:
-        unnest = f"SELECT unnest(traceEvents) AS e FROM {src}"
+        try:  # stream the events list in bounded memory (see jsonstream); else read the whole object
+            stream = EventsStream(path)
+            # DuckDB registers one Python-object filesystem per database: stage in a private one
+            cur = duckdb.connect(":memory:", config={"temp_directory": ""})
+            rel = cur.read_json(io.BufferedReader(stream, buffer_size=1 << 22), format="array", records="false",
+                                columns={"e": EVENT_TYPE[:-2]}, maximum_object_size=EVENT_MAX_BYTES)
+            rel.create_view(f"kev_{fid}")
+            unnest = f"SELECT e FROM kev_{fid}"
+        except LayoutError:
+            stream = None
+            unnest = f"SELECT unnest(traceEvents) AS e FROM {src}"
     try:
         # one JSON parse of args per event: json_extract_string with a list of paths
         paths = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in ARG_PATHS) + "]"
@@ -237,19 +272,35 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
                        CASE WHEN e.args IS NULL THEN NULL ELSE json_extract_string(e.args, {paths}) END AS a
                 FROM ({unnest})
             )""",
-            {"path": str(path)},
+            {"path": str(path)} if stream is None else {},
         )
-        header = _header_from_head(path) if form != "array" else None
-        if header is not None and header[2] is None and _looks_relative(cur, stage):
+        if stream is not None:
+            header = _header_from_stream(stream)
+        else:
+            header = _header_from_head(path) if form != "array" else None
+        if stream is None and header is not None and header[2] is None and _looks_relative(cur, stage):
             header = None  # relative timestamps but no base in the head: read the header keys properly
         if header is None and form != "array":
             header = cur.execute(
                 f"SELECT distributedInfo::VARCHAR, deviceProperties::VARCHAR, baseTimeNanoseconds, displayTimeUnit FROM {src}",
                 {"path": str(path)},
-            ).fetchone()
+            ).fetchall()[0]
     except Exception as exc:  # duckdb raises its own error types for bad JSON / gzip / IO
         cur.execute(f"DROP TABLE IF EXISTS {stage}")
         raise ParseError(path, "not a readable Kineto trace: " + _short_duckdb_error(exc)) from None
+    finally:
+        if stream is not None:
+            stream.close()
+    if cur is not main_cur:  # hand the staged rows to the main database (Arrow, no copy per event in Python)
+        staged = cur.sql(f"SELECT * FROM {stage}").to_arrow_table()
+        cur.close()
+        cur = main_cur
+        cur.register(stage, staged)
+        try:
+            return _from_stage(cur, stage, rank, fid, header, path, lctx)
+        finally:
+            cur.unregister(stage)
+            del staged
     try:
         return _from_stage(cur, stage, rank, fid, header, path, lctx)
     finally:
@@ -260,6 +311,9 @@ def _short_duckdb_error(exc: Exception) -> str:
     msg = one_line(str(exc), 200)
     for prefix in ("Invalid Input Error: ", "IO Error: ", "Conversion Error: ", "Binder Error: "):
         msg = msg.replace(prefix, "")
+    if "maximum_object_size" in msg:  # the user has no such option: say what it means
+        msg = f"an event or object larger than the {EVENT_MAX_BYTES >> 20} MiB limit (corrupt or hostile file); refused"
+    msg = re.sub(r'"?DUCKDB_INTERNAL_OBJECTSTORE://[0-9a-f]+"?', "the trace", msg)
     return msg
 
 
@@ -273,19 +327,19 @@ def _from_stage(cur: Any, stage: str, rank: int, fid: int, header: Any, path: Pa
             lctx.warn("bad_value", f"baseTimeNanoseconds {base_ns_text[:40]!r} is not a number; ignored", path)
     # If timestamps are already absolute (µs since epoch ~ 1e15), a base would double count.
     if base_ns:
-        first_ts = cur.execute(f"SELECT median(ts_ns) FROM {stage} WHERE ph = 'X'").fetchone()[0]
+        first_ts = cur.execute(f"SELECT median(ts_ns) FROM {stage} WHERE ph = 'X'").fetchall()[0][0]
         if first_ts is not None and first_ts > 10**17:
             base_ns = 0
     bad = cur.execute(
         f"""SELECT count(*) FILTER (WHERE ph = 'X' AND (ts_ns IS NULL OR dur_ns IS NULL)),
                    count(*) FILTER (WHERE ph = 'X' AND dur_ns < 0)
             FROM {stage}"""
-    ).fetchone()
+    ).fetchall()[0]
     if bad[0]:
         lctx.warn("bad_events", f"{bad[0]} events without a usable ts/dur were dropped", path)
     if bad[1]:
         lctx.warn("bad_events", f"{bad[1]} events with a negative duration were dropped", path)
-    total = cur.execute(f"SELECT count(*) FROM {stage} WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns >= 0").fetchone()[0]
+    total = cur.execute(f"SELECT count(*) FROM {stage} WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns >= 0").fetchall()[0][0]
     if total == 0:
         raise ParseError(path, "the trace holds no timed events (traceEvents missing or empty)", code="empty_trace")
     if lctx.max_events is not None and total > lctx.max_events:

@@ -1,0 +1,162 @@
+"""Stream the ``traceEvents`` array of a Chrome-trace object to DuckDB as a top-level array.
+
+DuckDB's JSON reader holds a whole top-level object in memory (a 500 MB trace peaks at ~4.5 GB),
+but it streams the elements of a top-level array in bounded memory. A Kineto file is one object
+whose ``traceEvents`` list holds every event, so this file-like object serves only the bytes of
+that list — from its ``[`` to its closing ``]`` — decompressing gzip on the fly, and parses the
+few header keys around it (``distributedInfo``, ``baseTimeNanoseconds`` …) itself.
+
+The end of the list is found without parsing the events: the stream holds back its last
+``TAIL`` bytes, and at end of file the closing ``]`` is the last ``]`` after which the rest of
+the object parses as ``, "key": value … }``. When the layout is not recognised (no
+``traceEvents`` key near the start, a truncated file, trailing keys that do not parse), the
+caller falls back to DuckDB's whole-object reader, which then reports the precise error.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+HEAD = 4 << 20  # the traceEvents key must appear within the first 4 MiB
+TAIL = 1 << 20  # trailing header keys after the events fit in 1 MiB
+TRAILER_MAX = 64 << 10  # header keys written after the events (traceName, baseTimeNanoseconds ...)
+CHUNK = 4 << 20  # bytes decompressed / handed to DuckDB per read
+MAX_GZIP_RATIO = 100  # Kineto JSON compresses 10-20x; 100x leaves room and stops bombs (1000x+)
+MIN_LIMIT = 256 << 20
+
+
+class LayoutError(Exception):
+    """The file is not laid out as ``{... "traceEvents": [ ... ] ...}``."""
+
+
+class EventsStream(io.RawIOBase):
+    """Raw, non-seekable stream of the ``traceEvents`` array's bytes."""
+
+    def __init__(self, path: Path, max_ratio: int = MAX_GZIP_RATIO) -> None:
+        super().__init__()
+        self._raw = path.open("rb")
+        magic = self._raw.read(2)
+        self._raw.seek(0)
+        gz = magic == b"\x1f\x8b"
+        self._src: Any = gzip.GzipFile(fileobj=self._raw) if gz else self._raw
+        size = path.stat().st_size
+        # a gzip bomb is refused before it is expanded in memory (DuckDB buffers the stream)
+        self._limit = max(MIN_LIMIT, size * max_ratio) if gz else size + 1
+        self._read_total = 0
+        try:
+            head = self._read_full(HEAD)
+        except (OSError, EOFError, zlib.error) as exc:
+            self.close()
+            raise LayoutError(f"cannot read: {exc}") from None
+        key = head.find(b'"traceEvents"')
+        bracket = head.find(b"[", key) if key >= 0 else -1
+        if key < 0 or bracket < 0 or head[key + 13 : bracket].strip() != b":":
+            self.close()
+            raise LayoutError("no traceEvents list near the start")
+        self.head_bytes = head[:key]
+        self.trailer: dict[str, Any] = {}
+        self._buf = bytearray(head[bracket:])
+        self._eof = False
+        self._done = False
+
+    def _read_full(self, n: int) -> bytes:
+        parts = []
+        while n > 0:
+            chunk = self._src.read(min(n, 1 << 20))
+            if not chunk:
+                break
+            parts.append(chunk)
+            n -= len(chunk)
+        return b"".join(parts)
+
+    def readable(self) -> bool:  # noqa: D102
+        return True
+
+    def _fill(self, want: int) -> None:
+        while not self._eof and len(self._buf) < want + TAIL:
+            chunk = self._src.read(CHUNK)
+            self._read_total += len(chunk)
+            if self._read_total > self._limit:
+                raise ValueError(
+                    f"decompresses to more than {self._limit >> 20} MiB ({MAX_GZIP_RATIO}x its size): "
+                    "refused as a possible gzip bomb"
+                )
+            if not chunk:
+                self._eof = True
+                self._finish()
+                return
+            self._buf += chunk
+
+    def _finish(self) -> None:
+        """At end of file: cut the buffer at the ``]`` that closes traceEvents.
+
+        That is the leftmost ``]`` (within the last ``TRAILER_MAX`` bytes) after which the rest
+        of the file parses exactly as ``}`` or ``, "key": value, ... }``; an inner ``]`` of the
+        last event is followed by more of the event list, which never parses that way, and a
+        later key's list (``"deviceProperties": []``) lies to the right of the true one.
+        """
+        tail = bytes(self._buf[-TRAILER_MAX:]) if len(self._buf) > TRAILER_MAX else bytes(self._buf)
+        base = len(self._buf) - len(tail)
+        best: tuple[int, dict[str, Any]] | None = None
+        pos = len(tail)
+        while True:
+            pos = tail.rfind(b"]", 0, pos)
+            if pos < 0:
+                break
+            rest = tail[pos + 1 :].strip()
+            if rest == b"}":
+                best = (pos, {})
+            elif rest.startswith(b","):
+                try:
+                    obj = json.loads(b"{" + rest[1:])
+                except ValueError:
+                    continue
+                if isinstance(obj, dict):
+                    best = (pos, obj)
+        if best is None:
+            raise LayoutError("the traceEvents list is not closed (truncated file?)")
+        pos, self.trailer = best
+        del self._buf[base + pos + 1 :]
+
+    def readinto(self, b: Any) -> int:  # noqa: D102
+        if self._done:
+            return 0
+        n = min(len(b), CHUNK)  # a raw stream may return less than asked: keeps our buffer bounded
+        self._fill(n)
+        avail = len(self._buf) if self._eof else max(0, len(self._buf) - TAIL)
+        take = min(n, avail)
+        if take == 0 and self._eof:
+            self._done = True
+            return 0
+        b[:take] = self._buf[:take]
+        del self._buf[:take]
+        return take
+
+    def close(self) -> None:  # noqa: D102
+        try:
+            if self._src is not self._raw:
+                self._src.close()
+        finally:
+            self._raw.close()
+            super().close()
+
+
+def header_value(head: bytes, key: str) -> Any:
+    """Decode the JSON value of a top-level ``key`` in the bytes before the events."""
+    k = b'"' + key.encode() + b'"'
+    pos = head.find(k)
+    if pos < 0:
+        return None
+    colon = head.find(b":", pos + len(k))
+    if colon < 0:
+        return None
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(head[colon + 1 :].decode("utf-8", errors="replace").lstrip())
+    except ValueError:
+        return None
+    return obj

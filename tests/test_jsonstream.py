@@ -1,0 +1,46 @@
+"""The traceEvents streamer serves exactly the event list, whatever surrounds it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from advisor.ingest.jsonstream import EventsStream, LayoutError
+
+EVENTS = [{"ph": "X", "name": "a]", "ts": 1, "dur": 2, "args": {"Input Dims": [[1], [2]], "x": "], \"k\": 1}"}},
+          {"ph": "X", "name": "b", "ts": 3, "dur": 1, "args": {"l": [[]]}}]
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"schemaVersion": 1, "traceEvents": EVENTS},
+        {"traceEvents": EVENTS, "deviceProperties": [{"name": "x", "ids": [1, 2]}], "traceName": "t]"},
+        {"distributedInfo": {"rank": 3, "pg_config": [{"ranks": [0, 1]}]}, "traceEvents": EVENTS, "baseTimeNanoseconds": 5},
+    ],
+)
+@pytest.mark.parametrize("gz", [False, True])
+def test_stream_yields_the_event_list(tmp_path: Path, doc: dict, gz: bool) -> None:
+    text = json.dumps(doc, indent=1).encode()
+    path = tmp_path / ("t.json.gz" if gz else "t.json")
+    path.write_bytes(gzip.compress(text) if gz else text)
+    s = EventsStream(path)
+    body = b"".join(iter(lambda: s.read(7), b""))
+    assert json.loads(body) == EVENTS
+    after = {k: v for k, v in doc.items() if list(doc).index(k) > list(doc).index("traceEvents")}
+    assert s.trailer == after
+
+
+def test_truncated_and_other_layouts(tmp_path: Path) -> None:
+    p = tmp_path / "t.json"
+    p.write_text('{"traceEvents": [{"ph": "X"}, {"ph"')
+    s = EventsStream(p)
+    with pytest.raises(LayoutError):
+        while s.read(1 << 20):
+            pass
+    p.write_text('{"events": []}')
+    with pytest.raises(LayoutError):
+        EventsStream(p)
