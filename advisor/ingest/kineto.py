@@ -50,6 +50,8 @@ ARG_PATHS = (
     '$.correlation', '$."External id"', '$."external id"', '$.bytes', '$.stream',
     '$."Input Dims"', '$."Input dims"', '$."Input type"', '$.flops', '$."Call stack"', '$.name',
     '$."In msg nelems"', '$.dtype', '$."Process Group Name"', '$."Process Group Description"', '$."Group size"',
+    '$.grid', '$.block', '$."blocks per SM"', '$."warps per SM"', '$."est. achieved occupancy %"',
+    '$."registers per thread"', '$."shared memory"',
 )
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset", "gpu_user_annotation", "cuda_sync")
@@ -265,7 +267,9 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
                    coalesce({a.format(6)}, {a.format(7)}) AS shapes, {a.format(8)} AS dtypes, {a.format(9)} AS flops,
                    {a.format(10)} AS stack, {a.format(11)} AS meta_name, {a.format(12)} AS in_nelems,
                    {a.format(13)} AS msg_dtype, coalesce({a.format(14)}, {a.format(15)}) AS pg_name,
-                   {a.format(16)} AS group_size
+                   {a.format(16)} AS group_size, {a.format(17)} AS grid, {a.format(18)} AS block,
+                   {a.format(19)} AS blocks_per_sm, {a.format(20)} AS warps_per_sm, {a.format(21)} AS occupancy,
+                   {a.format(22)} AS regs, {a.format(23)} AS smem
             FROM (
                 SELECT e.ph AS ph, e.cat AS cat, e.name AS name, e.pid AS pid, e.tid AS tid,
                        {_US_TO_NS.format(x='e.ts')} AS ts_ns, {_US_TO_NS.format(x='e.dur')} AS dur_ns,
@@ -386,6 +390,19 @@ def _from_stage(cur: Any, stage: str, rank: int, fid: int, header: Any, path: Pa
             SELECT pid, tid, NULL, NULL, meta_name FROM {stage} WHERE ph = 'M' AND name = 'thread_name'
         ) GROUP BY pid, tid""",
         {"rank": rank},
+    )
+    # per-kernel launch geometry where the trace has it (current schema): the GPU analogue of Ascend's block dim
+    cur.execute(
+        f"""INSERT INTO kernels (rank, name, op_type, core_type, start_ns, dur_ns, block_dim, pmu)
+        SELECT $rank, name, NULL, 'GPU', ts_ns + $base, dur_ns,
+          TRY_CAST(list_aggregate(TRY_CAST(grid AS BIGINT[]), 'product') AS INTEGER),
+          json_object('grid', TRY_CAST(grid AS JSON), 'block', TRY_CAST(block AS JSON), 'blocks_per_sm', TRY_CAST(blocks_per_sm AS DOUBLE),
+                      'warps_per_sm', TRY_CAST(warps_per_sm AS DOUBLE), 'occupancy_pct', TRY_CAST(occupancy AS DOUBLE),
+                      'registers_per_thread', TRY_CAST(regs AS BIGINT), 'shared_memory', TRY_CAST(smem AS BIGINT))
+        FROM {stage}
+        WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns >= 0 AND lower(coalesce(cat, '')) = 'kernel'
+          AND grid IS NOT NULL AND NOT regexp_matches(name, $comm_kernel)""",
+        {"rank": rank, "base": base_ns, "comm_kernel": COMM_KERNEL_RE},
     )
     cur.execute(
         f"""INSERT INTO comm_ops

@@ -70,7 +70,7 @@ ORDER BY rank, step
 
 
 @rule("IO001", "io.dataloader-wait", cause="io.slow_data_processing",
-      causes=("io.slow_data_reading", "io.slow_data_fetching"),
+      causes=("io.slow_data_reading",),
       requires=("events", "steps", "breakdown"), thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Fire per rank when data loading takes a large share of the step."""
