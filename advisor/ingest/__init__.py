@@ -141,8 +141,12 @@ def load_profile(
     done = 0
 
     def run(unit: Unit) -> tuple[Unit, dict[str, Any] | None]:
+        reader = modules.get(unit.source)
+        if reader is None:
+            lctx.warn("bad_file", f"no reader for source {unit.source!r}; skipped", unit.label)
+            return unit, None
         try:
-            return unit, modules[unit.source].load(unit, lctx)
+            return unit, reader.load(unit, lctx)
         except ParseError as exc:
             lctx.warn(exc.code, exc.message, exc.path)
         except (OSError, UnicodeDecodeError, ValueError, duckdb.Error) as exc:

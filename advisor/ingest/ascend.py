@@ -17,6 +17,11 @@ database is present, the db form (:mod:`advisor.ingest.ascend_db`). Partial expo
 whatever exists is loaded, a missing optional file only produces a warning naming the analyses
 that lack it, and a broken file is skipped with a warning while the rest loads.
 
+Clusters: text-form exports load in batches of up to :data:`BATCH_MAX_UNITS` ranks /
+:data:`BATCH_MAX_BYTES` of files. ``claim`` registers the batches; the first ``load`` call for a
+unit of a batch loads all of its ranks with one set of SQL statements (:func:`load_batch`), the
+other calls return their unit's result. An orchestrator may call :func:`load_batch` directly.
+
 Both flavours are served by this module: ``SOURCES`` lists them. Until the orchestrator maps
 every name in ``SOURCES`` to this module, units carry ``source = SOURCE`` and the flavour in
 ``unit.info['flavor']`` (see :data:`UNIT_SOURCE_FOR`).
@@ -48,14 +53,14 @@ from advisor.ingest.ascend_common import (
     short_error,
     warn_once,
 )
-from advisor.ingest.base import LoadContext, ParseError, Unit, one_line, read_head
+from advisor.ingest.base import LoadContext, ParseError, Unit, read_head
 
 SOURCE = SOURCE_PT
 SOURCES = (SOURCE_PT, SOURCE_MS)
 #: The ``unit.source`` written for each flavour. The orchestrator currently looks modules up by
 #: their single ``SOURCE``; once it maps every entry of ``SOURCES``, set the MindSpore entry to
 #: ``SOURCE_MS`` so ``ranks.source`` says ``ascend_ms``.
-UNIT_SOURCE_FOR = {SOURCE_PT: SOURCE_PT, SOURCE_MS: SOURCE_PT}
+UNIT_SOURCE_FOR = {SOURCE_PT: SOURCE_PT, SOURCE_MS: SOURCE_MS}
 
 _EXPORT_DIR_RE = re.compile(r"_ascend_(pt|ms)$", re.IGNORECASE)
 _PROF_DIR_RE = re.compile(r"^PROF_\d+_\d+_[0-9A-Za-z]+$")
@@ -89,8 +94,20 @@ ROLE_BY_NAME = {
     "profiler_metadata.json": "metadata",
 }
 #: Roles that carry profile data (a group of files without any is not an export).
-DATA_ROLES = {"trace", "kernels", "step_trace", "comm", "matrix", "op_stat", "api_stat", "memory_record",
-              "module_mem", "db", "analysis_db", "comm_db"}
+DATA_ROLES = {
+    "trace",
+    "kernels",
+    "step_trace",
+    "comm",
+    "matrix",
+    "op_stat",
+    "api_stat",
+    "memory_record",
+    "module_mem",
+    "db",
+    "analysis_db",
+    "comm_db",
+}
 #: What each input feeds, for "analyses lack their inputs" warnings.
 NEEDS = {
     "trace": "host-side analyses (launch, dispatch, sync, dataloader, queue) and the critical path",
@@ -100,8 +117,18 @@ NEEDS = {
 }
 
 _ASCEND_MARKERS = (
-    b'"Ascend Hardware"', b'"CANN"', b'"Overlap Analysis"', b'"HostToDevice', b'"async_npu"', b'"torch_to_npu"',
-    b"AscendCL@", b'"Task Scheduler"', b'"MindSpore"', b'"mindspore_to_npu"', b'"Python GC"', b'"AI Core Freq"',
+    b'"Ascend Hardware"',
+    b'"CANN"',
+    b'"Overlap Analysis"',
+    b'"HostToDevice',
+    b'"async_npu"',
+    b'"torch_to_npu"',
+    b"AscendCL@",
+    b'"Task Scheduler"',
+    b'"MindSpore"',
+    b'"mindspore_to_npu"',
+    b'"Python GC"',
+    b'"AI Core Freq"',
 )
 _STRING_TS = re.compile(rb'"ts"\s*:\s*"\d{10,}\.\d{3}"')
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -144,7 +171,11 @@ def _role(p: Path, root: Path, in_layout: bool) -> str | None:
         # inside *_ascend_pt: the export root itself (info, metadata), ASCEND_PROFILER_OUTPUT,
         # and the device info of the raw CANN folder; FRAMEWORK/, logs/, PROF_* data are raw.
         if under_prof:
-            return "device_info" if _DEVICE_INFO_RE.match(name) and len(rel) >= 2 and rel[-2].startswith("device_") else None
+            return (
+                "device_info"
+                if _DEVICE_INFO_RE.match(name) and len(rel) >= 2 and rel[-2].startswith("device_")
+                else None
+            )
         if len(rel) > 1 and rel[0] != "ASCEND_PROFILER_OUTPUT":
             return None
     elif under_prof:
@@ -186,7 +217,9 @@ def _role_by_content(p: Path) -> str | None:
             return "step_trace"
         return None
     if body.startswith(b"[") and (
-        any(m in head for m in _ASCEND_MARKERS) or _STRING_TS.search(head[:8192]) or any(m in _read_tail(p) for m in _ASCEND_MARKERS)
+        any(m in head for m in _ASCEND_MARKERS)
+        or _STRING_TS.search(head[:8192])
+        or any(m in _read_tail(p) for m in _ASCEND_MARKERS)
     ):
         return "trace"  # Ascend process names, or µs timestamps written as strings (Kineto writes numbers)
     if body.startswith(b"{") and b'"Communication Time Info"' in head:
@@ -201,8 +234,16 @@ def _content_ok(p: Path, role: str, in_layout: bool) -> bool | None:
     None: cannot tell from the start of the file (kept only inside an export layout)."""
     if role in ("db", "analysis_db", "comm_db"):
         return read_head(p, 16) == _SQLITE_MAGIC
-    if role in ("info", "metadata", "device_info", "minddata", "dataset", "data_preprocess", "operator_details",
-                "operator_memory"):
+    if role in (
+        "info",
+        "metadata",
+        "device_info",
+        "minddata",
+        "dataset",
+        "data_preprocess",
+        "operator_details",
+        "operator_memory",
+    ):
         return None
     head = read_head(p, 65536)
     body = head.lstrip(b"\xef\xbb\xbf \t\r\n")
@@ -223,7 +264,9 @@ def _content_ok(p: Path, role: str, in_layout: bool) -> bool | None:
     # a CSV header that is not the expected one: inside an export the loader says which column is missing
     csv_like = None if (b"," in first_line or b"\t" in first_line or b";" in first_line) else False
     if role == "kernels":
-        return ((b"Accelerator Core" in first_line or b"Task Type" in first_line) and b"Start Time(us)" in first_line) or csv_like
+        return (
+            (b"Accelerator Core" in first_line or b"Task Type" in first_line) and b"Start Time(us)" in first_line
+        ) or csv_like
     if role == "step_trace":
         return (b"Computing" in first_line and b"Free" in first_line) or csv_like
     if role in ("op_stat", "api_stat"):
@@ -276,7 +319,9 @@ def claim(files: list[Path], warn: Any) -> list[Unit]:
             if in_layout:
                 warn("bad_file", f"named like an Ascend {role} file but its content does not match; skipped", p)
             continue
-        g = groups.setdefault(root, {"flavor": flavor, "in_layout": in_layout, "roles": defaultdict(list), "strong": False})
+        g = groups.setdefault(
+            root, {"flavor": flavor, "in_layout": in_layout, "roles": defaultdict(list), "strong": False}
+        )
         g["roles"][role].append(p)
         if ok:
             g["strong"] = True
@@ -314,19 +359,25 @@ def _make_unit(root: Path, g: dict[str, Any], warn: Any) -> Unit | None:
         except ParseError as exc:
             warn(exc.code, exc.message, exc.path)
     if flavor is None:
-        if isinstance(info_doc, dict) and ("ms_profiler_info" in info_doc or "ms_version" in info_doc):
-            flavor = SOURCE_MS
-        elif any(_DB_RE.match(p.name) and "mindspore" in p.name.lower() for p in roles.get("db", [])):
-            flavor = SOURCE_MS
-        elif roles.get("dataset") or roles.get("minddata"):
+        if (
+            (isinstance(info_doc, dict) and ("ms_profiler_info" in info_doc or "ms_version" in info_doc))
+            or any(_DB_RE.match(p.name) and "mindspore" in p.name.lower() for p in roles.get("db", []))
+            or roles.get("dataset")
+            or roles.get("minddata")
+        ):
             flavor = SOURCE_MS
         else:
             flavor = SOURCE_PT
     text_core = bool(roles.get("trace") or roles.get("kernels"))
     form = "text" if text_core or not roles.get("db") else "db"
     unit = Unit(UNIT_SOURCE_FOR[flavor], [], root)
-    unit.info = {"flavor": flavor, "form": form, "roles": {k: sorted(v) for k, v in roles.items()},
-                 "info_doc": info_doc, "meta_doc": meta_doc}
+    unit.info = {
+        "flavor": flavor,
+        "form": form,
+        "roles": {k: sorted(v) for k, v in roles.items()},
+        "info_doc": info_doc,
+        "meta_doc": meta_doc,
+    }
     # rank: profiler_info name, its content, db name, RANK_DEVICE_MAP, world group of metadata
     for p in sorted(roles.get("info", [])):
         m = _INFO_RE.match(p.name)
@@ -334,7 +385,11 @@ def _make_unit(root: Path, g: dict[str, Any], warn: Any) -> Unit | None:
             unit.rank_hint, unit.rank_source = int(m.group(1)), "profiler_info"
             inner = rank_from_info(info_doc)
             if inner is not None and inner != unit.rank_hint:
-                warn("rank_mismatch", f"{p.name} says rank {inner} inside; the file name's rank {unit.rank_hint} is used", p)
+                warn(
+                    "rank_mismatch",
+                    f"{p.name} says rank {inner} inside; the file name's rank {unit.rank_hint} is used",
+                    p,
+                )
             break
     if unit.rank_hint is None and rank_from_info(info_doc) is not None:
         unit.rank_hint, unit.rank_source = rank_from_info(info_doc), "profiler_info"
@@ -354,9 +409,11 @@ def _make_unit(root: Path, g: dict[str, Any], warn: Any) -> Unit | None:
     if unit.rank_hint is None and mrank is not None:
         unit.rank_hint, unit.rank_source = mrank, "metadata"
     unit.world_size = world
-    # the files this unit reads (ranks.files); device info and raw extras included
-    load_roles = set(roles) - ({"db"} if form == "text" else {"trace", "kernels", "step_trace", "comm", "matrix"})
-    unit.files = sorted({p for r in load_roles for p in roles[r]}, key=str)
+    # the files this unit reads (ranks.files); recognised files the reader does not use are only named in meta
+    text_roles = {"trace", "kernels", "step_trace", "comm", "matrix", "op_stat", "api_stat", "memory_record", "module_mem", "minddata"}
+    read = {"info", "metadata", "device_info"} | (text_roles if form == "text" else {"db", "analysis_db", "comm_db"})
+    unit.files = sorted({p for r in read & set(roles) for p in roles[r]}, key=str)
+    unit.info["unread"] = sorted({p.name for r in set(roles) - read for p in roles[r]})
     return unit
 
 
@@ -383,7 +440,10 @@ def _dedupe_ranks(units: list[Unit], warn: Any) -> list[Unit]:
         for u in us_sorted[:-1]:
             drop.add(id(u))
             # still returned (its files stay claimed, not read as another format); load() skips it with this warning
-            u.info["skip"] = ("duplicate_rank", f"rank {rank} is also exported by {us_sorted[-1].root}; this older export is skipped")
+            u.info["skip"] = (
+                "duplicate_rank",
+                f"rank {rank} is also exported by {us_sorted[-1].root}; this older export is skipped",
+            )
     flavors = {u.info.get("flavor") for u in units}
     if len(flavors) > 1:
         warn("mixed_sources", "torch_npu and MindSpore exports in one folder; both are loaded (ranks may collide)")
@@ -397,7 +457,7 @@ def _dedupe_ranks(units: list[Unit], warn: Any) -> list[Unit]:
 #: (planning a statement costs milliseconds whatever its input). The caps bound the transient
 #: staging memory: it grows with the batch, never with the cluster.
 BATCH_MAX_UNITS = 32
-BATCH_MAX_BYTES = 256 << 20
+BATCH_MAX_BYTES = 64 << 20
 
 
 @dataclass
@@ -458,7 +518,10 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
     else:
         with b.lock:
             if b.results is None:
-                b.results = {id(u): r for u, r in zip(b.units, load_batch(b.units, lctx), strict=True)}
+                try:
+                    b.results = {id(u): r for u, r in zip(b.units, load_batch(b.units, lctx), strict=True)}
+                except Exception as exc:  # never re-run a half-loaded batch: every unit reports this failure
+                    b.results = {id(u): exc for u in b.units}
             res = b.results[id(unit)]
         with _BATCHES_LOCK:
             _BATCHES.pop(id(unit), None)
@@ -490,9 +553,9 @@ _DUCKDB_ERROR_MODULES = ("duckdb", "_duckdb")
 
 
 def _is_read_error(exc: BaseException) -> bool:
-    return isinstance(exc, (ParseError, ascend_text.BatchError, sqlite3.Error, OSError, ValueError, UnicodeDecodeError)) or (
-        type(exc).__module__.split(".")[0] in _DUCKDB_ERROR_MODULES
-    )
+    return isinstance(
+        exc, (ParseError, ascend_text.BatchError, sqlite3.Error, OSError, ValueError, UnicodeDecodeError)
+    ) or (type(exc).__module__.split(".")[0] in _DUCKDB_ERROR_MODULES)
 
 
 def run_jobs(cur: Any, lctx: LoadContext, jobs: list[ascend_text.Job], fn: Any, what: str) -> dict[int, Any]:
@@ -567,8 +630,14 @@ def _load_batch(units: list[Unit], lctx: LoadContext, cur: Any) -> list[dict[str
         if info.get("comm_in_trace") or info.get("has_comm") or (st.unit.world_size or 0) > 1:
             info["backend"] = "hccl"
         info["events"] = st.events
-        out.append({k: v for k, v in info.items() if k in ("events", "world_size", "backend", "device_name", "device_count",
-                                                           "flavor", "form", "distributed")})
+        out.append(
+            {
+                k: v
+                for k, v in info.items()
+                if k
+                in ("events", "world_size", "backend", "device_name", "device_count", "flavor", "form", "distributed")
+            }
+        )
     return out
 
 
@@ -578,6 +647,8 @@ def _configure(st: _State, lctx: LoadContext, cur: Any) -> None:
     flavor = u.info.get("flavor", SOURCE_PT)
     st.info.update(flavor=flavor, form=u.info.get("form", "text"))
     st.meta_rows += [("ascend.flavor", flavor), ("ascend.form", st.info["form"])]
+    if u.info.get("unread"):  # recognised but not used (e.g. operator_details.csv, or the text files of a db export)
+        st.meta_rows.append(("ascend.unread_files", ";".join(u.info["unread"])[:2000]))
     if u.info.get("info_doc") is not None:
         rows, _ = info_meta(u.info["info_doc"])
         st.meta_rows.extend(rows)
@@ -636,8 +707,11 @@ def _load_text(states: list[_State], lctx: LoadContext, cur: Any, p: str) -> Non
                 continue
             fid = lctx.file_id(path, st.unit.rank, st.info["flavor"])
             st.fids[path] = fid
-            out.append(ascend_text.Job(st.fno, path, st.unit.rank, fid,
-                                       {k: (v(st) if callable(v) else v) for k, v in flags.items()}))
+            out.append(
+                ascend_text.Job(
+                    st.fno, path, st.unit.rank, fid, {k: (v(st) if callable(v) else v) for k, v in flags.items()}
+                )
+            )
         return out
 
     def done(role: str, results: dict[int, Any]) -> None:
@@ -648,9 +722,11 @@ def _load_text(states: list[_State], lctx: LoadContext, cur: Any, p: str) -> Non
 
     # 1. timelines: kernels / comm_ops only from exports without a better source
     res = run_jobs(
-        cur, lctx,
+        cur,
+        lctx,
         jobs("trace", kernels=lambda st: not st.roles.get("kernels"), comm_ops=lambda st: not st.roles.get("comm")),
-        lambda c, js: ascend_text.load_traces(c, js, f"{p}t", lctx.max_events), "trace_view.json",
+        lambda c, js: ascend_text.load_traces(c, js, f"{p}t", lctx.max_events),
+        "trace_view.json",
     )
     done("trace", res)
     for fno, r in res.items():
@@ -668,10 +744,15 @@ def _load_text(states: list[_State], lctx: LoadContext, cur: Any, p: str) -> Non
             lctx.warn("bad_events", f"{r['negative_events']} events with a negative duration were dropped", path)
     # 2. kernel tables: device events too when the timeline is missing or unreadable
     res = run_jobs(
-        cur, lctx,
-        jobs("kernels", events=lambda st: not st.info.get("has_trace"),
-             comm_ops=lambda st: not st.info.get("has_trace") and not st.roles.get("comm")),
-        lambda c, js: ascend_text.load_kernel_details(c, js, f"{p}k"), "kernel_details.csv",
+        cur,
+        lctx,
+        jobs(
+            "kernels",
+            events=lambda st: not st.info.get("has_trace"),
+            comm_ops=lambda st: not st.info.get("has_trace") and not st.roles.get("comm"),
+        ),
+        lambda c, js: ascend_text.load_kernel_details(c, js, f"{p}k"),
+        "kernel_details.csv",
     )
     done("kernels", res)
     for fno, r in res.items():
@@ -681,13 +762,22 @@ def _load_text(states: list[_State], lctx: LoadContext, cur: Any, p: str) -> Non
         if r["hccl_rows"]:
             st.info["comm_in_trace"] = True
         if r["bad_rows"]:
-            lctx.warn("bad_rows", f"{r['bad_rows']} rows without a usable start/duration were dropped", st.first("kernels"))
+            lctx.warn(
+                "bad_rows", f"{r['bad_rows']} rows without a usable start/duration were dropped", st.first("kernels")
+            )
         if r.get("device_ids") and not any(k == "device_id" for k, _ in st.meta_rows):
             st.meta_rows.append(("device_id", ",".join(map(str, r["device_ids"]))))
         if st.roles.get("trace") and not st.info.get("has_trace"):
-            lctx.warn("partial_export", "the timeline could not be read; device events were built from kernel_details.csv",
-                      st.first("kernels"))
-    failed_kd = [st.unit.rank for st in states if st.roles.get("kernels") and not st.info.get("has_kernels") and st.info.get("has_trace")]
+            lctx.warn(
+                "partial_export",
+                "the timeline could not be read; device events were built from kernel_details.csv",
+                st.first("kernels"),
+            )
+    failed_kd = [
+        st.unit.rank
+        for st in states
+        if st.roles.get("kernels") and not st.info.get("has_kernels") and st.info.get("has_trace")
+    ]
     if failed_kd:
         # the table could not be read: per-kernel rows from the timeline's device tasks (no core type, block dim)
         cur.execute(
@@ -702,9 +792,14 @@ def _load_text(states: list[_State], lctx: LoadContext, cur: Any, p: str) -> Non
         ("comm", lambda c, js: ascend_text.load_communications(c, js, f"{p}c"), "communication.json"),
         ("matrix", lambda c, js: ascend_text.load_matrices(c, js, f"{p}m"), "communication_matrix.json"),
         ("op_stat", lambda c, js: ascend_text.load_op_statistics(c, js, f"{p}o", "op_statistic"), "op_statistic.csv"),
-        ("api_stat", lambda c, js: ascend_text.load_op_statistics(c, js, f"{p}a", "api_statistic"), "api_statistic.csv"),
+        (
+            "api_stat",
+            lambda c, js: ascend_text.load_op_statistics(c, js, f"{p}a", "api_statistic"),
+            "api_statistic.csv",
+        ),
         ("memory_record", lambda c, js: ascend_text.load_memory_records(c, js, f"{p}r"), "memory_record.csv"),
         ("module_mem", lambda c, js: ascend_text.load_module_mems(c, js, f"{p}n"), "npu_module_mem.csv"),
+        ("minddata", lambda c, js: ascend_text.load_minddata(c, js, f"{p}d"), "minddata_pipeline_raw.csv"),
     ):
         res = run_jobs(cur, lctx, jobs(role), fn, what)
         done(role, res)
@@ -713,9 +808,13 @@ def _load_text(states: list[_State], lctx: LoadContext, cur: Any, p: str) -> Non
             if role == "comm":
                 st.info["has_comm"] = True
             if role == "matrix" and r.get("unmapped"):
-                warn_once(lctx, "group_local_ranks",
-                          "communication_matrix.json: no profiler_metadata.json parallel_group_info for some groups; "
-                          "their src/dst ranks stay group-local", st.first("matrix"))
+                warn_once(
+                    lctx,
+                    "group_local_ranks",
+                    "communication_matrix.json: no profiler_metadata.json parallel_group_info for some groups; "
+                    "their src/dst ranks stay group-local",
+                    st.first("matrix"),
+                )
     # 4. bookkeeping: events per file, steps from the vendor's step ids where no ProfilerStep exists
     updates = []
     for st in states:
@@ -780,7 +879,15 @@ def _device_info(p: Path) -> tuple[list[tuple[str, str]], dict[str, Any]]:
             if isinstance(doc.get(k), str):
                 rows.append((f"device_info.{k}", doc[k][:200]))
     if isinstance(dev, dict):
-        for k in ("ai_core_num", "aiv_num", "aic_frequency", "aiv_frequency", "ai_cpu_num", "hwts_frequency", "chip_name"):
+        for k in (
+            "ai_core_num",
+            "aiv_num",
+            "aic_frequency",
+            "aiv_frequency",
+            "ai_cpu_num",
+            "hwts_frequency",
+            "chip_name",
+        ):
             if dev.get(k) is not None:
                 rows.append((f"device.{k}", str(dev[k])[:100]))
         if isinstance(dev.get("chip_name"), str):
@@ -802,7 +909,12 @@ def _missing_inputs_warnings(unit: Unit, lctx: LoadContext, info: dict[str, Any]
     if not info.get("has_trace"):
         warn_once(lctx, "missing_input", f"no readable trace_view.json: {NEEDS['trace']} lack their input", where)
     if not info.get("has_kernels") and not roles.get("kernels"):
-        warn_once(lctx, "missing_input", f"no kernel_details.csv: {NEEDS['kernels']} use the timeline's task types only", where)
+        warn_once(
+            lctx,
+            "missing_input",
+            f"no kernel_details.csv: {NEEDS['kernels']} use the timeline's task types only",
+            where,
+        )
     multi = (unit.world_size or 0) > 1 or info.get("comm_in_trace")
     if multi and not info.get("has_comm"):
         warn_once(lctx, "missing_input", f"no communication.json: {NEEDS['comm']} lack their input", where)
@@ -810,4 +922,4 @@ def _missing_inputs_warnings(unit: Unit, lctx: LoadContext, info: dict[str, Any]
         warn_once(lctx, "missing_input", f"no communication_matrix.json: {NEEDS['matrix']} lack their input", where)
 
 
-__all__ = ["SOURCE", "SOURCES", "claim", "load", "one_line"]
+__all__ = ["SOURCE", "SOURCES", "UNIT_SOURCE_FOR", "claim", "load", "load_batch"]

@@ -99,7 +99,7 @@ def short_error(exc: BaseException) -> str:
 
 # -- warnings said once per profile ------------------------------------------------------------
 
-_ONCE: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+_ONCE: weakref.WeakKeyDictionary[Any, set[tuple[str, str]]] = weakref.WeakKeyDictionary()
 _ONCE_LOCK = threading.Lock()
 
 
@@ -228,6 +228,11 @@ def _flatten(prefix: str, v: Any, out: list[tuple[str, str]], depth: int = 0) ->
         out.append((prefix, str(v)[:2000]))
 
 
+def _obj(v: Any) -> dict[str, Any]:
+    """``v`` when it is a JSON object, else an empty one."""
+    return v if isinstance(v, dict) else {}
+
+
 def info_meta(doc: Any) -> tuple[list[tuple[str, str]], dict[str, Any]]:
     """Meta rows and ranks info from a profiler_info file (torch_npu or MindSpore, format doc §15)."""
     rows: list[tuple[str, str]] = []
@@ -237,10 +242,10 @@ def info_meta(doc: Any) -> tuple[list[tuple[str, str]], dict[str, Any]]:
     for key in ("torch_npu_version", "cann_version", "ms_version", "jit_level", "rank_id"):
         if doc.get(key) is not None:
             rows.append((key, str(doc[key])[:200]))
-    cfg = doc.get("config") if isinstance(doc.get("config"), dict) else {}
-    exp = cfg.get("experimental_config") if isinstance(cfg.get("experimental_config"), dict) else {}
-    common = cfg.get("common_config") if isinstance(cfg.get("common_config"), dict) else {}
-    params = doc.get("profiler_parameters") if isinstance(doc.get("profiler_parameters"), dict) else {}
+    cfg = _obj(doc.get("config"))
+    exp = _obj(cfg.get("experimental_config"))
+    common = _obj(cfg.get("common_config"))
+    params = _obj(doc.get("profiler_parameters"))
     level = exp.get("_profiler_level") or params.get("profiler_level")
     if level is not None:
         rows.append(("profiler_level", str(level)))
@@ -250,7 +255,7 @@ def info_meta(doc: Any) -> tuple[list[tuple[str, str]], dict[str, Any]]:
     acts = common.get("activities") or params.get("activities")
     if acts is not None:
         rows.append(("activities", json.dumps(acts) if not isinstance(acts, str) else acts))
-    ms_info = doc.get("ms_profiler_info") if isinstance(doc.get("ms_profiler_info"), dict) else {}
+    ms_info = _obj(doc.get("ms_profiler_info"))
     if ms_info.get("device_id") is not None:
         rows.append(("device_id", str(ms_info["device_id"])))
     flat: list[tuple[str, str]] = []
@@ -258,7 +263,7 @@ def info_meta(doc: Any) -> tuple[list[tuple[str, str]], dict[str, Any]]:
         if top in doc:
             _flatten(f"profiler_info.{top}", doc[top], flat)
     rows.extend(flat)
-    end = doc.get("end_info") if isinstance(doc.get("end_info"), dict) else {}
+    end = _obj(doc.get("end_info"))
     if end.get("collectionTimeEnd") is not None:
         rows.append(("collection_end_ns", str(end["collectionTimeEnd"])))
     return rows, info

@@ -15,9 +15,11 @@ beside it (no journal, no -shm file).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -48,7 +50,9 @@ _F64 = pa.float64()
 def connect_ro(path: Path) -> sqlite3.Connection:
     """Open an SQLite file read-only without creating journal or WAL side files."""
     try:
-        con = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+        con = sqlite3.connect(
+            f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1", uri=True, check_same_thread=False
+        )
         con.execute("PRAGMA query_only = 1")
         con.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.Error as exc:
@@ -63,7 +67,9 @@ class Db:
         self.path = path
         self.con = connect_ro(path)
         try:
-            self.tables = {r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+            self.tables = {
+                r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
+            }
         except sqlite3.Error as exc:
             self.con.close()
             raise ParseError(path, f"corrupt SQLite database: {exc}", code="bad_db") from None
@@ -81,7 +87,9 @@ class Db:
         """Column names of a table (PRAGMA table_info), [] when absent."""
         if table not in self._cols:
             try:
-                self._cols[table] = [r[1] for r in self.con.execute(f'PRAGMA table_info("{table}")')] if self.has(table) else []
+                self._cols[table] = (
+                    [r[1] for r in self.con.execute(f'PRAGMA table_info("{table}")')] if self.has(table) else []
+                )
             except sqlite3.Error:
                 self._cols[table] = []
         return self._cols[table]
@@ -137,8 +145,15 @@ def _coerce(v: Any, typ: pa.DataType) -> Any:
         return None
 
 
-def _insert_chunks(cur: Any, db: Db, sql: str, schema: list[tuple[str, pa.DataType]], insert_sql: str,
-                   params: dict[str, Any], view: str) -> int:
+def _insert_chunks(
+    cur: Any,
+    db: Db,
+    sql: str,
+    schema: list[tuple[str, pa.DataType]],
+    insert_sql: str,
+    params: dict[str, Any],
+    view: str,
+) -> int:
     """Stream ``sql`` from SQLite and run ``insert_sql`` (which reads ``view``) once per chunk."""
     n = 0
     for tbl in db.chunks(sql, schema):
@@ -146,10 +161,8 @@ def _insert_chunks(cur: Any, db: Db, sql: str, schema: list[tuple[str, pa.DataTy
         try:
             cur.execute(insert_sql, params)
         finally:
-            try:
+            with contextlib.suppress(Exception):  # an aborted transaction must not mask the real error
                 cur.unregister(view)
-            except Exception:  # noqa: S110 - an aborted transaction must not mask the real error
-                pass
         n += tbl.num_rows
     return n
 
@@ -163,11 +176,20 @@ def _load_lookup(cur: Any, db: Db, table: str, name: str, key_cols: tuple[str, s
     k, v = db.pick(table, key_cols[0]), db.pick(table, key_cols[1], "name")
     if k == "NULL" or v == "NULL":
         return
-    _insert_chunks(cur, db, f'SELECT CAST({k} AS INTEGER), CAST({v} AS TEXT) FROM "{table}"',
-                   [("id", _I64), ("value", _STR)], f"INSERT INTO {name} SELECT * FROM _chunk", {}, "_chunk")
+    _insert_chunks(
+        cur,
+        db,
+        f'SELECT CAST({k} AS INTEGER), CAST({v} AS TEXT) FROM "{table}"',
+        [("id", _I64), ("value", _STR)],
+        f"INSERT INTO {name} SELECT * FROM _chunk",
+        {},
+        "_chunk",
+    )
 
 
-def load(unit: Unit, lctx: LoadContext, cur: Any, guarded: Any, info: dict[str, Any], meta_rows: list[tuple[str, str]]) -> None:
+def load(
+    unit: Unit, lctx: LoadContext, cur: Any, guarded: Any, info: dict[str, Any], meta_rows: list[tuple[str, str]]
+) -> None:
     """Load the database form of one rank export (called by :func:`advisor.ingest.ascend.load`)."""
     roles: dict[str, list[Path]] = unit.info.get("roles", {})
     flavor = unit.info.get("flavor", "ascend_pt")
@@ -183,10 +205,18 @@ def load(unit: Unit, lctx: LoadContext, cur: Any, guarded: Any, info: dict[str, 
     for p in roles.get("db", [])[:1]:
         fid = lctx.file_id(p, rank, flavor)
         stats = guarded(
-            p, p.name,
-            lambda p=p, fid=fid: load_profiler_db(cur, p, rank, fid, meta_rows, info,
-                                                  comm_ops_from_db=not (analysis_stats and analysis_stats.get("comm_ops")),
-                                                  max_events=lctx.max_events),
+            p,
+            p.name,
+            lambda p=p, fid=fid: load_profiler_db(
+                cur,
+                p,
+                rank,
+                fid,
+                meta_rows,
+                info,
+                comm_ops_from_db=not (analysis_stats and analysis_stats.get("comm_ops")),
+                max_events=lctx.max_events,
+            ),
         )
         if stats is not None:
             info["data_loaded"] = True
@@ -194,17 +224,41 @@ def load(unit: Unit, lctx: LoadContext, cur: Any, guarded: Any, info: dict[str, 
             cur.execute("UPDATE profile_files SET events = ? WHERE file_id = ?", [stats["events"], fid])
 
 
-def load_profiler_db(cur: Any, path: Path, rank: int, fid: int, meta_rows: list[tuple[str, str]], info: dict[str, Any],
-                     *, comm_ops_from_db: bool, max_events: int | None) -> dict[str, Any]:
+def load_profiler_db(
+    cur: Any,
+    path: Path,
+    rank: int,
+    fid: int,
+    meta_rows: list[tuple[str, str]],
+    info: dict[str, Any],
+    *,
+    comm_ops_from_db: bool,
+    max_events: int | None,
+) -> dict[str, Any]:
     """``ascend_pytorch_profiler*.db`` / ``ascend_mindspore_profiler*.db`` / ``msprof_*.db``."""
     db = Db(path)
     p = f"_adb{fid}"
     sid, api_t, dtype_t, link_t, trans_t = f"{p}_sid", f"{p}_api", f"{p}_dt", f"{p}_lt", f"{p}_tt"
-    temps = [sid, api_t, dtype_t, link_t, trans_t, f"{p}_conn", f"{p}_cext", f"{p}_ktask", f"{p}_pmu", f"{p}_ops", f"{p}_ct",
-             f"{p}_host"]
+    temps = [
+        f"{p}_cann",
+        sid,
+        api_t,
+        dtype_t,
+        link_t,
+        trans_t,
+        f"{p}_conn",
+        f"{p}_cext",
+        f"{p}_ktask",
+        f"{p}_pmu",
+        f"{p}_ops",
+        f"{p}_ct",
+        f"{p}_host",
+    ]
     try:
         if not (db.has("TASK") or db.has("PYTORCH_API") or db.has("CANN_API")):
-            raise ParseError(path, "no TASK, PYTORCH_API or CANN_API table: not an Ascend profiler database", code="bad_db")
+            raise ParseError(
+                path, "no TASK, PYTORCH_API or CANN_API table: not an Ascend profiler database", code="bad_db"
+            )
         n_rows = 0
         for t in ("TASK", "PYTORCH_API", "CANN_API", "COMMUNICATION_OP"):
             if db.has(t):
@@ -219,7 +273,10 @@ def load_profiler_db(cur: Any, path: Path, rank: int, fid: int, meta_rows: list[
         _meta(cur, db, rank, sid, meta_rows, info)
         # links first (torch op -> CANN connection ids), so every row is inserted once, complete:
         # no UPDATE on the shared canonical tables (their cost would grow with the cluster)
-        has_cann = db.has("CANN_API") and db.con.execute("SELECT count(*) FROM (SELECT 1 FROM CANN_API LIMIT 1)").fetchone()[0] > 0
+        has_cann = (
+            db.has("CANN_API")
+            and db.con.execute("SELECT count(*) FROM (SELECT 1 FROM CANN_API LIMIT 1)").fetchone()[0] > 0
+        )
         _pytorch_stage(cur, db, p)
         stats = {"events": 0}
         stats["events"] += _device_tasks(cur, db, rank, fid, p, sid, has_cann=has_cann)
@@ -231,18 +288,24 @@ def load_profiler_db(cur: Any, path: Path, rank: int, fid: int, meta_rows: list[
         _memory_freq(cur, db, rank, sid)
         if not has_step_events:
             _steps_from_step_time(cur, db, rank, p)
+        # tracks from the staged rows (reading the shared events table back would cost more with every rank)
         cur.execute(
-            """INSERT INTO tracks
-            SELECT rank, pid, tid, bool_or(device), max(cat), max(tid) FROM events WHERE file_id = $fid GROUP BY rank, pid, tid""",
-            {"fid": fid},
+            f"""INSERT INTO tracks
+            SELECT $rank, pid, tid, bool_or(dev), max(pname), max(tid) FROM (
+                SELECT DISTINCT 'NPU ' || coalesce(dev::VARCHAR, '?') AS pid, 'Stream ' || coalesce(stream::VARCHAR, '?') AS tid,
+                       true AS dev, 'Ascend Hardware' AS pname FROM {p}_ktask
+                UNION ALL SELECT DISTINCT 'HCCL', 'Group ' || coalesce(sg.value, '?') || ' Communication', true, 'HCCL'
+                FROM {p}_ops o LEFT JOIN {sid} sg ON sg.id = o.grp
+                UNION ALL SELECT DISTINCT (gtid >> 32)::VARCHAR, (gtid & 4294967295)::VARCHAR, false, 'CANN' FROM {p}_cann
+                UNION ALL SELECT DISTINCT (gtid >> 32)::VARCHAR, (gtid & 4294967295)::VARCHAR, false, 'Python' FROM {p}_host
+            ) GROUP BY pid, tid""",
+            {"rank": rank},
         )
         return stats
     finally:
         for t in temps:
-            try:
+            with contextlib.suppress(Exception):  # cleanup after an error must not mask it
                 cur.execute(f"DROP TABLE IF EXISTS {t}")
-            except Exception:  # noqa: S110 - cleanup after an error must not mask it
-                pass
         db.close()
 
 
@@ -276,7 +339,12 @@ def _meta(cur: Any, db: Db, rank: int, sid: str, meta_rows: list[tuple[str, str]
             meta_rows.append(("host.uid", str(uid)))
             meta_rows.append(("host.name", str(name)))
     if db.has("RANK_DEVICE_MAP"):
-        devs = [r[0] for r in db.con.execute(f"SELECT DISTINCT CAST({db.pick('RANK_DEVICE_MAP', 'deviceId')} AS INTEGER) FROM RANK_DEVICE_MAP LIMIT 8")]
+        devs = [
+            r[0]
+            for r in db.con.execute(
+                f"SELECT DISTINCT CAST({db.pick('RANK_DEVICE_MAP', 'deviceId')} AS INTEGER) FROM RANK_DEVICE_MAP LIMIT 8"
+            )
+        ]
         if devs:
             meta_rows.append(("device_id", ",".join(str(d) for d in devs if d is not None)))
 
@@ -285,15 +353,17 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
     """TASK (+ COMPUTE_TASK_INFO, TASK_PMU_INFO) -> events (device) and kernels."""
     ktask, pmu = f"{p}_ktask", f"{p}_pmu"
     if not db.has("TASK"):
-        cur.execute(f"CREATE OR REPLACE TEMP TABLE {ktask} (start BIGINT, end_ BIGINT)")
+        cur.execute(f"CREATE OR REPLACE TEMP TABLE {ktask} (start BIGINT, end_ BIGINT, dev BIGINT, stream BIGINT)")
         return 0
     has_cti = db.has("COMPUTE_TASK_INFO")
     cti = "COMPUTE_TASK_INFO"
     comm_filter = ""
     if db.has("COMMUNICATION_TASK_INFO"):
-        comm_filter = "LEFT JOIN COMMUNICATION_TASK_INFO h ON h.globalTaskId = t.globalTaskId WHERE h.globalTaskId IS NULL"
+        comm_filter = (
+            "LEFT JOIN COMMUNICATION_TASK_INFO h ON h.globalTaskId = t.globalTaskId WHERE h.globalTaskId IS NULL"
+        )
     if has_cti:
-        c = lambda *n: _ci(db, cti, "c", *n)  # noqa: E731
+        c = partial(_ci, db, cti, "c")
         cti_cols = (
             f"{c('name')}, {c('opType')}, {c('taskType')}, {c('blockDim', 'blockNum')}, {c('mixBlockDim', 'mixBlockNum')}, "
             f"{c('inputShapes')}, {c('inputDataTypes')}, {c('inputFormats')}, {c('outputShapes')}, {c('outputDataTypes')}, "
@@ -303,12 +373,35 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
     else:
         cti_cols = ", ".join(["NULL"] * 11) + ", 0"
         join = ""
-    t = lambda *n: _ci(db, "TASK", "t", *n)  # noqa: E731
-    sql = f"""SELECT {t('startNs')}, {t('endNs')}, {t('deviceId')}, {t('streamId')}, {t('taskId')}, {t('connectionId')},
-                     {t('globalTaskId')}, {t('taskType')}, {cti_cols}
+    t = partial(_ci, db, "TASK", "t")
+    sql = f"""SELECT {t("startNs")}, {t("endNs")}, {t("deviceId")}, {t("streamId")}, {t("taskId")}, {t("connectionId")},
+                     {t("globalTaskId")}, {t("taskType")}, {cti_cols}
               FROM TASK t {join} {comm_filter}"""
-    schema = [(n, _I64) for n in ("start", "end_", "dev", "stream", "task", "conn", "gtid", "ttype", "name", "optype", "core",
-                                   "block", "mix", "ish", "idt", "ifm", "osh", "odt", "ofm", "is_compute")]
+    schema = [
+        (n, _I64)
+        for n in (
+            "start",
+            "end_",
+            "dev",
+            "stream",
+            "task",
+            "conn",
+            "gtid",
+            "ttype",
+            "name",
+            "optype",
+            "core",
+            "block",
+            "mix",
+            "ish",
+            "idt",
+            "ifm",
+            "osh",
+            "odt",
+            "ofm",
+            "is_compute",
+        )
+    ]
     cur.execute(f"DROP TABLE IF EXISTS {ktask}")
     cur.execute(f"CREATE TEMP TABLE {ktask} ({', '.join(f'{n} BIGINT' for n, _ in schema)})")
     _insert_chunks(cur, db, sql, schema, f"INSERT INTO {ktask} SELECT * FROM _chunk", {}, "_chunk")
@@ -319,10 +412,14 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
         tmp = f"{pmu}_long"
         cur.execute(f"CREATE TEMP TABLE {tmp} (gtid BIGINT, name BIGINT, value DOUBLE)")
         _insert_chunks(
-            cur, db,
+            cur,
+            db,
             f"SELECT CAST({db.pick('TASK_PMU_INFO', 'globalTaskId')} AS INTEGER), CAST({db.pick('TASK_PMU_INFO', 'name')} AS INTEGER), "
             f"CAST({db.pick('TASK_PMU_INFO', 'value')} AS REAL) FROM TASK_PMU_INFO",
-            [("gtid", _I64), ("name", _I64), ("value", _F64)], f"INSERT INTO {tmp} SELECT * FROM _chunk", {}, "_chunk",
+            [("gtid", _I64), ("name", _I64), ("value", _F64)],
+            f"INSERT INTO {tmp} SELECT * FROM _chunk",
+            {},
+            "_chunk",
         )
         cur.execute(
             f"""INSERT INTO {pmu}
@@ -330,7 +427,7 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
             FROM {tmp} l LEFT JOIN {sid} s ON s.id = l.name GROUP BY l.gtid"""
         )
         cur.execute(f"DROP TABLE {tmp}")
-    kind = f"""CASE WHEN k.is_compute = 1 THEN
+    kind = """CASE WHEN k.is_compute = 1 THEN
                    CASE WHEN upper(coalesce(sc.value, '')) LIKE '%MEMCPY%' THEN 'memcpy' ELSE 'kernel' END
                WHEN upper(coalesce(st.value, '')) LIKE '%MEMCPY%' THEN 'memcpy'
                WHEN upper(coalesce(st.value, '')) LIKE '%MEMSET%' THEN 'memset'
@@ -371,22 +468,37 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
     return n
 
 
-def _comm(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, dtype_t: str, link_t: str, trans_t: str,
-          comm_ops_from_db: bool) -> int:
+def _comm(
+    cur: Any,
+    db: Db,
+    rank: int,
+    fid: int,
+    p: str,
+    sid: str,
+    dtype_t: str,
+    link_t: str,
+    trans_t: str,
+    comm_ops_from_db: bool,
+) -> int:
     """COMMUNICATION_OP -> comm events (+ comm_ops when analysis.db lacks them); COMMUNICATION_TASK_INFO -> comm_tasks."""
     ops, ct = f"{p}_ops", f"{p}_ct"
     n = 0
     cur.execute(f"DROP TABLE IF EXISTS {ops}")
-    cur.execute(f"CREATE TEMP TABLE {ops} (op_id BIGINT, name BIGINT, op_type BIGINT, grp BIGINT, start BIGINT, end_ BIGINT, "
-                f"conn BIGINT, dtype BIGINT, cnt BIGINT)")
+    cur.execute(
+        f"CREATE TEMP TABLE {ops} (op_id BIGINT, name BIGINT, op_type BIGINT, grp BIGINT, start BIGINT, end_ BIGINT, "
+        f"conn BIGINT, dtype BIGINT, cnt BIGINT)"
+    )
     if db.has("COMMUNICATION_OP"):
-        o = lambda *x: f"CAST({db.pick('COMMUNICATION_OP', *x)} AS INTEGER)"  # noqa: E731
+        o = partial(_ci, db, "COMMUNICATION_OP", "")
         _insert_chunks(
-            cur, db,
+            cur,
+            db,
             f"SELECT {o('opId')}, {o('opName')}, {o('opType')}, {o('groupName')}, {o('startNs')}, {o('endNs')}, "
             f"{o('connectionId')}, {o('dataType')}, {o('count')} FROM COMMUNICATION_OP",
             [(x, _I64) for x in ("op_id", "name", "op_type", "grp", "start", "end_", "conn", "dtype", "cnt")],
-            f"INSERT INTO {ops} SELECT * FROM _chunk", {}, "_chunk",
+            f"INSERT INTO {ops} SELECT * FROM _chunk",
+            {},
+            "_chunk",
         )
         bytes_sql = f"o.cnt * ({HCCL_DTYPE_BYTES_SQL.format(d='dt.value')})"
         cur.execute(
@@ -409,18 +521,39 @@ def _comm(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, dtype_t: str,
             {"rank": rank},
         )
     cur.execute(f"DROP TABLE IF EXISTS {ct}")
-    cur.execute(f"CREATE TEMP TABLE {ct} (start BIGINT, end_ BIGINT, name BIGINT, ttype BIGINT, op_id BIGINT, grp BIGINT, "
-                f"plane BIGINT, src BIGINT, dst BIGINT, transport BIGINT, link BIGINT, size BIGINT)")
+    cur.execute(
+        f"CREATE TEMP TABLE {ct} (start BIGINT, end_ BIGINT, name BIGINT, ttype BIGINT, op_id BIGINT, grp BIGINT, "
+        f"plane BIGINT, src BIGINT, dst BIGINT, transport BIGINT, link BIGINT, size BIGINT)"
+    )
     if db.has("COMMUNICATION_TASK_INFO") and db.has("TASK"):
-        h = lambda *x: _ci(db, "COMMUNICATION_TASK_INFO", "h", *x)  # noqa: E731
+        h = partial(_ci, db, "COMMUNICATION_TASK_INFO", "h")
         _insert_chunks(
-            cur, db,
-            f"""SELECT CAST(t.startNs AS INTEGER), CAST(t.endNs AS INTEGER), {h('name')}, {h('taskType')}, {h('opId')},
-                       {h('groupName')}, {h('planeId')}, {h('srcRank')}, {h('dstRank')}, {h('transportType')},
-                       {h('linkType')}, {h('size')}
+            cur,
+            db,
+            f"""SELECT CAST(t.startNs AS INTEGER), CAST(t.endNs AS INTEGER), {h("name")}, {h("taskType")}, {h("opId")},
+                       {h("groupName")}, {h("planeId")}, {h("srcRank")}, {h("dstRank")}, {h("transportType")},
+                       {h("linkType")}, {h("size")}
                 FROM COMMUNICATION_TASK_INFO h JOIN TASK t ON t.globalTaskId = h.globalTaskId""",
-            [(x, _I64) for x in ("start", "end_", "name", "ttype", "op_id", "grp", "plane", "src", "dst", "transport", "link", "size")],
-            f"INSERT INTO {ct} SELECT * FROM _chunk", {}, "_chunk",
+            [
+                (x, _I64)
+                for x in (
+                    "start",
+                    "end_",
+                    "name",
+                    "ttype",
+                    "op_id",
+                    "grp",
+                    "plane",
+                    "src",
+                    "dst",
+                    "transport",
+                    "link",
+                    "size",
+                )
+            ],
+            f"INSERT INTO {ct} SELECT * FROM _chunk",
+            {},
+            "_chunk",
         )
         cur.execute(
             f"""INSERT INTO comm_tasks
@@ -448,7 +581,7 @@ def _comm(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, dtype_t: str,
             SELECT $rank, NULL, sn.value, {OP_TYPE_SQL.format(n="coalesce(st.value, sn.value, '')")}, sg.value,
                    o.start, greatest(o.end_ - o.start, 0), a.transit, a.wait, a.sync,
                    CASE WHEN a.op_id IS NOT NULL THEN greatest(o.end_ - o.start - coalesce(a.transit, 0) - coalesce(a.wait, 0), 0) END,
-                   coalesce(NULLIF(b.b, 0), o.cnt * ({HCCL_DTYPE_BYTES_SQL.format(d='dt.value')}))
+                   coalesce(NULLIF(b.b, 0), o.cnt * ({HCCL_DTYPE_BYTES_SQL.format(d="dt.value")}))
             FROM {ops} o LEFT JOIN agg a ON a.op_id = o.op_id LEFT JOIN bytes b ON b.op_id = o.op_id
             LEFT JOIN {sid} sn ON sn.id = o.name LEFT JOIN {sid} st ON st.id = o.op_type LEFT JOIN {sid} sg ON sg.id = o.grp
             LEFT JOIN {dtype_t} dt ON dt.id = o.dtype
@@ -460,22 +593,30 @@ def _comm(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, dtype_t: str,
 
 def _cann_api(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, api_t: str) -> int:
     """CANN_API -> runtime / sync events (corr = connectionId, shared with the TASK it queued)."""
+    cann = f"{p}_cann"
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE {cann} (start BIGINT, end_ BIGINT, type BIGINT, gtid BIGINT, conn BIGINT, name BIGINT)")
     if not db.has("CANN_API"):
         return 0
-    a = lambda *x: f"CAST({db.pick('CANN_API', *x)} AS INTEGER)"  # noqa: E731
-    view = "_chunk"
-    insert = f"""INSERT INTO events
+    a = partial(_ci, db, "CANN_API", "")
+    _insert_chunks(
+        cur,
+        db,
+        f"SELECT {a('startNs')}, {a('endNs')}, {a('type')}, {a('globalTid')}, {a('connectionId')}, {a('name')} FROM CANN_API",
+        [("start", _I64), ("end_", _I64), ("type", _I64), ("gtid", _I64), ("conn", _I64), ("name", _I64)],
+        f"INSERT INTO {cann} SELECT * FROM _chunk",
+        {},
+        "_chunk",
+    )
+    cur.execute(
+        f"""INSERT INTO events
         SELECT $rank, NULL, CASE WHEN regexp_matches(coalesce(sn.value, ''), {sql_str(SYNC_RE)}) THEN 'sync' ELSE 'runtime' END,
                coalesce(ap.value || '@', '') || coalesce(sn.value, ''), 'CANN', (c.gtid >> 32)::VARCHAR, (c.gtid & 4294967295)::VARCHAR,
                false, NULL, c.start, greatest(c.end_ - c.start, 0), NULLIF(c.conn, 4294967295), x.ext, NULL, NULL, NULL, NULL, NULL, $fid
-        FROM {view} c LEFT JOIN {p}_cext x ON x.conn = c.conn LEFT JOIN {sid} sn ON sn.id = c.name LEFT JOIN {api_t} ap ON ap.id = c.type
-        WHERE c.start IS NOT NULL AND c.end_ IS NOT NULL"""
-    return _insert_chunks(
-        cur, db,
-        f"SELECT {a('startNs')}, {a('endNs')}, {a('type')}, {a('globalTid')}, {a('connectionId')}, {a('name')} FROM CANN_API",
-        [("start", _I64), ("end_", _I64), ("type", _I64), ("gtid", _I64), ("conn", _I64), ("name", _I64)],
-        insert, {"rank": rank, "fid": fid}, view,
+        FROM {cann} c LEFT JOIN {p}_cext x ON x.conn = c.conn LEFT JOIN {sid} sn ON sn.id = c.name LEFT JOIN {api_t} ap ON ap.id = c.type
+        WHERE c.start IS NOT NULL AND c.end_ IS NOT NULL""",
+        {"rank": rank, "fid": fid},
     )
+    return cur.execute(f"SELECT count(*) FROM {cann} WHERE start IS NOT NULL AND end_ IS NOT NULL").fetchone()[0]
 
 
 def _pytorch_stage(cur: Any, db: Db, p: str) -> None:
@@ -484,16 +625,22 @@ def _pytorch_stage(cur: Any, db: Db, p: str) -> None:
     cur.execute(f"DROP TABLE IF EXISTS {conn}")
     cur.execute(f"CREATE TEMP TABLE {conn} (id BIGINT, conn BIGINT)")
     cur.execute(f"DROP TABLE IF EXISTS {host}")
-    cur.execute(f"CREATE TEMP TABLE {host} (rid BIGINT, start BIGINT, end_ BIGINT, gtid BIGINT, conn BIGINT, name BIGINT, "
-                f"idt BIGINT, ish BIGINT, type BIGINT, stack VARCHAR)")
+    cur.execute(
+        f"CREATE TEMP TABLE {host} (rid BIGINT, start BIGINT, end_ BIGINT, gtid BIGINT, conn BIGINT, name BIGINT, "
+        f"idt BIGINT, ish BIGINT, type BIGINT, stack VARCHAR)"
+    )
     if db.has("PYTORCH_API"):
         if db.has("CONNECTION_IDS"):
             _insert_chunks(
-                cur, db,
+                cur,
+                db,
                 f"SELECT CAST({db.pick('CONNECTION_IDS', 'id')} AS INTEGER), CAST({db.pick('CONNECTION_IDS', 'connectionId')} AS INTEGER) FROM CONNECTION_IDS",
-                [("id", _I64), ("conn", _I64)], f"INSERT INTO {conn} SELECT * FROM _chunk", {}, "_chunk",
+                [("id", _I64), ("conn", _I64)],
+                f"INSERT INTO {conn} SELECT * FROM _chunk",
+                {},
+                "_chunk",
             )
-        a = lambda *x: _ci(db, "PYTORCH_API", "p", *x)  # noqa: E731
+        a = partial(_ci, db, "PYTORCH_API", "p")
         stack_sql = "NULL"
         if db.has("PYTORCH_CALLCHAINS") and db.has("STRING_IDS") and db.pick("PYTORCH_API", "callchainId") != "NULL":
             stack_sql = (
@@ -501,12 +648,25 @@ def _pytorch_stage(cur: Any, db: Db, p: str) -> None:
                 f"WHERE c.id = p.{db.pick('PYTORCH_API', 'callchainId')} ORDER BY c.stackDepth) cc JOIN STRING_IDS s ON s.id = cc.sid_)"
             )
         _insert_chunks(
-            cur, db,
-            f"""SELECT p.rowid, {a('startNs')}, {a('endNs')}, {a('globalTid')}, {a('connectionId')}, {a('name')}, {a('inputDtypes')},
-                       {a('inputShapes')}, {a('type')}, {stack_sql} FROM PYTORCH_API p""",
-            [("rid", _I64), ("start", _I64), ("end_", _I64), ("gtid", _I64), ("conn", _I64), ("name", _I64), ("idt", _I64),
-             ("ish", _I64), ("type", _I64), ("stack", _STR)],
-            f"INSERT INTO {host} SELECT * FROM _chunk", {}, "_chunk",
+            cur,
+            db,
+            f"""SELECT p.rowid, {a("startNs")}, {a("endNs")}, {a("globalTid")}, {a("connectionId")}, {a("name")}, {a("inputDtypes")},
+                       {a("inputShapes")}, {a("type")}, {stack_sql} FROM PYTORCH_API p""",
+            [
+                ("rid", _I64),
+                ("start", _I64),
+                ("end_", _I64),
+                ("gtid", _I64),
+                ("conn", _I64),
+                ("name", _I64),
+                ("idt", _I64),
+                ("ish", _I64),
+                ("type", _I64),
+                ("stack", _STR),
+            ],
+            f"INSERT INTO {host} SELECT * FROM _chunk",
+            {},
+            "_chunk",
         )
     # every torch op gets an id; the CANN calls and tasks of its connection ids share it
     cur.execute(
@@ -515,7 +675,9 @@ def _pytorch_stage(cur: Any, db: Db, p: str) -> None:
     )
 
 
-def _pytorch_insert(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, api_t: str, *, has_cann: bool) -> tuple[int, bool]:
+def _pytorch_insert(
+    cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, api_t: str, *, has_cann: bool
+) -> tuple[int, bool]:
     """The staged PYTORCH_API rows -> host events (ext_id = own id; corr too when there is no CANN layer)."""
     conn, host = f"{p}_conn", f"{p}_host"
     typ = "lower(coalesce(ap.value, CASE h.type WHEN 50001 THEN 'op' WHEN 50002 THEN 'queue' WHEN 50003 THEN 'trace' WHEN 50004 THEN 'mstx' END, 'op'))"
@@ -543,47 +705,58 @@ def _pytorch_insert(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, api
 def _gc_mstx(cur: Any, db: Db, rank: int, fid: int, sid: str) -> int:
     n = 0
     if db.has("GC_RECORD"):
-        g = lambda *x: f"CAST({db.pick('GC_RECORD', *x)} AS INTEGER)"  # noqa: E731
+        g = partial(_ci, db, "GC_RECORD", "")
         n += _insert_chunks(
-            cur, db, f"SELECT {g('startNs')}, {g('endNs')}, {g('globalTid')} FROM GC_RECORD",
+            cur,
+            db,
+            f"SELECT {g('startNs')}, {g('endNs')}, {g('globalTid')} FROM GC_RECORD",
             [("start", _I64), ("end_", _I64), ("gtid", _I64)],
             """INSERT INTO events SELECT $rank, NULL, 'python', 'GC', 'GC', (gtid >> 32)::VARCHAR, (gtid & 4294967295)::VARCHAR,
                    false, NULL, start, greatest(end_ - start, 0), NULL, NULL, NULL, NULL, NULL, NULL, NULL, $fid
                FROM _chunk WHERE start IS NOT NULL AND end_ IS NOT NULL""",
-            {"rank": rank, "fid": fid}, "_chunk",
+            {"rank": rank, "fid": fid},
+            "_chunk",
         )
     if db.has("MSTX_EVENTS"):
-        m = lambda *x: f"CAST({db.pick('MSTX_EVENTS', *x)} AS INTEGER)"  # noqa: E731
+        m = partial(_ci, db, "MSTX_EVENTS", "")
         n += _insert_chunks(
-            cur, db, f"SELECT {m('startNs')}, {m('endNs')}, {m('message')}, {m('globalTid')}, {m('eventType')} FROM MSTX_EVENTS",
+            cur,
+            db,
+            f"SELECT {m('startNs')}, {m('endNs')}, {m('message')}, {m('globalTid')}, {m('eventType')} FROM MSTX_EVENTS",
             [("start", _I64), ("end_", _I64), ("msg", _I64), ("gtid", _I64), ("etype", _I64)],
             f"""INSERT INTO events SELECT $rank, NULL, 'annotation', coalesce(s.value, 'mstx'), 'mstx',
                    (c.gtid >> 32)::VARCHAR, (c.gtid & 4294967295)::VARCHAR, false, NULL, c.start, greatest(c.end_ - c.start, 0),
                    NULL, NULL, NULL, NULL, NULL, NULL, NULL, $fid
                FROM _chunk c LEFT JOIN {sid} s ON s.id = c.msg WHERE c.start IS NOT NULL AND c.end_ IS NOT NULL""",
-            {"rank": rank, "fid": fid}, "_chunk",
+            {"rank": rank, "fid": fid},
+            "_chunk",
         )
     return n
 
 
 def _memory_freq(cur: Any, db: Db, rank: int, sid: str) -> None:
     if db.has("MEMORY_RECORD"):
-        m = lambda *x: f"CAST({db.pick('MEMORY_RECORD', *x)} AS INTEGER)"  # noqa: E731
+        m = partial(_ci, db, "MEMORY_RECORD", "")
         _insert_chunks(
-            cur, db,
+            cur,
+            db,
             f"SELECT {m('timestamp', 'timestampNs')}, {m('totalAllocated')}, {m('totalReserved')}, {m('component')}, {m('deviceId')} FROM MEMORY_RECORD",
             [("ts", _I64), ("alloc", _I64), ("res", _I64), ("comp", _I64), ("dev", _I64)],
             f"""INSERT INTO memory SELECT $rank, c.ts, c.alloc, c.res, coalesce(s.value, '?') || coalesce(' NPU:' || c.dev, '')
                FROM _chunk c LEFT JOIN {sid} s ON s.id = c.comp WHERE c.ts IS NOT NULL""",
-            {"rank": rank}, "_chunk",
+            {"rank": rank},
+            "_chunk",
         )
     if db.has("AICORE_FREQ"):
-        f = lambda *x: f"CAST({db.pick('AICORE_FREQ', *x)} AS INTEGER)"  # noqa: E731
+        f = partial(_ci, db, "AICORE_FREQ", "")
         _insert_chunks(
-            cur, db, f"SELECT {f('timestampNs')}, CAST({db.pick('AICORE_FREQ', 'freq')} AS REAL) FROM AICORE_FREQ",
+            cur,
+            db,
+            f"SELECT {f('timestampNs')}, CAST({db.pick('AICORE_FREQ', 'freq')} AS REAL) FROM AICORE_FREQ",
             [("ts", _I64), ("freq", _F64)],
             "INSERT INTO hw_metrics SELECT $rank, 'aicore_freq_mhz', ts, freq FROM _chunk WHERE ts IS NOT NULL",
-            {"rank": rank}, "_chunk",
+            {"rank": rank},
+            "_chunk",
         )
 
 
@@ -591,7 +764,7 @@ def _steps_from_step_time(cur: Any, db: Db, rank: int, p: str) -> None:
     """STEP_TIME holds each ProfilerStep's host range (format doc §17.2); consecutive steps tile."""
     if not db.has("STEP_TIME"):
         return
-    s = lambda *x: f"CAST({db.pick('STEP_TIME', *x)} AS INTEGER)"  # noqa: E731
+    s = partial(_ci, db, "STEP_TIME", "")
     rows = db.con.execute(f"SELECT {s('id')}, {s('startNs')}, {s('endNs')} FROM STEP_TIME").fetchall()
     rows = [r for r in rows if None not in r]
     if not rows:
@@ -621,7 +794,9 @@ def load_analysis_db(cur: Any, path: Path, rank: int) -> dict[str, Any]:
     db = Db(path)
     stats: dict[str, Any] = {"comm_ops": 0}
     try:
-        if not any(db.has(t) for t in ("CommAnalyzerTime", "CommAnalyzerBandwidth", "CommAnalyzerMatrix", "StepTraceTime")):
+        if not any(
+            db.has(t) for t in ("CommAnalyzerTime", "CommAnalyzerBandwidth", "CommAnalyzerMatrix", "StepTraceTime")
+        ):
             raise ParseError(path, "no CommAnalyzer* or StepTraceTime table", code="bad_db")
         # bandwidth first: operator bytes are summed from it before the operators are inserted (no UPDATE)
         bstage = f"_aab{abs(hash(str(path))) % 10**9}"
@@ -630,19 +805,23 @@ def load_analysis_db(cur: Any, path: Path, rank: int) -> dict[str, Any]:
         cur.execute(f"CREATE TEMP TABLE {bstage} ({', '.join(f'{x} VARCHAR' for x in cols)})")
         try:
             if db.has("CommAnalyzerBandwidth"):
-                b = lambda *x: _ci(db, "CommAnalyzerBandwidth", "", *x, cast="TEXT")  # noqa: E731
+                b = partial(_ci, db, "CommAnalyzerBandwidth", "", cast="TEXT")
                 _insert_chunks(
-                    cur, db,
-                    f"""SELECT {b('hccl_op_name')}, {b('group_name')}, {b('transport_type')}, {b('transit_size')}, {b('transit_time')},
-                               {b('bandwidth')}, {b('large_packet_ratio')}, {b('package_size')}, {b('count')}, {b('total_duration')},
-                               {b('step')} FROM CommAnalyzerBandwidth""",
-                    [(x, _STR) for x in cols], f"INSERT INTO {bstage} SELECT * FROM _chunk", {}, "_chunk",
+                    cur,
+                    db,
+                    f"""SELECT {b("hccl_op_name")}, {b("group_name")}, {b("transport_type")}, {b("transit_size")}, {b("transit_time")},
+                               {b("bandwidth")}, {b("large_packet_ratio")}, {b("package_size")}, {b("count")}, {b("total_duration")},
+                               {b("step")} FROM CommAnalyzerBandwidth""",
+                    [(x, _STR) for x in cols],
+                    f"INSERT INTO {bstage} SELECT * FROM _chunk",
+                    {},
+                    "_chunk",
                 )
                 # per-transport totals repeat on every packet-size row: one row per (op, transport), sizes gathered
                 cur.execute(
                     f"""INSERT INTO comm_bandwidth
-                    SELECT $rank, {STEP_KEY_SQL.format(k='step')},
-                           op, grp, transport, {MB_TO_BYTES.format(x='any_value(size)')}, {MS_TO_NS.format(x='any_value(time)')},
+                    SELECT $rank, {STEP_KEY_SQL.format(k="step")},
+                           op, grp, transport, {MB_TO_BYTES.format(x="any_value(size)")}, {MS_TO_NS.format(x="any_value(time)")},
                            TRY_CAST(any_value(bw) AS DOUBLE), TRY_CAST(any_value(lpr) AS DOUBLE),
                            CASE WHEN count(pkg) > 0 THEN to_json(map(list(pkg ORDER BY TRY_CAST(pkg AS DOUBLE)) FILTER (WHERE pkg IS NOT NULL),
                                 list([TRY_CAST(cnt AS DOUBLE), TRY_CAST(tot AS DOUBLE)] ORDER BY TRY_CAST(pkg AS DOUBLE)) FILTER (WHERE pkg IS NOT NULL)))::VARCHAR END
@@ -651,31 +830,42 @@ def load_analysis_db(cur: Any, path: Path, rank: int) -> dict[str, Any]:
                     {"rank": rank},
                 )
             if db.has("CommAnalyzerTime"):
-                c = lambda *x: _ci(db, "CommAnalyzerTime", "", *x, cast="TEXT")  # noqa: E731
-                f = lambda *x: _ci(db, "CommAnalyzerTime", "", *x, cast="REAL")  # noqa: E731
+                c = partial(_ci, db, "CommAnalyzerTime", "", cast="TEXT")
+                f = partial(_ci, db, "CommAnalyzerTime", "", cast="REAL")
                 cur.execute(
                     f"""CREATE OR REPLACE TEMP TABLE {bstage}_b AS
                     SELECT op, grp, step,
                         coalesce(sum(s) FILTER (WHERE upper(transport) = 'RDMA'), 0)
                         + greatest(coalesce(sum(s) FILTER (WHERE upper(transport) = 'SDMA'), 0),
                                    coalesce(sum(s) FILTER (WHERE upper(transport) IN ('HCCS', 'PCIE', 'SIO')), 0)) AS b
-                    FROM (SELECT DISTINCT op, grp, step, transport, {MB_TO_BYTES.format(x='size')} AS s FROM {bstage}) GROUP BY ALL"""
+                    FROM (SELECT DISTINCT op, grp, step, transport, {MB_TO_BYTES.format(x="size")} AS s FROM {bstage}) GROUP BY ALL"""
                 )
                 stats["comm_ops"] = _insert_chunks(
-                    cur, db,
-                    f"""SELECT {c('hccl_op_name')}, {c('group_name')}, {f('start_timestamp')}, {f('elapse_time')}, {f('transit_time')},
-                               {f('wait_time')}, {f('synchronization_time')}, {f('idle_time')}, {c('step')} FROM CommAnalyzerTime""",
-                    [("op", _STR), ("grp", _STR), ("start", _F64), ("elapse", _F64), ("transit", _F64), ("wait", _F64),
-                     ("sync", _F64), ("idle", _F64), ("step", _STR)],
+                    cur,
+                    db,
+                    f"""SELECT {c("hccl_op_name")}, {c("group_name")}, {f("start_timestamp")}, {f("elapse_time")}, {f("transit_time")},
+                               {f("wait_time")}, {f("synchronization_time")}, {f("idle_time")}, {c("step")} FROM CommAnalyzerTime""",
+                    [
+                        ("op", _STR),
+                        ("grp", _STR),
+                        ("start", _F64),
+                        ("elapse", _F64),
+                        ("transit", _F64),
+                        ("wait", _F64),
+                        ("sync", _F64),
+                        ("idle", _F64),
+                        ("step", _STR),
+                    ],
                     f"""INSERT INTO comm_ops
-                    SELECT $rank, {STEP_KEY_SQL.format(k='t.step')}, t.op, {OP_TYPE_SQL.format(n='t.op')}, t.grp,
-                           {US_TO_NS.format(x='CAST(t.start AS VARCHAR)')},
-                           {MS_TO_NS.format(x='t.elapse')}, {MS_TO_NS.format(x='t.transit')}, {MS_TO_NS.format(x='t.wait')},
-                           {MS_TO_NS.format(x='t.sync')}, {MS_TO_NS.format(x='t.idle')}, x.b
+                    SELECT $rank, {STEP_KEY_SQL.format(k="t.step")}, t.op, {OP_TYPE_SQL.format(n="t.op")}, t.grp,
+                           {US_TO_NS.format(x="CAST(t.start AS VARCHAR)")},
+                           {MS_TO_NS.format(x="t.elapse")}, {MS_TO_NS.format(x="t.transit")}, {MS_TO_NS.format(x="t.wait")},
+                           {MS_TO_NS.format(x="t.sync")}, {MS_TO_NS.format(x="t.idle")}, x.b
                     FROM _chunk t LEFT JOIN {bstage}_b x ON x.op = t.op AND x.grp IS NOT DISTINCT FROM t.grp
                                                         AND x.step IS NOT DISTINCT FROM t.step
                     WHERE t.op IS NOT NULL AND NOT starts_with(lower(t.op), 'total')""",
-                    {"rank": rank}, "_chunk",
+                    {"rank": rank},
+                    "_chunk",
                 )
         finally:
             cur.execute(f"DROP TABLE IF EXISTS {bstage}")
@@ -683,22 +873,26 @@ def load_analysis_db(cur: Any, path: Path, rank: int) -> dict[str, Any]:
         if db.has("CommAnalyzerMatrix"):
             from advisor.ingest.ascend_text import insert_matrix_stage
 
-            m = lambda *x: _ci(db, "CommAnalyzerMatrix", "", *x, cast="TEXT")  # noqa: E731
+            m = partial(_ci, db, "CommAnalyzerMatrix", "", cast="TEXT")
             stage = f"_aam{abs(hash(str(path))) % 10**9}"
-            cols = ("op", "grp", "src", "dst", "transport", "size", "time", "bw", "step")
+            mcols = ("op", "grp", "src", "dst", "transport", "size", "time", "bw", "step")
             cur.execute(f"DROP TABLE IF EXISTS {stage}_raw")
-            cur.execute(f"CREATE TEMP TABLE {stage}_raw ({', '.join(f'{x} VARCHAR' for x in cols)})")
+            cur.execute(f"CREATE TEMP TABLE {stage}_raw ({', '.join(f'{x} VARCHAR' for x in mcols)})")
             _insert_chunks(
-                cur, db,
-                f"""SELECT {m('hccl_op_name')}, {m('group_name')}, {m('src_rank')}, {m('dst_rank')}, {m('transport_type')},
-                           {m('transit_size')}, {m('transit_time')}, {m('bandwidth')}, {m('step')} FROM CommAnalyzerMatrix""",
-                [(x, _STR) for x in cols], f"INSERT INTO {stage}_raw SELECT * FROM _chunk", {}, "_chunk",
+                cur,
+                db,
+                f"""SELECT {m("hccl_op_name")}, {m("group_name")}, {m("src_rank")}, {m("dst_rank")}, {m("transport_type")},
+                           {m("transit_size")}, {m("transit_time")}, {m("bandwidth")}, {m("step")} FROM CommAnalyzerMatrix""",
+                [(x, _STR) for x in mcols],
+                f"INSERT INTO {stage}_raw SELECT * FROM _chunk",
+                {},
+                "_chunk",
             )
             cur.execute(
                 f"""CREATE TEMP TABLE {stage} AS
-                SELECT 0 AS fno, {int(rank)} AS rank, {STEP_KEY_SQL.format(k='step')} AS step, op || coalesce('@' || grp, '') AS name, grp,
+                SELECT 0 AS fno, {int(rank)} AS rank, {STEP_KEY_SQL.format(k="step")} AS step, op || coalesce('@' || grp, '') AS name, grp,
                        TRY_CAST(src AS INTEGER) AS src, TRY_CAST(dst AS INTEGER) AS dst, transport,
-                       {MB_TO_BYTES.format(x='size')} AS bytes, {MS_TO_NS.format(x='time')} AS transit_ns,
+                       {MB_TO_BYTES.format(x="size")} AS bytes, {MS_TO_NS.format(x="time")} AS transit_ns,
                        TRY_CAST(bw AS DOUBLE) AS bw
                 FROM {stage}_raw"""
             )
@@ -708,19 +902,21 @@ def load_analysis_db(cur: Any, path: Path, rank: int) -> dict[str, Any]:
             finally:
                 cur.execute(f"DROP TABLE IF EXISTS {stage}")
         if db.has("StepTraceTime"):
-            s = lambda *x: _ci(db, "StepTraceTime", "", *x, cast="TEXT")  # noqa: E731
-            cols = ("step", "computing", "cno", "ov", "comm", "free", "stage", "bubble", "cnoer", "prep")
+            s = partial(_ci, db, "StepTraceTime", "", cast="TEXT")
+            scols = ("step", "computing", "cno", "ov", "comm", "free", "stage", "bubble", "cnoer", "prep")
             _insert_chunks(
-                cur, db,
-                f"""SELECT {s('step')}, {s('computing')}, {s('communication_not_overlapped')}, {s('overlapped')}, {s('communication')},
-                           {s('free')}, {s('stage')}, {s('bubble')}, {s('communication_not_overlapped_and_exclude_receive')},
-                           {s('preparing')} FROM StepTraceTime""",
-                [(x, _STR) for x in cols],
+                cur,
+                db,
+                f"""SELECT {s("step")}, {s("computing")}, {s("communication_not_overlapped")}, {s("overlapped")}, {s("communication")},
+                           {s("free")}, {s("stage")}, {s("bubble")}, {s("communication_not_overlapped_and_exclude_receive")},
+                           {s("preparing")} FROM StepTraceTime""",
+                [(x, _STR) for x in scols],
                 f"""INSERT INTO vendor_steps
-                SELECT $rank, coalesce(TRY_CAST(TRY_CAST(step AS DOUBLE) AS INTEGER), {STEP_KEY_SQL.format(k='step')}, -1),
-                       {', '.join(US_TO_NS.format(x=x) for x in cols[1:])}
+                SELECT $rank, coalesce(TRY_CAST(TRY_CAST(step AS DOUBLE) AS INTEGER), {STEP_KEY_SQL.format(k="step")}, -1),
+                       {", ".join(US_TO_NS.format(x=x) for x in scols[1:])}
                 FROM _chunk""",
-                {"rank": rank}, "_chunk",
+                {"rank": rank},
+                "_chunk",
             )
         return stats
     finally:

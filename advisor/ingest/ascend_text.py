@@ -16,6 +16,7 @@ References: ``../shared/docs/ascend-formats.md`` (format doc), sections given pe
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -56,10 +57,8 @@ class BatchError(Exception):
 def _drop(cur: Any, *names: str) -> None:
     """Drop temp tables; never raises (it runs in ``finally`` after an error, maybe in an aborted transaction)."""
     for n in names:
-        try:
+        with contextlib.suppress(Exception):  # the original error is the one to report
             cur.execute(f"DROP TABLE IF EXISTS {n}")
-        except Exception:  # noqa: S110 - the original error is the one to report
-            pass
 
 
 def _files_table(cur: Any, name: str, jobs: list[Job], flags: tuple[str, ...] = ()) -> None:
@@ -167,8 +166,11 @@ def load_traces(cur: Any, jobs: list[Job], p: str, max_events: int | None = None
     comm_ops (flag ``comm_ops``) only for files whose export has no better source
     (kernel_details.csv, communication.json). Returns per-file statistics keyed by ``fno``.
     """
-    names = [f"{p}_{n}" for n in ("files", "tv", "lanes", "thr", "xe", "fl", "xi", "sb", "fb", "h2d", "npu", "cmap", "emap", "ht")]
-    files, tv, lanes, thr, xe, fl, xi, sb, fb, h2d, npu, cmap, emap, ht = names
+    names = [
+        f"{p}_{n}"
+        for n in ("files", "tv", "lanes", "thr", "xe", "fl", "xi", "sb", "fb", "h2d", "npu", "cmap", "emap", "ht")
+    ]
+    files, tv = names[0], names[1]
     paths = "[" + ", ".join(sql_str(q) for _, q in _ARG_PATHS) + "]"
     extracted = ", ".join(f"r.a[{i + 1}] AS {n}" for i, (n, _) in enumerate(_ARG_PATHS))
     biggest = max(j.path.stat().st_size for j in jobs)
@@ -179,7 +181,7 @@ def load_traces(cur: Any, jobs: list[Job], p: str, max_events: int | None = None
             cur.execute(
                 f"""CREATE TEMP TABLE {tv} AS
                 SELECT f.fno, f.rank, f.fid, f.kernels AS kfb, f.comm_ops AS cfb, r.ph, r.name, r.cat, r.pid, r.tid,
-                       {US_TO_NS.format(x='r.ts')} AS ts_ns, {US_TO_NS.format(x='r.dur')} AS dur_ns, r.id, {extracted}
+                       {US_TO_NS.format(x="r.ts")} AS ts_ns, {US_TO_NS.format(x="r.dur")} AS dur_ns, r.id, {extracted}
                 FROM (SELECT *, json_extract_string(args, {paths}) AS a
                       FROM read_json($paths, columns={_TRACE_COLUMNS}, format='array', maximum_object_size={max_obj},
                                      filename=true)) r
@@ -187,13 +189,20 @@ def load_traces(cur: Any, jobs: list[Job], p: str, max_events: int | None = None
                 {"paths": [str(j.path) for j in jobs]},
             )
         except Exception as exc:
-            _fail_or_raise(jobs, jobs[0].path, "not a readable Ascend timeline (JSON array of trace events): " + short_error(exc), "bad_file")
+            _fail_or_raise(
+                jobs,
+                jobs[0].path,
+                "not a readable Ascend timeline (JSON array of trace events): " + short_error(exc),
+                "bad_file",
+            )
         return _traces_from_stage(cur, jobs, names, max_events)
     finally:
         _drop(cur, *names)
 
 
-def _traces_from_stage(cur: Any, jobs: list[Job], names: list[str], max_events: int | None) -> dict[int, dict[str, Any]]:
+def _traces_from_stage(
+    cur: Any, jobs: list[Job], names: list[str], max_events: int | None
+) -> dict[int, dict[str, Any]]:
     files, tv, lanes, thr, xe, fl, xi, sb, fb, h2d, npu, cmap, emap, ht = names
     stats: dict[int, dict[str, Any]] = {j.fno: {} for j in jobs}
     counts = {
@@ -297,7 +306,7 @@ def _traces_from_stage(cur: Any, jobs: list[Job], names: list[str], max_events: 
                x.layer IN ('hw', 'hccl') OR (x.layer = 'other' AND x.plabels LIKE 'NPU%') AS device,
                CASE WHEN x.layer = 'hw' THEN {stream} END AS stream,
                x.ts_ns, x.dur_ns, c.corr, e.ext,
-               CASE WHEN x.layer = 'hccl' THEN TRY_CAST(x.elem_count AS BIGINT) * ({HCCL_DTYPE_BYTES_SQL.format(d='x.data_type')})
+               CASE WHEN x.layer = 'hccl' THEN TRY_CAST(x.elem_count AS BIGINT) * ({HCCL_DTYPE_BYTES_SQL.format(d="x.data_type")})
                     WHEN x.layer = 'hw' AND x.kind = 'comm' THEN TRY_CAST(x.size_b AS BIGINT) END AS bytes,
                replace(x.shapes, chr(13), ''), replace(x.dtypes, chr(13), ''),
                TRY_CAST(x.flops AS DOUBLE),
@@ -351,7 +360,7 @@ def _traces_from_stage(cur: Any, jobs: list[Job], names: list[str], max_events: 
     cur.execute(
         f"""CREATE TEMP TABLE {ht} AS
         WITH opl AS (
-            SELECT DISTINCT fno, pid, tid, TRY_CAST(tid AS BIGINT) AS t, {_GROUP_OF_LANE.format(t='tname')} AS grp
+            SELECT DISTINCT fno, pid, tid, TRY_CAST(tid AS BIGINT) AS t, {_GROUP_OF_LANE.format(t="tname")} AS grp
             FROM {xe} WHERE layer = 'hccl' AND op_lane AND TRY_CAST(tid AS BIGINT) IS NOT NULL
         ),
         ops AS (SELECT rid AS op_rid, fno, pid, tid, ts_ns, dur_ns, name FROM {xe} WHERE layer = 'hccl' AND op_lane),
@@ -363,7 +372,7 @@ def _traces_from_stage(cur: Any, jobs: list[Job], names: list[str], max_events: 
     )
     cur.execute(
         f"""INSERT INTO comm_tasks
-        SELECT rank, NULL, op_name, grp, coalesce(TRY_CAST(plane_id AS INTEGER), {_PLANE_OF_LANE.format(t='tname')}),
+        SELECT rank, NULL, op_name, grp, coalesce(TRY_CAST(plane_id AS INTEGER), {_PLANE_OF_LANE.format(t="tname")}),
                coalesce(name, ''), coalesce(hccl_task_type, task_type), ts_ns, dur_ns,
                TRY_CAST(src_rank AS INTEGER), TRY_CAST(dst_rank AS INTEGER), transport, link_type,
                coalesce(TRY_CAST(size_b AS BIGINT), 0)
@@ -375,7 +384,7 @@ def _traces_from_stage(cur: Any, jobs: list[Job], names: list[str], max_events: 
         f"""INSERT INTO comm_ops
         WITH t AS (
             SELECT op_rid, name, ts_ns, dur_ns, coalesce(TRY_CAST(size_b AS BIGINT), 0) AS b,
-                   coalesce(TRY_CAST(plane_id AS INTEGER), {_PLANE_OF_LANE.format(t='tname')}, 0) AS plane
+                   coalesce(TRY_CAST(plane_id AS INTEGER), {_PLANE_OF_LANE.format(t="tname")}, 0) AS plane
             FROM {ht} WHERE op_rid IS NOT NULL AND cfb
         ),
         m AS (SELECT op_rid, min(plane) AS plane FROM t GROUP BY op_rid),
@@ -388,10 +397,10 @@ def _traces_from_stage(cur: Any, jobs: list[Job], names: list[str], max_events: 
             FROM t JOIN m USING (op_rid, plane) LEFT JOIN first_x f USING (op_rid) GROUP BY t.op_rid
         ),
         bytes AS (SELECT op_rid, sum(b) AS b FROM t GROUP BY op_rid)
-        SELECT x.rank, NULL, x.name, {OP_TYPE_SQL.format(n='x.name')}, {_GROUP_OF_LANE.format(t='x.tname')},
+        SELECT x.rank, NULL, x.name, {OP_TYPE_SQL.format(n="x.name")}, {_GROUP_OF_LANE.format(t="x.tname")},
                x.ts_ns, x.dur_ns, a.transit, a.wait, a.sync,
                CASE WHEN a.op_rid IS NOT NULL THEN greatest(x.dur_ns - coalesce(a.transit, 0) - coalesce(a.wait, 0), 0) END,
-               coalesce(NULLIF(b.b, 0), TRY_CAST(x.elem_count AS BIGINT) * ({HCCL_DTYPE_BYTES_SQL.format(d='x.data_type')}))
+               coalesce(NULLIF(b.b, 0), TRY_CAST(x.elem_count AS BIGINT) * ({HCCL_DTYPE_BYTES_SQL.format(d="x.data_type")}))
         FROM {xe} x LEFT JOIN agg a ON a.op_rid = x.rid LEFT JOIN bytes b ON b.op_rid = x.rid
         WHERE x.cfb AND x.layer = 'hccl' AND NOT x.is_task"""
     )
@@ -400,8 +409,12 @@ def _traces_from_stage(cur: Any, jobs: list[Job], names: list[str], max_events: 
         SELECT rank, NULL, name, NULLIF(upper(task_type), 'OTHER'), ts_ns, dur_ns
         FROM {xe} WHERE kfb AND layer = 'hw' AND kind = 'kernel'"""
     )
-    for fno, labels in cur.execute(f"SELECT fno, list(DISTINCT plabels) FROM {lanes} WHERE plabels LIKE 'NPU %' GROUP BY fno").fetchall():
-        stats[fno]["device_ids"] = sorted({int(m.group(1)) for lab in labels if (m := re.match(r"NPU\s+(\d+)", lab or ""))})
+    for fno, labels in cur.execute(
+        f"SELECT fno, list(DISTINCT plabels) FROM {lanes} WHERE plabels LIKE 'NPU %' GROUP BY fno"
+    ).fetchall():
+        stats[fno]["device_ids"] = sorted(
+            {int(m.group(1)) for lab in labels if (m := re.match(r"NPU\s+(\d+)", lab or ""))}
+        )
     return stats
 
 
@@ -475,7 +488,9 @@ def _header(path: Path) -> tuple[str, bytes]:
     return delim, line
 
 
-def csv_groups(cur: Any, jobs: list[Job], stage: str, flags: tuple[str, ...] = ()) -> list[tuple[str, dict[str, str], list[Job]]]:
+def csv_groups(
+    cur: Any, jobs: list[Job], stage: str, flags: tuple[str, ...] = ()
+) -> list[tuple[str, dict[str, str], list[Job]]]:
     """Read CSVs into temp tables, one per distinct (delimiter, header): [(table, {normalised header: column}, jobs)].
 
     Every cell is VARCHAR; 'N/A' and '' are NULL. The tables carry ``fno``, ``rank``, ``fid`` and
@@ -499,7 +514,7 @@ def csv_groups(cur: Any, jobs: list[Job], stage: str, flags: tuple[str, ...] = (
         try:
             cur.execute(
                 f"""CREATE TEMP TABLE {table} AS
-                SELECT f.fno, f.rank, f.fid{''.join(f', f.{x}' for x in flags)}, r.* EXCLUDE (filename)
+                SELECT f.fno, f.rank, f.fid{"".join(f", f.{x}" for x in flags)}, r.* EXCLUDE (filename)
                 FROM read_csv($paths, delim={sql_str(delim)}, {_CSV_OPTS}) r JOIN {files} f ON f.filename = r.filename""",
                 {"paths": [str(j.path) for j in gjobs]},
             )
@@ -636,13 +651,13 @@ def _kernel_group(cur: Any, stage: str, cols: dict[str, str], jobs: list[Job], t
         cur.execute(
             f"""CREATE TEMP TABLE {typed} AS
             SELECT fno, rank, fid, events AS ev, comm_ops AS crow,
-                   {num(c['step'], 'INTEGER')} AS step, {clean(c['name'])} AS name, {clean(c['type'])} AS op_type,
-                   upper({clean(c['core'])}) AS core, {us_ns(c['start'])} AS start_ns, {us_ns(c['dur'])} AS dur_ns,
-                   {us_ns(c['wait'])} AS wait_ns, {num(c['block'], 'INTEGER')} AS block, {num(c['mix_block'], 'INTEGER')} AS mix_block,
-                   {unquote(c['in_shapes'])} AS in_shapes, {clean(c['in_dtypes'])} AS in_dtypes, {clean(c['in_formats'])} AS in_formats,
-                   {unquote(c['out_shapes'])} AS out_shapes, {clean(c['out_dtypes'])} AS out_dtypes,
-                   {clean(c['out_formats'])} AS out_formats, {num(c['stream'], 'BIGINT')} AS stream,
-                   {num(c['device'], 'INTEGER')} AS device{''.join(', ' + v for v in pmu_vals)}
+                   {num(c["step"], "INTEGER")} AS step, {clean(c["name"])} AS name, {clean(c["type"])} AS op_type,
+                   upper({clean(c["core"])}) AS core, {us_ns(c["start"])} AS start_ns, {us_ns(c["dur"])} AS dur_ns,
+                   {us_ns(c["wait"])} AS wait_ns, {num(c["block"], "INTEGER")} AS block, {num(c["mix_block"], "INTEGER")} AS mix_block,
+                   {unquote(c["in_shapes"])} AS in_shapes, {clean(c["in_dtypes"])} AS in_dtypes, {clean(c["in_formats"])} AS in_formats,
+                   {unquote(c["out_shapes"])} AS out_shapes, {clean(c["out_dtypes"])} AS out_dtypes,
+                   {clean(c["out_formats"])} AS out_formats, {num(c["stream"], "BIGINT")} AS stream,
+                   {num(c["device"], "INTEGER")} AS device{"".join(", " + v for v in pmu_vals)}
             FROM {stage}"""
         )
         if pmu_cols:
@@ -650,8 +665,15 @@ def _kernel_group(cur: Any, stage: str, cols: dict[str, str], jobs: list[Job], t
             pairs = ", ".join(f"{sql_str(a.strip())}, {r}" for a, r in zip(pmu_cols, refs, strict=True))
             pmu = f"CASE WHEN coalesce({', '.join(refs)}) IS NOT NULL THEN json_object({pairs})::VARCHAR END"
             fops = [r for a, r in zip(pmu_cols, refs, strict=True) if a.strip().lower().endswith("_fops")]
-            flops = (f"CASE WHEN coalesce({', '.join(fops)}) IS NOT NULL THEN "
-                     + " + ".join(f"coalesce({r}, 0)" for r in fops) + " END") if fops else "NULL"
+            flops = (
+                (
+                    f"CASE WHEN coalesce({', '.join(fops)}) IS NOT NULL THEN "
+                    + " + ".join(f"coalesce({r}, 0)" for r in fops)
+                    + " END"
+                )
+                if fops
+                else "NULL"
+            )
         else:
             pmu, flops = "NULL", "NULL"
         ok = "start_ns IS NOT NULL AND dur_ns >= 0"
@@ -663,7 +685,7 @@ def _kernel_group(cur: Any, stage: str, cols: dict[str, str], jobs: list[Job], t
         )
         cur.execute(
             f"""INSERT INTO comm_ops (rank, step, name, op_type, group_name, start_ns, dur_ns)
-            SELECT rank, step, name, {OP_TYPE_SQL.format(n='name')},
+            SELECT rank, step, name, {OP_TYPE_SQL.format(n="name")},
                    NULLIF(regexp_extract(name, '^hcom_[A-Za-z]+__(\\d+)_', 1), ''), start_ns, dur_ns
             FROM {typed} WHERE crow AND core = 'HCCL' AND {ok}"""
         )
@@ -691,8 +713,15 @@ def _kernel_group(cur: Any, stage: str, cols: dict[str, str], jobs: list[Job], t
     out = {}
     for j in jobs:
         bad, good, n_hccl, n_steps, devices, ev = per.get(j.fno, (0, 0, 0, 0, [], False))
-        out[j.fno] = {"rows": good, "bad_rows": bad, "events": good if ev else 0, "device_ids": sorted(devices or [])[:8],
-                      "has_steps": n_steps > 0, "pmu_columns": len(pmu_cols), "hccl_rows": n_hccl}
+        out[j.fno] = {
+            "rows": good,
+            "bad_rows": bad,
+            "events": good if ev else 0,
+            "device_ids": sorted(devices or [])[:8],
+            "has_steps": n_steps > 0,
+            "pmu_columns": len(pmu_cols),
+            "hccl_rows": n_hccl,
+        }
     return out
 
 
@@ -720,15 +749,24 @@ def load_step_traces(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str, A
 
     def insert(stage: str, cols: dict[str, str], gjobs: list[Job]) -> None:
         req = require(cols, gjobs, computing=("Computing",), free=("Free",))
-        f = {k: col(cols, n) for k, n in (
-            ("cno", "Communication(Not Overlapped)"), ("ov", "Overlapped"), ("comm", "Communication"), ("stage", "Stage"),
-            ("bubble", "Bubble"), ("cnoer", "Communication(Not Overlapped and Exclude Receive)"), ("prep", "Preparing"))}
+        f = {
+            k: col(cols, n)
+            for k, n in (
+                ("cno", "Communication(Not Overlapped)"),
+                ("ov", "Overlapped"),
+                ("comm", "Communication"),
+                ("stage", "Stage"),
+                ("bubble", "Bubble"),
+                ("cnoer", "Communication(Not Overlapped and Exclude Receive)"),
+                ("prep", "Preparing"),
+            )
+        }
         cur.execute(
             f"""INSERT INTO vendor_steps
-            SELECT rank, coalesce({num(col(cols, 'Step'), 'INTEGER')}, -1), {us_ns(req['computing'])}, {us_ns(f['cno'])},
-                   {us_ns(f['ov'])}, {us_ns(f['comm'])}, {us_ns(req['free'])}, {us_ns(f['stage'])},
-                   {us_ns(f['bubble'])}, {us_ns(f['cnoer'])}, {us_ns(f['prep'])}
-            FROM {stage} WHERE {num(req['computing'])} IS NOT NULL OR {num(req['free'])} IS NOT NULL"""
+            SELECT rank, coalesce({num(col(cols, "Step"), "INTEGER")}, -1), {us_ns(req["computing"])}, {us_ns(f["cno"])},
+                   {us_ns(f["ov"])}, {us_ns(f["comm"])}, {us_ns(req["free"])}, {us_ns(f["stage"])},
+                   {us_ns(f["bubble"])}, {us_ns(f["cnoer"])}, {us_ns(f["prep"])}
+            FROM {stage} WHERE {num(req["computing"])} IS NOT NULL OR {num(req["free"])} IS NOT NULL"""
         )
 
     return _simple_csv(cur, jobs, f"{p}_st", (), insert)
@@ -741,12 +779,16 @@ def load_op_statistics(cur: Any, jobs: list[Job], p: str, source: str) -> dict[i
         req = require(cols, gjobs, op=("OP Type", "Op Type", "API Name", "Name", "Type"), count=("Count",))
         core = col(cols, "Core Type", "Level", "Accelerator Core")
         total = col(cols, "Total Time(us)", "Time(us)")
-        mn, avg, mx = col(cols, "Min Time(us)", "Min(us)"), col(cols, "Avg Time(us)", "Avg(us)"), col(cols, "Max Time(us)", "Max(us)")
+        mn, avg, mx = (
+            col(cols, "Min Time(us)", "Min(us)"),
+            col(cols, "Avg Time(us)", "Avg(us)"),
+            col(cols, "Max Time(us)", "Max(us)"),
+        )
         cur.execute(
             f"""INSERT INTO vendor_op_stats
-            SELECT rank, {sql_str(source)}, {clean(req['op'])}, {clean(core)}, {num(req['count'], 'BIGINT')},
-                   {us_ns(total)}, {us_ns(mn)}, {us_ns(avg)}, {us_ns(mx)}, {num(col(cols, 'Ratio(%)'))} / 100.0
-            FROM {stage} WHERE {clean(req['op'])} IS NOT NULL"""
+            SELECT rank, {sql_str(source)}, {clean(req["op"])}, {clean(core)}, {num(req["count"], "BIGINT")},
+                   {us_ns(total)}, {us_ns(mn)}, {us_ns(avg)}, {us_ns(mx)}, {num(col(cols, "Ratio(%)"))} / 100.0
+            FROM {stage} WHERE {clean(req["op"])} IS NOT NULL"""
         )
 
     return _simple_csv(cur, jobs, f"{p}_os", (), insert)
@@ -767,9 +809,9 @@ def load_memory_records(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str
 
         cur.execute(
             f"""INSERT INTO memory
-            SELECT rank, {us_ns(req['ts'])}, {to_bytes(col(cols, 'Total Allocated(MB)'))}, {to_bytes(col(cols, 'Total Reserved(MB)'))},
-                   {comp} || coalesce(' ' || {clean(col(cols, 'Device Type', 'Device'))}, '')
-            FROM {stage} WHERE {us_ns(req['ts'])} IS NOT NULL"""
+            SELECT rank, {us_ns(req["ts"])}, {to_bytes(col(cols, "Total Allocated(MB)"))}, {to_bytes(col(cols, "Total Reserved(MB)"))},
+                   {comp} || coalesce(' ' || {clean(col(cols, "Device Type", "Device"))}, '')
+            FROM {stage} WHERE {us_ns(req["ts"])} IS NOT NULL"""
         )
 
     return _simple_csv(cur, jobs, f"{p}_mr", (), insert)
@@ -781,14 +823,52 @@ def load_module_mems(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str, A
     def insert(stage: str, cols: dict[str, str], gjobs: list[Job]) -> None:
         req = require(cols, gjobs, comp=("Component",), ts=("Timestamp(us)",))
         res, res_kb = col(cols, "Total Reserved(MB)"), col(cols, "Total Reserved(KB)")
-        reserved = MIB_TO_BYTES.format(x=num(res)) if res else (f"TRY_CAST(round({num(res_kb)} * 1024) AS BIGINT)" if res_kb else "NULL")
+        reserved = (
+            MIB_TO_BYTES.format(x=num(res))
+            if res
+            else (f"TRY_CAST(round({num(res_kb)} * 1024) AS BIGINT)" if res_kb else "NULL")
+        )
         cur.execute(
             f"""INSERT INTO memory
-            SELECT rank, {us_ns(req['ts'])}, NULL, {reserved}, 'module:' || coalesce({clean(req['comp'])}, '?')
-            FROM {stage} WHERE {us_ns(req['ts'])} IS NOT NULL"""
+            SELECT rank, {us_ns(req["ts"])}, NULL, {reserved}, 'module:' || coalesce({clean(req["comp"])}, '?')
+            FROM {stage} WHERE {us_ns(req["ts"])} IS NOT NULL"""
         )
 
     return _simple_csv(cur, jobs, f"{p}_mm", (), insert)
+
+
+def load_minddata(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str, Any]]:
+    """MindSpore ``minddata_pipeline_raw_{id}.csv`` -> ``queues`` (format doc §20; column meanings [U]).
+
+    Each dataset-pipeline op lists its output-queue size samples (``output_queue_size``, a list
+    sampled every ``sample_interval`` ms). The root op (no parent: the device-queue op that feeds
+    the NPU) is Hermes' *host* queue; its children, the last pipeline stage, are the *data* queue.
+    The file has no absolute clock: ``ts_ns`` counts from the first sample.
+    """
+
+    def insert(stage: str, cols: dict[str, str], gjobs: list[Job]) -> None:
+        req = require(cols, gjobs, op=("op_id",), sizes=("output_queue_size",))
+        parent, interval = col(cols, "parent_id"), col(cols, "sample_interval")
+        cur.execute(
+            f"""INSERT INTO queues
+            WITH ops AS (
+                SELECT rank, fno, {num(req['op'], 'BIGINT')} AS op_id, {num(parent, 'BIGINT')} AS parent_id,
+                       coalesce({num(interval)}, 1.0) AS interval_ms,
+                       TRY_CAST(replace(replace({clean(req['sizes'])}, '(', '['), ')', ']') AS BIGINT[]) AS sizes
+                FROM {stage}
+            ),
+            roots AS (SELECT fno, op_id FROM ops WHERE parent_id IS NULL OR parent_id < 0),
+            q AS (
+                SELECT o.*, CASE WHEN o.op_id IN (SELECT op_id FROM roots r WHERE r.fno = o.fno) THEN 'host'
+                                 WHEN o.parent_id IN (SELECT op_id FROM roots r WHERE r.fno = o.fno) THEN 'data' END AS queue
+                FROM ops o
+            )
+            SELECT q.rank, q.queue, TRY_CAST(round((u.i - 1) * q.interval_ms * 1e6) AS BIGINT), u.size, NULL
+            FROM q, unnest(q.sizes) WITH ORDINALITY AS u(size, i)
+            WHERE q.queue IS NOT NULL"""
+        )
+
+    return _simple_csv(cur, jobs, f"{p}_md", (), insert)
 
 
 # -- communication.json / communication_matrix.json (format doc §8, §9) --------------------------
@@ -827,7 +907,9 @@ def _stage_ops(cur: Any, jobs: list[Job], stage: str) -> dict[int, ParseError]:
         by_fno = {j.fno: j for j in jobs}
         for fno, t in kinds.items():
             if t != "OBJECT":
-                errors[fno] = ParseError(by_fno[fno].path, "not valid JSON" if t == "INVALID" else "not a JSON object", "bad_json")
+                errors[fno] = ParseError(
+                    by_fno[fno].path, "not valid JSON" if t == "INVALID" else "not a JSON object", "bad_json"
+                )
         cur.execute(
             f"""CREATE TEMP TABLE {stage} AS
             WITH d AS (SELECT fno, rank, j, len(list_filter(json_keys(j), lambda k: regexp_matches(k, '(?i)^step\\d*$'))) > 0 AS nested
@@ -873,17 +955,17 @@ def load_communications(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str
                        + greatest(coalesce(sum(bytes) FILTER (WHERE upper(transport) = 'SDMA'), 0),
                                   coalesce(sum(bytes) FILTER (WHERE upper(transport) IN ('HCCS', 'PCIE', 'SIO')), 0)) AS bytes
                 FROM {bw} GROUP BY ALL)
-            SELECT o.rank, {STEP_KEY_SQL.format(k='o.step_key')}, {_OP_NAME.replace('op_key', 'o.op_key')},
-                   {OP_TYPE_SQL.format(n='o.op_key')}, {_OP_GROUP.replace('op_key', 'o.op_key')},
-                   {US_TO_NS.format(x=ti('Start Timestamp(us)'))},
-                   {MS_TO_NS.format(x=ti('Elapse Time(ms)'))}, {MS_TO_NS.format(x=ti('Transit Time(ms)'))},
-                   {MS_TO_NS.format(x=ti('Wait Time(ms)'))}, {MS_TO_NS.format(x=ti('Synchronization Time(ms)'))},
-                   {MS_TO_NS.format(x=ti('Idle Time(ms)'))}, tot.bytes
+            SELECT o.rank, {STEP_KEY_SQL.format(k="o.step_key")}, {_OP_NAME.replace("op_key", "o.op_key")},
+                   {OP_TYPE_SQL.format(n="o.op_key")}, {_OP_GROUP.replace("op_key", "o.op_key")},
+                   {US_TO_NS.format(x=ti("Start Timestamp(us)"))},
+                   {MS_TO_NS.format(x=ti("Elapse Time(ms)"))}, {MS_TO_NS.format(x=ti("Transit Time(ms)"))},
+                   {MS_TO_NS.format(x=ti("Wait Time(ms)"))}, {MS_TO_NS.format(x=ti("Synchronization Time(ms)"))},
+                   {MS_TO_NS.format(x=ti("Idle Time(ms)"))}, tot.bytes
             FROM {ops} o LEFT JOIN tot ON tot.fno = o.fno AND tot.op_key = o.op_key AND tot.step_key IS NOT DISTINCT FROM o.step_key"""
         )
         cur.execute(
             f"""INSERT INTO comm_bandwidth
-            SELECT rank, {STEP_KEY_SQL.format(k='step_key')}, {_OP_NAME}, {_OP_GROUP}, transport, bytes, transit_ns, gbps, lpr, sizes
+            SELECT rank, {STEP_KEY_SQL.format(k="step_key")}, {_OP_NAME}, {_OP_GROUP}, transport, bytes, transit_ns, gbps, lpr, sizes
             FROM {bw}"""
         )
         per = _per_fno(cur, f"SELECT fno, count(*) FROM {ops} GROUP BY fno")
@@ -904,8 +986,8 @@ def load_matrices(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str, Any]
         errors = _stage_ops(cur, jobs, ops)
         cur.execute(
             f"""CREATE TEMP TABLE {stage} AS
-            SELECT o.fno, o.rank, {STEP_KEY_SQL.format(k='o.step_key')} AS step, o.op_key AS name,
-                   {_OP_GROUP.replace('op_key', 'o.op_key')} AS grp,
+            SELECT o.fno, o.rank, {STEP_KEY_SQL.format(k="o.step_key")} AS step, o.op_key AS name,
+                   {_OP_GROUP.replace("op_key", "o.op_key")} AS grp,
                    TRY_CAST(regexp_extract(l.key, '^\\s*(\\d+)\\s*-', 1) AS INTEGER) AS src,
                    TRY_CAST(regexp_extract(l.key, '-\\s*(\\d+)\\s*$', 1) AS INTEGER) AS dst,
                    l.value->>'$."Transport Type"' AS transport, {_L_BYTES} AS bytes, {_L_TIME} AS transit_ns,
@@ -914,7 +996,10 @@ def load_matrices(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str, Any]
             WHERE json_type(l.value) = 'OBJECT'"""
         )
         per = insert_matrix_stage(cur, stage)
-        return {j.fno: errors.get(j.fno) or dict(zip(("links", "unmapped"), per.get(j.fno, (0, 0)), strict=True)) for j in jobs}
+        return {
+            j.fno: errors.get(j.fno) or dict(zip(("links", "unmapped"), per.get(j.fno, (0, 0)), strict=True))
+            for j in jobs
+        }
     finally:
         _drop(cur, ops, stage)
 

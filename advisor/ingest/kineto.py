@@ -291,6 +291,9 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
             ).fetchall()[0]
     except Exception as exc:  # duckdb raises its own error types for bad JSON / gzip / IO
         cur.execute(f"DROP TABLE IF EXISTS {stage}")
+        cur.close()
+        if cur is not main_cur:
+            main_cur.close()
         raise ParseError(path, "not a readable Kineto trace: " + _short_duckdb_error(exc)) from None
     finally:
         if stream is not None:
@@ -304,11 +307,13 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
             return _from_stage(cur, stage, rank, fid, header, path, lctx)
         finally:
             cur.unregister(stage)
+            cur.close()
             del staged
     try:
         return _from_stage(cur, stage, rank, fid, header, path, lctx)
     finally:
         cur.execute(f"DROP TABLE IF EXISTS {stage}")
+        cur.close()
 
 
 def _short_duckdb_error(exc: Exception) -> str:

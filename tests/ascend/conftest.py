@@ -1,0 +1,54 @@
+"""Fixtures for the Ascend ingest tests: real samples and generated clusters (in tmp dirs only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.ascend import gen_cluster
+
+SAMPLES = Path(__file__).resolve().parents[2] / ".." / "shared" / "samples"
+REPO = Path(__file__).resolve().parents[2]
+FORMAT_DOC = Path(__file__).resolve().parents[2] / ".." / "shared" / "docs" / "ascend-formats.md"
+
+
+@pytest.fixture(scope="session")
+def ascend_samples() -> Path:
+    if not (SAMPLES / "ascend_pt_timeline").is_dir():
+        pytest.skip("../shared/samples not present")
+    return SAMPLES
+
+
+@pytest.fixture(scope="session")
+def faults8_text(tmp_path_factory: pytest.TempPathFactory) -> gen_cluster.Facts:
+    return gen_cluster.generate("faults8", tmp_path_factory.mktemp("faults8_text"), "text")
+
+
+@pytest.fixture(scope="session")
+def faults8_db(tmp_path_factory: pytest.TempPathFactory) -> gen_cluster.Facts:
+    return gen_cluster.generate("faults8", tmp_path_factory.mktemp("faults8_db"), "db")
+
+
+@pytest.fixture(scope="session")
+def cluster64_text(tmp_path_factory: pytest.TempPathFactory) -> gen_cluster.Facts:
+    return gen_cluster.generate("cluster64", tmp_path_factory.mktemp("cluster64_text"), "text")
+
+
+@pytest.fixture(scope="session")
+def cluster64_db(tmp_path_factory: pytest.TempPathFactory) -> gen_cluster.Facts:
+    return gen_cluster.generate("cluster64", tmp_path_factory.mktemp("cluster64_db"), "db")
+
+
+@pytest.fixture(scope="session")
+def loaded_faults8_text(faults8_text):
+    from advisor.ingest import load_profile
+
+    return load_profile(faults8_text.root)
+
+
+@pytest.fixture(scope="session")
+def loaded_faults8_db(faults8_db):
+    from advisor.ingest import load_profile
+
+    return load_profile(faults8_db.root)
