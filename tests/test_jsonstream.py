@@ -44,3 +44,17 @@ def test_truncated_and_other_layouts(tmp_path: Path) -> None:
     p.write_text('{"events": []}')
     with pytest.raises(LayoutError):
         EventsStream(p)
+
+
+@pytest.mark.parametrize("sample", ["kineto_resnet50_num_workers_0", "kineto_two_ranks"])
+def test_streamed_and_whole_object_reads_agree(sample: str, samples: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Big files go through the streaming reader; forcing it on the samples gives the same tables."""
+    import advisor.ingest.kineto as kineto
+    from advisor.ingest import load_profile
+
+    query = "SELECT * FROM events ORDER BY rank, start_ns, dur_ns, name, tid"
+    whole = load_profile(samples / sample).con.execute(query).fetchall()
+    monkeypatch.setattr(kineto, "STREAM_ABOVE_BYTES", 0)
+    streamed_ctx = load_profile(samples / sample)
+    assert not streamed_ctx.warnings
+    assert streamed_ctx.con.execute(query).fetchall() == whole

@@ -60,6 +60,7 @@ COMM_KERNEL_RE = r"(?i)nccl|rccl|hccl|msccl|all_?reduce|all_?gather|reduce_?scat
 COMM_HOST_RE = r"^(nccl|gloo|mpi|ucc|hccl|c10d):|^c10d::|^record_param_comms$|^c10d_functional::"
 SYNC_RE = r"(?i)synchronize$|^(cuda|hip)Memcpy$|^(cuda|hip)StreamQuery$"
 
+STREAM_ABOVE_BYTES = 256 << 20  # estimated uncompressed size from which the streaming reader is used
 EVENT_MAX_BYTES = 64 << 20  # one event larger than this is refused (bounds memory on hostile input)
 
 # SQL expression: text (JSON number or string) in µs -> integer ns. Exact for decimal text.
@@ -244,7 +245,9 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
         unnest = (f"SELECT json AS e FROM read_json($path, format='array', records=false, "
                   f"columns={{'json': '{EVENT_TYPE[:-2]}'}}, maximum_object_size={limit})")
     else:
-        try:  # stream the events list in bounded memory (see jsonstream); else read the whole object
+        try:  # big files: stream the events list (see jsonstream); small ones: one whole-object read is quicker
+            if _max_object_size(path) < STREAM_ABOVE_BYTES:
+                raise LayoutError("small file")
             stream = EventsStream(path)
             # DuckDB registers one Python-object filesystem per database: stage in a private one
             cur = duckdb.connect(":memory:", config={"temp_directory": ""})
