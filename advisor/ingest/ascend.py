@@ -276,6 +276,21 @@ def _content_ok(p: Path, role: str, in_layout: bool) -> bool | None:
     return None
 
 
+def _sqlite_problem(p: Path) -> str | None:
+    """Why an SQLite file cannot be read (None when it opens and its schema lists)."""
+    try:
+        con = sqlite3.connect(f"file:{quote(str(p.resolve()))}?mode=ro&immutable=1", uri=True)
+    except sqlite3.Error as exc:
+        return f"not a readable SQLite database ({exc})"
+    try:
+        con.execute("SELECT count(*) FROM sqlite_master").fetchall()
+        return None
+    except sqlite3.Error as exc:
+        return f"corrupt SQLite database ({exc})"
+    finally:
+        con.close()
+
+
 def _db_rank(p: Path) -> int | None:
     """``RANK_DEVICE_MAP.rankId`` of a torch_npu / MindSpore db (None when absent or -1)."""
     try:
@@ -370,6 +385,11 @@ def _make_unit(root: Path, g: dict[str, Any], warn: Any) -> Unit | None:
             flavor = SOURCE_PT
     text_core = bool(roles.get("trace") or roles.get("kernels"))
     form = "text" if text_core or not roles.get("db") else "db"
+    if form == "text":  # the db form is not read, but a broken one is still worth a word
+        for p in roles.get("db", []) + roles.get("analysis_db", []) + roles.get("comm_db", []):
+            problem = _sqlite_problem(p)
+            if problem:
+                warn("bad_db", f"{problem}; not used (the text form of the export was read)", p)
     unit = Unit(UNIT_SOURCE_FOR[flavor], [], root)
     unit.info = {
         "flavor": flavor,
@@ -599,9 +619,11 @@ _SEQ_LOCK = threading.Lock()
 def load_batch(units: list[Unit], lctx: LoadContext) -> list[dict[str, Any] | ParseError]:
     """Load several rank exports; one result per unit: its ranks-table info, or the ParseError that skipped it."""
     cur = lctx.cursor()
+    token = ascend_text.WARN.set(lctx.warn)  # file-level notes from the CSV readers
     try:
         return _load_batch(units, lctx, cur)
     finally:
+        ascend_text.WARN.reset(token)
         with contextlib.suppress(Exception):
             cur.close()  # a cursor is a connection with its own temp catalog: do not keep many of them open
 

@@ -16,6 +16,8 @@ References: ``../shared/docs/ascend-formats.md`` (format doc), sections given pe
 
 from __future__ import annotations
 
+import contextvars
+
 import contextlib
 import re
 from collections import defaultdict
@@ -466,7 +468,7 @@ def _bind_starts(cur: Any, xe: str, fl: str, sb: str, p: str) -> None:
 # -- CSV helpers (format doc §3.3, §22.6) ----------------------------------------------------------
 
 _CSV_OPTS = (
-    "all_varchar=true, header=true, quote='\"', escape='\"', null_padding=true, strict_mode=false, "
+    "all_varchar=true, header=true, quote='\"', escape='\"', null_padding=true, strict_mode=false, parallel=false, "
     "ignore_errors=true, auto_detect=true, nullstr=['N/A', ''], filename=true"
 )
 
@@ -522,6 +524,7 @@ def csv_groups(
             _drop(cur, files)
             _fail_or_raise(jobs, gjobs[0].path, "not a readable CSV file: " + short_error(exc), "bad_csv")
         _drop(cur, files)
+        _check_rows(cur, table, gjobs, delim)
         skip = {"fno", "rank", "fid", *flags}
         cols: dict[str, str] = {}
         for (c,) in cur.execute(f"SELECT column_name FROM (DESCRIBE {table})").fetchall():
@@ -529,6 +532,40 @@ def csv_groups(
                 cols.setdefault(_norm(c), c)
         out.append((table, cols, gjobs))
     return out
+
+
+_ROW_CHECK_MAX_BYTES = 64 << 20
+
+
+def _check_rows(cur: Any, table: str, jobs: list[Job], delim: str) -> None:
+    """Header-only files fail; rows with missing or extra cells are named in a warning.
+
+    The cell count of every row is checked with Python's csv module (quotes and embedded
+    newlines handled), for files up to 64 MiB; DuckDB itself pads or skips such rows silently.
+    """
+    import csv
+
+    counts = dict(cur.execute(f"SELECT fno, count(*) FROM {table} GROUP BY fno").fetchall())
+    for j in jobs:
+        fno = getattr(j, "fno", None)
+        if fno is not None and counts.get(fno, 0) == 0:
+            _fail_or_raise(jobs, j.path, "no data rows (header only)", "empty_file")
+        try:
+            if j.path.stat().st_size > _ROW_CHECK_MAX_BYTES:
+                continue
+            with j.path.open(encoding="utf-8", errors="replace", newline="") as fh:
+                rows = csv.reader(fh, delimiter=delim)
+                width = len(next(rows, []))
+                bad = sum(1 for r in rows if r and len(r) != width)
+        except (OSError, csv.Error):
+            continue
+        warn = WARN.get()
+        if bad and warn is not None:
+            warn("ragged_rows", f"{bad} rows have missing or extra cells; the cells that could be placed were read", j.path)
+
+
+#: set by the Ascend loader to its LoadContext.warn for the duration of a load (per thread)
+WARN: contextvars.ContextVar[Any] = contextvars.ContextVar("ascend_text_warn", default=None)
 
 
 def col(cols: dict[str, str], *names: str) -> str | None:

@@ -49,10 +49,6 @@ NEEDS = {
 # Cases that fail today, with what goes wrong; the lead fixes advisor/ and removes the entry.
 # Keep the reasons short: the full observations are in the robustness report.
 KNOWN_FAILURES: dict[str, str] = {
-    'ascend_csv_ragged_rows': 'Ascend: ragged kernel_details.csv rows are taken without a warning naming the file',
-    'ascend_csv_header_only': 'Ascend: a header-only kernel_details.csv gives exit 0 and an empty report, not exit 2',
-    'ascend_csv_quotes_newlines': 'Ascend: a quoted newline in a cell makes kernel_details.csv unreadable (DuckDB parallel scanner + null_padding)',
-    'ascend_corrupt_db': 'Ascend: a corrupt ascend_pytorch_profiler_0.db next to the CSVs is ignored without a warning',
 }
 
 
