@@ -1,0 +1,52 @@
+"""Meta tests: every rule is documented, tested both ways, and every contract cause is covered."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from advisor.causes import causes
+from advisor.engine.registry import LOAD_ERRORS, discover
+from tests.conftest import SHARED
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CASES = Path(__file__).resolve().parents[1] / "rules" / "cases"
+
+
+def test_all_rule_modules_load() -> None:
+    discover()
+    assert not LOAD_ERRORS
+
+
+@pytest.mark.parametrize("rule_id", sorted(discover()))
+def test_rule_has_firing_and_quiet_cases_and_docs(rule_id: str) -> None:
+    spec = discover()[rule_id]
+    path = CASES / f"{rule_id}.toml"
+    assert path.is_file(), f"{rule_id} has no case file {path.name}"
+    kinds = {c["expect"] for c in tomllib.loads(path.read_text())["case"]}
+    assert {"fires", "quiet"} <= kinds, f"{rule_id} needs a firing and a quiet case, has {kinds}"
+    assert spec.doc.summary and all(spec.doc.sections[s].strip() for s in ("Why it matters", "How it is detected", "What to do"))
+    for f in spec.threshold_fields():
+        assert f.metadata.get("help"), f"{rule_id}.{f.name} lacks help text"
+
+
+def test_every_contract_cause_has_a_rule_and_optimizations() -> None:
+    text = (SHARED / "contract" / "CAUSES.md").read_text()
+    contract = re.findall(r"^\| ([a-z]+\.[a-z0-9_]+) \|", text, re.M)
+    assert len(contract) >= 29
+    covered = {c for spec in discover().values() for c in spec.all_causes}
+    assert not [c for c in contract if c not in covered]
+    for cid in contract:
+        assert causes()[cid].optimizations, f"{cid} has no optimizations in rules/causes.toml"
+
+
+def test_no_orphan_causes() -> None:
+    used = {c for spec in discover().values() for c in spec.all_causes}
+    assert not set(causes()) - used, "causes in rules/causes.toml that no rule can report"
