@@ -136,60 +136,38 @@ def claim(files: list[Path], ctx_warn: Any) -> list[Unit]:
     return units
 
 
-def _header_value(head: bytes, key: bytes) -> Any:
-    """Decode the JSON value of a top-level ``key`` found in the first bytes of a trace."""
+HEADER_KEYS = ("distributedInfo", "deviceProperties", "baseTimeNanoseconds", "displayTimeUnit")
+
+
+def _header(head: bytes, trailer: dict[str, Any]) -> tuple[Any, ...]:
+    """(distributedInfo JSON, deviceProperties JSON, baseTimeNanoseconds text, displayTimeUnit)
+    from the bytes before the events, else from the keys written after them."""
     import json
 
-    pos = head.find(b'"' + key + b'"')
-    if pos < 0:
-        return None
-    colon = head.find(b":", pos + len(key) + 2)
-    if colon < 0:
-        return None
-    try:
-        obj, _ = json.JSONDecoder().raw_decode(head[colon + 1 :].decode("utf-8", errors="replace").lstrip())
-    except ValueError:
-        return None
-    return obj
-
-
-def _header_from_stream(stream: EventsStream) -> tuple[Any, ...]:
-    """Header keys from the bytes before the events and the keys after them."""
-    import json
-
-    def get(key: str) -> Any:
-        v = header_value(stream.head_bytes, key)
-        return stream.trailer.get(key) if v is None else v
-
-    dist, props, base, unit = (get(k) for k in ("distributedInfo", "deviceProperties", "baseTimeNanoseconds", "displayTimeUnit"))
+    vals = []
+    for key in HEADER_KEYS:
+        v = header_value(head, key)
+        vals.append(trailer.get(key) if v is None else v)
+    dist, props, base, unit = vals
     return (
         None if dist is None else json.dumps(dist),
         None if props is None else json.dumps(props),
         None if base is None else str(base),
         unit,
     )
+
+
+def _header_from_stream(stream: EventsStream) -> tuple[Any, ...]:
+    """Header keys around the streamed events list."""
+    return _header(stream.head_bytes, stream.trailer)
 
 
 def _header_from_head(path: Path) -> tuple[Any, ...] | None:
     """Kineto writes its header keys before ``traceEvents``: read them from the first bytes
     instead of parsing the whole file a second time. None when the events come first."""
-    import json
-
     head = read_head(path, 1 << 20)
     cut = head.find(b'"traceEvents"')
-    if cut < 0:
-        return None
-    head = head[:cut]
-    dist = _header_value(head, b"distributedInfo")
-    props = _header_value(head, b"deviceProperties")
-    base = _header_value(head, b"baseTimeNanoseconds")
-    unit = _header_value(head, b"displayTimeUnit")
-    return (
-        None if dist is None else json.dumps(dist),
-        None if props is None else json.dumps(props),
-        None if base is None else str(base),
-        unit,
-    )
+    return None if cut < 0 else _header(head[:cut], {})
 
 
 def _looks_relative(cur: Any, stage: str) -> bool:
@@ -200,20 +178,8 @@ def _looks_relative(cur: Any, stage: str) -> bool:
 
 def _distributed_info(head: bytes) -> dict[str, Any] | None:
     """The ``distributedInfo`` object from the start of a trace (Kineto writes it before the events)."""
-    import json
-
-    pos = head.find(b'"distributedInfo"')
-    if pos < 0:
-        return None
-    colon = head.find(b":", pos + 17)
-    if colon < 0:
-        return None
-    try:
-        obj, _ = json.JSONDecoder().raw_decode(head[colon + 1 :].decode("utf-8", errors="replace").lstrip())
-    except ValueError:
-        return None
+    obj = header_value(head, "distributedInfo")
     return obj if isinstance(obj, dict) else None
-
 
 def _max_object_size(path: Path) -> int:
     size = path.stat().st_size
