@@ -39,9 +39,9 @@ def finalize(con: Any, warn: Callable[..., None]) -> None:
             SELECT *, lead(step) OVER w AS next_step, lead(host_start_ns) OVER w AS next_start
             FROM _marks WINDOW w AS (PARTITION BY rank ORDER BY host_start_ns)
         ),
-        launched AS (  -- device work launched from inside each marker (for the last step of a cycle)
+        launched AS (  -- device work launched from inside the marker of the last step of each cycle
             SELECT m.rank, m.step, max(d.start_ns + d.dur_ns) AS dev_end
-            FROM _marks m
+            FROM (SELECT * FROM nxt WHERE next_step IS DISTINCT FROM step + 1) m
             JOIN events h ON h.rank = m.rank AND NOT h.device AND h.corr IS NOT NULL
                  AND h.start_ns >= m.host_start_ns AND h.start_ns < m.host_end_ns
             JOIN events d ON d.rank = h.rank AND d.device AND d.corr = h.corr
