@@ -50,19 +50,23 @@ WITH c AS MATERIALIZED (
            regexp_matches(name, '(?i)pageable') AS pageable, regexp_matches(name, '(?i)pinned') AS pinned
     FROM events WHERE device AND kind = 'memcpy' AND step IS NOT NULL AND regexp_matches(name, $h2d_re)
 ),
-k AS (  -- only kernels that overlap some copy matter for the copies' overlap (keeps the island pass small)
-    SELECT DISTINCT x.rank, x.start_ns AS s, x.start_ns + x.dur_ns AS e
-    FROM events x JOIN c ON c.rank = x.rank AND x.start_ns < c.e AND x.start_ns + x.dur_ns > c.s
-    WHERE x.device AND x.kind = 'kernel' AND x.dur_ns > 0
-),
+kx AS (SELECT rank, start_ns AS s, start_ns + dur_ns AS e FROM events WHERE device AND kind = 'kernel' AND dur_ns > 0),
 kmark AS (
     SELECT *, CASE WHEN s <= max(e) OVER (PARTITION BY rank ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-                   THEN 0 ELSE 1 END AS nw FROM k
+                   THEN 0 ELSE 1 END AS nw FROM kx
 ),
-kis AS (SELECT rank, min(s) AS s, max(e) AS e FROM (SELECT *, sum(nw) OVER (PARTITION BY rank ORDER BY s, e) AS isl FROM kmark) GROUP BY rank, isl),
+kis AS (  -- kernel busy islands with the busy time before each (prefix sum)
+    SELECT rank, s, e, sum(e - s) OVER (PARTITION BY rank ORDER BY s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
+    FROM (SELECT rank, min(s) AS s, max(e) AS e FROM (SELECT *, sum(nw) OVER (PARTITION BY rank ORDER BY s, e) AS isl FROM kmark)
+          GROUP BY rank, isl)
+),
+busy_at AS (  -- kernel busy time up to each copy's start and end: two ASOF lookups, no range join
+    SELECT c.id, p.which, coalesce(k.before, 0) + CASE WHEN k.s IS NULL THEN 0 ELSE greatest(0, least(p.t, k.e) - k.s) END AS b
+    FROM c JOIN (SELECT id, 's' AS which, s AS t FROM c UNION ALL SELECT id, 'e', e FROM c) p USING (id)
+    ASOF LEFT JOIN kis k ON k.rank = c.rank AND p.t >= k.s
+),
 ov AS (
-    SELECT c.id, coalesce(sum(least(c.e, k.e) - greatest(c.s, k.s)) FILTER (WHERE k.s IS NOT NULL), 0) AS overlap_ns
-    FROM c LEFT JOIN kis k ON k.rank = c.rank AND k.s < c.e AND k.e > c.s GROUP BY c.id
+    SELECT id, max(b) FILTER (WHERE which = 'e') - max(b) FILTER (WHERE which = 's') AS overlap_ns FROM busy_at GROUP BY id
 ),
 launch AS (  -- host launch of each copy (correlation id), to place it after the dataloader
     SELECT d.start_ns AS dev_start, h.start_ns AS host_start, d.rank
