@@ -66,6 +66,10 @@ def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[l
             ctx.warnings.append(Warning_("rule_undecided", f"{rid} ({spec.name}): {note}"))
         findings.extend(got)
         outcomes.append(RuleOutcome(rid, "ran", findings=len(got), seconds=time.perf_counter() - t0))
+    if len(ctx.ranks) >= 3:
+        from advisor.engine.merge import merge_per_rank
+
+        findings = merge_per_rank(findings)
     if findings and ctx.breakdown is not None and not ctx.breakdown.empty:
         from advisor.engine.explain import annotate
 

@@ -1,0 +1,63 @@
+"""Merge the same finding repeated rank by rank into one finding that names every rank.
+
+Rules decide per rank; on a cluster the same cause often fires identically on many ranks (an AI
+CPU operator, an unfused pattern), which would bury the report under copies. Findings of one
+rule and cause about the same operators, each on a single rank, are merged when at least
+``MIN_RANKS`` ranks share them: the merged finding keeps the evidence, saving and severity of
+the worst rank, names every rank, and says how many ranks it covers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import defaultdict
+
+from advisor.model import Finding
+
+MIN_RANKS = 3
+
+
+def _span(ranks: list[int]) -> str:
+    ranks = sorted(ranks)
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}–{ranks[-1]}"
+    return ", ".join(map(str, ranks[:8])) + (" …" if len(ranks) > 8 else "")
+
+
+def merge_per_rank(findings: list[Finding]) -> list[Finding]:
+    """Return findings with per-rank copies merged (order is restored by the caller's sort)."""
+    groups: dict[tuple[str, str, tuple[str, ...]], list[Finding]] = defaultdict(list)
+    rest: list[Finding] = []
+    for f in findings:
+        if len(f.ranks) == 1 and not f.explains:
+            groups[(f.rule, f.cause, f.ops)].append(f)
+        else:
+            rest.append(f)
+    out = list(rest)
+    for items in groups.values():
+        if len(items) < MIN_RANKS:
+            out.extend(items)
+            continue
+        worst = max(items, key=lambda f: (f.estimated_saving_us or 0.0, f.severity))
+        ranks = sorted({r for f in items for r in f.ranks})
+        m = re.match(r"^Rank (\d+)(:?)\s*", worst.title)
+        if m:
+            body = worst.title[m.end():]
+            title = f"Ranks {_span(ranks)}{m.group(2) or ':'} {body} (worst: rank {m.group(1)})"
+        else:
+            title = f"{worst.title} (and {len(ranks) - 1} more ranks: {_span(ranks)})"
+        evidence = dict(worst.evidence)
+        evidence["ranks_affected"] = len(ranks)
+        evidence["worst_rank"] = worst.ranks[0]
+        out.append(
+            dataclasses.replace(
+                worst,
+                title=title,
+                ranks=tuple(ranks),
+                steps=tuple(sorted({s for f in items for s in f.steps})),
+                evidence=evidence,
+                severity=max(f.severity for f in items),
+            )
+        )
+    return out
