@@ -82,8 +82,10 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     peak = ctx.t.peak_rdma_gbps
     for rank, g in df.groupby("rank"):
         g = g.assign(excess_ns=(g["transit_ns"] - g["bytes"].fillna(0) / peak).clip(lower=0))
-        per_step = g.groupby("step", dropna=False)["excess_ns"].sum()
-        saving_us = float(per_step.median()) / 1000.0
+        bd = ctx.analysis.breakdown
+        n_steps = int((bd["rank"] == rank).sum()) if bd is not None else 0
+        # a stall hits some steps only: amortise it over every profiled step of the rank
+        saving_us = float(g["excess_ns"].sum()) / 1000.0 / max(n_steps, g["step"].nunique(), 1)
         longest = g.sort_values("transit_ns", ascending=False)
         yield ctx.finding(
             title=f"Rank {rank}: {len(g)} RDMA transfer(s) last longer than {ctx.t.min_transit_s:g} s "
@@ -98,8 +100,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             },
             saving_us=saving_us,
             step_us=step_us(ctx, int(rank)),
-            saving_basis="per step, RDMA transit time of the long transfers minus bytes / RDMA peak (median over "
-                         "the steps that have one)",
+            saving_basis="RDMA transit time of the long transfers beyond bytes / RDMA peak, summed and averaged "
+                         "over the rank's profiled steps",
             ranks=[int(rank)],
             steps=sorted(int(s) for s in g["step"].dropna().unique()),
             ops=list(dict.fromkeys(str(n) for n in g["name"] if n is not None))[:5],
