@@ -169,9 +169,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
     meta = ctx.query("SELECT rank, world_size, device_name, backend, has_device FROM ranks ORDER BY rank")
     world = next((m["world_size"] for m in meta if m["world_size"]), None)
     devices = sorted({m["device_name"] for m in meta if m["device_name"]})
-    steps = sorted({r["step"] for r in rows if r["step"] is not None}) if rows else []
-    if bd is not None and not bd.empty:
-        steps = sorted({int(s) for s in bd["step"] if int(s) != NO_STEP})
+    steps = [] if bd is None or bd.empty else sorted({int(s) for s in bd["step"] if int(s) != NO_STEP})
     profile = {
         "path": ctx.path,
         "sources": ctx.sources,

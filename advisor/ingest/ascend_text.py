@@ -547,8 +547,7 @@ def _check_rows(cur: Any, table: str, jobs: list[Job], delim: str) -> None:
 
     counts = dict(cur.execute(f"SELECT fno, count(*) FROM {table} GROUP BY fno").fetchall())
     for j in jobs:
-        fno = getattr(j, "fno", None)
-        if fno is not None and counts.get(fno, 0) == 0:
+        if counts.get(j.fno, 0) == 0:
             _fail_or_raise(jobs, j.path, "no data rows (header only)", "empty_file")
         try:
             if j.path.stat().st_size > _ROW_CHECK_MAX_BYTES:

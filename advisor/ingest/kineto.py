@@ -86,11 +86,6 @@ def trace_form(head: bytes) -> str | None:
     return None
 
 
-def looks_like_kineto(head: bytes) -> bool:
-    """True when the first bytes look like a Chrome trace (object or array form)."""
-    return trace_form(head) is not None
-
-
 def worker_key(path: Path) -> str:
     """Files of one process from tensorboard_trace_handler share this key."""
     m = _WORKER_RE.match(path.name)

@@ -36,10 +36,15 @@ _MD_PUNCT = re.compile(r"([\\`*_\[\]{}#|~@$])")
 _SPARK = "▁▂▃▄▅▆▇█"
 
 
+def _printable(text: str) -> str:
+    """Control characters from a profile become U+FFFD (they are invalid in HTML and break tables)."""
+    return "".join(ch if ch.isprintable() else "\ufffd" for ch in text)
+
+
 def md_escape(value: Any, limit: int | None = None) -> str:
     """Text safe inside Markdown paragraphs and table cells: one line, no markup, no HTML."""
     s = " ".join(str(value).split())  # newlines, tabs, CR -> single spaces
-    s = "".join(ch if ch.isprintable() else "\ufffd" for ch in s)
+    s = _printable(s)
     if limit is not None:
         s = truncate(s, limit)
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
@@ -49,7 +54,7 @@ def md_escape(value: Any, limit: int | None = None) -> str:
 
 def html_text(value: Any, limit: int | None = None) -> str:
     """Text for inside raw HTML tags such as ``<summary>`` (Markdown is not parsed there)."""
-    s = "".join(ch if ch.isprintable() else "\ufffd" for ch in " ".join(str(value).split()))
+    s = _printable(" ".join(str(value).split()))
     if limit is not None:
         s = truncate(s, limit)
     return html.escape(s, quote=True)
@@ -174,7 +179,7 @@ def render(report: Report | Mapping[str, Any], *, max_findings: int = 20) -> str
 
 def md_escape_code(value: Any) -> str:
     """Text for inside a single-backtick code span (backticks and newlines removed)."""
-    return "".join(ch if ch.isprintable() else "\ufffd" for ch in " ".join(str(value).replace("`", "'").split()))
+    return _printable(" ".join(str(value).replace("`", "'").split()))
 
 
 def _gate(gate: Mapping[str, Any]) -> list[str]:

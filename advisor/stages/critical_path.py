@@ -86,8 +86,6 @@ def _flatten(idx: list[int], start: np.ndarray, end: np.ndarray) -> _Track:
             top = stack.pop()
             emit(cursor, int(end[top]), top)  # type: ignore[arg-type]
             cursor = int(end[top])
-            if stack:
-                cursor = max(cursor, int(end[top]))
         if stack:
             emit(cursor, s, stack[-1])  # type: ignore[arg-type]
         if stack and e > int(end[stack[-1]]):
