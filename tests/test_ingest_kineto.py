@@ -147,3 +147,67 @@ def test_bad_rank_file_is_skipped_with_warning(tmp_path: Path, samples: Path) ->
     ctx = load_profile(tmp_path)
     assert ctx.ranks == [0]
     assert any(w.path and w.path.endswith("rank-1.json") for w in ctx.warnings)
+
+
+TABLE_QUERIES = {
+    "events": "SELECT * EXCLUDE (file_id) FROM events ORDER BY ALL",
+    "steps": "SELECT * FROM steps ORDER BY ALL",
+    "tracks": "SELECT * FROM tracks ORDER BY ALL",
+    "kernels": "SELECT * FROM kernels ORDER BY ALL",
+    "comm_ops": "SELECT * FROM comm_ops ORDER BY ALL",
+    "profile_files": "SELECT rank, path, source, events FROM profile_files ORDER BY ALL",
+}
+MULTI_FILE = [SAMPLES / "kineto_two_ranks", TRACES / "cpu_multi_cycle", TRACES / "gloo_slow_rank", TRACES / "gloo_pipeline_bubble"]
+
+
+def _tables(path: Path) -> dict[str, list]:
+    ctx = load_profile(path)
+    out = {name: ctx.con.execute(q).fetchall() for name, q in TABLE_QUERIES.items()}
+    out["warnings"] = sorted((w.code, w.message) for w in ctx.warnings)
+    return out
+
+
+@pytest.mark.parametrize("path", MULTI_FILE, ids=lambda p: p.name)
+def test_one_scan_for_many_files_equals_one_by_one(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small files of a directory are read in one scan; reading them one by one gives the same tables."""
+    import advisor.ingest.kineto as kineto
+
+    calls = []
+    real = kineto._load_batch
+    monkeypatch.setattr(kineto, "_load_batch", lambda *a: calls.append(1) or real(*a))
+    batched = _tables(path)
+    assert calls, "the directory was not read in one scan"
+    monkeypatch.delattr(kineto, "load_many")
+    assert _tables(path) == batched
+
+
+@pytest.mark.parametrize("path", [*MULTI_FILE, SAMPLES / "kineto_resnet50_num_workers_0", TRACES / "cpu_no_step_marker"],
+                         ids=lambda p: p.name)
+def test_steps_assigned_on_insert_match_an_asof_join(path: Path) -> None:
+    """Every event's step is the window with the latest start at or before it, if it starts before that window ends."""
+    con = load_profile(path).con
+    diff = con.execute(
+        """SELECT count(*), count(*) FILTER (WHERE e.step IS DISTINCT FROM
+                     CASE WHEN s.step IS NOT NULL AND e.start_ns < s.end_ns THEN s.step END)
+        FROM events e ASOF LEFT JOIN steps s ON e.rank = s.rank AND e.start_ns >= s.start_ns"""
+    ).fetchall()[0]
+    assert diff[0] > 0 and diff[1] == 0
+    for table in ("kernels", "comm_ops"):
+        bad = con.execute(
+            f"""SELECT count(*) FROM {table} t LEFT JOIN steps s
+                ON t.rank = s.rank AND t.start_ns >= s.start_ns AND t.start_ns < s.end_ns
+            WHERE t.step IS DISTINCT FROM s.step"""
+        ).fetchall()[0][0]
+        assert bad == 0, table
+
+
+def test_batch_with_a_broken_file_falls_back_to_one_by_one(tmp_path: Path, samples: Path) -> None:
+    """A malformed file fails the shared scan: the others are still read (one by one), the bad one is named."""
+    import shutil
+
+    for f in (samples / "kineto_two_ranks").iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    (tmp_path / "rank-7.json").write_text('{"distributedInfo": {"rank": 7}, "traceEvents": [{"ph": "X", "ts": 1, "dur": ')
+    ctx = load_profile(tmp_path)
+    assert ctx.ranks == [0, 1]
+    assert any(w.path and w.path.endswith("rank-7.json") for w in ctx.warnings)

@@ -58,3 +58,22 @@ def test_streamed_and_whole_object_reads_agree(sample: str, samples: Path, monke
     streamed_ctx = load_profile(samples / sample)
     assert not streamed_ctx.warnings
     assert streamed_ctx.con.execute(query).fetchall() == whole
+
+
+def test_spilled_events_are_read_by_path_and_removed(tmp_path: Path, samples: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Big files: the events list is copied to a temporary file, read by path, then deleted."""
+    import tempfile
+
+    import advisor.ingest.kineto as kineto
+    from advisor.ingest import load_profile
+    from advisor.ingest.jsonstream import SpilledEvents
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    made = []
+    monkeypatch.setattr(kineto, "SpilledEvents", lambda p: made.append(p) or SpilledEvents(p))
+    monkeypatch.setattr(kineto, "STREAM_ABOVE_BYTES", 0)
+    ctx = load_profile(samples / "kineto_two_ranks")
+    assert len(made) == 2 and ctx.ranks == [0, 1]
+    assert list(tmp.iterdir()) == []

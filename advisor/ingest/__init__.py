@@ -21,7 +21,7 @@ from typing import Any
 import duckdb
 
 from advisor.engine.context import AnalysisContext
-from advisor.ingest.base import InputError, LoadContext, ParseError, Unit, one_line, walk_files
+from advisor.ingest.base import InputError, LoadContext, ParseError, Unit, one_line, overlapping_files, walk_files
 from advisor.ingest.steps import finalize
 from advisor.model import Warning_
 from advisor.schema import create_all
@@ -136,9 +136,29 @@ def load_profile(
     con = connect(memory_limit=memory_limit)
     create_all(con)
     lctx = LoadContext(con, warnings, max_events=max_events)
+    for u in units:
+        lctx.units_per_rank[u.rank] = lctx.units_per_rank.get(u.rank, 0) + 1
     modules = {src: r for r in readers() for src in getattr(r, "SOURCES", (r.SOURCE,))}
     infos: dict[int, list[tuple[Unit, dict[str, Any]]]] = defaultdict(list)
     done = 0
+    if progress:
+        progress("ingest", 0, len(units))
+    # readers that can load many units in one scan do so first; what they leave goes one by one
+    pending = list(units)
+    for reader in readers():
+        load_many = getattr(reader, "load_many", None)
+        mine = [u for u in pending if modules.get(u.source) is reader]
+        if load_many is None or len(mine) < 2:
+            continue
+        handled = load_many(mine, lctx)
+        for i, info in handled.items():
+            done += 1
+            if info is not None:
+                infos[mine[i].rank].append((mine[i], info))
+        taken = {id(mine[i]) for i in handled}
+        pending = [u for u in pending if id(u) not in taken]
+        if progress and handled:
+            progress("ingest", done, len(units))
 
     def run(unit: Unit) -> tuple[Unit, dict[str, Any] | None]:
         reader = modules.get(unit.source)
@@ -153,19 +173,17 @@ def load_profile(
             lctx.warn("bad_file", f"cannot read: {type(exc).__name__}: {exc}", unit.label)
         return unit, None
 
-    n_workers = workers or min(4, max(1, os.cpu_count() or 1), len(units))
-    if progress:
-        progress("ingest", 0, len(units))
+    n_workers = workers or min(4, max(1, os.cpu_count() or 1), max(1, len(pending)))
     if n_workers > 1:
         with ThreadPoolExecutor(max_workers=n_workers) as pool:
-            for unit, info in pool.map(run, units):
+            for unit, info in pool.map(run, pending):
                 done += 1
                 if info is not None:
                     infos[unit.rank].append((unit, info))
                 if progress:
                     progress("ingest", done, len(units))
     else:
-        for unit in units:
+        for unit in pending:
             unit, info = run(unit)
             done += 1
             if info is not None:
@@ -179,8 +197,9 @@ def load_profile(
         raise InputError(f"{one_line(where)}: {first}")
 
     _drop_duplicate_files(con, warn)
+    _merge_tracks(con)
     _write_ranks(con, infos)
-    finalize(con, warn)
+    finalize(con, warn, assigned=lctx.stepped)
     _check_runs(con, warn)
     ranks = [r[0] for r in con.execute("SELECT DISTINCT rank FROM ranks ORDER BY rank").fetchall()]
     sources = [r[0] for r in con.execute("SELECT DISTINCT source FROM ranks ORDER BY source").fetchall()]
@@ -190,29 +209,33 @@ def load_profile(
 
 
 def _drop_duplicate_files(con: Any, warn: Callable[..., None]) -> None:
-    """Two files of one rank whose time ranges overlap cannot both be that rank's timeline.
-
-    Cycles of one run (``repeat > 1``) follow each other in time and are merged; a file that
-    overlaps another file of the same rank (a copy, or a file from another run claiming the same
-    rank) is dropped, keeping the one with more events.
-    """
+    """Drop files that overlap another file of the same rank (see :func:`overlapping_files`)."""
     rows = con.cursor().execute(
         """SELECT p.file_id, p.rank, p.path, min(e.start_ns) AS a, max(e.start_ns + e.dur_ns) AS b, count(*) AS n
-        FROM profile_files p JOIN events e USING (file_id) GROUP BY ALL ORDER BY p.rank, n DESC, p.file_id"""
+        FROM profile_files p JOIN events e USING (file_id)
+        WHERE p.rank IN (SELECT rank FROM profile_files GROUP BY rank HAVING count(*) > 1)
+        GROUP BY ALL ORDER BY p.rank, n DESC, p.file_id"""
     ).fetchall()
-    kept: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
-    dropped = []
-    for fid, rank, fpath, a, b, _n in rows:
-        clash = next((k for k in kept[rank] if a < k[1] and k[0] < b), None)
-        if clash is None:
-            kept[rank].append((a, b, fpath))
-            continue
-        dropped.append(fid)
-        warn("duplicate_rank", f"another file already provides rank {rank} for the same time range ({clash[2]}); this file was not used", fpath)
+    dropped = [d[0] for d in overlapping_files(rows, warn)]
     if dropped:
         cur = con.cursor()
         cur.execute(f"DELETE FROM events WHERE file_id IN ({', '.join(map(str, dropped))})")
         cur.execute(f"DELETE FROM profile_files WHERE file_id IN ({', '.join(map(str, dropped))})")
+
+
+def _merge_tracks(con: Any) -> None:
+    """One row per (rank, pid, tid): files of one rank loaded one by one each listed their tracks."""
+    cur = con.cursor()
+    dup = cur.execute("SELECT count(*) > count(DISTINCT (rank, pid, tid)) FROM tracks").fetchall()[0][0]
+    if dup:
+        cur.execute(
+            """CREATE OR REPLACE TEMP TABLE _tracks AS
+            SELECT rank, pid, tid, bool_or(device) AS device, max(process_name) AS process_name, max(thread_name) AS thread_name
+            FROM tracks GROUP BY rank, pid, tid"""
+        )
+        cur.execute("DELETE FROM tracks")
+        cur.execute("INSERT INTO tracks SELECT * FROM _tracks")
+        cur.execute("DROP TABLE _tracks")
 
 
 def _check_runs(con: Any, warn: Callable[..., None]) -> None:

@@ -66,6 +66,18 @@ class LoadContext:
         self._lock = threading.Lock()
         self._next_file_id = 0
         self.max_events = max_events
+        self.units_per_rank: dict[int, int] = {}
+        self.stepped: set[int] = set()  # ranks whose events got their step on insert
+        self.steps_lock = threading.Lock()
+
+    def units_of_rank(self, rank: int) -> int:
+        """How many units (files) make up ``rank``'s timeline."""
+        return self.units_per_rank.get(rank, 1)
+
+    def mark_stepped(self, ranks: set[int]) -> None:
+        """Record ranks whose events were inserted with their step already assigned."""
+        with self._lock:
+            self.stepped |= ranks
 
     def cursor(self) -> Any:
         """A DuckDB cursor for this thread."""
@@ -85,6 +97,28 @@ class LoadContext:
         """Record an input problem (shown in the report and on stderr)."""
         with self._lock:
             self._warnings.append(Warning_(code, one_line(message, 500), None if path is None else str(path)))
+
+
+def overlapping_files(spans: list[tuple[Any, ...]], warn: Any) -> list[tuple[Any, ...]]:
+    """Files of one rank whose time ranges overlap cannot both be that rank's timeline.
+
+    ``spans``: ``(file_id, rank, path, start, end, events)`` ordered by rank, events descending.
+    Cycles of one run (``repeat > 1``) follow each other in time and are kept; a file that
+    overlaps a kept file of the same rank (a copy, or a file of another run claiming the same
+    rank) is dropped with a warning, keeping the one with more events. Returns the dropped spans.
+    """
+    kept: dict[int, list[tuple[Any, Any, str]]] = {}
+    dropped = []
+    for span in spans:
+        _fid, rank, fpath, a, b = span[:5]
+        mine = kept.setdefault(rank, [])
+        clash = next((k for k in mine if a < k[1] and k[0] < b), None)
+        if clash is None:
+            mine.append((a, b, fpath))
+            continue
+        dropped.append(span)
+        warn("duplicate_rank", f"another file already provides rank {rank} for the same time range ({clash[2]}); this file was not used", fpath)
+    return dropped
 
 
 # -- safe discovery ----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,46 @@ class EventsStream(io.RawIOBase):
         finally:
             self._raw.close()
             super().close()
+
+
+class SpilledEvents:
+    """The ``traceEvents`` array of a big trace copied to a temporary file as a top-level array.
+
+    DuckDB keeps every byte it reads from a Python file object or a pipe in memory (a 500 MB
+    trace cost 500 MB more), but reads a file path in bounded buffers, several threads at once.
+    So the array is copied (gzip decompressed on the way) into the system temporary directory,
+    read by path, and deleted when done. ``head_bytes`` / ``trailer`` as in :class:`EventsStream`.
+    Raises LayoutError (layout not recognised) or OSError (no room to write the copy).
+    """
+
+    def __init__(self, path: Path, tmp_dir: str | None = None) -> None:
+        import shutil
+        import tempfile
+
+        stream = EventsStream(path)
+        fd, name = tempfile.mkstemp(prefix="advisor-events-", suffix=".json", dir=tmp_dir)
+        self.path = Path(name)
+        try:
+            with stream, os.fdopen(fd, "wb") as out:
+                shutil.copyfileobj(stream, out, CHUNK)  # type: ignore[misc]
+        except BaseException:
+            self.close()
+            raise
+        self.head_bytes = stream.head_bytes
+        self.trailer = stream.trailer
+
+    def close(self) -> None:
+        """Delete the copy."""
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+
+    def __enter__(self) -> SpilledEvents:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def header_value(head: bytes, key: str) -> Any:

@@ -16,15 +16,16 @@ to it (Kineto >= 2.1 writes relative timestamps to keep precision) and the base 
 
 from __future__ import annotations
 
-import io
 import re
+import zlib
 
 import duckdb
 from pathlib import Path
 from typing import Any
 
-from advisor.ingest.jsonstream import EventsStream, LayoutError, header_value
-from advisor.ingest.base import LoadContext, ParseError, Unit, is_gzip, one_line, read_head
+from advisor.ingest.jsonstream import LayoutError, SpilledEvents, header_value
+from advisor.ingest.base import LoadContext, ParseError, Unit, is_gzip, one_line, overlapping_files, read_head
+from advisor.ingest.steps import build_steps, drop_window_lookup, step_of, window_lookup
 
 SOURCE = "kineto"
 
@@ -58,6 +59,8 @@ DEVICE_CATS = ("kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset", "gpu_us
 RUNTIME_CATS = ("cuda_runtime", "runtime", "cuda_driver", "hip_runtime", "xpu_runtime", "privateuse1_runtime", "mtia_runtime")
 COMM_KERNEL_RE = r"(?i)nccl|rccl|hccl|msccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv"
 COMM_HOST_RE = r"^(nccl|gloo|mpi|ucc|hccl|c10d):|^c10d::|^record_param_comms$|^c10d_functional::"
+# categories whose ProfilerStep#N-named events are not host step markers (checked before the marker test)
+_NOT_MARK_CATS = ("kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset", "cuda_sync", "gpu_user_annotation") + RUNTIME_CATS
 SYNC_RE = r"(?i)synchronize$|^(cuda|hip)Memcpy$|^(cuda|hip)StreamQuery$"
 
 STREAM_ABOVE_BYTES = 256 << 20  # estimated uncompressed size from which the streaming reader is used
@@ -152,11 +155,6 @@ def _header(head: bytes, trailer: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _header_from_stream(stream: EventsStream) -> tuple[Any, ...]:
-    """Header keys around the streamed events list."""
-    return _header(stream.head_bytes, stream.trailer)
-
-
 def _header_from_head(path: Path) -> tuple[Any, ...] | None:
     """Kineto writes its header keys before ``traceEvents``: read them from the first bytes
     instead of parsing the whole file a second time. None when the events come first."""
@@ -190,63 +188,182 @@ def _max_object_size(path: Path) -> int:
     return int(min(max(size * 1.05 + (1 << 20), 1 << 24), (1 << 32) - 2))
 
 
+_GLOB_CHARS = re.compile(r"[*?\[\]{}]")  # DuckDB would expand these in a file name
+BATCH_BYTES = 1 << 30  # estimated uncompressed bytes read by one batched scan
+
+
+def _paths_sql() -> str:
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in ARG_PATHS) + "]"
+
+
+def _stage_sql(unnest: str, fid: str) -> str:
+    """SELECT turning raw events into staged rows: ``ph`` X and M only, times in ns, the args
+    fields used later typed once (one JSON parse of ``args`` per event), kernel launch geometry
+    folded into one JSON column. ``unnest`` yields ``e`` (the event struct) and ``fid`` from ``fid``."""
+    a = "a[{}]"
+    dtype = DTYPE_BYTES_SQL.format(d=a.format(13))
+    geo = (
+        f"json_object('grid', TRY_CAST({a.format(17)} AS JSON), 'block', TRY_CAST({a.format(18)} AS JSON), "
+        f"'blocks_per_sm', TRY_CAST({a.format(19)} AS DOUBLE), 'warps_per_sm', TRY_CAST({a.format(20)} AS DOUBLE), "
+        f"'occupancy_pct', TRY_CAST({a.format(21)} AS DOUBLE), 'registers_per_thread', TRY_CAST({a.format(22)} AS BIGINT), "
+        f"'shared_memory', TRY_CAST({a.format(23)} AS BIGINT))"
+    )
+    return f"""SELECT fid, ph, cat, name, pid, tid, ts_ns, dur_ns,
+           TRY_CAST({a.format(1)} AS BIGINT) AS corr,
+           TRY_CAST(coalesce({a.format(2)}, {a.format(3)}) AS BIGINT) AS ext,
+           coalesce(TRY_CAST({a.format(4)} AS BIGINT), TRY_CAST({a.format(12)} AS BIGINT) * ({dtype})) AS bytes,
+           TRY_CAST({a.format(5)} AS BIGINT) AS stream,
+           coalesce({a.format(6)}, {a.format(7)}) AS shapes, {a.format(8)} AS dtypes,
+           TRY_CAST({a.format(9)} AS DOUBLE) AS flops, {a.format(10)} AS stack,
+           CASE WHEN ph = 'M' THEN {a.format(11)} END AS meta_name,
+           coalesce({a.format(14)}, {a.format(15)}) AS pg_name,
+           CASE WHEN {a.format(17)} IS NOT NULL THEN {geo} END AS kgeo,
+           CASE WHEN {a.format(17)} IS NOT NULL
+                THEN TRY_CAST(list_aggregate(TRY_CAST({a.format(17)} AS BIGINT[]), 'product') AS INTEGER) END AS block_dim,
+           coalesce(lower(cat) = 'kernel' AND regexp_matches(name, {_sql_str(COMM_KERNEL_RE)}), false) AS comm_kernel
+    FROM (
+        SELECT {fid} AS fid, e.ph AS ph, e.cat AS cat, e.name AS name, e.pid AS pid, e.tid AS tid,
+               {_to_ns('e.ts')} AS ts_ns, {_to_ns('e.dur')} AS dur_ns,
+               CASE WHEN e.args IS NULL THEN NULL ELSE json_extract_string(e.args, {_paths_sql()}) END AS a
+        FROM ({unnest})
+        WHERE e.ph IN ('X', 'M')
+    )"""
+
+
+def _sql_str(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _to_ns(x: str) -> str:
+    """SQL: text (JSON number or string) in µs -> integer ns. Exact for decimal text; integers
+    (the usual case) skip the slower DECIMAL parse."""
+    return (
+        f"CASE WHEN contains({x}, '.') OR contains({x}, 'e') OR contains({x}, 'E') THEN {_US_TO_NS.format(x=x)} "
+        f"ELSE TRY_CAST(TRY_CAST({x} AS HUGEINT) * 1000 AS BIGINT) END"
+    )
+
+
+class _File:
+    """One trace file in a stage: its id, rank, path and header keys."""
+
+    def __init__(self, unit: Unit, fid: int, header: Any) -> None:
+        self.unit, self.fid, self.header = unit, fid, header
+        self.path = unit.files[0]
+        self.rank = unit.rank
+
+
+def load_many(units: list[Unit], lctx: LoadContext) -> dict[int, dict[str, Any] | None]:
+    """Load many small Kineto files with one ``read_json`` scan per batch (DuckDB parses them in
+    parallel); per-file statements cost more than the parse on clusters of small ranks.
+
+    Returns ``{index in units: info, or None when the file was rejected with a warning}``; the
+    units left out (large, array-form, odd names, or in a batch whose scan failed) are loaded
+    one by one with :func:`load`, which reports their problems precisely.
+    """
+    cands = []
+    for i, u in enumerate(units):
+        path = u.files[0]
+        if u.info.get("form", "object") != "object" or _GLOB_CHARS.search(str(path)):
+            continue
+        size = _max_object_size(path)
+        if size >= STREAM_ABOVE_BYTES:
+            continue
+        header = _header_from_head(path)
+        if header is None:
+            continue
+        cands.append((i, u, size, header))
+    batches: list[list[tuple[int, Unit, int, Any]]] = []
+    total = BATCH_BYTES
+    for c in cands:
+        if total + c[2] > BATCH_BYTES:
+            batches.append([])
+            total = 0
+        batches[-1].append(c)
+        total += c[2]
+    done: dict[int, dict[str, Any] | None] = {}
+    for batch in batches:
+        if len(batch) < 2:
+            continue
+        done.update(_load_batch(batch, lctx))
+    return done
+
+
+def _load_batch(batch: list[tuple[int, Unit, int, Any]], lctx: LoadContext) -> dict[int, dict[str, Any] | None]:
+    cur = lctx.cursor()
+    files = []
+    for _i, u, _size, header in batch:
+        fid = lctx.file_id(u.files[0], u.rank, SOURCE)
+        u.info["fid"] = fid
+        files.append(_File(u, fid, header))
+    stage = f"kstage_{files[0].fid}"
+    limit = max(c[2] for c in batch)
+    cur.execute(f"CREATE TEMP TABLE {stage}_f (fname VARCHAR, fid INTEGER)")
+    cur.executemany(f"INSERT INTO {stage}_f VALUES (?, ?)", [(str(f.path), f.fid) for f in files])
+    unnest = (f"SELECT f.fid AS fid, t.e AS e FROM (SELECT filename, unnest(traceEvents) AS e FROM read_json($paths, "
+              f"columns={COLUMNS}, format='auto', maximum_object_size={limit}, filename=true)) t "
+              f"JOIN {stage}_f f ON f.fname = t.filename")
+    try:
+        cur.execute(f"CREATE TEMP TABLE {stage} AS {_stage_sql(unnest, 'fid')}", {"paths": [str(f.path) for f in files]})
+    except duckdb.Error:  # one bad file fails the scan: every file of the batch is read on its own instead
+        cur.execute(f"DROP TABLE IF EXISTS {stage}")
+        cur.execute(f"DROP TABLE {stage}_f")
+        cur.close()
+        return {}
+    cur.execute(f"DROP TABLE {stage}_f")
+    try:
+        results = _from_stage(cur, stage, files, lctx)
+    finally:
+        cur.execute(f"DROP TABLE IF EXISTS {stage}")
+        cur.close()
+    out: dict[int, dict[str, Any] | None] = {}
+    for (i, _u, _s, _h), f in zip(batch, files, strict=True):
+        res = results[f.fid]
+        if isinstance(res, ParseError):
+            lctx.warn(res.code, res.message, res.path)
+            out[i] = None
+        else:
+            out[i] = res
+    return out
+
+
 def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
     """Load one Kineto file into the canonical tables as ``unit.rank``. Raises ParseError."""
     path = unit.files[0]
-    rank = unit.rank
     cur = lctx.cursor()
-    fid = lctx.file_id(path, rank, SOURCE)
+    fid = unit.info.get("fid")
+    if fid is None:
+        fid = lctx.file_id(path, unit.rank, SOURCE)
     stage = f"kstage_{fid}"
     form = unit.info.get("form", "object")
     limit = _max_object_size(path)
     src = f"read_json($path, columns={COLUMNS}, format='auto', maximum_object_size={limit})"
-    stream = None
-    main_cur = cur
+    spill = None
     if form == "array":  # the bare event-list form: one JSON value per event
         unnest = (f"SELECT json AS e FROM read_json($path, format='array', records=false, "
                   f"columns={{'json': '{EVENT_TYPE[:-2]}'}}, maximum_object_size={limit})")
     else:
-        try:  # big files: stream the events list (see jsonstream); small ones: one whole-object read is quicker
-            if _max_object_size(path) < STREAM_ABOVE_BYTES:
-                raise LayoutError("small file")
-            stream = EventsStream(path)
-            # DuckDB registers one Python-object filesystem per database: stage in a private one
-            cur = duckdb.connect(":memory:", config={"temp_directory": ""})
-            rel = cur.read_json(io.BufferedReader(stream, buffer_size=1 << 22), format="array", records="false",
-                                columns={"e": EVENT_TYPE[:-2]}, maximum_object_size=EVENT_MAX_BYTES)
-            rel.create_view(f"kev_{fid}")
-            unnest = f"SELECT e FROM kev_{fid}"
-        except LayoutError:
-            stream = None
-            unnest = f"SELECT unnest(traceEvents) AS e FROM {src}"
+        unnest = f"SELECT unnest(traceEvents) AS e FROM {src}"
+        if limit >= STREAM_ABOVE_BYTES:  # big files: the events list alone, as a file DuckDB reads in bounded memory
+            try:
+                spill = SpilledEvents(path)
+                unnest = (f"SELECT json AS e FROM read_json($events, format='array', records=false, "
+                          f"columns={{'json': '{EVENT_TYPE[:-2]}'}}, maximum_object_size={EVENT_MAX_BYTES})")
+            except ValueError as exc:  # a gzip bomb
+                cur.close()
+                raise ParseError(path, str(exc)) from None
+            except (LayoutError, OSError, EOFError, zlib.error):
+                # not laid out as expected, truncated, or no room for the copy: the whole-object
+                # reader either manages (with more memory) or reports the precise error
+                spill = None
     try:
-        # one JSON parse of args per event: json_extract_string with a list of paths
-        paths = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in ARG_PATHS) + "]"
-        a = "a[{}]"
-        cur.execute(
-            f"""CREATE TEMP TABLE {stage} AS
-            SELECT ph, cat, name, pid, tid, ts_ns, dur_ns,
-                   {a.format(1)} AS corr, coalesce({a.format(2)}, {a.format(3)}) AS ext,
-                   {a.format(4)} AS bytes, {a.format(5)} AS stream,
-                   coalesce({a.format(6)}, {a.format(7)}) AS shapes, {a.format(8)} AS dtypes, {a.format(9)} AS flops,
-                   {a.format(10)} AS stack, {a.format(11)} AS meta_name, {a.format(12)} AS in_nelems,
-                   {a.format(13)} AS msg_dtype, coalesce({a.format(14)}, {a.format(15)}) AS pg_name,
-                   {a.format(16)} AS group_size, {a.format(17)} AS grid, {a.format(18)} AS block,
-                   {a.format(19)} AS blocks_per_sm, {a.format(20)} AS warps_per_sm, {a.format(21)} AS occupancy,
-                   {a.format(22)} AS regs, {a.format(23)} AS smem
-            FROM (
-                SELECT e.ph AS ph, e.cat AS cat, e.name AS name, e.pid AS pid, e.tid AS tid,
-                       {_US_TO_NS.format(x='e.ts')} AS ts_ns, {_US_TO_NS.format(x='e.dur')} AS dur_ns,
-                       CASE WHEN e.args IS NULL THEN NULL ELSE json_extract_string(e.args, {paths}) END AS a
-                FROM ({unnest})
-            )""",
-            {"path": str(path)} if stream is None else {},
-        )
-        if stream is not None:
-            header = _header_from_stream(stream)
+        params = {"path": str(path)} if spill is None else {"events": str(spill.path)}
+        cur.execute(f"CREATE TEMP TABLE {stage} AS {_stage_sql(unnest, str(int(fid)))}",
+                    {k: v for k, v in params.items() if "$" + k in unnest})
+        if spill is not None:
+            header = _header(spill.head_bytes, spill.trailer)
         else:
             header = _header_from_head(path) if form != "array" else None
-        if stream is None and header is not None and header[2] is None and _looks_relative(cur, stage):
+        if spill is None and header is not None and header[2] is None and _looks_relative(cur, stage):
             header = None  # relative timestamps but no base in the head: read the header keys properly
         if header is None and form != "array":
             header = cur.execute(
@@ -256,28 +373,18 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
     except Exception as exc:  # duckdb raises its own error types for bad JSON / gzip / IO
         cur.execute(f"DROP TABLE IF EXISTS {stage}")
         cur.close()
-        if cur is not main_cur:
-            main_cur.close()
         raise ParseError(path, "not a readable Kineto trace: " + _short_duckdb_error(exc)) from None
     finally:
-        if stream is not None:
-            stream.close()
-    if cur is not main_cur:  # hand the staged rows to the main database (Arrow, no copy per event in Python)
-        staged = cur.sql(f"SELECT * FROM {stage}").to_arrow_table()
-        cur.close()
-        cur = main_cur
-        cur.register(stage, staged)
-        try:
-            return _from_stage(cur, stage, rank, fid, header, path, lctx)
-        finally:
-            cur.unregister(stage)
-            cur.close()
-            del staged
+        if spill is not None:
+            spill.close()
     try:
-        return _from_stage(cur, stage, rank, fid, header, path, lctx)
+        res = _from_stage(cur, stage, [_File(unit, fid, header)], lctx)[fid]
     finally:
         cur.execute(f"DROP TABLE IF EXISTS {stage}")
         cur.close()
+    if isinstance(res, ParseError):
+        raise res
+    return res
 
 
 def _short_duckdb_error(exc: Exception) -> str:
@@ -290,104 +397,158 @@ def _short_duckdb_error(exc: Exception) -> str:
     return msg
 
 
-def _from_stage(cur: Any, stage: str, rank: int, fid: int, header: Any, path: Path, lctx: LoadContext) -> dict[str, Any]:
-    dist_json, devprops_json, base_ns_text, _display_unit = header or (None, None, None, None)
-    base_ns = 0
-    if base_ns_text:
-        try:
-            base_ns = int(float(base_ns_text)) if "." in base_ns_text or "e" in base_ns_text.lower() else int(base_ns_text)
-        except ValueError:
-            lctx.warn("bad_value", f"baseTimeNanoseconds {base_ns_text[:40]!r} is not a number; ignored", path)
-    # If timestamps are already absolute (µs since epoch ~ 1e15), a base would double count.
-    if base_ns:
-        first_ts = cur.execute(f"SELECT median(ts_ns) FROM {stage} WHERE ph = 'X'").fetchall()[0][0]
-        if first_ts is not None and first_ts > 10**17:
-            base_ns = 0
-    bad = cur.execute(
-        f"""SELECT count(*) FILTER (WHERE ph = 'X' AND (ts_ns IS NULL OR dur_ns IS NULL)),
-                   count(*) FILTER (WHERE ph = 'X' AND dur_ns < 0)
-            FROM {stage}"""
-    ).fetchall()[0]
-    if bad[0]:
-        lctx.warn("bad_events", f"{bad[0]} events without a usable ts/dur were dropped", path)
-    if bad[1]:
-        lctx.warn("bad_events", f"{bad[1]} events with a negative duration were dropped", path)
-    total = cur.execute(f"SELECT count(*) FROM {stage} WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns >= 0").fetchall()[0][0]
-    if total == 0:
-        raise ParseError(path, "the trace holds no timed events (traceEvents missing or empty)", code="empty_trace")
-    if lctx.max_events is not None and total > lctx.max_events:
-        raise ParseError(path, f"{total} events exceed --max-events {lctx.max_events}", code="too_big")
-    lc = "lower(coalesce(cat, ''))"
+def _base_ns(text: str | None, f: _File, lctx: LoadContext) -> int:
+    if not text:
+        return 0
+    try:
+        return int(float(text)) if "." in text or "e" in text.lower() else int(text)
+    except ValueError:
+        lctx.warn("bad_value", f"baseTimeNanoseconds {text[:40]!r} is not a number; ignored", f.path)
+        return 0
+
+
+def _from_stage(cur: Any, stage: str, files: list[_File], lctx: LoadContext) -> dict[int, dict[str, Any] | ParseError]:
+    """Staged rows of ``files`` -> events, tracks, kernels, comm_ops (one statement each for all files).
+
+    Steps are assigned as the events are inserted for the ranks whose every file is in this
+    stage (their step windows are built from the staged rows first); the others get theirs in
+    :func:`advisor.ingest.steps.finalize`.
+    """
+    stats = {
+        r[0]: r[1:]
+        for r in cur.execute(
+            f"""SELECT fid, median(ts_ns) FILTER (WHERE ph = 'X'),
+                   count(*) FILTER (WHERE ph = 'X' AND (ts_ns IS NULL OR dur_ns IS NULL)),
+                   count(*) FILTER (WHERE ph = 'X' AND dur_ns < 0),
+                   count(*) FILTER (WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns >= 0)
+            FROM {stage} GROUP BY fid"""
+        ).fetchall()
+    }
+    results: dict[int, dict[str, Any] | ParseError] = {}
+    rows = []
+    for f in files:
+        dist_json, devprops_json, base_text, _unit = f.header or (None, None, None, None)
+        med, n_null, n_neg, total = stats.get(f.fid, (None, 0, 0, 0))
+        base = _base_ns(base_text, f, lctx)
+        if base and med is not None and med > 10**17:
+            base = 0  # timestamps already absolute (µs since the epoch): a base would count twice
+        if n_null:
+            lctx.warn("bad_events", f"{n_null} events without a usable ts/dur were dropped", f.path)
+        if n_neg:
+            lctx.warn("bad_events", f"{n_neg} events with a negative duration were dropped", f.path)
+        if not total:
+            results[f.fid] = ParseError(f.path, "the trace holds no timed events (traceEvents missing or empty)", code="empty_trace")
+        elif lctx.max_events is not None and total > lctx.max_events:
+            results[f.fid] = ParseError(f.path, f"{total} events exceed --max-events {lctx.max_events}", code="too_big")
+        else:
+            results[f.fid] = _info(devprops_json, dist_json, total)
+            rows.append((f.fid, f.rank, base, str(f.path), total))
+    if not rows:
+        return results
+    kf = f"{stage}_files"
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE {kf} (fid INTEGER, rank INTEGER, base_ns BIGINT, path VARCHAR, n BIGINT)")
+    cur.executemany(f"INSERT INTO {kf} VALUES (?, ?, ?, ?, ?)", rows)
+    lc = "lower(coalesce(st.cat, ''))"
+    ev = f"{stage}_ev"  # the staged rows that become events, with rank and absolute time
     cur.execute(
-        f"""INSERT INTO events
-        SELECT $rank AS rank, NULL AS step,
-          CASE
-            WHEN {lc} = 'kernel' THEN CASE WHEN regexp_matches(name, $comm_kernel) THEN 'comm' ELSE 'kernel' END
-            WHEN {lc} IN ('gpu_memcpy', 'memcpy') THEN 'memcpy'
-            WHEN {lc} IN ('gpu_memset', 'memset') THEN 'memset'
-            WHEN {lc} IN {RUNTIME_CATS} THEN CASE WHEN regexp_matches(name, $sync) THEN 'sync' ELSE 'runtime' END
-            WHEN {lc} = 'cuda_sync' THEN 'sync'
-            WHEN name LIKE 'ProfilerStep#%' AND {lc} NOT IN ('gpu_user_annotation') THEN 'step'
-            WHEN name LIKE 'enumerate(DataLoader)%' THEN 'dataloader'
-            WHEN {lc} = 'gpu_user_annotation' THEN 'annotation'
-            WHEN regexp_matches(name, $comm_host) THEN 'comm'
-            WHEN {lc} IN ('cpu_op', 'operator') THEN 'host_op'
-            WHEN {lc} IN ('python_function', 'python') THEN 'python'
-            WHEN {lc} IN ('user_annotation') THEN 'annotation'
-            ELSE 'other'
-          END AS kind,
-          coalesce(name, '') AS name, cat, pid, tid,
-          {lc} IN {DEVICE_CATS} AS device,
-          TRY_CAST(stream AS BIGINT) AS stream,
-          ts_ns + $base AS start_ns, dur_ns,
-          TRY_CAST(corr AS BIGINT) AS corr, TRY_CAST(ext AS BIGINT) AS ext_id,
-          coalesce(TRY_CAST(bytes AS BIGINT),
-                   TRY_CAST(in_nelems AS BIGINT) * ({DTYPE_BYTES_SQL.format(d='msg_dtype')})) AS bytes,
-          shapes, dtypes, TRY_CAST(flops AS DOUBLE) AS flops, stack, $fid AS file_id
-        FROM {stage}
-        WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns >= 0 AND {lc} NOT IN ('trace', 'ac2g', 'flow')""",
-        {"rank": rank, "comm_kernel": COMM_KERNEL_RE, "sync": SYNC_RE, "comm_host": COMM_HOST_RE, "base": base_ns, "fid": fid},
+        f"""CREATE OR REPLACE TEMP VIEW {ev} AS
+        SELECT st.*, f.rank AS rank, st.ts_ns + f.base_ns AS start_ns, {lc} AS lcat, {lc} IN {DEVICE_CATS} AS device
+        FROM {stage} st JOIN {kf} f USING (fid)
+        WHERE st.ph = 'X' AND st.ts_ns IS NOT NULL AND st.dur_ns >= 0 AND {lc} NOT IN ('trace', 'ac2g', 'flow')"""
     )
-    cur.execute(
-        f"""INSERT INTO tracks
-        SELECT $rank, pid, tid, bool_or(device), max(process_name), max(thread_name) FROM (
-            SELECT pid, tid, {lc} IN {DEVICE_CATS} AS device, NULL AS process_name, NULL AS thread_name
-              FROM {stage} WHERE ph = 'X'
-            UNION ALL
-            SELECT pid, NULL, NULL, meta_name, NULL FROM {stage} WHERE ph = 'M' AND name = 'process_name'
-            UNION ALL
-            SELECT pid, tid, NULL, NULL, meta_name FROM {stage} WHERE ph = 'M' AND name = 'thread_name'
-        ) GROUP BY pid, tid""",
-        {"rank": rank},
-    )
-    # per-kernel launch geometry where the trace has it (current schema): the GPU analogue of Ascend's block dim
-    cur.execute(
-        f"""INSERT INTO kernels (rank, name, op_type, core_type, start_ns, dur_ns, block_dim, pmu)
-        SELECT $rank, name, NULL, 'GPU', ts_ns + $base, dur_ns,
-          TRY_CAST(list_aggregate(TRY_CAST(grid AS BIGINT[]), 'product') AS INTEGER),
-          json_object('grid', TRY_CAST(grid AS JSON), 'block', TRY_CAST(block AS JSON), 'blocks_per_sm', TRY_CAST(blocks_per_sm AS DOUBLE),
-                      'warps_per_sm', TRY_CAST(warps_per_sm AS DOUBLE), 'occupancy_pct', TRY_CAST(occupancy AS DOUBLE),
-                      'registers_per_thread', TRY_CAST(regs AS BIGINT), 'shared_memory', TRY_CAST(smem AS BIGINT))
-        FROM {stage}
-        WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns >= 0 AND lower(coalesce(cat, '')) = 'kernel'
-          AND grid IS NOT NULL AND NOT regexp_matches(name, $comm_kernel)""",
-        {"rank": rank, "base": base_ns, "comm_kernel": COMM_KERNEL_RE},
-    )
-    cur.execute(
-        f"""INSERT INTO comm_ops
-        SELECT $rank, NULL, name,
-          regexp_replace(lower(regexp_extract(name, '(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|send_?recv|send|recv|reduce|barrier|gather|scatter)', 1, 'i')), '_', '', 'g'),
-          pg_name, ts_ns + $base, dur_ns, NULL, NULL, NULL, NULL,
-          coalesce(TRY_CAST(bytes AS BIGINT), TRY_CAST(in_nelems AS BIGINT) * ({DTYPE_BYTES_SQL.format(d='msg_dtype')}))
-        FROM {stage}
-        WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns >= 0 AND lower(coalesce(cat, '')) = 'kernel'
-          AND regexp_matches(name, $comm_kernel)""",
-        {"rank": rank, "base": base_ns, "comm_kernel": COMM_KERNEL_RE},
-    )
+    try:
+        stepped = _steps_from_stage(cur, ev, kf, files, lctx)
+        ranks_sql = ", ".join(map(str, sorted(stepped))) or "NULL"
+        join = window_lookup(cur, f"{stage}_sw", ranks_sql)
+        cur.execute(
+            f"""INSERT INTO events
+            SELECT t.rank, CASE WHEN t.rank IN ({ranks_sql}) THEN {step_of('t.start_ns')} END AS step,
+              CASE
+                WHEN lcat = 'kernel' THEN CASE WHEN comm_kernel THEN 'comm' ELSE 'kernel' END
+                WHEN lcat IN ('gpu_memcpy', 'memcpy') THEN 'memcpy'
+                WHEN lcat IN ('gpu_memset', 'memset') THEN 'memset'
+                WHEN lcat IN {RUNTIME_CATS} THEN CASE WHEN regexp_matches(name, $sync) THEN 'sync' ELSE 'runtime' END
+                WHEN lcat = 'cuda_sync' THEN 'sync'
+                WHEN name LIKE 'ProfilerStep#%' AND lcat NOT IN ('gpu_user_annotation') THEN 'step'
+                WHEN name LIKE 'enumerate(DataLoader)%' THEN 'dataloader'
+                WHEN lcat = 'gpu_user_annotation' THEN 'annotation'
+                WHEN regexp_matches(name, $comm_host) THEN 'comm'
+                WHEN lcat IN ('cpu_op', 'operator') THEN 'host_op'
+                WHEN lcat IN ('python_function', 'python') THEN 'python'
+                WHEN lcat IN ('user_annotation') THEN 'annotation'
+                ELSE 'other'
+              END AS kind,
+              coalesce(name, '') AS name, cat, pid, tid, device, stream, t.start_ns, dur_ns,
+              corr, ext AS ext_id, bytes, shapes, dtypes, flops, stack, fid AS file_id
+            FROM {ev} t {join}""",
+            {"sync": SYNC_RE, "comm_host": COMM_HOST_RE},
+        )
+        cur.execute(
+            f"""INSERT INTO tracks
+            SELECT f.rank, pid, tid, bool_or(device), max(process_name), max(thread_name) FROM (
+                SELECT fid, pid, tid, lower(coalesce(cat, '')) IN {DEVICE_CATS} AS device, NULL AS process_name, NULL AS thread_name
+                  FROM {stage} WHERE ph = 'X'
+                UNION ALL
+                SELECT fid, pid, NULL, NULL, meta_name, NULL FROM {stage} WHERE ph = 'M' AND name = 'process_name'
+                UNION ALL
+                SELECT fid, pid, tid, NULL, NULL, meta_name FROM {stage} WHERE ph = 'M' AND name = 'thread_name'
+            ) JOIN {kf} f USING (fid) GROUP BY f.rank, pid, tid"""
+        )
+        # per-kernel launch geometry where the trace has it (current schema): the GPU analogue of Ascend's block dim
+        cur.execute(
+            f"""INSERT INTO kernels (rank, step, name, op_type, core_type, start_ns, dur_ns, block_dim, pmu)
+            SELECT t.rank, CASE WHEN t.rank IN ({ranks_sql}) THEN {step_of('t.start_ns')} END, name, NULL, 'GPU', t.start_ns, dur_ns, block_dim, kgeo
+            FROM {ev} t {join} WHERE lcat = 'kernel' AND kgeo IS NOT NULL AND NOT comm_kernel"""
+        )
+        cur.execute(
+            f"""INSERT INTO comm_ops
+            SELECT t.rank, CASE WHEN t.rank IN ({ranks_sql}) THEN {step_of('t.start_ns')} END, name,
+              regexp_replace(lower(regexp_extract(name, '(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|send_?recv|send|recv|reduce|barrier|gather|scatter)', 1, 'i')), '_', '', 'g'),
+              pg_name, t.start_ns, dur_ns, NULL, NULL, NULL, NULL, bytes
+            FROM {ev} t {join} WHERE comm_kernel"""
+        )
+        cur.executemany("UPDATE profile_files SET events = ? WHERE file_id = ?", [[r[4], r[0]] for r in rows])
+        lctx.mark_stepped(stepped)
+    finally:
+        drop_window_lookup(cur, f"{stage}_sw")
+        cur.execute(f"DROP VIEW IF EXISTS {ev}")
+        cur.execute(f"DROP TABLE IF EXISTS {kf}")
+    return results
+
+
+def _steps_from_stage(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadContext) -> set[int]:
+    """Build the step windows of the ranks whose every file is in this stage (others: later).
+
+    Files of one rank whose time ranges overlap cannot both be its timeline: the one with fewer
+    events is dropped here (the same rule as for files loaded one by one).
+    """
+    ranks = {f.rank for f in files}
+    whole = {r for r in ranks if lctx.units_of_rank(r) == sum(1 for f in files if f.rank == r)}
+    if not whole:
+        return set()
+    multi = [r for r in whole if sum(1 for f in files if f.rank == r) > 1]
+    if multi:
+        spans = cur.execute(
+            f"""SELECT f.fid, f.rank, f.path, min(t.start_ns), max(t.start_ns + t.dur_ns), f.n
+            FROM {ev} t JOIN {kf} f USING (fid) WHERE f.rank IN ({", ".join(map(str, multi))})
+            GROUP BY ALL ORDER BY f.rank, f.n DESC, f.fid"""
+        ).fetchall()
+        dropped = [d[0] for d in overlapping_files(spans, lctx.warn)]
+        if dropped:
+            ids = ", ".join(map(str, dropped))
+            cur.execute(f"DELETE FROM {kf} WHERE fid IN ({ids})")
+            cur.execute(f"DELETE FROM profile_files WHERE file_id IN ({ids})")
+    src = f"(SELECT rank, name LIKE 'ProfilerStep#%' AND lcat NOT IN {_NOT_MARK_CATS} AS is_mark, device, name, start_ns, dur_ns, corr FROM {ev} WHERE rank IN ({', '.join(map(str, sorted(whole)))}))"
+    with lctx.steps_lock:
+        build_steps(cur, src, lctx.warn)
+    return whole
+
+
+def _info(devprops_json: str | None, dist_json: str | None, total: int) -> dict[str, Any]:
+    import json
+
     info: dict[str, Any] = {"events": total}
     if devprops_json:
-        import json
-
         try:
             props = json.loads(devprops_json)
             if isinstance(props, list) and props and isinstance(props[0], dict):
@@ -396,13 +557,10 @@ def _from_stage(cur: Any, stage: str, rank: int, fid: int, header: Any, path: Pa
         except ValueError:
             pass
     if dist_json:
-        import json
-
         try:
             dist = json.loads(dist_json)
             if isinstance(dist, dict):
                 info["distributed"] = dist
         except ValueError:
             pass
-    cur.execute("UPDATE profile_files SET events = ? WHERE file_id = ?", [total, fid])
     return info

@@ -20,21 +20,27 @@ from typing import Any
 from advisor.schema import NO_STEP
 
 
-def finalize(con: Any, warn: Callable[..., None]) -> None:
-    """Fill ``steps`` for ranks that lack them and assign ``step`` on events, kernels, comm_ops."""
+def build_steps(con: Any, src: str, warn: Callable[..., None]) -> list[int]:
+    """Insert the step windows of the ranks in ``src`` that have none yet; return those ranks.
+
+    ``src`` is a relation (table name or ``(SELECT ...)``) with the columns ``rank``,
+    ``is_mark`` (a host ``ProfilerStep#N`` event), ``device``, ``name``, ``start_ns``,
+    ``dur_ns`` and ``corr``: the canonical ``events`` table, or a reader's staged rows so that
+    steps can be assigned while the events are inserted (no second pass over them).
+    """
     con.execute(
-        """CREATE TEMP TABLE _marks AS
+        f"""CREATE OR REPLACE TEMP TABLE _marks AS
         SELECT rank, TRY_CAST(regexp_extract(name, '#(\\d+)', 1) AS INTEGER) AS step,
                min(start_ns) AS host_start_ns, max(start_ns + dur_ns) AS host_end_ns, count(*) AS n
-        FROM events
-        WHERE kind = 'step' AND NOT device AND rank NOT IN (SELECT DISTINCT rank FROM steps)
+        FROM {src}
+        WHERE is_mark AND NOT device AND rank NOT IN (SELECT DISTINCT rank FROM steps)
         GROUP BY ALL HAVING step IS NOT NULL"""
     )
     dups = con.execute("SELECT rank, step, n FROM _marks WHERE n > 1 ORDER BY rank, step LIMIT 5").fetchall()
     for rank, step, n in dups:
         warn("duplicate_step", f"rank {rank}: step {step} is marked {n} times (duplicated events or files); merged")
     con.execute(
-        """INSERT INTO steps
+        f"""INSERT INTO steps
         WITH nxt AS (
             SELECT *, lead(step) OVER w AS next_step, lead(host_start_ns) OVER w AS next_start
             FROM _marks WINDOW w AS (PARTITION BY rank ORDER BY host_start_ns)
@@ -42,9 +48,9 @@ def finalize(con: Any, warn: Callable[..., None]) -> None:
         launched AS (  -- device work launched from inside the marker of the last step of each cycle
             SELECT m.rank, m.step, max(d.start_ns + d.dur_ns) AS dev_end
             FROM (SELECT * FROM nxt WHERE next_step IS DISTINCT FROM step + 1) m
-            JOIN events h ON h.rank = m.rank AND NOT h.device AND h.corr IS NOT NULL
+            JOIN {src} h ON h.rank = m.rank AND NOT h.device AND h.corr IS NOT NULL
                  AND h.start_ns >= m.host_start_ns AND h.start_ns < m.host_end_ns
-            JOIN events d ON d.rank = h.rank AND d.device AND d.corr = h.corr
+            JOIN {src} d ON d.rank = h.rank AND d.device AND d.corr = h.corr
             GROUP BY ALL
         )
         SELECT n.rank, n.step, n.host_start_ns,
@@ -54,23 +60,83 @@ def finalize(con: Any, warn: Callable[..., None]) -> None:
                n.host_start_ns, n.host_end_ns
         FROM nxt n LEFT JOIN launched l USING (rank, step)"""
     )
-    no_marks = con.execute(
-        "SELECT DISTINCT rank FROM events WHERE rank NOT IN (SELECT DISTINCT rank FROM steps) ORDER BY rank"
-    ).fetchall()
-    for (rank,) in no_marks:
+    con.execute("DROP TABLE _marks")
+    no_marks = [r[0] for r in con.execute(
+        f"SELECT DISTINCT rank FROM {src} WHERE rank NOT IN (SELECT DISTINCT rank FROM steps) ORDER BY rank"
+    ).fetchall()]
+    for rank in no_marks:
         warn(
             "no_step_marker",
             f"rank {rank}: no ProfilerStep#N marker; the whole trace is analysed as one window "
             "(call prof.step() each iteration to get per-step figures)",
         )
+    if no_marks:
+        con.execute(
+            f"""INSERT INTO steps
+            SELECT rank, {NO_STEP}, min(start_ns), max(start_ns + dur_ns), min(start_ns), max(start_ns + dur_ns)
+            FROM {src} WHERE rank IN ({", ".join(map(str, no_marks))})
+            GROUP BY rank"""
+        )
+    return [r[0] for r in con.execute(f"SELECT DISTINCT rank FROM {src}").fetchall()]
+
+
+def window_lookup(con: Any, name: str, ranks: str | None = None) -> str:
+    """Build the lookup ``name`` that gives an event its step window; return the join SQL.
+
+    Same answer as an ASOF join on ``steps`` (the window with the latest start at or before
+    the event, if the event is before that window's end) but without sorting the events: each
+    rank's span is cut into buckets of equal width, every window is listed under each bucket
+    it touches (windows clipped at the next window's start, so they are disjoint), and an event
+    finds its window by a hash join on (rank, bucket) plus the range test. The join SQL expects
+    the events as ``t`` (``rank``, ``start_ns``) and exposes the window as ``s`` (``step``,
+    ``end_ns``), as :func:`step_of` reads it.
+    """
+    where = f"WHERE rank IN ({ranks})" if ranks is not None else ""
     con.execute(
-        f"""INSERT INTO steps
-        SELECT rank, {NO_STEP}, min(start_ns), max(start_ns + dur_ns), min(start_ns), max(start_ns + dur_ns)
-        FROM events WHERE rank IN (SELECT DISTINCT rank FROM events WHERE rank NOT IN (SELECT DISTINCT rank FROM steps))
-        GROUP BY rank"""
+        f"""CREATE OR REPLACE TEMP TABLE {name}_w AS
+        SELECT rank, step, start_ns,
+               least(end_ns, coalesce(lead(start_ns) OVER (PARTITION BY rank ORDER BY start_ns, step), end_ns)) AS end_ns
+        FROM steps {where}"""
     )
-    con.execute("DROP TABLE _marks")
-    _assign(con, "events", "start_ns")
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE {name}_p AS
+        SELECT rank, min(start_ns) AS origin,
+               greatest(1, (max(end_ns) - min(start_ns)) // (4 * count(*) + 64)) AS width
+        FROM {name}_w GROUP BY rank"""
+    )
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE {name} AS
+        SELECT w.rank, unnest(range((w.start_ns - p.origin) // p.width, (w.end_ns - 1 - p.origin) // p.width + 1)) AS bucket,
+               w.step, w.start_ns, w.end_ns
+        FROM {name}_w w JOIN {name}_p p USING (rank) WHERE w.end_ns > w.start_ns"""
+    )
+    con.execute(f"DROP TABLE {name}_w")
+    return (f"LEFT JOIN {name}_p p ON p.rank = t.rank "
+            f"LEFT JOIN {name} s ON s.rank = t.rank AND s.bucket = (t.start_ns - p.origin) // p.width "
+            f"AND t.start_ns >= s.start_ns AND t.start_ns < s.end_ns")
+
+
+def drop_window_lookup(con: Any, name: str) -> None:
+    """Drop the tables made by :func:`window_lookup`."""
+    con.execute(f"DROP TABLE IF EXISTS {name}")
+    con.execute(f"DROP TABLE IF EXISTS {name}_p")
+
+
+def step_of(event_start: str, window: str = "s") -> str:
+    """SQL: the step of an event ASOF-joined to ``steps`` as ``window`` (NULL outside every window)."""
+    return f"CASE WHEN {window}.step IS NOT NULL AND {event_start} < {window}.end_ns THEN {window}.step END"
+
+
+def finalize(con: Any, warn: Callable[..., None], assigned: set[int] | frozenset[int] = frozenset()) -> None:
+    """Fill ``steps`` for ranks that lack them and assign ``step`` on events, kernels, comm_ops.
+
+    ``assigned``: ranks whose events already carry their step (a reader assigned it on insert);
+    when every rank is in it, ``events`` is not rewritten.
+    """
+    build_steps(con, "(SELECT rank, kind = 'step' AS is_mark, device, name, start_ns, dur_ns, corr FROM events)", warn)
+    pending = [r[0] for r in con.execute("SELECT DISTINCT rank FROM events").fetchall() if r[0] not in assigned]
+    if pending:
+        _assign(con, "events", "start_ns")
     for table in ("kernels", "comm_ops"):
         con.execute(
             f"""UPDATE {table} t SET step = s.step FROM steps s
@@ -79,18 +145,11 @@ def finalize(con: Any, warn: Callable[..., None]) -> None:
 
 
 def _assign(con: Any, table: str, col: str) -> None:
-    """Rebuild ``table`` with ``step`` = the window holding ``col`` (ASOF join, no per-event loop)."""
+    """Rebuild ``table`` with ``step`` = the window holding ``col`` (no per-event loop)."""
     cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
-    select = ", ".join(
-        "CASE WHEN s.step IS NOT NULL AND t.{c} < s.end_ns THEN s.step ELSE t.step END AS step".format(c=col)
-        if c == "step"
-        else f"t.{c}"
-        for c in cols
-    )
-    con.execute(
-        f"""CREATE TABLE _{table}_new AS
-        SELECT {select} FROM {table} t
-        ASOF LEFT JOIN steps s ON t.rank = s.rank AND t.{col} >= s.start_ns"""
-    )
+    select = ", ".join(f"coalesce({step_of('t.' + col)}, t.step) AS step" if c == "step" else f"t.{c}" for c in cols)
+    join = window_lookup(con, "_assign_w").replace("t.start_ns", f"t.{col}")
+    con.execute(f"CREATE TABLE _{table}_new AS SELECT {select} FROM {table} t {join}")
+    drop_window_lookup(con, "_assign_w")
     con.execute(f"DROP TABLE {table}")
     con.execute(f"ALTER TABLE _{table}_new RENAME TO {table}")
