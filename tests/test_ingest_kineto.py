@@ -211,3 +211,13 @@ def test_batch_with_a_broken_file_falls_back_to_one_by_one(tmp_path: Path, sampl
     ctx = load_profile(tmp_path)
     assert ctx.ranks == [0, 1]
     assert any(w.path and w.path.endswith("rank-7.json") for w in ctx.warnings)
+
+
+@pytest.mark.parametrize("path", [SAMPLES / "kineto_two_ranks", SAMPLES / "kineto_resnet50_num_workers_0"], ids=lambda p: p.name)
+def test_compressed_stage_gives_the_same_tables(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Big inputs are staged in a compressed in-memory database; small ones are not: same tables."""
+    import advisor.ingest.kineto as kineto
+
+    plain = _tables(path)
+    monkeypatch.setattr(kineto, "COMPRESS_STAGE_ABOVE_BYTES", 0)
+    assert _tables(path) == plain

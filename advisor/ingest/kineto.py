@@ -64,6 +64,7 @@ _NOT_MARK_CATS = ("kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset", "cud
 SYNC_RE = r"(?i)synchronize$|^(cuda|hip)Memcpy$|^(cuda|hip)StreamQuery$"
 
 STREAM_ABOVE_BYTES = 256 << 20  # estimated uncompressed size from which the streaming reader is used
+COMPRESS_STAGE_ABOVE_BYTES = 128 << 20  # staged rows of bigger inputs are compressed before use (memory)
 EVENT_MAX_BYTES = 64 << 20  # one event larger than this is refused (bounds memory on hostile input)
 
 # SQL expression: text (JSON number or string) in µs -> integer ns. Exact for decimal text.
@@ -295,25 +296,27 @@ def _load_batch(batch: list[tuple[int, Unit, int, Any]], lctx: LoadContext) -> d
         fid = lctx.file_id(u.files[0], u.rank, SOURCE)
         u.info["fid"] = fid
         files.append(_File(u, fid, header))
-    stage = f"kstage_{files[0].fid}"
+    prefix = f"kstage_{files[0].fid}"
+    stage = _attach_stage_db(cur, prefix)
     limit = max(c[2] for c in batch)
-    cur.execute(f"CREATE TEMP TABLE {stage}_f (fname VARCHAR, fid INTEGER)")
-    cur.executemany(f"INSERT INTO {stage}_f VALUES (?, ?)", [(str(f.path), f.fid) for f in files])
+    cur.execute(f"CREATE TEMP TABLE {prefix}_f (fname VARCHAR, fid INTEGER)")
+    cur.executemany(f"INSERT INTO {prefix}_f VALUES (?, ?)", [(str(f.path), f.fid) for f in files])
     unnest = (f"SELECT f.fid AS fid, t.e AS e FROM (SELECT filename, unnest(traceEvents) AS e FROM read_json($paths, "
               f"columns={COLUMNS}, format='auto', maximum_object_size={limit}, filename=true)) t "
-              f"JOIN {stage}_f f ON f.fname = t.filename")
+              f"JOIN {prefix}_f f ON f.fname = t.filename")
     try:
-        cur.execute(f"CREATE TEMP TABLE {stage} AS {_stage_sql(unnest, 'fid')}", {"paths": [str(f.path) for f in files]})
+        cur.execute(f"CREATE TABLE {stage} AS {_stage_sql(unnest, 'fid')}", {"paths": [str(f.path) for f in files]})
     except duckdb.Error:  # one bad file fails the scan: every file of the batch is read on its own instead
-        cur.execute(f"DROP TABLE IF EXISTS {stage}")
-        cur.execute(f"DROP TABLE {stage}_f")
+        _detach_stage_db(cur, prefix)
+        cur.execute(f"DROP TABLE {prefix}_f")
         cur.close()
         return {}
-    cur.execute(f"DROP TABLE {stage}_f")
+    cur.execute(f"DROP TABLE {prefix}_f")
     try:
-        results = _from_stage(cur, stage, files, lctx)
+        _compress_stage(cur, prefix, sum(c[2] for c in batch))
+        results = _from_stage(cur, stage, prefix, files, lctx)
     finally:
-        cur.execute(f"DROP TABLE IF EXISTS {stage}")
+        _detach_stage_db(cur, prefix)
         cur.close()
     out: dict[int, dict[str, Any] | None] = {}
     for (i, _u, _s, _h), f in zip(batch, files, strict=True):
@@ -333,7 +336,8 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
     fid = unit.info.get("fid")
     if fid is None:
         fid = lctx.file_id(path, unit.rank, SOURCE)
-    stage = f"kstage_{fid}"
+    prefix = f"kstage_{fid}"
+    stage = _attach_stage_db(cur, prefix)
     form = unit.info.get("form", "object")
     limit = _max_object_size(path)
     src = f"read_json($path, columns={COLUMNS}, format='auto', maximum_object_size={limit})"
@@ -349,6 +353,7 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
                 unnest = (f"SELECT json AS e FROM read_json($events, format='array', records=false, "
                           f"columns={{'json': '{EVENT_TYPE[:-2]}'}}, maximum_object_size={EVENT_MAX_BYTES})")
             except ValueError as exc:  # a gzip bomb
+                _detach_stage_db(cur, prefix)
                 cur.close()
                 raise ParseError(path, str(exc)) from None
             except (LayoutError, OSError, EOFError, zlib.error):
@@ -357,7 +362,7 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
                 spill = None
     try:
         params = {"path": str(path)} if spill is None else {"events": str(spill.path)}
-        cur.execute(f"CREATE TEMP TABLE {stage} AS {_stage_sql(unnest, str(int(fid)))}",
+        cur.execute(f"CREATE TABLE {stage} AS {_stage_sql(unnest, str(int(fid)))}",
                     {k: v for k, v in params.items() if "$" + k in unnest})
         if spill is not None:
             header = _header(spill.head_bytes, spill.trailer)
@@ -371,16 +376,17 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
                 {"path": str(path)},
             ).fetchall()[0]
     except Exception as exc:  # duckdb raises its own error types for bad JSON / gzip / IO
-        cur.execute(f"DROP TABLE IF EXISTS {stage}")
+        _detach_stage_db(cur, prefix)
         cur.close()
         raise ParseError(path, "not a readable Kineto trace: " + _short_duckdb_error(exc)) from None
     finally:
         if spill is not None:
             spill.close()
     try:
-        res = _from_stage(cur, stage, [_File(unit, fid, header)], lctx)[fid]
+        _compress_stage(cur, prefix, limit)
+        res = _from_stage(cur, stage, prefix, [_File(unit, fid, header)], lctx)[fid]
     finally:
-        cur.execute(f"DROP TABLE IF EXISTS {stage}")
+        _detach_stage_db(cur, prefix)
         cur.close()
     if isinstance(res, ParseError):
         raise res
@@ -407,7 +413,25 @@ def _base_ns(text: str | None, f: _File, lctx: LoadContext) -> int:
         return 0
 
 
-def _from_stage(cur: Any, stage: str, files: list[_File], lctx: LoadContext) -> dict[int, dict[str, Any] | ParseError]:
+def _attach_stage_db(cur: Any, prefix: str) -> str:
+    """A private in-memory database for the staged rows, compressed once they are written
+    (:func:`_compress_stage`): the stage then costs a fraction of its size while the canonical
+    tables are filled from it. Returns the stage table's qualified name."""
+    cur.execute(f"ATTACH ':memory:' AS {prefix}_db (COMPRESS)")
+    return f"{prefix}_db.main.stage"
+
+
+def _compress_stage(cur: Any, prefix: str, size: int) -> None:
+    """Compress a big stage (~0.5 s per GB of trace, saves ~0.4 GB per GB at the peak)."""
+    if size >= COMPRESS_STAGE_ABOVE_BYTES:
+        cur.execute(f"CHECKPOINT {prefix}_db")
+
+
+def _detach_stage_db(cur: Any, prefix: str) -> None:
+    cur.execute(f"DETACH DATABASE IF EXISTS {prefix}_db")
+
+
+def _from_stage(cur: Any, stage: str, prefix: str, files: list[_File], lctx: LoadContext) -> dict[int, dict[str, Any] | ParseError]:
     """Staged rows of ``files`` -> events, tracks, kernels, comm_ops (one statement each for all files).
 
     Steps are assigned as the events are inserted for the ranks whose every file is in this
@@ -445,11 +469,11 @@ def _from_stage(cur: Any, stage: str, files: list[_File], lctx: LoadContext) -> 
             rows.append((f.fid, f.rank, base, str(f.path), total))
     if not rows:
         return results
-    kf = f"{stage}_files"
+    kf = f"{prefix}_files"
     cur.execute(f"CREATE OR REPLACE TEMP TABLE {kf} (fid INTEGER, rank INTEGER, base_ns BIGINT, path VARCHAR, n BIGINT)")
     cur.executemany(f"INSERT INTO {kf} VALUES (?, ?, ?, ?, ?)", rows)
     lc = "lower(coalesce(st.cat, ''))"
-    ev = f"{stage}_ev"  # the staged rows that become events, with rank and absolute time
+    ev = f"{prefix}_ev"  # the staged rows that become events, with rank and absolute time
     cur.execute(
         f"""CREATE OR REPLACE TEMP VIEW {ev} AS
         SELECT st.*, f.rank AS rank, st.ts_ns + f.base_ns AS start_ns, {lc} AS lcat, {lc} IN {DEVICE_CATS} AS device
@@ -459,7 +483,7 @@ def _from_stage(cur: Any, stage: str, files: list[_File], lctx: LoadContext) -> 
     try:
         stepped = _steps_from_stage(cur, ev, kf, files, lctx)
         ranks_sql = ", ".join(map(str, sorted(stepped))) or "NULL"
-        join = window_lookup(cur, f"{stage}_sw", ranks_sql)
+        join = window_lookup(cur, f"{prefix}_sw", ranks_sql)
         cur.execute(
             f"""INSERT INTO events
             SELECT t.rank, CASE WHEN t.rank IN ({ranks_sql}) THEN {step_of('t.start_ns')} END AS step,
@@ -510,7 +534,7 @@ def _from_stage(cur: Any, stage: str, files: list[_File], lctx: LoadContext) -> 
         cur.executemany("UPDATE profile_files SET events = ? WHERE file_id = ?", [[r[4], r[0]] for r in rows])
         lctx.mark_stepped(stepped)
     finally:
-        drop_window_lookup(cur, f"{stage}_sw")
+        drop_window_lookup(cur, f"{prefix}_sw")
         cur.execute(f"DROP VIEW IF EXISTS {ev}")
         cur.execute(f"DROP TABLE IF EXISTS {kf}")
     return results
@@ -538,9 +562,18 @@ def _steps_from_stage(cur: Any, ev: str, kf: str, files: list[_File], lctx: Load
             ids = ", ".join(map(str, dropped))
             cur.execute(f"DELETE FROM {kf} WHERE fid IN ({ids})")
             cur.execute(f"DELETE FROM profile_files WHERE file_id IN ({ids})")
-    src = f"(SELECT rank, name LIKE 'ProfilerStep#%' AND lcat NOT IN {_NOT_MARK_CATS} AS is_mark, device, name, start_ns, dur_ns, corr FROM {ev} WHERE rank IN ({', '.join(map(str, sorted(whole)))}))"
-    with lctx.steps_lock:
-        build_steps(cur, src, lctx.warn)
+    src = f"{kf}_marks"  # the narrow columns the step windows need, read several times
+    cur.execute(
+        f"""CREATE OR REPLACE TEMP TABLE {src} AS
+        SELECT rank, is_mark, device, CASE WHEN is_mark THEN name END AS name, start_ns, dur_ns, corr FROM (
+            SELECT *, name LIKE 'ProfilerStep#%' AND lcat NOT IN {_NOT_MARK_CATS} AS is_mark FROM {ev}
+            WHERE rank IN ({', '.join(map(str, sorted(whole)))}))"""
+    )
+    try:
+        with lctx.steps_lock:
+            build_steps(cur, src, lctx.warn)
+    finally:
+        cur.execute(f"DROP TABLE {src}")
     return whole
 
 

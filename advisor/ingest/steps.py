@@ -20,8 +20,8 @@ from typing import Any
 from advisor.schema import NO_STEP
 
 
-def build_steps(con: Any, src: str, warn: Callable[..., None]) -> list[int]:
-    """Insert the step windows of the ranks in ``src`` that have none yet; return those ranks.
+def build_steps(con: Any, src: str, warn: Callable[..., None]) -> None:
+    """Insert the step windows of the ranks in ``src`` that have none yet.
 
     ``src`` is a relation (table name or ``(SELECT ...)``) with the columns ``rank``,
     ``is_mark`` (a host ``ProfilerStep#N`` event), ``device``, ``name``, ``start_ns``,
@@ -77,7 +77,6 @@ def build_steps(con: Any, src: str, warn: Callable[..., None]) -> list[int]:
             FROM {src} WHERE rank IN ({", ".join(map(str, no_marks))})
             GROUP BY rank"""
         )
-    return [r[0] for r in con.execute(f"SELECT DISTINCT rank FROM {src}").fetchall()]
 
 
 def window_lookup(con: Any, name: str, ranks: str | None = None) -> str:
@@ -133,9 +132,11 @@ def finalize(con: Any, warn: Callable[..., None], assigned: set[int] | frozenset
     ``assigned``: ranks whose events already carry their step (a reader assigned it on insert);
     when every rank is in it, ``events`` is not rewritten.
     """
-    build_steps(con, "(SELECT rank, kind = 'step' AS is_mark, device, name, start_ns, dur_ns, corr FROM events)", warn)
-    pending = [r[0] for r in con.execute("SELECT DISTINCT rank FROM events").fetchall() if r[0] not in assigned]
-    if pending:
+    ranks = {r[0] for r in con.execute("SELECT DISTINCT rank FROM events").fetchall()}
+    have = {r[0] for r in con.execute("SELECT DISTINCT rank FROM steps").fetchall()}
+    if ranks - have:
+        build_steps(con, "(SELECT rank, kind = 'step' AS is_mark, device, name, start_ns, dur_ns, corr FROM events)", warn)
+    if ranks - set(assigned):
         _assign(con, "events", "start_ns")
     for table in ("kernels", "comm_ops"):
         con.execute(
