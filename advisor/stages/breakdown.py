@@ -33,67 +33,74 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from advisor.schema import DEVICE_BUSY_KINDS, HOST_BUSY_KINDS
 
 CLASSES = ("compute_only_us", "overlapped_us", "comm_only_us", "host_only_us", "free_us")
 
-_SQL = """
-WITH r AS (SELECT rank, coalesce(has_device, false) AS dev FROM ranks),
-win AS (SELECT s.rank, s.step, s.start_ns, s.end_ns FROM steps s {window_filter}),
-iv AS (
-    SELECT e.rank, e.start_ns AS s, e.start_ns + e.dur_ns AS e,
-      CASE WHEN r.dev THEN (e.device AND e.kind IN {devbusy} AND e.kind <> 'comm')
-           ELSE (NOT e.device AND e.kind = 'host_op') END::INTEGER AS c,
-      CASE WHEN r.dev THEN (e.device AND e.kind = 'comm')
-           ELSE (NOT e.device AND e.kind = 'comm') END::INTEGER AS m,
-      (NOT e.device AND e.kind IN {hostbusy})::INTEGER AS h,
-      (NOT e.device AND e.kind = 'dataloader')::INTEGER AS d,
-      (e.device AND e.kind = 'kernel')::INTEGER AS k,
-      (e.device AND e.kind IN ('memcpy', 'memset'))::INTEGER AS y
-    FROM events e JOIN r USING (rank)
-    WHERE e.dur_ns > 0 AND e.rank IN (SELECT rank FROM win)
-      AND ((e.device AND e.kind IN {devbusy}) OR (NOT e.device AND e.kind IN {hostbusy}))
-),
-pts AS (  -- +1 / -1 per class at each boundary, the six counters packed 20 bits apart in one HUGEINT
-    SELECT rank, s AS t, (c + (m << 20) + (h << 40) + (d << 60) + (k << 80) + (y << 100)) AS v FROM (
-        SELECT rank, s, c::HUGEINT c, m::HUGEINT m, h::HUGEINT h, d::HUGEINT d, k::HUGEINT k, y::HUGEINT y FROM iv)
-    UNION ALL
-    SELECT rank, e, -(c + (m << 20) + (h << 40) + (d << 60) + (k << 80) + (y << 100)) FROM (
-        SELECT rank, e, c::HUGEINT c, m::HUGEINT m, h::HUGEINT h, d::HUGEINT d, k::HUGEINT k, y::HUGEINT y FROM iv)
-    UNION ALL SELECT rank, start_ns, 0::HUGEINT FROM win
-    UNION ALL SELECT rank, end_ns, 0::HUGEINT FROM win
-),
-agg AS (SELECT rank, t, sum(v) AS v FROM pts GROUP BY rank, t),
-acc AS (
-    SELECT rank, t, lead(t) OVER w AS t2, sum(v) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS v
-    FROM agg WINDOW w AS (PARTITION BY rank ORDER BY t)
-),
-run AS (  -- a class is active when its counter is positive (counters never exceed 2^20 - 1 here)
-    SELECT rank, t, t2,
-      (v & 1048575) > 0 AS c, ((v >> 20) & 1048575) > 0 AS m, ((v >> 40) & 1048575) > 0 AS h,
-      ((v >> 60) & 1048575) > 0 AS d, ((v >> 80) & 1048575) > 0 AS k, ((v >> 100) & 1048575) > 0 AS y
-    FROM acc
-),
-seg AS (
-    SELECT run.rank, w.step, run.t2 - run.t AS len, run.c, run.m, run.h, run.d, run.k, run.y, r.dev
-    FROM run ASOF JOIN win w ON run.rank = w.rank AND run.t >= w.start_ns
-    JOIN r ON r.rank = run.rank
-    WHERE run.t2 IS NOT NULL AND run.t < w.end_ns
+NS_COLUMNS = ("step_ns", "overlapped_ns", "compute_only_ns", "comm_only_ns", "host_only_ns", "free_ns",
+              "kernel_ns", "memory_ns", "dataloader_ns", "host_busy_ns")
+
+# The events that take part, as (device, kind) pairs; SQL numbers them, numpy does the rest.
+_PAIRS = [(True, k) for k in DEVICE_BUSY_KINDS] + [(False, k) for k in HOST_BUSY_KINDS]
+_C, _M, _H, _D, _K, _Y = 1, 2, 4, 8, 16, 32  # compute, comm, host busy, dataloader, kernel, memcpy/memset
+
+
+def _bits(dev: bool, device: bool, kind: str) -> int:
+    """Class bits of one event on a rank with (``dev``) or without device events."""
+    if dev:
+        c = device and kind in DEVICE_BUSY_KINDS and kind != "comm"
+        m = device and kind == "comm"
+    else:
+        c = not device and kind == "host_op"
+        m = not device and kind == "comm"
+    h = not device and kind in HOST_BUSY_KINDS
+    d = not device and kind == "dataloader"
+    k = device and kind == "kernel"
+    y = device and kind in ("memcpy", "memset")
+    return _C * c + _M * m + _H * h + _D * d + _K * k + _Y * y
+
+
+def _state_columns(dev: bool) -> np.ndarray:
+    """64 x len(NS_COLUMNS) 0/1 matrix: the output columns a state (set of active classes) adds to."""
+    out = np.zeros((64, len(NS_COLUMNS)), dtype=np.int64)
+    for b in range(64):
+        c, m, h, d, k, y = (bool(b & x) for x in (_C, _M, _H, _D, _K, _Y))
+        quiet = not c and not m
+        out[b] = [
+            True,  # step
+            c and m and (dev or not d),  # overlapped
+            c and not m and (dev or not d),  # compute only
+            m and not c and (dev or not d),  # comm only
+            (quiet and (h or d)) or (not dev and d),  # host only
+            quiet and not h and not d,  # free
+            k,  # kernel
+            y,  # memory
+            d,  # dataloader
+            h or d,  # host busy
+        ]
+    return out
+
+
+# _BITS[has a ranks row with device events, has one without, pair] -> class bits (a rank listed
+# twice in ``ranks`` counts under both flags, as a join would)
+_BITS = np.array(
+    [[[(_bits(True, dv, k) if with_dev else 0) | (_bits(False, dv, k) if with_host else 0) for dv, k in _PAIRS]
+      for with_host in (False, True)] for with_dev in (False, True)],
+    dtype=np.uint8,
 )
-SELECT rank, step,
-  sum(len) AS step_ns,
-  sum(len) FILTER (WHERE c AND m AND (dev OR NOT d)) AS overlapped_ns,
-  sum(len) FILTER (WHERE c AND NOT m AND (dev OR NOT d)) AS compute_only_ns,
-  sum(len) FILTER (WHERE m AND NOT c AND (dev OR NOT d)) AS comm_only_ns,
-  sum(len) FILTER (WHERE NOT c AND NOT m AND (h OR d) OR (NOT dev AND d)) AS host_only_ns,
-  sum(len) FILTER (WHERE NOT c AND NOT m AND NOT h AND NOT d) AS free_ns,
-  sum(len) FILTER (WHERE k) AS kernel_ns,
-  sum(len) FILTER (WHERE y) AS memory_ns,
-  sum(len) FILTER (WHERE d) AS dataloader_ns,
-  sum(len) FILTER (WHERE h OR d) AS host_busy_ns
-FROM seg GROUP BY rank, step ORDER BY rank, step
+# _STEP[class][bits, +64 at an interval's end] -> that class's counter change at a bound
+_STEP = np.array([[sign * (b >> j & 1) for sign in (1, -1) for b in range(64)] for j in range(6)], dtype=np.int8)
+_COLS_DEV = _state_columns(True)
+_COLS_HOST = _state_columns(False)
+
+_PAIRS_SQL = ", ".join(f"({dv}, '{k}', {i})" for i, (dv, k) in enumerate(_PAIRS))
+_EVENTS_SQL = f"""
+SELECT e.rank, e.start_ns AS s, e.start_ns + e.dur_ns AS e, p.pair
+FROM events e JOIN (VALUES {_PAIRS_SQL}) p(device, kind, pair) ON e.device = p.device AND e.kind = p.kind
+WHERE e.dur_ns > 0
 """
 
 
@@ -102,17 +109,152 @@ def compute(con: Any, windows: str | None = None) -> pd.DataFrame:
 
     ``windows`` optionally names a table/view with the same columns as ``steps`` (rank, step,
     start_ns, end_ns) to break down other windows (tests use it to match a peer's window).
+
+    One sweep per rank: every event start and end and every window bound, sorted once (numpy);
+    the six class counters are running sums over them, and each elementary segment goes to the
+    window with the latest start at or before it, if it starts before that window's end.
     """
-    sql = _SQL.format(
-        devbusy=tuple(DEVICE_BUSY_KINDS),
-        hostbusy=tuple(HOST_BUSY_KINDS),
-        window_filter="" if windows is None else "WHERE false UNION ALL SELECT rank, step, start_ns, end_ns FROM " + windows,
-    )
-    df = con.cursor().execute(sql).df()
-    ns_cols = [c for c in df.columns if c.endswith("_ns")]
-    df[ns_cols] = df[ns_cols].fillna(0)
+    cur = con.cursor()
+    win = cur.execute(f"SELECT rank, step, start_ns, end_ns FROM {windows or 'steps'}").fetchnumpy()
+    ranks = cur.execute("SELECT rank, coalesce(has_device, false) AS dev FROM ranks").fetchnumpy()
+    ev = cur.execute(_EVENTS_SQL).fetchnumpy()
+    return _frame(_sweep(win, ranks, ev))
+
+
+def _col(d: dict[str, Any], name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A fetched column as (values, not NULL); DuckDB returns a column with NULLs masked."""
+    a = d[name]
+    if isinstance(a, np.ma.MaskedArray):
+        return np.ma.getdata(a.filled(0)), ~np.ma.getmaskarray(a)
+    a = np.asarray(a)
+    return a, np.ones(len(a), dtype=bool)
+
+
+def _sweep(win: dict[str, Any], ranks: dict[str, Any], ev: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Per-window sums (ns) of every output column, with ``rank`` and ``step``.
+
+    Follows the SQL it replaced, NULLs included: a bound with a NULL time takes no part, a
+    window with a NULL start is never found, one with a NULL end holds nothing.
+    """
+    w_rank, w_ok = _col(win, "rank")
+    w_step, w_step_ok = _col(win, "step")
+    w_start, w_start_ok = _col(win, "start_ns")
+    w_end, w_end_ok = _col(win, "end_ns")
+    w_rank, w_step, w_step_ok, w_start, w_start_ok, w_end, w_end_ok = (
+        a[w_ok] for a in (w_rank, w_step, w_step_ok, w_start, w_start_ok, w_end, w_end_ok))
+    uranks = np.unique(w_rank)
+    w_ridx = np.searchsorted(uranks, w_rank)
+    n_dev, n_host = _multiplicity(uranks, ranks)
+
+    # the windows that can be found, in (rank, start) order
+    tw = np.flatnonzero(w_start_ok)
+    tw = tw[np.lexsort((w_step[tw], w_start[tw], w_ridx[tw]))]  # equal starts: the later step wins
+    t_ridx = w_ridx[tw]
+    t_end = np.where(w_end_ok[tw], w_end[tw], np.iinfo(np.int64).min)
+    we = np.flatnonzero(w_end_ok)
+
+    e_rank, e_rank_ok = _col(ev, "rank")
+    e_s, e_s_ok = _col(ev, "s")
+    e_e, e_e_ok = _col(ev, "e")
+    e_ridx = np.searchsorted(uranks, e_rank)
+    keep = e_rank_ok & e_s_ok & e_e_ok & (e_ridx < len(uranks))
+    keep[keep] = uranks[e_ridx[keep]] == e_rank[keep]
+    e_ridx = e_ridx[keep]
+    bits = _BITS[(n_dev[e_ridx] > 0).astype(np.intp), (n_host[e_ridx] > 0).astype(np.intp),
+                 np.asarray(ev["pair"], dtype=np.intp)[keep]]
+
+    n_ws, n_we = len(tw), len(we)
+    if n_ws == 0:
+        return _empty_sums()
+    t = np.concatenate([w_start[tw], w_end[we], e_s[keep], e_e[keep]])
+    ridx = np.concatenate([t_ridx, w_ridx[we], e_ridx, e_ridx])
+    change = np.concatenate([np.zeros(n_ws + n_we, np.uint8), bits, bits | 64])
+    t, ridx, is_start, change = _sorted(t, ridx, n_ws, change)
+
+    # the k-th window start met is window tw[k]: the running count finds each bound's window,
+    # the one with the latest start at or before it (as an ASOF join would)
+    gi = np.cumsum(is_start) - 1
+    # an elementary segment runs from a bound to the rank's next one and belongs to the window
+    # found for its start, if it starts before that window's end
+    seg = np.flatnonzero((ridx[:-1] == ridx[1:]) & (gi[:-1] >= 0))
+    g = gi[seg]
+    seg = seg[(t_ridx[g] == ridx[seg]) & (t[seg] < t_end[g])]
+    g = gi[seg]
+    length = t[seg + 1] - t[seg]
+    # the classes active after each bound: positive running counters
+    combo = np.zeros(len(t), np.uint8)
+    for j in range(6):
+        combo |= (np.cumsum(_STEP[j][change], dtype=np.int32) > 0).view(np.uint8) << j
+    combo = combo[seg]
+    # time per (window, state), exact: float bincounts of the lengths split at bit 26
+    key = g * 64 + combo
+    lo = np.bincount(key, weights=length & ((1 << 26) - 1), minlength=n_ws * 64).astype(np.int64)
+    hi = np.bincount(key, weights=length >> 26, minlength=n_ws * 64).astype(np.int64)
+    per_state = (lo + (hi << 26)).reshape(n_ws, 64)
+    mult_dev, mult_host = n_dev[t_ridx], n_host[t_ridx]
+    found = np.flatnonzero((np.bincount(g, minlength=n_ws) > 0) & (mult_dev + mult_host > 0))
+    sums = (mult_dev[found, None] * (per_state[found] @ _COLS_DEV)
+            + mult_host[found, None] * (per_state[found] @ _COLS_HOST))
+    out = {col: sums[:, i] for i, col in enumerate(NS_COLUMNS)}
+    out["rank"] = w_rank[tw[found]].astype(np.int64)
+    out["step"] = np.where(w_step_ok[tw[found]], w_step[tw[found]], np.nan)
+    return out
+
+
+def _multiplicity(uranks: np.ndarray, ranks: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """How many ``ranks`` rows each rank has, with and without device events."""
+    r_rank, r_ok = _col(ranks, "rank")
+    r_dev = np.asarray(np.ma.getdata(ranks["dev"]), dtype=bool)[r_ok]
+    r_rank = r_rank[r_ok]
+    pos = np.searchsorted(uranks, r_rank)
+    hit = pos < len(uranks)
+    hit[hit] = uranks[pos[hit]] == r_rank[hit]
+    n_dev = np.bincount(pos[hit & r_dev], minlength=len(uranks)).astype(np.int64)
+    n_host = np.bincount(pos[hit & ~r_dev], minlength=len(uranks)).astype(np.int64)
+    return n_dev, n_host
+
+
+def _sorted(t: np.ndarray, ridx: np.ndarray, n_starts: int, change: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Bounds by (rank, time), the first ``n_starts`` (window starts) first among equal times.
+
+    Returns the sorted times, rank indexes, window-start flags and ``change``. One int64 key
+    (rank, time, flag) sorts fastest; timestamps too far apart for it fall back to a lexsort.
+    """
+    t0 = int(t.min())
+    tbits = (int(t.max()) - t0).bit_length()
+    shift = tbits + 1
+    if int(ridx.max()).bit_length() + shift > 62:
+        late = np.ones(len(t), np.int8)
+        late[:n_starts] = 0
+        order = np.lexsort((late, t, ridx))
+        return t[order], ridx[order], late[order] == 0, change[order]
+    key = t - t0
+    key <<= 1
+    key[n_starts:] |= 1
+    key |= ridx.astype(np.int64) << shift
+    order = np.argsort(key)
+    key = key[order]
+    is_start = (key & 1) == 0
+    ridx = key >> shift
+    key >>= 1
+    key &= (1 << tbits) - 1
+    key += t0
+    return key, ridx, is_start, change[order]
+
+
+def _empty_sums() -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {col: np.zeros(0, np.int64) for col in NS_COLUMNS}
+    out["rank"] = np.zeros(0, np.int64)
+    out["step"] = np.zeros(0, np.float64)
+    return out
+
+
+def _frame(sums: dict[str, np.ndarray]) -> pd.DataFrame:
+    """The breakdown: one row per (rank, step) in rank and step order, µs columns."""
+    df = pd.DataFrame({"rank": sums["rank"], "step": sums["step"], **{c: sums[c] for c in NS_COLUMNS}})
+    df = df.groupby(["rank", "step"], sort=True, dropna=False, as_index=False).sum()
     out = pd.DataFrame({"rank": df["rank"].astype(int), "step": df["step"].astype(int)})
-    for c in ns_cols:
+    for c in NS_COLUMNS:
         out[c[:-3] + "_us"] = df[c].astype("float64") / 1000.0
     out["compute_us"] = out["compute_only_us"] + out["overlapped_us"]
     out["comm_us"] = out["comm_only_us"] + out["overlapped_us"]
