@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from advisor.ingest.jsonstream import EventsStream, LayoutError
+from advisor.ingest.jsonstream import EventsStream, LayoutError, SpilledEvents
 
 EVENTS = [{"ph": "X", "name": "a]", "ts": 1, "dur": 2, "args": {"Input Dims": [[1], [2]], "x": "], \"k\": 1}"}},
           {"ph": "X", "name": "b", "ts": 3, "dur": 1, "args": {"l": [[]]}}]
@@ -32,6 +32,11 @@ def test_stream_yields_the_event_list(tmp_path: Path, doc: dict, gz: bool) -> No
     assert json.loads(body) == EVENTS
     after = {k: v for k, v in doc.items() if list(doc).index(k) > list(doc).index("traceEvents")}
     assert s.trailer == after
+    with SpilledEvents(path, tmp_dir=str(tmp_path)) as spilled:  # the copy read by path (plain: a byte-range copy)
+        assert json.loads(spilled.path.read_bytes()) == EVENTS
+        assert spilled.trailer == after
+        assert b'"traceEvents"' not in spilled.head_bytes and (b"schemaVersion" in spilled.head_bytes) == ("schemaVersion" in doc)
+    assert not spilled.path.exists()
 
 
 def test_truncated_and_other_layouts(tmp_path: Path) -> None:
@@ -41,9 +46,14 @@ def test_truncated_and_other_layouts(tmp_path: Path) -> None:
     with pytest.raises(LayoutError):
         while s.read(1 << 20):
             pass
+    with pytest.raises(LayoutError):
+        SpilledEvents(p, tmp_dir=str(tmp_path))
     p.write_text('{"events": []}')
     with pytest.raises(LayoutError):
         EventsStream(p)
+    with pytest.raises(LayoutError):
+        SpilledEvents(p, tmp_dir=str(tmp_path))
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["t.json"]  # no copy left behind
 
 
 @pytest.mark.parametrize("sample", ["kineto_resnet50_num_workers_0", "kineto_two_ranks"])

@@ -94,34 +94,10 @@ class EventsStream(io.RawIOBase):
             self._buf += chunk
 
     def _finish(self) -> None:
-        """At end of file: cut the buffer at the ``]`` that closes traceEvents.
-
-        That is the leftmost ``]`` (within the last ``TRAILER_MAX`` bytes) after which the rest
-        of the file parses exactly as ``}`` or ``, "key": value, ... }``; an inner ``]`` of the
-        last event is followed by more of the event list, which never parses that way, and a
-        later key's list (``"deviceProperties": []``) lies to the right of the true one.
-        """
+        """At end of file: cut the buffer at the ``]`` that closes traceEvents (see :func:`find_close`)."""
         tail = bytes(self._buf[-TRAILER_MAX:]) if len(self._buf) > TRAILER_MAX else bytes(self._buf)
         base = len(self._buf) - len(tail)
-        best: tuple[int, dict[str, Any]] | None = None
-        pos = len(tail)
-        while True:
-            pos = tail.rfind(b"]", 0, pos)
-            if pos < 0:
-                break
-            rest = tail[pos + 1 :].strip()
-            if rest == b"}":
-                best = (pos, {})
-            elif rest.startswith(b","):
-                try:
-                    obj = json.loads(b"{" + rest[1:])
-                except ValueError:
-                    continue
-                if isinstance(obj, dict):
-                    best = (pos, obj)
-        if best is None:
-            raise LayoutError("the traceEvents list is not closed (truncated file?)")
-        pos, self.trailer = best
+        pos, self.trailer = find_close(tail)
         del self._buf[base + pos + 1 :]
 
     def readinto(self, b: Any) -> int:  # noqa: D102
@@ -161,17 +137,39 @@ class SpilledEvents:
         import shutil
         import tempfile
 
-        stream = EventsStream(path)
+        with path.open("rb") as fh:
+            gz = fh.read(2) == b"\x1f\x8b"
+        if gz:
+            stream = EventsStream(path)
         fd, name = tempfile.mkstemp(prefix="advisor-events-", suffix=".json", dir=tmp_dir)
         self.path = Path(name)
         try:
-            with stream, os.fdopen(fd, "wb") as out:
-                shutil.copyfileobj(stream, out, CHUNK)  # type: ignore[misc]
+            with os.fdopen(fd, "wb") as out:
+                if gz:  # decompressed on the way
+                    with stream:
+                        shutil.copyfileobj(stream, out, CHUNK)  # type: ignore[misc]
+                    self.head_bytes, self.trailer = stream.head_bytes, stream.trailer
+                else:  # the byte range of the list, copied by the kernel
+                    self.head_bytes, self.trailer = self._copy_plain(path, out)
         except BaseException:
             self.close()
             raise
-        self.head_bytes = stream.head_bytes
-        self.trailer = stream.trailer
+
+    @staticmethod
+    def _copy_plain(path: Path, out: Any) -> tuple[bytes, dict[str, Any]]:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            head = fh.read(HEAD)
+            key = head.find(b'"traceEvents"')
+            bracket = head.find(b"[", key) if key >= 0 else -1
+            if key < 0 or bracket < 0 or head[key + 13 : bracket].strip() != b":":
+                raise LayoutError("no traceEvents list near the start")
+            tail_start = max(bracket, size - TRAILER_MAX)
+            fh.seek(tail_start)
+            pos, trailer = find_close(fh.read())
+            out.flush()
+            _copy_range(fh, out, bracket, tail_start + pos + 1)
+        return head[:key], trailer
 
     def close(self) -> None:
         """Delete the copy."""
@@ -185,6 +183,57 @@ class SpilledEvents:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def find_close(tail: bytes) -> tuple[int, dict[str, Any]]:
+    """Position in ``tail`` (the file's last bytes) of the ``]`` that closes traceEvents, and the
+    keys written after it.
+
+    That is the leftmost ``]`` after which the rest of the file parses exactly as ``}`` or
+    ``, "key": value, ... }``; an inner ``]`` of the last event is followed by more of the event
+    list, which never parses that way, and a later key's list (``"deviceProperties": []``) lies
+    to the right of the true one. Raises LayoutError when there is none.
+    """
+    best: tuple[int, dict[str, Any]] | None = None
+    pos = len(tail)
+    while True:
+        pos = tail.rfind(b"]", 0, pos)
+        if pos < 0:
+            break
+        rest = tail[pos + 1 :].strip()
+        if rest == b"}":
+            best = (pos, {})
+        elif rest.startswith(b","):
+            try:
+                obj = json.loads(b"{" + rest[1:])
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                best = (pos, obj)
+    if best is None:
+        raise LayoutError("the traceEvents list is not closed (truncated file?)")
+    return best
+
+
+def _copy_range(src: Any, dst: Any, start: int, end: int) -> None:
+    """Copy bytes [start, end) of one file to another, in the kernel where it can."""
+    src.seek(start)
+    left = end - start
+    try:
+        while left > 0:
+            n = os.copy_file_range(src.fileno(), dst.fileno(), min(left, 1 << 30))
+            if n <= 0:
+                break
+            left -= n
+    except (AttributeError, OSError):
+        pass  # not Linux, or a file system without it: copy through user space
+    src.seek(end - left)
+    while left > 0:
+        chunk = src.read(min(left, CHUNK))
+        if not chunk:
+            raise LayoutError("the file shrank while being read")
+        dst.write(chunk)
+        left -= len(chunk)
 
 
 def header_value(head: bytes, key: str) -> Any:
