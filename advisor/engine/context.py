@@ -8,10 +8,12 @@ from typing import Any
 
 import pandas as pd
 
+from advisor.engine.derived import DERIVED
 from advisor.model import Warning_
 from advisor.schema import TABLES
 
 _PARAM_RE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+_DERIVED_RE = re.compile(r"\b(" + "|".join(DERIVED) + r")\b")
 
 CAPABILITIES: dict[str, str] = {
     "device": "device (accelerator) events on at least one rank",
@@ -45,10 +47,19 @@ class AnalysisContext:
     focus_step: int | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     _counts: dict[str, int] = field(default_factory=dict)
+    _derived: set[str] = field(default_factory=set)
 
     # -- SQL helpers -----------------------------------------------------------------------
+    def prepare(self, sql: str) -> str:
+        """Build the shared derived tables (:mod:`advisor.engine.derived`) that ``sql`` names, once."""
+        for name in set(_DERIVED_RE.findall(sql)) - self._derived:
+            DERIVED[name].build(self.con, name)
+            self._derived.add(name)
+        return sql
+
     def query(self, sql: str, params: dict[str, Any] | None = None, used_only: bool = True) -> list[dict[str, Any]]:
         """Run SQL with ``$name`` parameters and return rows as dicts."""
+        self.prepare(sql)
         cur = self.con.cursor()
         res = cur.execute(sql, bind(sql, params) if used_only else (params or {}))
         cols = [d[0] for d in res.description]
@@ -56,11 +67,13 @@ class AnalysisContext:
 
     def df(self, sql: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
         """Run SQL and return a DataFrame."""
+        self.prepare(sql)
         cur = self.con.cursor()
         return cur.execute(sql, bind(sql, params)).df()
 
     def scalar(self, sql: str, params: dict[str, Any] | None = None) -> Any:
         """First column of the first row (None when there is no row)."""
+        self.prepare(sql)
         cur = self.con.cursor()
         row = cur.execute(sql, bind(sql, params)).fetchone()
         return None if row is None else row[0]

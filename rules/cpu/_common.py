@@ -10,9 +10,14 @@ from typing import Any
 
 import pandas as pd
 
-# Host operators that are not nested in another host operator on the same thread ("top-level"):
-# an operator is top-level when no earlier-starting operator of the thread is still running.
-TOP_LEVEL_OPS = """
+
+def top_level_ops(where: str = "true") -> str:
+    """CTE ``top_ops``: host operators not nested in another host operator on the same thread.
+
+    An operator is top-level when no earlier-starting operator of the thread is still running.
+    ``where`` may restrict the events further, by whole ranks only (nesting is per thread).
+    """
+    return f"""
 top_ops AS (
     SELECT * FROM (
         SELECT e.rank, e.step, e.tid, e.name, e.start_ns, e.dur_ns, e.start_ns + e.dur_ns AS end_ns,
@@ -20,9 +25,12 @@ top_ops AS (
                    PARTITION BY e.rank, e.pid, e.tid ORDER BY e.start_ns, e.dur_ns DESC
                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
         FROM events e
-        WHERE e.kind = 'host_op' AND NOT e.device AND e.step IS NOT NULL
+        WHERE e.kind = 'host_op' AND NOT e.device AND e.step IS NOT NULL AND ({where})
     ) WHERE prev_end IS NULL OR prev_end <= start_ns
 )"""
+
+
+TOP_LEVEL_OPS = top_level_ops()
 
 
 def outermost(cte: str, src: str) -> str:
@@ -38,30 +46,14 @@ def outermost(cte: str, src: str) -> str:
 )"""
 
 
-# Union of device-busy intervals per rank (kernels, memcpy, memset, device communication),
-# as disjoint islands (gaps-and-islands over start-sorted intervals).
-DEVICE_BUSY_ISLANDS = """
-dev_iv AS (
-    SELECT rank, start_ns AS s, start_ns + dur_ns AS e FROM events
-    WHERE device AND kind IN ('kernel', 'comm', 'memcpy', 'memset') AND dur_ns > 0
-),
-dev_mark AS (
-    SELECT *, CASE WHEN s <= max(e) OVER (PARTITION BY rank ORDER BY s, e
-                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 0 ELSE 1 END AS new_island
-    FROM dev_iv
-),
-dev_isl_id AS (SELECT *, sum(new_island) OVER (PARTITION BY rank ORDER BY s, e) AS island FROM dev_mark),
-dev_busy AS (SELECT rank, min(s) AS s, max(e) AS e FROM dev_isl_id GROUP BY rank, island)"""
-
-
 def covered_by_device_sql(intervals: str) -> str:
     """SQL over CTE ``intervals`` (id, rank, s, e) adding ``busy_ns``: how much of each interval the device was busy.
 
-    Needs :data:`DEVICE_BUSY_ISLANDS` in the same WITH clause.
+    Reads the shared ``device_busy`` periods (:mod:`advisor.engine.derived`).
     """
     return f"""
 SELECT i.id, coalesce(sum(least(i.e, b.e) - greatest(i.s, b.s)) FILTER (WHERE b.s IS NOT NULL), 0) AS busy_ns
-FROM {intervals} i LEFT JOIN dev_busy b ON b.rank = i.rank AND b.s < i.e AND b.e > i.s
+FROM {intervals} i LEFT JOIN device_busy b ON b.rank = i.rank AND b.s < i.e AND b.e > i.s
 GROUP BY i.id"""
 
 

@@ -68,7 +68,8 @@ COMPILE_SQL = f"""
 WITH c AS (
     SELECT rank, step, pid, tid, name, start_ns, dur_ns FROM events
     WHERE NOT device AND step IS NOT NULL AND kind NOT IN ('step', 'python')
-      AND regexp_matches(name, $compile_re) AND NOT regexp_matches(name, $not_compile_re)
+      AND name IN (SELECT name FROM event_names WHERE regexp_matches(name, $compile_re)
+                                                  AND NOT regexp_matches(name, $not_compile_re))
 ),
 {outermost("top", "c")}
 SELECT rank, step, count(*) AS n, sum(dur_ns) / 1000.0 AS compile_us,
@@ -80,8 +81,9 @@ RECOMPILE_SQL = """
 SELECT rank, count(DISTINCT regexp_extract(name, $recompile_re, 1) || '/' || regexp_extract(name, $recompile_re, 2)) AS recompiles,
        count(DISTINCT regexp_extract(name, $recompile_re, 1)) AS frames
 FROM events
-WHERE NOT device AND regexp_matches(name, $recompile_re)
-  AND TRY_CAST(regexp_extract(name, $recompile_re, 2) AS INTEGER) > 0
+WHERE NOT device
+  AND name IN (SELECT name FROM event_names WHERE regexp_matches(name, $recompile_re)
+                                              AND TRY_CAST(regexp_extract(name, $recompile_re, 2) AS INTEGER) > 0)
 GROUP BY rank
 """
 

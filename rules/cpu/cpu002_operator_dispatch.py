@@ -40,7 +40,7 @@ import pandas as pd
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
-from rules.cpu._common import DEVICE_BUSY_ISLANDS, TOP_LEVEL_OPS, fmt_ms, step_table
+from rules.cpu._common import fmt_ms, step_table, top_level_ops
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Thresholds:
 
 
 CPU_SQL = f"""
-WITH {TOP_LEVEL_OPS},
+WITH {top_level_ops("e.rank IN (SELECT unnest($ranks))")},
 g AS (
     SELECT *, start_ns - lag(end_ns) OVER (PARTITION BY rank, tid, step ORDER BY start_ns) AS gap_ns FROM top_ops
 )
@@ -74,10 +74,9 @@ SELECT rank, step, count(*) AS n_ops,
 FROM g WHERE step >= -1 GROUP BY rank, step
 """
 
-DEVICE_SQL = f"""
-WITH {DEVICE_BUSY_ISLANDS},
-gaps AS (
-    SELECT rank, e AS gap_start, lead(s) OVER (PARTITION BY rank ORDER BY s) - e AS gap_ns FROM dev_busy
+DEVICE_SQL = """
+WITH gaps AS (
+    SELECT rank, e AS gap_start, lead(s) OVER (PARTITION BY rank ORDER BY s) - e AS gap_ns FROM device_busy
 ),
 gap_step AS (
     SELECT g.rank, s.step, sum(g.gap_ns) FILTER (WHERE g.gap_ns < $max_gap_us * 1000) / 1000.0 AS short_gap_us,
@@ -110,9 +109,10 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         dev = ctx.df(DEVICE_SQL)
         dev = dev[dev["rank"].isin(dev_ranks)].merge(bd, on=["rank", "step"])
         yield from _device(ctx, dev)
-    cpu = ctx.df(CPU_SQL)
-    cpu = cpu[~cpu["rank"].isin(dev_ranks)].merge(bd, on=["rank", "step"])
-    yield from _cpu_only(ctx, cpu)
+    cpu_ranks = sorted({int(r) for r in bd["rank"]} - dev_ranks)
+    if cpu_ranks:  # operator overhead is judged on the host only where there is no device
+        cpu = ctx.df(CPU_SQL, {"ranks": cpu_ranks}).merge(bd, on=["rank", "step"])
+        yield from _cpu_only(ctx, cpu)
 
 
 def _device(ctx: RuleContext[Thresholds], df: pd.DataFrame) -> Iterator[Finding]:

@@ -44,7 +44,7 @@ from typing import Any
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding, Severity
-from rules.cpu._common import DEVICE_BUSY_ISLANDS, fmt_ms, outermost, python_stack_sql, step_table
+from rules.cpu._common import fmt_ms, outermost, python_stack_sql, step_table
 
 
 @dataclass(frozen=True)
@@ -66,27 +66,31 @@ DTOH_RE = r"(?i)dtoh|devicetohost|device to host|d2h"
 ADDR_RE = r" at 0x[0-9a-fA-F]+"
 
 SQL = f"""
-WITH {DEVICE_BUSY_ISLANDS},
+WITH sync_names AS (  -- each distinct host event name classified once
+    SELECT kind, name FROM event_names
+    WHERE NOT device AND (kind = 'sync' OR (kind = 'python' AND regexp_matches(name, $py_sync_re))
+                          OR (kind NOT IN ('python', 'step') AND regexp_matches(name, $host_sync_re)))
+),
 host_cand AS (
-    SELECT rank, step, pid, tid, kind, regexp_replace(name, $addr_re, '') AS name, start_ns, dur_ns, stack
-    FROM events
-    WHERE NOT device AND step IS NOT NULL
-      AND (kind = 'sync' OR (kind = 'python' AND regexp_matches(name, $py_sync_re))
-           OR (kind NOT IN ('python', 'step') AND regexp_matches(name, $host_sync_re)))
+    SELECT e.rank, e.step, e.pid, e.tid, e.kind, regexp_replace(e.name, $addr_re, '') AS name, e.start_ns, e.dur_ns,
+           e.stack
+    FROM events e JOIN sync_names n ON e.kind = n.kind AND e.name IS NOT DISTINCT FROM n.name
+    WHERE NOT e.device AND e.step IS NOT NULL
 ),
 {outermost("host_pts", "host_cand")},
 pts AS (
     SELECT rank, step, pid, tid, kind, name, start_ns, dur_ns, stack, false AS on_device FROM host_pts
     UNION ALL
     SELECT rank, step, pid, tid, kind, name, start_ns, dur_ns, stack, true FROM events
-    WHERE device AND kind = 'memcpy' AND step IS NOT NULL AND regexp_matches(name, $dtoh_re)
+    WHERE device AND kind = 'memcpy' AND step IS NOT NULL
+      AND name IN (SELECT name FROM event_names WHERE device AND kind = 'memcpy' AND regexp_matches(name, $dtoh_re))
 ),
 pts_id AS MATERIALIZED (SELECT row_number() OVER (ORDER BY rank, start_ns, dur_ns, pid, tid, name) AS id, *, start_ns + dur_ns AS end_ns FROM pts),
 cur AS (  -- the device busy period (if any) still running when the sync point ends
-    SELECT p.id, b.e AS busy_until FROM pts_id p ASOF LEFT JOIN dev_busy b ON p.rank = b.rank AND p.end_ns >= b.s
+    SELECT p.id, b.e AS busy_until FROM pts_id p ASOF LEFT JOIN device_busy b ON p.rank = b.rank AND p.end_ns >= b.s
 ),
 nxt AS (
-    SELECT p.id, b.s AS next_busy FROM pts_id p ASOF LEFT JOIN dev_busy b ON p.rank = b.rank AND b.s > p.end_ns
+    SELECT p.id, b.s AS next_busy FROM pts_id p ASOF LEFT JOIN device_busy b ON p.rank = b.rank AND b.s > p.end_ns
 ),
 gap AS (
     SELECT p.*, CASE WHEN c.busy_until > p.end_ns OR n.next_busy IS NULL THEN 0 ELSE n.next_busy - p.end_ns END AS gap_ns,
@@ -102,6 +106,7 @@ dl AS (
 SELECT g.id, g.rank, g.step, g.pid, g.tid, g.kind, g.name, g.start_ns, g.end_ns, g.dur_ns, g.stack, g.on_device,
        g.next_busy, greatest(g.gap_ns - coalesce(dl.dl_ns, 0), 0) AS idle_ns
 FROM gap g LEFT JOIN dl USING (id)
+ORDER BY g.id
 """
 
 @rule("CPU003", "cpu.host-device-sync", cause="cpu.host_device_sync",
@@ -125,15 +130,10 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         per_step = len(host) / n_steps
         # each idle gap once (several sync points can precede the same device work)
         idle_us = float(g.groupby("next_busy")["idle_ns"].max().sum()) / 1000.0 / n_steps if rank in dev_ranks else 0.0
-        by_name = (g.groupby("name").agg(n=("id", "size"), total_us=("dur_ns", "sum"), idle_us=("idle_ns", "sum"),
-                                         example=("id", "first"), max_us=("dur_ns", "max"))
-                   .sort_values(["idle_us", "n"], ascending=False))
-        stacks = _stacks(ctx, g, [int(x) for x in by_name["example"].head(ctx.t.top_n)])
-        top = [{"sync_point": name, "count": int(r.n), "per_step": round(r.n / n_steps, 2),
-                "total_us": round(r.total_us / 1000.0, 1), "max_us": round(r.max_us / 1000.0, 1),
-                "device_idle_after_us": round(r.idle_us / 1000.0, 1) if rank in dev_ranks else None,
-                "stack": stacks.get(int(r.example), "")}
-               for name, r in by_name.head(ctx.t.top_n).iterrows()]
+        share = (idle_us / step_us if step_us else 0.0) if rank in dev_ranks else None
+        if share is not None and share < ctx.t.min_idle_share or share is None and per_step < ctx.t.min_per_step:
+            continue
+        top = _top(ctx, g, n_steps, rank in dev_ranks)
         evidence = {
             "sync_points_per_step": round(per_step, 2),
             "dtoh_copies_per_step": round(int(g["on_device"].sum()) / n_steps, 2),
@@ -142,12 +142,9 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             "stack_recorded": any(t["stack"] for t in top),
         }
         names = [t["sync_point"] for t in top]
-        if rank in dev_ranks:
-            share = idle_us / step_us if step_us else 0.0
+        if share is not None:
             evidence |= {"device_idle_after_sync_us_per_step": round(idle_us, 1), "idle_share": round(share, 4),
                          "min_idle_share": ctx.t.min_idle_share}
-            if share < ctx.t.min_idle_share:
-                continue
             yield ctx.finding(
                 title=f"Rank {rank} blocks on the device {per_step:.1f} times per step; the device then idles "
                 f"{fmt_ms(idle_us)} per step ({share:.0%} of {fmt_ms(step_us)}), mostly after {names[0]}",
@@ -158,8 +155,6 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             )
         else:
             evidence |= {"min_per_step": ctx.t.min_per_step}
-            if per_step < ctx.t.min_per_step:
-                continue
             ctx.warn(f"rank {rank}: CPU-only trace, so the time the {per_step:.1f} sync points per step would block on an "
                      "accelerator cannot be measured; reported by count with severity low")
             yield ctx.finding(
@@ -169,6 +164,19 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 saving_basis="not measurable on a CPU-only trace: there is no device queue to drain",
                 ranks=[rank], steps=sorted({int(s) for s in host["step"]}), ops=names, top=top,
             )
+
+
+def _top(ctx: RuleContext[Thresholds], g: Any, n_steps: int, on_device: bool) -> list[dict[str, Any]]:
+    """The sync-point kinds of one rank, most device idle time first, each with an example's call stack."""
+    by_name = (g.groupby("name").agg(n=("id", "size"), total_us=("dur_ns", "sum"), idle_us=("idle_ns", "sum"),
+                                     example=("id", "first"), max_us=("dur_ns", "max"))
+               .sort_values(["idle_us", "n"], ascending=False))
+    stacks = _stacks(ctx, g, [int(x) for x in by_name["example"].head(ctx.t.top_n)])
+    return [{"sync_point": name, "count": int(r.n), "per_step": round(r.n / n_steps, 2),
+             "total_us": round(r.total_us / 1000.0, 1), "max_us": round(r.max_us / 1000.0, 1),
+             "device_idle_after_us": round(r.idle_us / 1000.0, 1) if on_device else None,
+             "stack": stacks.get(int(r.example), "")}
+            for name, r in by_name.head(ctx.t.top_n).iterrows()]
 
 
 def _summary(top: list[dict[str, Any]]) -> str:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
-from rules.cpu._common import DEVICE_BUSY_ISLANDS, TOP_LEVEL_OPS, covered_by_device_sql, fmt_ms, step_table
+from rules.cpu._common import covered_by_device_sql, fmt_ms, step_table, top_level_ops
 
 
 @dataclass(frozen=True)
@@ -50,13 +50,16 @@ class Thresholds:
 
 GC_NAMES = ("Python GC", "GC")
 
+GC_SQL = """
+SELECT count(*) AS n FROM event_names WHERE NOT device AND name IN (SELECT unnest($gc_names))
+"""
+
 SQL = f"""
-WITH {DEVICE_BUSY_ISLANDS},
-{TOP_LEVEL_OPS},
-gc AS MATERIALIZED (
+WITH gc AS MATERIALIZED (
     SELECT row_number() OVER (ORDER BY rank, start_ns, dur_ns, pid, tid) AS id, rank, step, pid, tid, name, start_ns AS s, start_ns + dur_ns AS e, dur_ns
     FROM events WHERE NOT device AND name IN $gc_names AND step IS NOT NULL
 ),
+{top_level_ops("e.rank IN (SELECT rank FROM gc)")},
 dev AS ({covered_by_device_sql("gc")}),
 ops AS (  -- time a host operator ran during the pause (same rank)
     SELECT g.id, coalesce(sum(least(g.e, o.end_ns) - greatest(g.s, o.start_ns)), 0) AS op_ns
@@ -72,10 +75,11 @@ FROM gc g JOIN dev USING (id) LEFT JOIN ops USING (id)
       requires=("events", "steps", "breakdown"), thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank whose GC pauses take a measurable share of the step."""
-    df = ctx.df(SQL, {"gc_names": list(GC_NAMES)})
+    params = {"gc_names": list(GC_NAMES)}
+    df = ctx.df(SQL, params) if ctx.query(GC_SQL, params)[0]["n"] else None
     bd = step_table(ctx)
-    if df.empty:
-        has_py = ctx.analysis.scalar("SELECT count(*) FROM events WHERE kind = 'python'")
+    if df is None or df.empty:
+        has_py = ctx.analysis.scalar("SELECT count(*) FROM event_names WHERE kind = 'python'")
         if has_py:
             ctx.warn("no Python GC events recorded: GC pauses cannot be judged (Kineto: with_stack=True and "
                      "experimental_config=_ExperimentalConfig(record_python_gc_info=True); torch_npu: gc_detect_threshold)")

@@ -59,19 +59,36 @@ class Thresholds:
                           "first principles: a median needs at least three points")
 
 
-SQL = """
-WITH k AS (
+KEYS = """
+WITH shaped AS (  -- input shapes holding a number (tensors); the test runs once per distinct text (min(): after grouping)
+    SELECT shapes FROM events WHERE kind = 'host_op' GROUP BY shapes HAVING regexp_matches(coalesce(min(shapes), ''), '\\d')
+),
+k AS (
     SELECT rank, step, name, shapes, sum(dur_ns) AS dur_ns
     FROM events
-    WHERE kind = 'host_op' AND NOT device AND step >= 0 AND regexp_matches(coalesce(shapes, ''), '\\d')
+    WHERE kind = 'host_op' AND NOT device AND step >= 0 AND shapes IN (SELECT shapes FROM shaped)
     GROUP BY ALL
 ),
 med AS (
     SELECT rank, name, shapes, median(dur_ns) AS med_ns, count(*) AS n_steps
     FROM k GROUP BY ALL HAVING count(*) >= $min_steps
-)
-SELECT k.rank, k.step, k.name, k.shapes, k.dur_ns, m.med_ns
-FROM k JOIN med m USING (rank, name, shapes)
+),
+keyed AS (
+    SELECT k.rank, k.step, k.name, k.shapes, k.dur_ns, m.med_ns, k.dur_ns >= $slow_ratio * m.med_ns AS slowed
+    FROM k JOIN med m USING (rank, name, shapes)
+)"""
+
+# per (rank, step): the operator keys compared, how many ran slowed, their time and their medians' time
+SQL = KEYS + """
+SELECT rank, step, count(*) AS n_keys, count(*) FILTER (WHERE slowed) AS slowed, sum(dur_ns)::DOUBLE AS dur,
+       sum(med_ns) AS med, coalesce(sum(med_ns) FILTER (WHERE slowed), 0.0) AS slowed_med
+FROM keyed GROUP BY rank, step ORDER BY rank, step
+"""
+
+# the compared operators of some steps of a rank, slowest against their median first
+WORST_SQL = KEYS + """
+SELECT name, dur_ns / med_ns AS r FROM keyed WHERE rank = $rank AND step IN (SELECT unnest($steps))
+ORDER BY isnan(r), r DESC, step, name, shapes
 """
 
 
@@ -86,13 +103,10 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                      "doing the same work, so contention is not judged")
         return
     bd = step_table(ctx)
-    df["slowed"] = df["dur_ns"] >= ctx.t.slow_ratio * df["med_ns"]
-    for rank, g in df.groupby("rank"):
+    for rank, per in df.groupby("rank"):
         rank = int(rank)
         steps_r = bd[bd["rank"] == rank]
-        g = g.assign(slowed_med=g["med_ns"].where(g["slowed"], 0))
-        per = g.groupby("step").agg(n_keys=("name", "size"), slowed=("slowed", "sum"), dur=("dur_ns", "sum"), med=("med_ns", "sum"),
-                                    slowed_med=("slowed_med", "sum"))
+        per = per.set_index("step")[["n_keys", "slowed", "dur", "med", "slowed_med"]]
         per["ratio"] = per["dur"] / per["med"]
         per["key_share"] = per["slowed_med"] / per["med"]
         per = per.join(steps_r.set_index("step")["step_us"])
@@ -110,7 +124,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                        for su, d, m in zip(hot["step_us"], hot["dur"], hot["med"], strict=True))
         saving = extra_us / n_steps
         step_us = float(steps_r["step_us"].mean())
-        worst = g[g["step"].isin(hot.index)].assign(r=lambda x: x["dur_ns"] / x["med_ns"]).sort_values("r", ascending=False)
+        worst = ctx.df(WORST_SQL, {"rank": rank, "steps": [int(s) for s in hot.index]})
         top = [{"step": int(s), "op_time_ratio": round(float(r["ratio"]), 2), "slowed_key_share": round(float(r["key_share"]), 3),
                 "op_extra_us": round(float(r["dur"] - r["med"]) / 1000.0, 1),
                 "step_us": round(float(steps_r.loc[steps_r["step"] == s, "step_us"].iloc[0]), 1) if (steps_r["step"] == s).any() else None}

@@ -45,33 +45,28 @@ class Thresholds:
 H2D_RE = r"(?i)htod|host ?to ?device|h2d"
 
 SQL = """
-WITH c AS MATERIALIZED (
+WITH copies AS MATERIALIZED (  -- host-to-device copies, their names tested once each
+    SELECT rank, step, name, start_ns, dur_ns, stream, bytes, corr FROM events
+    WHERE device AND kind = 'memcpy'
+      AND name IN (SELECT name FROM event_names WHERE device AND kind = 'memcpy' AND regexp_matches(name, $h2d_re))
+),
+c AS MATERIALIZED (
     SELECT row_number() OVER (ORDER BY rank, start_ns, dur_ns, stream, name) AS id, rank, step, name, start_ns AS s, start_ns + dur_ns AS e, dur_ns, bytes,
            regexp_matches(name, '(?i)pageable') AS pageable, regexp_matches(name, '(?i)pinned') AS pinned
-    FROM events WHERE device AND kind = 'memcpy' AND step IS NOT NULL AND regexp_matches(name, $h2d_re)
-),
-kx AS (SELECT rank, start_ns AS s, start_ns + dur_ns AS e FROM events WHERE device AND kind = 'kernel' AND dur_ns > 0),
-kmark AS (
-    SELECT *, CASE WHEN s <= max(e) OVER (PARTITION BY rank ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-                   THEN 0 ELSE 1 END AS nw FROM kx
-),
-kis AS (  -- kernel busy islands with the busy time before each (prefix sum)
-    SELECT rank, s, e, sum(e - s) OVER (PARTITION BY rank ORDER BY s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
-    FROM (SELECT rank, min(s) AS s, max(e) AS e FROM (SELECT *, sum(nw) OVER (PARTITION BY rank ORDER BY s, e) AS isl FROM kmark)
-          GROUP BY rank, isl)
+    FROM copies WHERE step IS NOT NULL
 ),
 busy_at AS (  -- kernel busy time up to each copy's start and end: two ASOF lookups, no range join
     SELECT c.id, p.which, coalesce(k.before, 0) + CASE WHEN k.s IS NULL THEN 0 ELSE greatest(0, least(p.t, k.e) - k.s) END AS b
     FROM c JOIN (SELECT id, 's' AS which, s AS t FROM c UNION ALL SELECT id, 'e', e FROM c) p USING (id)
-    ASOF LEFT JOIN kis k ON k.rank = c.rank AND p.t >= k.s
+    ASOF LEFT JOIN kernel_busy k ON k.rank = c.rank AND p.t >= k.s
 ),
 ov AS (
     SELECT id, max(b) FILTER (WHERE which = 'e') - max(b) FILTER (WHERE which = 's') AS overlap_ns FROM busy_at GROUP BY id
 ),
 launch AS (  -- host launch of each copy (correlation id), to place it after the dataloader
     SELECT d.start_ns AS dev_start, h.start_ns AS host_start, d.rank
-    FROM events d JOIN events h ON h.rank = d.rank AND NOT h.device AND h.corr = d.corr
-    WHERE d.device AND d.kind = 'memcpy' AND d.corr IS NOT NULL AND regexp_matches(d.name, $h2d_re)
+    FROM copies d JOIN events h ON h.rank = d.rank AND NOT h.device AND h.corr = d.corr
+    WHERE d.corr IS NOT NULL
 ),
 dl AS (SELECT rank, start_ns + dur_ns AS dl_end FROM events WHERE kind = 'dataloader' AND NOT device),
 after_dl AS (

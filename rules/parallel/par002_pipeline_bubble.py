@@ -61,12 +61,22 @@ ORDER BY rank, step
 P2P_RE = r"(?i)(^|[^a-z])(send|recv|receive|isend|irecv)([^a-z]|$)|hcom_(send|receive)"
 NOT_P2P_RE = r"(?i)sendrecv|all_?to_?all|all_?reduce|all_?gather|reduce_?scatter|broadcast"
 
+HAS_P2P_SQL = """
+SELECT count(*) AS n FROM (SELECT DISTINCT name FROM events WHERE kind = 'comm')
+WHERE regexp_matches(name, $p2p) AND NOT regexp_matches(name, $notp2p)
+"""
+
 TRACE_SQL = """
-WITH hostp2p AS (
-    SELECT rank, step, tid, start_ns, start_ns + dur_ns AS end_ns, name,
-           regexp_matches(name, '(?i)recv|receive') AS is_recv
-    FROM events
-    WHERE NOT device AND kind = 'comm' AND regexp_matches(name, $p2p) AND NOT regexp_matches(name, $notp2p)
+WITH comm_names AS (  -- every communication name classified once
+    SELECT name, regexp_matches(name, $p2p) AND NOT regexp_matches(name, $notp2p) AS p2p,
+           regexp_matches(name, '(?i)recv|receive') AS recv_word,
+           regexp_matches(name, '(?i)recv|receive') AND NOT regexp_matches(name, $notp2p) AS recv
+    FROM (SELECT DISTINCT name FROM events WHERE kind = 'comm')
+),
+hostp2p AS (
+    SELECT e.rank, e.step, e.tid, e.start_ns, e.start_ns + e.dur_ns AS end_ns, e.name, n.recv_word AS is_recv
+    FROM events e JOIN comm_names n USING (name)
+    WHERE NOT e.device AND e.kind = 'comm' AND n.p2p
 ),
 launch AS (  -- runtime launches made inside a host P2P call
     SELECT r.rank, r.corr, bool_or(h.is_recv) AS is_recv
@@ -75,13 +85,19 @@ launch AS (  -- runtime launches made inside a host P2P call
     WHERE NOT r.device AND r.kind = 'runtime' AND r.corr IS NOT NULL
     GROUP BY ALL
 ),
-dev AS (
+devcomm AS (  -- device communication: P2P by its own name or by the host call that launched it
     SELECT e.rank, e.step, e.start_ns, e.start_ns + e.dur_ns AS end_ns,
-      e.kind = 'comm' AND ((regexp_matches(e.name, $p2p) AND NOT regexp_matches(e.name, $notp2p)) OR l.corr IS NOT NULL) AS p2p,
-      e.kind = 'comm' AND (regexp_matches(e.name, '(?i)recv|receive') AND NOT regexp_matches(e.name, $notp2p)
-                           OR coalesce(l.is_recv, false)) AS recv
-    FROM events e LEFT JOIN launch l ON l.rank = e.rank AND l.corr = e.corr AND e.kind = 'comm'
-    WHERE e.device AND e.kind IN ('kernel', 'comm', 'memcpy', 'memset') AND e.step IS NOT NULL
+           n.p2p OR l.corr IS NOT NULL AS p2p, n.recv OR coalesce(l.is_recv, false) AS recv
+    FROM events e LEFT JOIN comm_names n USING (name) LEFT JOIN launch l ON l.rank = e.rank AND l.corr = e.corr
+    WHERE e.device AND e.kind = 'comm' AND e.step IS NOT NULL
+),
+dev AS (  -- device work of the ranks with device P2P transfers
+    SELECT rank, step, start_ns, start_ns + dur_ns AS end_ns, false AS p2p, false AS recv
+    FROM events
+    WHERE device AND kind IN ('kernel', 'memcpy', 'memset') AND step IS NOT NULL
+      AND rank IN (SELECT rank FROM devcomm WHERE p2p)
+    UNION ALL
+    SELECT rank, step, start_ns, end_ns, p2p, recv FROM devcomm WHERE rank IN (SELECT rank FROM devcomm WHERE p2p)
 ),
 ord AS (
     SELECT *, max(end_ns) OVER (PARTITION BY rank ORDER BY start_ns, end_ns
@@ -121,7 +137,10 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Fire per rank when the pipeline bubble is a large share of the step."""
     df = ctx.df(VENDOR_SQL) if ctx.analysis.rows("vendor_steps") else None
     if df is None or df.empty or float(df["bubble_us"].sum()) <= 0:
-        df = ctx.df(TRACE_SQL, {"p2p": P2P_RE, "notp2p": NOT_P2P_RE})
+        params = {"p2p": P2P_RE, "notp2p": NOT_P2P_RE}
+        if not ctx.query(HAS_P2P_SQL, params)[0]["n"]:
+            return  # no communication named send/receive: no host P2P call and no device P2P transfer
+        df = ctx.df(TRACE_SQL, params)
     if df.empty:
         return
     df = df[df["span_us"] > 0]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import duckdb
 
+from advisor.engine.derived import DERIVED
 from advisor.schema import create_all
 from rules.cpu._common import (
-    DEVICE_BUSY_ISLANDS,
     TOP_LEVEL_OPS,
     covered_by_device_sql,
     fmt_ms,
@@ -35,8 +35,9 @@ def test_device_islands_merge_overlapping_and_touching_intervals() -> None:
         (0, 1, "memcpy", "m", "0", "7", True, 30, 10),
         (0, 1, "host_op", "h", "1", "1", False, 0, 100),
     ])
-    got = con.execute(f"WITH {DEVICE_BUSY_ISLANDS} SELECT s, e FROM dev_busy ORDER BY s").fetchall()
-    assert got == [(0, 25), (30, 40)]
+    DERIVED["device_busy"].build(con, "device_busy")
+    got = con.execute("SELECT s, e, before FROM device_busy ORDER BY s").fetchall()
+    assert got == [(0, 25, 0), (30, 40, 25)]
 
 
 def test_covered_by_device_counts_only_overlap() -> None:
@@ -45,7 +46,8 @@ def test_covered_by_device_counts_only_overlap() -> None:
         (0, 1, "kernel", "a", "0", "7", True, 0, 25),
         (0, 1, "kernel", "b", "0", "7", True, 30, 10),
     ])
-    sql = (f"WITH {DEVICE_BUSY_ISLANDS}, iv AS (SELECT * FROM (VALUES (1, 0, 20, 35), (2, 0, 50, 60)) t(id, rank, s, e)) "
+    DERIVED["device_busy"].build(con, "device_busy")
+    sql = ("WITH iv AS (SELECT * FROM (VALUES (1, 0, 20, 35), (2, 0, 50, 60)) t(id, rank, s, e)) "
            + covered_by_device_sql("iv") + " ORDER BY id")
     assert con.execute(sql).fetchall() == [(1, 10), (2, 0)]
 

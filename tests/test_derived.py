@@ -1,0 +1,47 @@
+"""The shared derived tables (advisor/engine/derived.py): contents worked out by hand, built once, on demand."""
+
+from __future__ import annotations
+
+from advisor.engine import derived
+from advisor.testing import context_from_tables
+
+
+def _ctx():
+    k = {"kind": "kernel", "device": True, "name": "k"}
+    return context_from_tables({"events": [
+        {"rank": 0, "start_ns": 0, "dur_ns": 10, **k},
+        {"rank": 0, "start_ns": 5, "dur_ns": 15, **k},  # overlaps: one period [0, 20)
+        {"rank": 0, "start_ns": 20, "dur_ns": 5, "kind": "memcpy", "device": True, "name": "m"},  # touches: [0, 25)
+        {"rank": 0, "start_ns": 40, "dur_ns": 10, **k},
+        {"rank": 0, "start_ns": 60, "dur_ns": 0, **k},  # no duration: no period
+        {"rank": 0, "start_ns": 0, "dur_ns": 100, "kind": "host_op", "device": False, "name": "aten::mm"},
+        {"rank": 1, "start_ns": 100, "dur_ns": 10, **k},
+        {"rank": 1, "start_ns": 130, "dur_ns": 10, "kind": "comm", "device": True, "name": "nccl"},
+    ]}, run_stages=False)
+
+
+def test_busy_periods_merge_per_rank_and_count_earlier_busy_time() -> None:
+    ctx = _ctx()
+    got = ctx.query("SELECT rank, s, e, before FROM device_busy ORDER BY rank, s")
+    assert [tuple(r.values()) for r in got] == [(0, 0, 25, 0), (0, 40, 50, 25), (1, 100, 110, 0), (1, 130, 140, 10)]
+    got = ctx.query("SELECT rank, s, e, before FROM kernel_busy ORDER BY rank, s")
+    assert [tuple(r.values()) for r in got] == [(0, 0, 20, 0), (0, 40, 50, 20), (1, 100, 110, 0)]
+
+
+def test_event_names_counts_each_kind_device_and_name() -> None:
+    ctx = _ctx()
+    got = ctx.query("SELECT kind, device, name, n FROM event_names ORDER BY kind, name")
+    assert [tuple(r.values()) for r in got] == [
+        ("comm", True, "nccl", 1), ("host_op", False, "aten::mm", 1), ("kernel", True, "k", 5), ("memcpy", True, "m", 1)]
+
+
+def test_built_once_and_only_when_named(monkeypatch) -> None:
+    ctx = _ctx()
+    built: list[str] = []
+    for name, d in list(derived.DERIVED.items()):
+        monkeypatch.setitem(derived.DERIVED, name, derived.Derived(d.doc, lambda con, n, b=d.build: (built.append(n), b(con, n))))
+    ctx.query("SELECT count(*) FROM events")
+    assert built == []
+    ctx.query("SELECT count(*) FROM device_busy")
+    ctx.scalar("SELECT count(*) FROM device_busy b JOIN event_names n ON true")
+    assert built == ["device_busy", "event_names"]
