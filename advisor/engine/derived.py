@@ -84,6 +84,10 @@ DERIVED: dict[str, Derived] = {
         "then join, instead of a regular expression on every event",
         _sql_table("SELECT kind, device, name, count(*) AS n FROM events GROUP BY ALL"),
     ),
+    "kernel_names": Derived(
+        "one row per distinct (op_type, name) of kernels with its count n",
+        _sql_table("SELECT op_type, name, count(*) AS n FROM kernels GROUP BY ALL"),
+    ),
     "device_busy": Derived(
         "device busy periods (rank, s, e, before): the disjoint unions of each rank's device kernels, "
         "communication, memcpy and memset (touching intervals merge); before = busy time of the rank's earlier periods",

@@ -9,6 +9,7 @@ import functools
 import json
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,20 +77,29 @@ def rank_devices(ctx: Any) -> dict[int, tuple[str | None, Device | None]]:
 
 def meta_number(ctx: Any, rank: int, keys: tuple[str, ...]) -> float | None:
     """A numeric ``meta`` value for the rank (or profile-wide) under the first key present."""
+    return meta_numbers(ctx, keys)(rank)
+
+
+def meta_numbers(ctx: Any, keys: tuple[str, ...]) -> Callable[[int], float | None]:
+    """:func:`meta_number` for any rank, from one query."""
     rows = ctx.query(
-        "SELECT key, value FROM meta WHERE (rank = $rank OR rank IS NULL) AND key IN (SELECT unnest($keys))"
-        " ORDER BY rank NULLS LAST",
-        {"rank": rank, "keys": list(keys)},
+        "SELECT rank, key, value FROM meta WHERE key IN (SELECT unnest($keys)) ORDER BY rank NULLS LAST",
+        {"keys": list(keys)},
     )
-    by_key = {}
-    for r in rows:
-        by_key.setdefault(r["key"], r["value"])
-    for k in keys:
-        try:
-            return float(by_key[k])
-        except (KeyError, TypeError, ValueError):
-            continue
-    return None
+
+    def number(rank: int) -> float | None:
+        by_key: dict[str, Any] = {}
+        for r in rows:  # the rank's own values first, then profile-wide ones
+            if r["rank"] == rank or r["rank"] is None:
+                by_key.setdefault(r["key"], r["value"])
+        for k in keys:
+            try:
+                return float(by_key[k])
+            except (KeyError, TypeError, ValueError):
+                continue
+        return None
+
+    return number
 
 
 # --------------------------------------------------------------------------- dtypes

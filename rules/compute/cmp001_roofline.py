@@ -185,7 +185,9 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     usable = [r for r in rows if r["flops_known"] or r["mac_ratio"] is not None or r["mte2_ratio"] is not None]
     source, table = "kernels", "kernels"
     if not usable:
-        rows = ctx.query(KINETO_SQL)
+        # operators carry FLOPs only with Kineto's with_flops; without any, no kernel can be attributed one
+        has_flops = ctx.analysis.scalar("SELECT count(*) FROM events WHERE kind = 'host_op' AND NOT device AND flops > 0")
+        rows = ctx.query(KINETO_SQL) if has_flops else []
         usable, source, table = rows, "kineto_flops", "events"
     if not usable:
         ctx.warn("no FLOP counts or PMU utilisation on any device operator: record Kineto traces with "

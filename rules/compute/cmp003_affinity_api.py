@@ -144,6 +144,17 @@ ORDER BY o.rank, o.step, lane, o.start_ns
 """
 )
 
+# Whether any operator name can give a token at all (each distinct name tested once): without one
+# no chain and no optimizer pattern can match, and the per-operator sequences need not be read.
+ASCEND_TOKENS_SQL = f"""
+SELECT count(*) AS n FROM kernel_names WHERE {TOKEN_SQL.format(x='lower(coalesce(op_type, name))')} <> '_'
+"""
+KINETO_TOKENS_SQL = f"""
+SELECT count(*) AS n FROM (SELECT DISTINCT lower(regexp_replace(name, '^aten::', '')) AS x FROM event_names
+                           WHERE kind = 'host_op' AND NOT device)
+WHERE {TOKEN_SQL.format(x='x')} <> '_'
+"""
+
 # chain patterns: token lists, with optional links marked '?'
 PATTERNS: dict[str, tuple[str, list[str], str]] = {
     "rms_norm": ("unfused RMSNorm (pow -> mean -> rsqrt -> mul)", ["pow", "mean", "add?", "rsqrt", "mul"],
@@ -184,6 +195,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     wanted = {p.strip() for p in ctx.t.patterns.split(",") if p.strip()}
     if "all" in wanted:
         wanted = {*PATTERNS, "optimizer"}
+    if not ctx.query(ASCEND_TOKENS_SQL if ascend else KINETO_TOKENS_SQL)[0]["n"]:
+        return
     df = ctx.df(ASCEND_SQL if ascend else KINETO_SQL)
     if df.empty:
         return

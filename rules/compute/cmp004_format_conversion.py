@@ -53,24 +53,28 @@ class Thresholds:
 CONVERSION_TYPES = "('TRANSDATA', 'TRANSDATARNN', 'CAST', 'NPUFORMATCAST', 'FORMATTRANSFER')"
 
 ASCEND_SQL = f"""
-WITH k AS (
+WITH conv_types AS (  -- each distinct operator type tested once
+    SELECT DISTINCT coalesce(op_type, name) AS op_type FROM kernel_names
+    WHERE upper(coalesce(op_type, name)) IN {CONVERSION_TYPES}
+),
+k AS NOT MATERIALIZED (
     SELECT rank, step, name, coalesce(op_type, name) AS op_type, core_type, start_ns, dur_ns,
            input_formats, output_formats, input_dtypes, output_dtypes
     FROM kernels
     WHERE dur_ns > 0 AND upper(coalesce(core_type, '')) NOT IN ('HCCL', 'COMMUNICATION')
 ),
-seq AS (  -- format boundaries between consecutive tasks
-    SELECT rank, split_part(replace(output_formats, 'FORMAT_', ''), ';', 1) AS out_fmt,
-           lead(split_part(replace(input_formats, 'FORMAT_', ''), ';', 1)) OVER (PARTITION BY rank ORDER BY start_ns)
-               AS next_in_fmt
-    FROM k
-),
 conv AS (
     SELECT rank, op_type, name, count(*) AS n, sum(dur_ns) AS dur_ns,
            any_value(input_formats || ' -> ' || output_formats) AS formats,
            any_value(input_dtypes || ' -> ' || output_dtypes) AS dtypes
-    FROM k WHERE upper(op_type) IN {CONVERSION_TYPES}
+    FROM k WHERE op_type IN (SELECT op_type FROM conv_types)
     GROUP BY rank, op_type, name
+),
+seq AS (  -- format boundaries between consecutive tasks (of the ranks that convert at all)
+    SELECT rank, split_part(replace(output_formats, 'FORMAT_', ''), ';', 1) AS out_fmt,
+           lead(split_part(replace(input_formats, 'FORMAT_', ''), ';', 1)) OVER (PARTITION BY rank ORDER BY start_ns)
+               AS next_in_fmt
+    FROM k WHERE rank IN (SELECT rank FROM conv)
 ),
 tot AS (
     SELECT rank, sum(dur_ns) AS total_ns, greatest(count(DISTINCT step) FILTER (WHERE step >= 0), 1) AS n_steps

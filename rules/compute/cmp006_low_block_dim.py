@@ -27,13 +27,13 @@ the operator into a larger one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
-from rules.compute._common import meta_number, rank_devices
+from rules.compute._common import meta_numbers, rank_devices
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,10 @@ STEPS_SQL = "SELECT greatest(count(DISTINCT step) FILTER (WHERE step >= 0), 1) A
 VECTOR_KINDS = ("AI_VECTOR_CORE", "MIX_AIV")
 
 
-def _counts(ctx: RuleContext[Thresholds], rank: int, dev: Any) -> tuple[int | None, int | None]:
-    cube = ctx.t.cores or meta_number(ctx, rank, ("ai_core_num", "aicore_num", "sm_count", "multiProcessorCount"))
-    vec = ctx.t.vector_cores or meta_number(ctx, rank, ("aiv_num", "vector_core_num"))
+def _counts(ctx: RuleContext[Thresholds], rank: int, dev: Any, cube_meta: Callable[[int], float | None],
+            vec_meta: Callable[[int], float | None]) -> tuple[int | None, int | None]:
+    cube = ctx.t.cores or cube_meta(rank)
+    vec = ctx.t.vector_cores or vec_meta(rank)
     if cube is None and dev is not None:
         cube = dev.cores
     if vec is None and dev is not None:
@@ -76,10 +77,13 @@ def _counts(ctx: RuleContext[Thresholds], rank: int, dev: Any) -> tuple[int | No
       thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank with long kernels that leave cores idle."""
+    cube_meta = meta_numbers(ctx, ("ai_core_num", "aicore_num", "sm_count", "multiProcessorCount"))
+    vec_meta = meta_numbers(ctx, ("aiv_num", "vector_core_num"))
+    with_kernels = {r["rank"] for r in ctx.query("SELECT DISTINCT rank FROM kernels")}
     for rank, (name, dev) in rank_devices(ctx).items():
-        cube, vec = _counts(ctx, rank, dev)
+        cube, vec = _counts(ctx, rank, dev, cube_meta, vec_meta)
         if cube is None:
-            if ctx.query("SELECT 1 FROM kernels WHERE rank = $rank LIMIT 1", {"rank": rank}):
+            if rank in with_kernels:
                 ctx.warn(f"rank {rank}: core count of device {name!r} unknown (not in rules/compute/devices.toml, no "
                          "ai_core_num in the export); set CMP006.cores / CMP006.vector_cores")
             continue

@@ -46,6 +46,25 @@ def outermost(cte: str, src: str) -> str:
 )"""
 
 
+OVERLAPPING_STEPS_SQL = """
+SELECT count(*) AS n FROM (
+    SELECT end_ns > lead(start_ns) OVER w OR start_ns = lead(start_ns) OVER w AS clash
+    FROM steps WHERE start_ns IS NOT NULL WINDOW w AS (PARTITION BY rank ORDER BY start_ns)
+) WHERE clash
+"""
+
+
+def step_join(ctx: Any, alias: str, col: str) -> str:
+    """``JOIN steps s`` to rows ``alias`` (with ``rank``) whose ``col`` is at or after the window start.
+
+    The query must also keep only ``alias.col < s.end_ns``. When no two windows of a rank overlap,
+    the one holding a time is the one starting last before it: an ASOF join then gives the same rows
+    as the range join, without comparing every row with every window of its rank.
+    """
+    kind = "JOIN" if ctx.analysis.scalar(OVERLAPPING_STEPS_SQL) else "ASOF JOIN"
+    return f"{kind} steps s ON s.rank = {alias}.rank AND {alias}.{col} >= s.start_ns"
+
+
 def covered_by_device_sql(intervals: str) -> str:
     """SQL over CTE ``intervals`` (id, rank, s, e) adding ``busy_ns``: how much of each interval the device was busy.
 

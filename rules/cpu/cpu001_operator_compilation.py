@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding, Severity
@@ -114,22 +115,22 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     shapes = ctx.df(SHAPES_SQL)
     bd = step_table(ctx)
     has_shapes = not shapes.empty
+    bd_of, comp_of, shapes_of = ({int(r): g for r, g in frame.groupby("rank")} for frame in (bd, comp, shapes))
     for rank in sorted(int(r) for r in set(bd["rank"]) | set(comp["rank"])):
-        steps_r = bd[bd["rank"] == rank]
-        if steps_r.empty:
+        steps_r = bd_of.get(rank)
+        if steps_r is None:
             continue
         steady = steady_steps([int(s) for s in steps_r["step"]])
         st = steps_r[steps_r["step"].isin(steady)]
         step_us = float(st["step_us"].mean())
-        c = comp[(comp["rank"] == rank) & comp["step"].isin(steady)]
+        c_all = comp_of.get(rank, comp.iloc[:0])
+        c = c_all[c_all["step"].isin(steady)]
         compile_us = float(c["compile_us"].sum()) / max(len(st), 1)
         n_compiles = int(c["n"].sum())
-        c_all = comp[comp["rank"] == rank]
-        sh = shapes[shapes["rank"] == rank] if has_shapes else shapes
+        sh = shapes_of.get(rank, shapes.iloc[:0])
         n_steps = int(sh["n_steps"].max()) if len(sh) else len(steps_r)
         later = max(n_steps - 1, 0)
-        dyn = sh[sh["later_steps_with_new"] > 0].sort_values(
-            ["later_steps_with_new", "distinct_shapes"], ascending=False) if len(sh) else sh
+        dyn = sh[sh["later_steps_with_new"] > 0] if len(sh) else sh
         steps_new = sorted({int(x) for lst in dyn["new_steps"] for x in lst}) if len(dyn) else []
         new_share = len(steps_new) / later if later else 0.0
         rc = recompiles.get(rank)
@@ -148,13 +149,12 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             "min_new_shape_step_share": ctx.t.min_new_shape_step_share,
             "step_us_mean": round(step_us, 1),
         }
-        top = [{"op": r.name, "distinct_shapes": int(r.distinct_shapes), "later_steps_with_new_shapes": int(r.later_steps_with_new)}
-               for r in dyn.head(10).itertuples()] if len(dyn) else []
         dyn_ok = has_shapes and n_steps >= ctx.t.min_steps and new_share >= ctx.t.min_new_shape_step_share
         if step_us and compile_us / step_us >= ctx.t.min_compile_share:
             names = sorted({n for s in c["names"] for n in s.split(" | ")})
             extra = f"; {len(dyn)} operators see new input shapes in {len(steps_new)} of {later} later steps" if dyn_ok else ""
             rec = f", {evidence['recompiles']} recompiles" if evidence["recompiles"] else ""
+            top = _top(dyn)
             yield ctx.finding(
                 title=f"Rank {rank} compiles operators during training: {fmt_ms(compile_us)} per step "
                 f"({compile_us / step_us:.0%} of {fmt_ms(step_us)}), {evidence['compile_events_per_step']:g} compile events per step{rec}{extra}",
@@ -166,6 +166,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             if not c_all.empty:
                 ctx.warn(f"rank {rank}: compile events only in the first recorded step ({fmt_ms(float(c_all['compile_us'].sum()))}); "
                          "treated as warm-up")
+            top = _top(dyn)
             yield ctx.finding(
                 title=f"Rank {rank} has dynamic shapes: {len(dyn)} operators meet new input shapes in {len(steps_new)} of "
                 f"{later} steps after the first (up to {int(dyn['distinct_shapes'].max())} shapes per operator); "
@@ -178,3 +179,12 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         elif not has_shapes and c_all.empty and rank == min(bd["rank"]):
             ctx.warn("no input shapes recorded (profile with record_shapes=True) and no compile events: "
                      "dynamic shapes cannot be judged")
+
+
+def _top(dyn: Any) -> list[dict[str, Any]]:
+    """The operators that meet new input shapes most often (at most 10)."""
+    if not len(dyn):
+        return []
+    dyn = dyn.sort_values(["later_steps_with_new", "distinct_shapes"], ascending=False)
+    return [{"op": r.name, "distinct_shapes": int(r.distinct_shapes), "later_steps_with_new_shapes": int(r.later_steps_with_new)}
+            for r in dyn.head(10).itertuples()]

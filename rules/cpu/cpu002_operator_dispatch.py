@@ -40,7 +40,7 @@ import pandas as pd
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
-from rules.cpu._common import fmt_ms, step_table, top_level_ops
+from rules.cpu._common import fmt_ms, step_join, step_table, top_level_ops
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,8 @@ WITH gaps AS (
 gap_step AS (
     SELECT g.rank, s.step, sum(g.gap_ns) FILTER (WHERE g.gap_ns < $max_gap_us * 1000) / 1000.0 AS short_gap_us,
            count(*) FILTER (WHERE g.gap_ns < $max_gap_us * 1000) AS n_short_gaps
-    FROM gaps g JOIN steps s ON s.rank = g.rank AND g.gap_start >= s.start_ns AND g.gap_start < s.end_ns
-    WHERE g.gap_ns > 0 GROUP BY ALL
+    FROM gaps g {step_join}
+    WHERE g.gap_ns > 0 AND g.gap_start < s.end_ns GROUP BY ALL
 ),
 k AS (
     SELECT rank, step, count(*) AS n_kernels, count(*) FILTER (WHERE dur_ns < $short_kernel_us * 1000) AS n_short,
@@ -106,7 +106,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     bd = step_table(ctx)[["rank", "step", "step_us"]]
     dev_ranks = {int(r["rank"]) for r in ctx.query("SELECT rank FROM ranks WHERE has_device")}
     if dev_ranks:
-        dev = ctx.df(DEVICE_SQL)
+        dev = ctx.df(DEVICE_SQL.format(step_join=step_join(ctx, "g", "gap_start")))
         dev = dev[dev["rank"].isin(dev_ranks)].merge(bd, on=["rank", "step"])
         yield from _device(ctx, dev)
     cpu_ranks = sorted({int(r) for r in bd["rank"]} - dev_ranks)

@@ -60,8 +60,10 @@ class Thresholds:
 
 
 KEYS = """
-WITH shaped AS (  -- input shapes holding a number (tensors); the test runs once per distinct text (min(): after grouping)
-    SELECT shapes FROM events WHERE kind = 'host_op' GROUP BY shapes HAVING regexp_matches(coalesce(min(shapes), ''), '\\d')
+WITH shaped AS (  -- input shapes holding a number (tensors), each distinct text tested once (on an aggregate:
+                 -- not pushed onto every row)
+    SELECT shapes FROM (SELECT min(shapes) AS shapes FROM events WHERE kind = 'host_op' GROUP BY shapes)
+    WHERE regexp_matches(coalesce(shapes, ''), '\\d')
 ),
 k AS (
     SELECT rank, step, name, shapes, sum(dur_ns) AS dur_ns
@@ -103,19 +105,20 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                      "doing the same work, so contention is not judged")
         return
     bd = step_table(ctx)
-    for rank, per in df.groupby("rank"):
+    df = df.merge(bd[["rank", "step", "step_us"]], on=["rank", "step"], how="left")
+    df["ratio"] = df["dur"] / df["med"]
+    df["key_share"] = df["slowed_med"] / df["med"]
+    df["covered"] = df["dur"] / 1000.0 / df["step_us"]
+    df["hot"] = ((df["ratio"] >= ctx.t.slow_ratio) & (df["key_share"] >= ctx.t.min_key_share)
+                 & (df["n_keys"] >= ctx.t.min_keys) & (df["slowed"] >= ctx.t.min_slowed_keys)
+                 & (df["covered"] >= ctx.t.min_covered_share))
+    cols = ["n_keys", "slowed", "dur", "med", "slowed_med", "ratio", "key_share", "step_us", "covered"]
+    for rank, g in df[df["rank"].isin(df.loc[df["hot"], "rank"])].groupby("rank"):
         rank = int(rank)
         steps_r = bd[bd["rank"] == rank]
-        per = per.set_index("step")[["n_keys", "slowed", "dur", "med", "slowed_med"]]
-        per["ratio"] = per["dur"] / per["med"]
-        per["key_share"] = per["slowed_med"] / per["med"]
-        per = per.join(steps_r.set_index("step")["step_us"])
-        per["covered"] = per["dur"] / 1000.0 / per["step_us"]
-        hot = per[(per["ratio"] >= ctx.t.slow_ratio) & (per["key_share"] >= ctx.t.min_key_share)
-                  & (per["n_keys"] >= ctx.t.min_keys) & (per["slowed"] >= ctx.t.min_slowed_keys)
-                  & (per["covered"] >= ctx.t.min_covered_share)]
-        if hot.empty:
-            continue
+        per = g.set_index("step")
+        hot = per.loc[per["hot"], cols]
+        per = per[cols]
         n_steps = max(len(steps_r), 1)
         calm = steps_r[~steps_r["step"].isin(hot.index)]["step_us"]
         base_us = float(calm.median()) if len(calm) else float(steps_r["step_us"].min())

@@ -74,6 +74,8 @@ ORDER BY rank, step
       requires=("events", "steps", "breakdown"), thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Fire per rank when data loading takes a large share of the step."""
+    if not ctx.analysis.scalar("SELECT count(*) FROM event_names WHERE kind = 'dataloader' AND NOT device"):
+        return  # no data loading recorded
     df = ctx.df(SQL)
     if df.empty:
         return

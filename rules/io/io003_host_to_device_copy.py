@@ -87,8 +87,15 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     if df.empty:
         return
     bd = step_table(ctx)
+    # the share for every rank at once; the rest only for ranks that reach the threshold
+    per_step = bd[["rank", "step", "step_us"]].merge(
+        df.groupby(["rank", "step"], as_index=False)["exposed_ns"].sum(), on=["rank", "step"], how="left")
+    shares = (per_step["exposed_ns"].fillna(0) / 1000.0 / per_step["step_us"]).groupby(per_step["rank"]).median()
+    quiet = set(shares.index[shares < ctx.t.min_share])
     for rank, g in df.groupby("rank"):
         rank = int(rank)
+        if rank in quiet:
+            continue
         steps_r = bd[bd["rank"] == rank].set_index("step")
         per = g.groupby("step").agg(exposed=("exposed_ns", "sum"), total=("dur_ns", "sum"), n=("id", "size"))
         per = per.reindex(steps_r.index, fill_value=0)

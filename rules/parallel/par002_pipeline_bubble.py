@@ -62,8 +62,8 @@ P2P_RE = r"(?i)(^|[^a-z])(send|recv|receive|isend|irecv)([^a-z]|$)|hcom_(send|re
 NOT_P2P_RE = r"(?i)sendrecv|all_?to_?all|all_?reduce|all_?gather|reduce_?scatter|broadcast"
 
 HAS_P2P_SQL = """
-SELECT count(*) AS n FROM (SELECT DISTINCT name FROM events WHERE kind = 'comm')
-WHERE regexp_matches(name, $p2p) AND NOT regexp_matches(name, $notp2p)
+SELECT count(*) AS n FROM event_names
+WHERE kind = 'comm' AND regexp_matches(name, $p2p) AND NOT regexp_matches(name, $notp2p)
 """
 
 TRACE_SQL = """
@@ -71,7 +71,7 @@ WITH comm_names AS (  -- every communication name classified once
     SELECT name, regexp_matches(name, $p2p) AND NOT regexp_matches(name, $notp2p) AS p2p,
            regexp_matches(name, '(?i)recv|receive') AS recv_word,
            regexp_matches(name, '(?i)recv|receive') AND NOT regexp_matches(name, $notp2p) AS recv
-    FROM (SELECT DISTINCT name FROM events WHERE kind = 'comm')
+    FROM (SELECT DISTINCT name FROM event_names WHERE kind = 'comm')
 ),
 hostp2p AS (
     SELECT e.rank, e.step, e.tid, e.start_ns, e.start_ns + e.dur_ns AS end_ns, e.name, n.recv_word AS is_recv
