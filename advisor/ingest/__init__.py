@@ -50,7 +50,33 @@ def connect(memory_limit: str | None = None, threads: int | None = None) -> Any:
     if threads:
         con.execute(f"SET threads = {int(threads)}")
     con.execute("SET preserve_insertion_order = false")
-    return con
+    con.execute(f"ATTACH ':memory:' AS {DB} (COMPRESS)")
+    con.execute(f"USE {DB}")
+    return Connection(con)
+
+
+DB = "advisor"
+
+
+class Connection:
+    """The DuckDB connection of an analysis: every cursor works in the compressed in-memory
+    database ``advisor`` (checkpointed once the profile is loaded, the canonical tables then
+    take a fraction of their loaded size). Anything else is the DuckDB connection's own."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    def cursor(self) -> Any:
+        cur = self._raw.cursor()
+        cur.execute(f"USE {DB}")
+        return cur
+
+    def compress(self) -> None:
+        """Compress the loaded tables (after bulk loading; later changes stay uncompressed)."""
+        self._raw.execute(f"CHECKPOINT {DB}")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
 
 
 def assign_ranks(units: list[Unit], warn: Callable[..., None]) -> None:
@@ -201,6 +227,7 @@ def load_profile(
     _write_ranks(con, infos)
     finalize(con, warn, assigned=lctx.stepped)
     _check_runs(con, warn)
+    con.compress()
     ranks = [r[0] for r in con.execute("SELECT DISTINCT rank FROM ranks ORDER BY rank").fetchall()]
     sources = [r[0] for r in con.execute("SELECT DISTINCT source FROM ranks ORDER BY source").fetchall()]
     ctx = AnalysisContext(con=con, path=str(root), sources=sources, ranks=ranks, warnings=warnings)

@@ -65,6 +65,7 @@ SYNC_RE = r"(?i)synchronize$|^(cuda|hip)Memcpy$|^(cuda|hip)StreamQuery$"
 
 STREAM_ABOVE_BYTES = 256 << 20  # estimated uncompressed size from which the streaming reader is used
 COMPRESS_STAGE_ABOVE_BYTES = 128 << 20  # staged rows of bigger inputs are compressed before use (memory)
+STAGE_PART_BYTES = 96 << 20  # files of a big batch are staged this much at a time (bounds the peak)
 EVENT_MAX_BYTES = 64 << 20  # one event larger than this is refused (bounds memory on hostile input)
 
 # SQL expression: text (JSON number or string) in µs -> integer ns. Exact for decimal text.
@@ -304,8 +305,22 @@ def _load_batch(batch: list[tuple[int, Unit, int, Any]], lctx: LoadContext) -> d
     unnest = (f"SELECT f.fid AS fid, t.e AS e FROM (SELECT filename, unnest(traceEvents) AS e FROM read_json($paths, "
               f"columns={COLUMNS}, format='auto', maximum_object_size={limit}, filename=true)) t "
               f"JOIN {prefix}_f f ON f.fname = t.filename")
+    total = sum(c[2] for c in batch)
+    # a big batch is staged a part at a time, each part compressed before the next is read
+    parts: list[list[str]] = [[]]
+    part_bytes = 0
+    for (_i, _u, size, _h), f in zip(batch, files, strict=True):
+        if parts[-1] and total >= COMPRESS_STAGE_ABOVE_BYTES and part_bytes + size > STAGE_PART_BYTES:
+            parts.append([])
+            part_bytes = 0
+        parts[-1].append(str(f.path))
+        part_bytes += size
     try:
-        cur.execute(f"CREATE TABLE {stage} AS {_stage_sql(unnest, 'fid')}", {"paths": [str(f.path) for f in files]})
+        for n, paths in enumerate(parts):
+            verb = f"CREATE TABLE {stage} AS" if n == 0 else f"INSERT INTO {stage}"
+            cur.execute(f"{verb} {_stage_sql(unnest, 'fid')}", {"paths": paths})
+            if len(parts) > 1:
+                _compress_stage(cur, prefix, total)
     except duckdb.Error:  # one bad file fails the scan: every file of the batch is read on its own instead
         _detach_stage_db(cur, prefix)
         cur.execute(f"DROP TABLE {prefix}_f")
@@ -313,8 +328,9 @@ def _load_batch(batch: list[tuple[int, Unit, int, Any]], lctx: LoadContext) -> d
         return {}
     cur.execute(f"DROP TABLE {prefix}_f")
     try:
-        _compress_stage(cur, prefix, sum(c[2] for c in batch))
-        results = _from_stage(cur, stage, prefix, files, lctx)
+        if len(parts) == 1:
+            _compress_stage(cur, prefix, total)
+        results = _from_stage(cur, stage, prefix, files, lctx, compressed=total >= COMPRESS_STAGE_ABOVE_BYTES)
     finally:
         _detach_stage_db(cur, prefix)
         cur.close()
@@ -384,7 +400,7 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
             spill.close()
     try:
         _compress_stage(cur, prefix, limit)
-        res = _from_stage(cur, stage, prefix, [_File(unit, fid, header)], lctx)[fid]
+        res = _from_stage(cur, stage, prefix, [_File(unit, fid, header)], lctx, compressed=limit >= COMPRESS_STAGE_ABOVE_BYTES)[fid]
     finally:
         _detach_stage_db(cur, prefix)
         cur.close()
@@ -431,7 +447,8 @@ def _detach_stage_db(cur: Any, prefix: str) -> None:
     cur.execute(f"DETACH DATABASE IF EXISTS {prefix}_db")
 
 
-def _from_stage(cur: Any, stage: str, prefix: str, files: list[_File], lctx: LoadContext) -> dict[int, dict[str, Any] | ParseError]:
+def _from_stage(cur: Any, stage: str, prefix: str, files: list[_File], lctx: LoadContext,
+                compressed: bool = False) -> dict[int, dict[str, Any] | ParseError]:
     """Staged rows of ``files`` -> events, tracks, kernels, comm_ops (one statement each for all files).
 
     Steps are assigned as the events are inserted for the ranks whose every file is in this
@@ -507,6 +524,11 @@ def _from_stage(cur: Any, stage: str, prefix: str, files: list[_File], lctx: Loa
             FROM {ev} t {join}""",
             {"sync": SYNC_RE, "comm_host": COMM_HOST_RE},
         )
+        if compressed:  # a big input: compress the new events before the other tables are filled (best effort)
+            try:
+                cur.execute("CHECKPOINT")
+            except duckdb.Error:
+                pass  # another thread is writing: the compression after loading does it
         cur.execute(
             f"""INSERT INTO tracks
             SELECT f.rank, pid, tid, bool_or(device), max(process_name), max(thread_name) FROM (
