@@ -167,32 +167,53 @@ def _sweep(win: dict[str, Any], ranks: dict[str, Any], ev: dict[str, Any]) -> di
     if n_ws == 0:
         return _empty_sums()
     t = np.concatenate([w_start[tw], w_end[we], e_s[keep], e_e[keep]])
-    ridx = np.concatenate([t_ridx, w_ridx[we], e_ridx, e_ridx])
+    ridx = np.concatenate([t_ridx, w_ridx[we], e_ridx, e_ridx]).astype(np.int32)
     change = np.concatenate([np.zeros(n_ws + n_we, np.uint8), bits, bits | 64])
-    t, ridx, is_start, change = _sorted(t, ridx, n_ws, change)
+    t, ridx, starts, change = _sorted(t, ridx, n_ws, change)
+    n = len(t)
 
-    # the k-th window start met is window tw[k]: the running count finds each bound's window,
-    # the one with the latest start at or before it (as an ASOF join would)
-    gi = np.cumsum(is_start) - 1
-    # an elementary segment runs from a bound to the rank's next one and belongs to the window
-    # found for its start, if it starts before that window's end
-    seg = np.flatnonzero((ridx[:-1] == ridx[1:]) & (gi[:-1] >= 0))
-    g = gi[seg]
-    seg = seg[(t_ridx[g] == ridx[seg]) & (t[seg] < t_end[g])]
-    g = gi[seg]
-    length = t[seg + 1] - t[seg]
-    # the classes active after each bound: positive running counters
-    combo = np.zeros(len(t), np.uint8)
+    # the k-th window start met is window tw[k]: a running count gives every bound the window
+    # with the latest start at or before it (as an ASOF join would)
+    gi = np.zeros(n, np.int32)
+    gi[starts] = 1
+    np.cumsum(gi, out=gi)
+    gi -= 1
+    gi = gi[:-1]
+    # an elementary segment runs from a bound to the rank's next one and belongs to that window,
+    # if the window is on the same rank and the segment starts before the window's end
+    ok = ridx[:-1] == ridx[1:]
+    ok &= gi >= 0
+    np.maximum(gi, 0, out=gi)
+    ok &= t_ridx[gi] == ridx[:-1]
+    ok &= t[:-1] < t_end[gi]
+    length = np.diff(t)
+    del t, ridx
+    # the classes active after each bound (positive running counters), as a 6-bit state
+    combo = np.zeros(n, np.uint8)
+    count = np.empty(n, np.int32)
     for j in range(6):
-        combo |= (np.cumsum(_STEP[j][change], dtype=np.int32) > 0).view(np.uint8) << j
-    combo = combo[seg]
-    # time per (window, state), exact: float bincounts of the lengths split at bit 26
-    key = g * 64 + combo
-    lo = np.bincount(key, weights=length & ((1 << 26) - 1), minlength=n_ws * 64).astype(np.int64)
-    hi = np.bincount(key, weights=length >> 26, minlength=n_ws * 64).astype(np.int64)
-    per_state = (lo + (hi << 26)).reshape(n_ws, 64)
+        np.cumsum(_STEP[j][change], dtype=np.int32, out=count)
+        combo |= (count > 0).view(np.uint8) << j
+    del count, change
+    # time per (window, state); segments that belong to no window go to one extra bin. The float
+    # sums are exact while every partial sum stays below 2**53 ns (104 days), else the lengths
+    # are summed in two parts split at bit 26
+    key = gi * 64
+    key += combo[:-1]
+    np.logical_not(ok, out=ok)
+    key[ok] = n_ws * 64
+    length[ok] = 0
+    np.logical_not(ok, out=ok)
+    nbins = n_ws * 64 + 1
+    if int(length.sum()) < 2**53:
+        per_state = np.bincount(key, weights=length, minlength=nbins)[:-1].astype(np.int64)
+    else:
+        lo = np.bincount(key, weights=length & ((1 << 26) - 1), minlength=nbins)[:-1].astype(np.int64)
+        hi = np.bincount(key, weights=length >> 26, minlength=nbins)[:-1].astype(np.int64)
+        per_state = lo + (hi << 26)
+    per_state = per_state.reshape(n_ws, 64)
     mult_dev, mult_host = n_dev[t_ridx], n_host[t_ridx]
-    found = np.flatnonzero((np.bincount(g, minlength=n_ws) > 0) & (mult_dev + mult_host > 0))
+    found = np.flatnonzero((np.bincount(gi[ok], minlength=n_ws) > 0) & (mult_dev + mult_host > 0))
     sums = (mult_dev[found, None] * (per_state[found] @ _COLS_DEV)
             + mult_host[found, None] * (per_state[found] @ _COLS_HOST))
     out = {col: sums[:, i] for i, col in enumerate(NS_COLUMNS)}
@@ -217,8 +238,9 @@ def _multiplicity(uranks: np.ndarray, ranks: dict[str, Any]) -> tuple[np.ndarray
 def _sorted(t: np.ndarray, ridx: np.ndarray, n_starts: int, change: np.ndarray) -> tuple[np.ndarray, ...]:
     """Bounds by (rank, time), the first ``n_starts`` (window starts) first among equal times.
 
-    Returns the sorted times, rank indexes, window-start flags and ``change``. One int64 key
-    (rank, time, flag) sorts fastest; timestamps too far apart for it fall back to a lexsort.
+    Returns the sorted times and rank indexes, the sorted positions of the window starts (in
+    their input order among equal keys) and the sorted ``change``. One int64 key (rank, time,
+    flag) sorts fastest; timestamps too far apart for it fall back to a lexsort.
     """
     t0 = int(t.min())
     tbits = (int(t.max()) - t0).bit_length()
@@ -227,19 +249,23 @@ def _sorted(t: np.ndarray, ridx: np.ndarray, n_starts: int, change: np.ndarray) 
         late = np.ones(len(t), np.int8)
         late[:n_starts] = 0
         order = np.lexsort((late, t, ridx))
-        return t[order], ridx[order], late[order] == 0, change[order]
+        return t[order], ridx[order], np.flatnonzero(order < n_starts), change[order]
     key = t - t0
+    del t
     key <<= 1
     key[n_starts:] |= 1
     key |= ridx.astype(np.int64) << shift
+    del ridx
     order = np.argsort(key)
     key = key[order]
-    is_start = (key & 1) == 0
-    ridx = key >> shift
+    starts = np.flatnonzero(order < n_starts)
+    change = change[order]
+    del order
+    ridx = (key >> shift).astype(np.int32)
     key >>= 1
     key &= (1 << tbits) - 1
     key += t0
-    return key, ridx, is_start, change[order]
+    return key, ridx, starts, change
 
 
 def _empty_sums() -> dict[str, np.ndarray]:

@@ -51,6 +51,7 @@ SELECT start_ns, start_ns + dur_ns AS end_ns, kind, name, device, coalesce(tid, 
        coalesce(stream, -1) AS stream, corr
 FROM events
 WHERE rank = $rank AND dur_ns > 0 AND start_ns < $end AND start_ns + dur_ns > $start
+  AND start_ns >= $start - (SELECT max(dur_ns) FROM events WHERE rank = $rank)  -- implied; lets the scan skip
   AND (device AND kind IN ('kernel', 'comm', 'memcpy', 'memset')
        OR NOT device AND kind IN ('host_op', 'runtime', 'sync', 'dataloader', 'queue', 'comm', 'python', 'other', 'step'))
 ORDER BY start_ns, dur_ns DESC
