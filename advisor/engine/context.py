@@ -86,6 +86,17 @@ class AnalysisContext:
             self._counts[table] = int(self.scalar(f"SELECT count(*) FROM {table}")) if table in TABLES else 0  # noqa: S608
         return self._counts[table]
 
+    @property
+    def vendor_kernels(self) -> int:
+        """Rows of ``kernels`` from a vendor's per-operator export (Ascend op_summary /
+        kernel_details), not the launch geometry Kineto records for GPU kernels (core type GPU):
+        rules with an Ascend path and a Kineto path choose by this, not by ``rows("kernels")``."""
+        if "_vendor_kernels" not in self._counts:
+            self._counts["_vendor_kernels"] = int(
+                self.scalar("SELECT count(*) FROM kernels WHERE core_type IS DISTINCT FROM 'GPU'") or 0
+            )
+        return self._counts["_vendor_kernels"]
+
     # -- capabilities ----------------------------------------------------------------------
     @property
     def has_device(self) -> bool:

@@ -191,7 +191,7 @@ def _regex(links: list[str], gap: int) -> re.Pattern[str]:
       thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank and pattern whose estimated saving is worth reporting."""
-    ascend = bool(ctx.analysis.rows("kernels"))
+    ascend = bool(ctx.analysis.vendor_kernels)
     wanted = {p.strip() for p in ctx.t.patterns.split(",") if p.strip()}
     if "all" in wanted:
         wanted = {*PATTERNS, "optimizer"}

@@ -123,7 +123,7 @@ GROUP BY ALL ORDER BY l.rank, dur_ns DESC
       thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank whose conversion operators reach the share threshold."""
-    if ctx.analysis.rows("kernels"):
+    if ctx.analysis.vendor_kernels:
         rows, source = ctx.query(ASCEND_SQL), "kernels"
     else:
         rows, source = ctx.query(KINETO_SQL), "kineto"

@@ -188,6 +188,19 @@ def kineto_gpu_roofline_unknown_device() -> dict[str, list[dict[str, Any]]]:
     return _kineto_gpu("Mystery Accelerator 9000", [(*MM, 4 * MS), (*ADD, 300_000), (*ADDMM, 20 * MS)])
 
 
+def kineto_gpu_casts_with_geometry() -> dict[str, list[dict[str, Any]]]:
+    """The casts profile plus the per-kernel launch geometry rows the Kineto reader writes to
+    ``kernels`` (core type GPU) for current-schema traces: still the Kineto path, not Ascend's."""
+    tables = kineto_gpu_casts()
+    tables["kernels"] = [
+        {"rank": e["rank"], "step": e.get("step"), "name": e["name"], "core_type": "GPU", "start_ns": e["start_ns"],
+         "dur_ns": e["dur_ns"], "block_dim": 1024, "pmu": '{"grid": [32, 32, 1], "block": [256, 1, 1]}'}
+        for e in tables["events"] if e.get("device") and e.get("kind") == "kernel"
+    ]
+    assert tables["kernels"]
+    return tables
+
+
 def ascend_pt_kernels_no_aicpu() -> dict[str, list[dict[str, Any]]]:
     """The real sample without its 7 AI_CPU rows (the AI CPU control)."""
     return _ascend_tables([r for r in _csv_rows() if r["Accelerator Core"] != "AI_CPU"], "Ascend910B2")
