@@ -6,8 +6,18 @@ Reads every Kineto variant: the old schema (categories ``Operator``, ``Runtime``
 ``python_function``), CPU-only traces, ROCm (``hip*`` runtime names), traces with or without
 ``distributedInfo`` and ``baseTimeNanoseconds``.
 
-Parsing is done by DuckDB's JSON reader with explicit column types: the whole file is one JSON
-object whose ``traceEvents`` list is unnested in SQL; no Python object is made per event.
+Parsing is done by DuckDB's JSON reader with explicit column types; no Python object is made per
+event. How a file is read depends on its size:
+
+* small files (the usual one-per-rank cluster export) are read together, one ``read_json`` scan
+  per ~1 GiB of them (:func:`load_many`): DuckDB parses them in parallel, and the per-file
+  statement chain no longer costs more than the parse;
+* a big file (estimated above ``STREAM_ABOVE_BYTES``) has its ``traceEvents`` list copied to a
+  temporary file read by path (:class:`advisor.ingest.jsonstream.SpilledEvents`): DuckDB holds a
+  whole top-level object in memory (~9x the file) but reads a top-level array in bounded buffers;
+* the parsed rows are staged (one typed row per event, args fields extracted once), compressed
+  when the input is big, and turned into ``events`` / ``tracks`` / ``kernels`` / ``comm_ops``
+  with one statement each; steps are assigned on the way (:func:`advisor.ingest.steps.window_lookup`).
 
 Time: Chrome-trace ``ts``/``dur`` are microseconds whatever ``displayTimeUnit`` says (that key
 only sets the viewer's display unit). When ``baseTimeNanoseconds`` is present, ``ts`` is relative
