@@ -45,3 +45,17 @@ def test_built_once_and_only_when_named(monkeypatch) -> None:
     ctx.query("SELECT count(*) FROM device_busy")
     ctx.scalar("SELECT count(*) FROM device_busy b JOIN event_names n ON true")
     assert built == ["device_busy", "event_names"]
+
+
+def test_host_op_top_keeps_operators_no_earlier_one_covers() -> None:
+    op = {"kind": "host_op", "device": False, "rank": 0, "step": 1}
+    ctx = context_from_tables({"events": [
+        {**op, "tid": "1", "name": "aten::linear", "start_ns": 0, "dur_ns": 100},
+        {**op, "tid": "1", "name": "aten::addmm", "start_ns": 10, "dur_ns": 80},  # inside linear
+        {**op, "tid": "1", "name": "aten::relu", "start_ns": 100, "dur_ns": 5},  # starts where linear ends
+        {**op, "tid": "2", "name": "aten::add", "start_ns": 50, "dur_ns": 10},  # another thread
+        {**op, "tid": "1", "name": "aten::cat", "start_ns": 102, "dur_ns": 1},  # inside relu
+        {"kind": "runtime", "device": False, "rank": 0, "tid": "1", "name": "cudaLaunchKernel", "start_ns": 0, "dur_ns": 500},
+    ]}, run_stages=False)
+    got = ctx.query("SELECT tid, name FROM host_op_top ORDER BY tid, start_ns")
+    assert [(r["tid"], r["name"]) for r in got] == [("1", "aten::linear"), ("1", "aten::relu"), ("2", "aten::add")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,11 @@ from advisor.model import Warning_
 from advisor.schema import TABLES
 
 _PARAM_RE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
-_DERIVED_RE = re.compile(r"\b(" + "|".join(DERIVED) + r")\b")
+
+
+@functools.lru_cache(maxsize=8)
+def _derived_re(names: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
 
 CAPABILITIES: dict[str, str] = {
     "device": "device (accelerator) events on at least one rank",
@@ -52,7 +57,7 @@ class AnalysisContext:
     # -- SQL helpers -----------------------------------------------------------------------
     def prepare(self, sql: str) -> str:
         """Build the shared derived tables (:mod:`advisor.engine.derived`) that ``sql`` names, once."""
-        for name in set(_DERIVED_RE.findall(sql)) - self._derived:
+        for name in set(_derived_re(tuple(DERIVED)).findall(sql)) - self._derived:
             DERIVED[name].build(self.con, name)
             self._derived.add(name)
         return sql

@@ -1,8 +1,9 @@
 """Derived tables several rules share, built once per analysis on first use.
 
 A rule names one in its SQL like a canonical table (``FROM device_busy``); the analysis context
-creates it (a temporary table) the first time a query mentions it, so rules that never need it
-never pay for it, and rules that do share one copy instead of each scanning ``events`` again.
+creates it the first time a query mentions it, so rules that never need it never pay for it, and
+rules that do share one copy instead of each scanning ``events`` again. Rule packages can add
+their own with :func:`register` (e.g. ``kernel_ops`` in ``rules/compute/_common.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ class Derived:
     build: Callable[[Any, str], None]
 
 
-def _sql_table(sql: str) -> Callable[[Any, str], None]:
+def sql_table(sql: str) -> Callable[[Any, str], None]:
+    """A builder that creates the table from a query."""
     def build(con: Any, name: str) -> None:
         con.cursor().execute(f"CREATE OR REPLACE TABLE {name} AS {sql}")
 
@@ -76,17 +78,79 @@ def _islands_table(where: str) -> Callable[[Any, str], None]:
     return build
 
 
+_HOST_OPS_SQL = """
+WITH threads AS (SELECT rank, pid, tid, row_number() OVER () AS th
+                 FROM (SELECT DISTINCT rank, pid, tid FROM events WHERE NOT device AND kind = 'host_op'))
+SELECT e.rowid AS rid, t.th, e.start_ns, e.dur_ns
+FROM events e JOIN threads t
+     ON e.rank IS NOT DISTINCT FROM t.rank AND e.pid IS NOT DISTINCT FROM t.pid AND e.tid IS NOT DISTINCT FROM t.tid
+WHERE NOT e.device AND e.kind = 'host_op'
+"""
+
+
+def top_level_rows(con: Any) -> np.ndarray:
+    """Row ids of the host operators that no earlier-starting operator of their thread still covers.
+
+    Per thread, operators are taken by start, longer first (NULL start or duration last, equal
+    ones in storage order); an operator is top-level when the latest end before it (NULL ends
+    ignored) is unknown or not after its start.
+    """
+    d = con.cursor().execute(_HOST_OPS_SQL).fetchnumpy()
+    rid, th = np.ma.getdata(d["rid"]), np.ma.getdata(d["th"])
+    if not len(rid):
+        return rid
+    s, s_null = _values(d["start_ns"])
+    du, d_null = _values(d["dur_ns"])
+    order = np.lexsort((rid, -du, d_null, s, s_null, th))
+    s, s_null, th = s[order], s_null[order], th[order]
+    none = np.iinfo(np.int64).min  # no known end
+    end = s + du[order]
+    end[s_null | d_null[order]] = none
+    first = np.flatnonzero(np.concatenate([[True], th[1:] != th[:-1]]))
+    reach = np.empty(len(s), np.int64)  # latest known end up to each row, within the thread
+    for a, b in zip(first, [*first[1:], len(s)], strict=True):
+        np.maximum.accumulate(end[a:b], out=reach[a:b])
+    before = np.empty(len(s), np.int64)
+    before[1:] = reach[:-1]
+    before[first] = none
+    top = (before == none) | (~s_null & (s >= before))
+    return rid[order][top]
+
+
+def _values(a: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A fetched integer column as (values with NULLs as 0, NULL flags)."""
+    if isinstance(a, np.ma.MaskedArray):
+        return np.ma.getdata(a.filled(0)), np.ma.getmaskarray(a)
+    a = np.asarray(a)
+    return a, np.zeros(len(a), dtype=bool)
+
+
+def _top_table(con: Any, name: str) -> None:
+    cur = con.cursor()
+    cur.register("_top_rows", pd.DataFrame({"rid": top_level_rows(con)}))
+    cur.execute(
+        f"CREATE OR REPLACE TABLE {name} AS SELECT rank, step, pid, tid, name, start_ns, dur_ns FROM events "
+        "WHERE rowid IN (SELECT rid FROM _top_rows)"
+    )
+    cur.unregister("_top_rows")
+
+
 _DEVICE_BUSY = "device AND kind IN (" + ", ".join(f"'{k}'" for k in DEVICE_BUSY_KINDS) + ")"
 
 DERIVED: dict[str, Derived] = {
     "event_names": Derived(
         "one row per distinct (kind, device, name) of events with its count n: classify names once, "
         "then join, instead of a regular expression on every event",
-        _sql_table("SELECT kind, device, name, count(*) AS n FROM events GROUP BY ALL"),
+        sql_table("SELECT kind, device, name, count(*) AS n FROM events GROUP BY ALL"),
     ),
     "kernel_names": Derived(
         "one row per distinct (op_type, name) of kernels with its count n",
-        _sql_table("SELECT op_type, name, count(*) AS n FROM kernels GROUP BY ALL"),
+        sql_table("SELECT op_type, name, count(*) AS n FROM kernels GROUP BY ALL"),
+    ),
+    "host_op_top": Derived(
+        "the host operators (kind host_op, any step) that no earlier-starting operator of their thread still "
+        "covers: rank, step, pid, tid, name, start_ns, dur_ns",
+        _top_table,
     ),
     "device_busy": Derived(
         "device busy periods (rank, s, e, before): the disjoint unions of each rank's device kernels, "
@@ -99,3 +163,10 @@ DERIVED: dict[str, Derived] = {
         _islands_table("device AND kind = 'kernel'"),
     ),
 }
+
+
+def register(name: str, doc: str, build: Callable[[Any, str], None]) -> None:
+    """Add a shared derived table (a rule package's own, next to the built-in ones)."""
+    if name in DERIVED and DERIVED[name].build is not build:
+        raise ValueError(f"derived table {name!r} is already registered")
+    DERIVED[name] = Derived(doc, build)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from advisor.engine.derived import register, sql_table
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -235,3 +237,12 @@ kop AS (
         WHERE kk.launch_ext IS NULL
     )
 )"""
+
+KERNEL_OPS = "kernel_ops"  # the rows of kop above as a shared table, built once when a rule reads it
+register(
+    KERNEL_OPS,
+    "Kineto device kernels with the host operator that launched them (the rows of KINETO_KERNEL_OPS' kop): "
+    "rank, step, corr, dur_ns (the kernel's), pid, tid, op_name, op_start_ns, op_dur_ns, shapes",
+    sql_table("WITH " + KINETO_KERNEL_OPS
+              + " SELECT rank, step, corr, dur_ns, pid, tid, op_name, op_start_ns, op_dur_ns, shapes FROM kop"),
+)

@@ -48,9 +48,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding, Severity
-from rules.compute._common import KINETO_KERNEL_OPS
+from rules.compute._common import KERNEL_OPS
 
 
 @dataclass(frozen=True)
@@ -113,36 +116,35 @@ VIEW_OPS = (
     "'narrow', 'split', 'chunk', 'unsqueeze', 'squeeze', 't', 'detach', 'alias', 'resolve_conj', 'resolve_neg', "
     "'view_as', 'flatten', 'unflatten', 'split_with_sizes', 'empty', 'empty_like', 'empty_strided', 'lift_fresh')"
 )
-KINETO_SQL = (
-    "WITH "
-    + KINETO_KERNEL_OPS
-    + f""",
-incl AS (SELECT rank, pid, tid, op_start_ns, sum(dur_ns) AS dev_ns FROM kop GROUP BY ALL),
+KINETO_SQL = f"""
+WITH incl AS (SELECT rank, pid, tid, op_start_ns, sum(dur_ns) AS dev_ns FROM {KERNEL_OPS} GROUP BY ALL),
 dev AS (SELECT rank, bool_or(device) AS has_dev FROM events GROUP BY rank),
-host AS (
-    SELECT rank, step, pid, tid, start_ns, dur_ns, name,
-           max(start_ns + dur_ns) OVER (PARTITION BY rank, pid, tid ORDER BY start_ns, dur_ns DESC
-                                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-    FROM events WHERE NOT device AND kind = 'host_op'
+names AS (  -- each distinct operator name with its token, once
+    SELECT name, short, {TOKEN_SQL.format(x="short")} AS tok
+    FROM (SELECT DISTINCT name, lower(regexp_replace(name, '^aten::', '')) AS short FROM event_names
+          WHERE kind = 'host_op' AND NOT device)
 ),
-ops AS (
-    SELECT h.*, lower(regexp_replace(h.name, '^aten::', '')) AS short,
-           {TOKEN_SQL.format(x="lower(regexp_replace(h.name, '^aten::', ''))")} AS tok,
-           EXISTS (SELECT 1 FROM events a WHERE a.rank = h.rank AND NOT a.device AND a.kind = 'annotation'
-                   AND a.name LIKE 'Optimizer.step#%' AND a.start_ns <= h.start_ns
-                   AND a.start_ns + a.dur_ns >= h.start_ns + h.dur_ns) AS in_opt
-    FROM host h
-    WHERE (h.prev_end IS NULL OR h.start_ns >= h.prev_end) AND h.step IS NOT NULL
+ops AS (  -- top-level operators (an operator nested in another one is part of it)
+    SELECT h.*, n.short, n.tok
+    FROM host_op_top h JOIN names n USING (name)
+    WHERE h.step IS NOT NULL
+),
+in_opt AS (  -- per-tensor update operators that run inside Optimizer.step
+    SELECT DISTINCT o.rank, o.start_ns, o.dur_ns
+    FROM ops o JOIN events a ON a.rank = o.rank AND NOT a.device AND a.kind = 'annotation'
+         AND a.name LIKE 'Optimizer.step#%' AND a.start_ns <= o.start_ns AND a.start_ns + a.dur_ns >= o.start_ns + o.dur_ns
+    WHERE o.tok = 'optel'
 )
 SELECT o.rank, o.step, o.pid || ':' || o.tid AS lane, o.start_ns,
-       CASE WHEN d.has_dev THEN coalesce(w.dev_ns, 0) ELSE o.dur_ns END AS dur_ns, 0 AS wait_ns, o.name,
-       CASE WHEN o.tok = 'optel' AND NOT o.in_opt THEN '_' ELSE o.tok END AS tok
+       CASE WHEN d.has_dev THEN coalesce(w.dev_ns, 0) ELSE o.dur_ns END AS dur_ns, 0 AS wait_ns,
+       CASE WHEN o.tok <> '_' THEN o.name END AS name,  -- only chain links are named in findings
+       CASE WHEN o.tok = 'optel' AND i.rank IS NULL THEN '_' ELSE o.tok END AS tok
 FROM ops o JOIN dev d USING (rank)
 LEFT JOIN incl w ON w.rank = o.rank AND w.pid = o.pid AND w.tid = o.tid AND w.op_start_ns = o.start_ns
+LEFT JOIN in_opt i ON i.rank = o.rank AND i.start_ns = o.start_ns AND i.dur_ns = o.dur_ns
 WHERE o.short NOT IN {VIEW_OPS}
 ORDER BY o.rank, o.step, lane, o.start_ns
 """
-)
 
 # Whether any operator name can give a token at all (each distinct name tested once): without one
 # no chain and no optimizer pattern can match, and the per-operator sequences need not be read.
@@ -177,6 +179,7 @@ KINETO_ONLY = {"permute_copy"}
 
 
 def _regex(links: list[str], gap: int) -> re.Pattern[str]:
+    """The chain as a regular expression over the ``tok#i `` text of a sequence."""
     g = rf"(?:\S+ ){{0,{gap}}}"
     parts = []
     for i, link in enumerate(links):
@@ -185,6 +188,18 @@ def _regex(links: list[str], gap: int) -> re.Pattern[str]:
         piece = (g if i else "") + tok
         parts.append(f"(?:{piece})?" if opt else piece)
     return re.compile("".join(parts))
+
+
+def _optimizer_stats(df: pd.DataFrame) -> dict[int, dict[str, float]]:
+    """Per rank with per-parameter or multi-tensor optimizer operators: their count, time and wait."""
+    out: dict[int, dict[str, float]] = {}
+    opt = df[df["tok"] == "optel"]
+    for rank, g in opt.groupby("rank"):
+        out[int(rank)] = {"ops": float(len(g)), "time_ns": float(g["dur_ns"].sum()), "wait_ns": float(g["wait_ns"].sum()),
+                          "multi": 0.0}
+    for rank, n in df.loc[df["tok"] == "multi", "rank"].value_counts().items():
+        out.setdefault(int(rank), {"ops": 0.0, "time_ns": 0.0, "wait_ns": 0.0, "multi": 0.0})["multi"] = float(n)
+    return out
 
 
 @rule("CMP003", "compute.affinity-api", cause="compute.affinity_api", requires=("events", "steps"),
@@ -203,18 +218,26 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     n_steps = df[df["step"] >= 0].groupby("rank")["step"].nunique().to_dict()
     # matches[(rank, pattern)] -> list of (step, names, total_ns, saving_ns)
     matches: dict[tuple[int, str], list[dict[str, Any]]] = {}
-    opt_stats: dict[int, dict[str, float]] = {}
-    for (rank, step, _lane), g in df.groupby(["rank", "step", "lane"], sort=False):
-        toks = g["tok"].tolist()
-        durs = g["dur_ns"].astype(float).tolist()
-        names = g["name"].tolist()
+    patterns = [(key, _regex(links, ctx.t.max_gap)) for key, (_label, links, _fix) in PATTERNS.items()
+                if key in wanted and not (ascend and key in KINETO_ONLY) and not (not ascend and key in ASCEND_ONLY)]
+    # the operator sequence of each (rank, step, lane), in order of appearance
+    gid = df.groupby(["rank", "step", "lane"], sort=False).ngroup().to_numpy()
+    rows = np.flatnonzero(gid >= 0)
+    rows = rows[np.argsort(gid[rows], kind="stable")]
+    tok_all, name_all = df["tok"].to_numpy(dtype=object), df["name"].to_numpy(dtype=object)
+    dur_all = df["dur_ns"].astype(float).to_numpy()
+    rank_all, step_all = df["rank"].to_numpy(), df["step"].to_numpy()
+    linked = tok_all != "_"
+    for idx in np.split(rows, np.flatnonzero(np.diff(gid[rows])) + 1):
+        if not len(idx) or not linked[idx].any():
+            continue  # no chain link in this sequence: nothing can match
+        rank, step = rank_all[idx[0]], step_all[idx[0]]
+        toks, durs, names = tok_all[idx].tolist(), dur_all[idx].tolist(), name_all[idx].tolist()
         text = "".join(f"{t}#{i} " for i, t in enumerate(toks))
-        for key, (_label, links, _fix) in PATTERNS.items():
-            if key not in wanted or (ascend and key in KINETO_ONLY) or (not ascend and key in ASCEND_ONLY):
-                continue
-            for m in _regex(links, ctx.t.max_gap).finditer(text):
-                idx = [int(x) for x in re.findall(r"#(\d+)", m.group(0))]
-                chain = [i for i in idx if toks[i] != "_"]
+        for key, pattern in patterns:
+            for m in pattern.finditer(text):
+                idx_m = [int(x) for x in re.findall(r"#(\d+)", m.group(0))]
+                chain = [i for i in idx_m if toks[i] != "_"]
                 times = [durs[i] for i in chain]
                 if not sum(times):
                     continue  # nothing ran (e.g. .contiguous() on a tensor that already was): no cost to remove
@@ -223,15 +246,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                     saving = 0.0  # no measured FastGelu speed-up to apply; reported with its time only
                 matches.setdefault((int(rank), key), []).append(
                     {"step": int(step), "ops": [names[i] for i in chain], "time_ns": sum(times), "saving_ns": saving})
-        opt = g[g["tok"] == "optel"]
-        if len(opt):
-            st = opt_stats.setdefault(int(rank), {"ops": 0.0, "time_ns": 0.0, "wait_ns": 0.0, "multi": 0.0})
-            st["ops"] += len(opt)
-            st["time_ns"] += float(opt["dur_ns"].sum())
-            st["wait_ns"] += float(opt["wait_ns"].sum())
-        st_m = (g["tok"] == "multi").sum()
-        if st_m:
-            opt_stats.setdefault(int(rank), {"ops": 0.0, "time_ns": 0.0, "wait_ns": 0.0, "multi": 0.0})["multi"] += st_m
+    opt_stats = _optimizer_stats(df[gid >= 0])
     for (rank, key), ms in sorted(matches.items()):
         label, _links, fix = PATTERNS[key]
         steps = max(1, int(n_steps.get(rank, 1)))

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
-from rules.compute._common import KINETO_KERNEL_OPS
+from rules.compute._common import KERNEL_OPS
 
 
 @dataclass(frozen=True)
@@ -91,11 +91,8 @@ FROM conv c JOIN tot t USING (rank) LEFT JOIN bnd b USING (rank)
 ORDER BY c.rank, c.dur_ns DESC
 """
 
-KINETO_SQL = (
-    "WITH "
-    + KINETO_KERNEL_OPS
-    + """,
-launched AS (  -- every kernel once, flagged when any enclosing operator is a conversion
+KINETO_SQL = f"""
+WITH launched AS (  -- every kernel once, flagged when any enclosing operator is a conversion
     SELECT rank, corr, any_value(step) AS step, any_value(dur_ns) AS dur_ns,
            max(CASE WHEN op_name IN ('aten::_to_copy', 'aten::to') THEN 'dtype cast'
                     WHEN op_name IN ('aten::contiguous', 'aten::clone') AND coalesce(shapes, '') <> '' THEN 'layout copy'
@@ -104,7 +101,7 @@ launched AS (  -- every kernel once, flagged when any enclosing operator is a co
                                                                    'aten::clone')) AS conv_op,
            arg_min(shapes, op_dur_ns) FILTER (WHERE op_name IN ('aten::_to_copy', 'aten::to', 'aten::contiguous',
                                                                   'aten::clone')) AS conv_shapes
-    FROM kop GROUP BY rank, corr
+    FROM {KERNEL_OPS} GROUP BY rank, corr
 ),
 all_k AS (
     SELECT rank, sum(dur_ns) AS total_ns, greatest(count(DISTINCT step) FILTER (WHERE step >= 0), 1) AS n_steps
@@ -116,7 +113,6 @@ FROM launched l JOIN all_k a USING (rank)
 WHERE l.conv IS NOT NULL
 GROUP BY ALL ORDER BY l.rank, dur_ns DESC
 """
-)
 
 
 @rule("CMP004", "compute.format-conversion", cause="compute.format_conversion", requires=("device",),
