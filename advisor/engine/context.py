@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,13 +54,19 @@ class AnalysisContext:
     extras: dict[str, Any] = field(default_factory=dict)
     _counts: dict[str, int] = field(default_factory=dict)
     _derived: set[str] = field(default_factory=set)
+    _building: dict[str, threading.Lock] = field(default_factory=dict)
 
     # -- SQL helpers -----------------------------------------------------------------------
     def prepare(self, sql: str) -> str:
-        """Build the shared derived tables (:mod:`advisor.engine.derived`) that ``sql`` names, once."""
-        for name in set(_derived_re(tuple(DERIVED)).findall(sql)) - self._derived:
-            DERIVED[name].build(self.con, name)
-            self._derived.add(name)
+        """Build the shared derived tables (:mod:`advisor.engine.derived`) that ``sql`` names, once.
+
+        Rules may run in parallel: a rule that needs a table another one is building waits for it.
+        """
+        for name in sorted(set(_derived_re(tuple(DERIVED)).findall(sql)) - self._derived):
+            with self._building.setdefault(name, threading.Lock()):
+                if name not in self._derived:
+                    DERIVED[name].build(self.con, name)
+                    self._derived.add(name)
         return sql
 
     def query(self, sql: str, params: dict[str, Any] | None = None, used_only: bool = True) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from advisor.config import Config, ConfigError, build_thresholds
@@ -30,6 +31,26 @@ def selected(specs: dict[str, RuleSpec[Any]], cfg: Config) -> dict[str, RuleSpec
     return out
 
 
+RULE_WORKERS = 2
+
+
+def _run_one(spec: RuleSpec[Any], ctx: AnalysisContext, thresholds: Any,
+             debug: bool) -> tuple[RuleOutcome, list[Finding], list[Warning_]]:
+    """Run one rule: its outcome, findings and warnings (a crash is an outcome, not an exception)."""
+    rid = spec.id
+    rctx: RuleContext[Any] = RuleContext(spec, ctx, thresholds)
+    t0 = time.perf_counter()
+    try:
+        got = list(iter_findings(spec.func(rctx)))
+    except Exception as exc:  # a broken rule must not take the others down
+        if debug:
+            traceback.print_exc()
+        msg = f"{rid} ({spec.name}) failed: {type(exc).__name__}: {exc}"
+        return RuleOutcome(rid, "error", msg, seconds=time.perf_counter() - t0), [], [Warning_("rule_error", msg)]
+    notes = [Warning_("rule_undecided", f"{rid} ({spec.name}): {note}") for note in rctx.notes]
+    return RuleOutcome(rid, "ran", findings=len(got), seconds=time.perf_counter() - t0), got, notes
+
+
 def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[list[Finding], list[RuleOutcome]]:
     """Run every selected rule against ``ctx``; warnings for skips/errors go into ``ctx.warnings``."""
     from advisor.engine.registry import LOAD_ERRORS
@@ -41,31 +62,28 @@ def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[l
     thresholds = {rid: build_thresholds(rid, s.thresholds, cfg.overrides.get(rid, {})) for rid, s in chosen.items()}
     findings: list[Finding] = []
     outcomes: list[RuleOutcome] = []
+    skipped: dict[str, str] = {}
+    for rid, spec in chosen.items():
+        reasons = [r for r in (ctx.missing(req) for req in spec.requires) if r]
+        if reasons:
+            skipped[rid] = "; ".join(reasons)
+    runnable = [rid for rid in chosen if rid not in skipped]
+    # rules are independent; two at a time keep both cores busy (their queries release the GIL),
+    # and their outcomes and warnings are still recorded in rule order
+    with ThreadPoolExecutor(max_workers=RULE_WORKERS) as pool:
+        done = dict(zip(runnable, pool.map(lambda rid: _run_one(specs[rid], ctx, thresholds[rid], debug), runnable),
+                        strict=True))
     for rid, spec in specs.items():
         if rid not in chosen:
             outcomes.append(RuleOutcome(rid, "not_selected"))
-            continue
-        reasons = [r for r in (ctx.missing(req) for req in spec.requires) if r]
-        if reasons:
-            reason = "; ".join(reasons)
-            outcomes.append(RuleOutcome(rid, "skipped", reason))
-            ctx.warnings.append(Warning_("rule_skipped", f"{rid} ({spec.name}) not run: {reason}"))
-            continue
-        rctx: RuleContext[Any] = RuleContext(spec, ctx, thresholds[rid])
-        t0 = time.perf_counter()
-        try:
-            got = list(iter_findings(spec.func(rctx)))
-        except Exception as exc:  # a broken rule must not take the others down
-            if debug:
-                traceback.print_exc()
-            msg = f"{rid} ({spec.name}) failed: {type(exc).__name__}: {exc}"
-            outcomes.append(RuleOutcome(rid, "error", msg, seconds=time.perf_counter() - t0))
-            ctx.warnings.append(Warning_("rule_error", msg))
-            continue
-        for note in rctx.notes:
-            ctx.warnings.append(Warning_("rule_undecided", f"{rid} ({spec.name}): {note}"))
-        findings.extend(got)
-        outcomes.append(RuleOutcome(rid, "ran", findings=len(got), seconds=time.perf_counter() - t0))
+        elif rid in skipped:
+            outcomes.append(RuleOutcome(rid, "skipped", skipped[rid]))
+            ctx.warnings.append(Warning_("rule_skipped", f"{rid} ({spec.name}) not run: {skipped[rid]}"))
+        else:
+            outcome, got, warnings = done[rid]
+            outcomes.append(outcome)
+            ctx.warnings.extend(warnings)
+            findings.extend(got)
     if len(ctx.ranks) >= 3:
         from advisor.engine.merge import merge_per_rank
 

@@ -227,10 +227,10 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     tok_all, name_all = df["tok"].to_numpy(dtype=object), df["name"].to_numpy(dtype=object)
     dur_all = df["dur_ns"].astype(float).to_numpy()
     rank_all, step_all = df["rank"].to_numpy(), df["step"].to_numpy()
-    linked = tok_all != "_"
+    linked = (tok_all != "_") & (dur_all != 0)  # a link that took time (NaN counts: it is not known to be 0)
     for idx in np.split(rows, np.flatnonzero(np.diff(gid[rows])) + 1):
         if not len(idx) or not linked[idx].any():
-            continue  # no chain link in this sequence: nothing can match
+            continue  # no chain link that took time in this sequence: no match can count
         rank, step = rank_all[idx[0]], step_all[idx[0]]
         toks, durs, names = tok_all[idx].tolist(), dur_all[idx].tolist(), name_all[idx].tolist()
         text = "".join(f"{t}#{i} " for i, t in enumerate(toks))
