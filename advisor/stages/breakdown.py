@@ -169,51 +169,42 @@ def _sweep(win: dict[str, Any], ranks: dict[str, Any], ev: dict[str, Any]) -> di
     t = np.concatenate([w_start[tw], w_end[we], e_s[keep], e_e[keep]])
     ridx = np.concatenate([t_ridx, w_ridx[we], e_ridx, e_ridx]).astype(np.int32)
     change = np.concatenate([np.zeros(n_ws + n_we, np.uint8), bits, bits | 64])
-    t, ridx, starts, change = _sorted(t, ridx, n_ws, change)
-    n = len(t)
-
-    # the k-th window start met is window tw[k]: a running count gives every bound the window
-    # with the latest start at or before it (as an ASOF join would)
-    gi = np.zeros(n, np.int32)
-    gi[starts] = 1
-    np.cumsum(gi, out=gi)
-    gi -= 1
-    gi = gi[:-1]
-    # an elementary segment runs from a bound to the rank's next one and belongs to that window,
-    # if the window is on the same rank and the segment starts before the window's end
-    ok = ridx[:-1] == ridx[1:]
-    ok &= gi >= 0
-    np.maximum(gi, 0, out=gi)
-    ok &= t_ridx[gi] == ridx[:-1]
-    ok &= t[:-1] < t_end[gi]
-    length = np.diff(t)
-    del t, ridx
+    t, rank_begin, starts, change = _sorted(t, ridx, len(uranks), n_ws, change)
+    del ridx
     # the classes active after each bound (positive running counters), as a 6-bit state
-    combo = np.zeros(n, np.uint8)
-    count = np.empty(n, np.int32)
+    combo = np.zeros(len(t), np.uint8)
+    count = np.empty(len(t), np.int32)
     for j in range(6):
         np.cumsum(_STEP[j][change], dtype=np.int32, out=count)
         combo |= (count > 0).view(np.uint8) << j
     del count, change
-    # time per (window, state); segments that belong to no window go to one extra bin. The float
-    # sums are exact while every partial sum stays below 2**53 ns (104 days), else the lengths
-    # are summed in two parts split at bit 26
-    key = gi * 64
-    key += combo[:-1]
-    np.logical_not(ok, out=ok)
-    key[ok] = n_ws * 64
-    length[ok] = 0
-    np.logical_not(ok, out=ok)
-    nbins = n_ws * 64 + 1
-    if int(length.sum()) < 2**53:
-        per_state = np.bincount(key, weights=length, minlength=nbins)[:-1].astype(np.int64)
-    else:
-        lo = np.bincount(key, weights=length & ((1 << 26) - 1), minlength=nbins)[:-1].astype(np.int64)
-        hi = np.bincount(key, weights=length >> 26, minlength=nbins)[:-1].astype(np.int64)
-        per_state = lo + (hi << 26)
-    per_state = per_state.reshape(n_ws, 64)
+    # The k-th window start met is window tw[k]; the bounds from it to the next window start have
+    # it as the window with the latest start at or before them (as an ASOF join would). An
+    # elementary segment runs from a bound to the next one; it counts for the window when both
+    # bounds are on the window's rank and it starts before the window ends: a run of bounds from
+    # the window start, as times only grow within a rank.
+    per_state = np.zeros((n_ws, 64), np.int64)
+    found = np.zeros(n_ws, bool)
+    nxt = np.append(starts[1:], len(t))
+    last = rank_begin[t_ridx + 1] - 1  # a rank's last bound starts no segment
+    for k in range(n_ws):
+        a = int(starts[k])
+        hi = min(int(nxt[k]), int(last[k]))
+        if hi <= a:
+            continue
+        b = a + int(np.searchsorted(t[a:hi], t_end[k]))
+        if b == a:
+            continue
+        found[k] = True
+        length = np.diff(t[a:b + 1])
+        state = combo[a:b]
+        if int(t[b]) - int(t[a]) < 2**53:  # float sums of integers stay exact
+            per_state[k] = np.bincount(state, weights=length, minlength=64)
+        else:
+            per_state[k] = (np.bincount(state, weights=length & ((1 << 26) - 1), minlength=64).astype(np.int64)
+                            + (np.bincount(state, weights=length >> 26, minlength=64).astype(np.int64) << 26))
     mult_dev, mult_host = n_dev[t_ridx], n_host[t_ridx]
-    found = np.flatnonzero((np.bincount(gi[ok], minlength=n_ws) > 0) & (mult_dev + mult_host > 0))
+    found = np.flatnonzero(found & (mult_dev + mult_host > 0))
     sums = (mult_dev[found, None] * (per_state[found] @ _COLS_DEV)
             + mult_host[found, None] * (per_state[found] @ _COLS_HOST))
     out = {col: sums[:, i] for i, col in enumerate(NS_COLUMNS)}
@@ -235,12 +226,14 @@ def _multiplicity(uranks: np.ndarray, ranks: dict[str, Any]) -> tuple[np.ndarray
     return n_dev, n_host
 
 
-def _sorted(t: np.ndarray, ridx: np.ndarray, n_starts: int, change: np.ndarray) -> tuple[np.ndarray, ...]:
+def _sorted(t: np.ndarray, ridx: np.ndarray, n_ranks: int, n_starts: int,
+            change: np.ndarray) -> tuple[np.ndarray, ...]:
     """Bounds by (rank, time), the first ``n_starts`` (window starts) first among equal times.
 
-    Returns the sorted times and rank indexes, the sorted positions of the window starts (in
-    their input order among equal keys) and the sorted ``change``. One int64 key (rank, time,
-    flag) sorts fastest; timestamps too far apart for it fall back to a lexsort.
+    Returns the sorted times, where each rank's bounds begin (``n_ranks + 1`` positions), the
+    sorted positions of the window starts (in their input order among equal keys) and the
+    sorted ``change``. One int64 key (rank, time, flag) sorts fastest; timestamps too far apart
+    for it fall back to a lexsort.
     """
     t0 = int(t.min())
     tbits = (int(t.max()) - t0).bit_length()
@@ -249,23 +242,26 @@ def _sorted(t: np.ndarray, ridx: np.ndarray, n_starts: int, change: np.ndarray) 
         late = np.ones(len(t), np.int8)
         late[:n_starts] = 0
         order = np.lexsort((late, t, ridx))
-        return t[order], ridx[order], np.flatnonzero(order < n_starts), change[order]
+        begin = np.searchsorted(ridx[order], np.arange(n_ranks + 1))
+        return t[order], begin, np.flatnonzero(order < n_starts), change[order]
     key = t - t0
     del t
     key <<= 1
     key[n_starts:] |= 1
-    key |= ridx.astype(np.int64) << shift
-    del ridx
+    rank_bits = ridx.astype(np.int64)
+    rank_bits <<= shift
+    key |= rank_bits
+    del ridx, rank_bits
     order = np.argsort(key)
     key = key[order]
     starts = np.flatnonzero(order < n_starts)
     change = change[order]
     del order
-    ridx = (key >> shift).astype(np.int32)
+    begin = np.searchsorted(key, np.arange(n_ranks + 1, dtype=np.int64) << shift)
     key >>= 1
     key &= (1 << tbits) - 1
     key += t0
-    return key, ridx, starts, change
+    return key, begin, starts, change
 
 
 def _empty_sums() -> dict[str, np.ndarray]:
