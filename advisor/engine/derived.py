@@ -114,7 +114,7 @@ def top_level_rows(con: Any) -> np.ndarray:
     before[1:] = reach[:-1]
     before[first] = none
     top = (before == none) | (~s_null & (s >= before))
-    return rid[order][top]
+    return np.asarray(rid[order][top])
 
 
 def _values(a: Any) -> tuple[np.ndarray, np.ndarray]:
