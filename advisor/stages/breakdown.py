@@ -159,15 +159,19 @@ def _sweep(win: dict[str, Any], ranks: dict[str, Any], ev: dict[str, Any]) -> di
     e_ridx = np.searchsorted(uranks, e_rank)
     keep = e_rank_ok & e_s_ok & e_e_ok & (e_ridx < len(uranks))
     keep[keep] = uranks[e_ridx[keep]] == e_rank[keep]
-    e_ridx = e_ridx[keep]
+    everything = bool(keep.all())  # the usual case: no copies of the event columns
+    e_ridx = e_ridx if everything else e_ridx[keep]
     bits = _BITS[(n_dev[e_ridx] > 0).astype(np.intp), (n_host[e_ridx] > 0).astype(np.intp),
-                 np.asarray(ev["pair"], dtype=np.intp)[keep]]
+                 np.asarray(ev["pair"], dtype=np.intp) if everything else np.asarray(ev["pair"], dtype=np.intp)[keep]]
+    e_ridx = e_ridx.astype(np.int32)
+    e_s, e_e = (e_s, e_e) if everything else (e_s[keep], e_e[keep])
 
     n_ws, n_we = len(tw), len(we)
     if n_ws == 0:
         return _empty_sums()
-    t = np.concatenate([w_start[tw], w_end[we], e_s[keep], e_e[keep]])
-    ridx = np.concatenate([t_ridx, w_ridx[we], e_ridx, e_ridx]).astype(np.int32)
+    t = np.concatenate([w_start[tw], w_end[we], e_s, e_e])
+    del e_s, e_e
+    ridx = np.concatenate([t_ridx.astype(np.int32), w_ridx[we].astype(np.int32), e_ridx, e_ridx])
     change = np.concatenate([np.zeros(n_ws + n_we, np.uint8), bits, bits | 64])
     t, rank_begin, starts, change = _sorted(t, ridx, len(uranks), n_ws, change)
     del ridx
@@ -244,8 +248,8 @@ def _sorted(t: np.ndarray, ridx: np.ndarray, n_ranks: int, n_starts: int,
         order = np.lexsort((late, t, ridx))
         begin = np.searchsorted(ridx[order], np.arange(n_ranks + 1))
         return t[order], begin, np.flatnonzero(order < n_starts), change[order]
-    key = t - t0
-    del t
+    key = t  # reused in place: the caller passes an array of its own
+    key -= t0
     key <<= 1
     key[n_starts:] |= 1
     rank_bits = ridx.astype(np.int64)
