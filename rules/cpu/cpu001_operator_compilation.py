@@ -185,6 +185,7 @@ def _top(dyn: Any) -> list[dict[str, Any]]:
     """The operators that meet new input shapes most often (at most 10)."""
     if not len(dyn):
         return []
-    dyn = dyn.sort_values(["later_steps_with_new", "distinct_shapes"], ascending=False)
+    # ties broken by name: the list (and the finding id built from it) must not change between runs
+    dyn = dyn.sort_values(["later_steps_with_new", "distinct_shapes", "name"], ascending=[False, False, True], kind="stable")
     return [{"op": r.name, "distinct_shapes": int(r.distinct_shapes), "later_steps_with_new_shapes": int(r.later_steps_with_new)}
             for r in dyn.head(10).itertuples()]
