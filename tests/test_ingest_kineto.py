@@ -221,3 +221,24 @@ def test_compressed_stage_gives_the_same_tables(path: Path, monkeypatch: pytest.
     plain = _tables(path)
     monkeypatch.setattr(kineto, "COMPRESS_STAGE_ABOVE_BYTES", 0)
     assert _tables(path) == plain
+
+
+def test_base_time_after_the_events_is_found_in_one_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace whose baseTimeNanoseconds follows traceEvents: its relative timestamps still get the base."""
+    import advisor.ingest.kineto as kineto
+
+    doc = raw_events(next((TRACES / "cpu_healthy").glob("*.json.gz")))
+    base = int(doc["baseTimeNanoseconds"])
+    for rank in (0, 1):
+        moved = {"schemaVersion": 1, "distributedInfo": {"rank": rank, "world_size": 2},
+                 "traceEvents": doc["traceEvents"], "baseTimeNanoseconds": base}
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(moved))
+    from decimal import Decimal
+
+    first_ts = min(Decimal(str(e["ts"])) for e in doc["traceEvents"]
+                   if e.get("ph") == "X" and str(e.get("cat", "")).lower() not in ("trace", "ac2g", "flow"))
+    batched = _tables(tmp_path)
+    starts = [r[0] for r in load_profile(tmp_path).con.execute("SELECT min(start_ns) FROM events GROUP BY rank").fetchall()]
+    assert starts == [base + int(first_ts * 1000)] * 2
+    monkeypatch.delattr(kineto, "load_many")
+    assert _tables(tmp_path) == batched

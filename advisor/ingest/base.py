@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import gzip
 import os
-import zlib
 import stat
 import threading
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import re
 import zlib
-
-import duckdb
 from pathlib import Path
 from typing import Any
 
-from advisor.ingest.jsonstream import LayoutError, SpilledEvents, header_value
+import duckdb
+
 from advisor.ingest.base import LoadContext, ParseError, Unit, is_gzip, one_line, overlapping_files, read_head
+from advisor.ingest.jsonstream import LayoutError, SpilledEvents, header_value
 from advisor.ingest.steps import build_steps, drop_window_lookup, step_of, window_lookup
 
 SOURCE = "kineto"
@@ -175,6 +175,15 @@ def _header_from_head(path: Path) -> tuple[Any, ...] | None:
     return None if cut < 0 else _header(head[:cut], {})
 
 
+def _header_from_whole(cur: Any, path: Path) -> tuple[Any, ...]:
+    """The header keys wherever they are in the file (a second full parse: only when needed)."""
+    return cur.execute(
+        f"SELECT distributedInfo::VARCHAR, deviceProperties::VARCHAR, baseTimeNanoseconds, displayTimeUnit "
+        f"FROM read_json($path, columns={COLUMNS}, format='auto', maximum_object_size={_max_object_size(path)})",
+        {"path": str(path)},
+    ).fetchall()[0]
+
+
 def _looks_relative(cur: Any, stage: str) -> bool:
     """Timestamps far below the Unix-epoch range (~1.7e18 ns) are relative to a base time."""
     med = cur.execute(f"SELECT median(ts_ns) FROM {stage} WHERE ph = 'X'").fetchall()[0][0]
@@ -258,8 +267,9 @@ def _to_ns(x: str) -> str:
 class _File:
     """One trace file in a stage: its id, rank, path and header keys."""
 
-    def __init__(self, unit: Unit, fid: int, header: Any) -> None:
+    def __init__(self, unit: Unit, fid: int, header: Any, reread_header: bool = False) -> None:
         self.unit, self.fid, self.header = unit, fid, header
+        self.reread_header = reread_header  # header read from the head only: base time may follow the events
         self.path = unit.files[0]
         self.rank = unit.rank
 
@@ -306,7 +316,7 @@ def _load_batch(batch: list[tuple[int, Unit, int, Any]], lctx: LoadContext) -> d
     for _i, u, _size, header in batch:
         fid = lctx.file_id(u.files[0], u.rank, SOURCE)
         u.info["fid"] = fid
-        files.append(_File(u, fid, header))
+        files.append(_File(u, fid, header, reread_header=True))
     prefix = f"kstage_{files[0].fid}"
     stage = _attach_stage_db(cur, prefix)
     limit = max(c[2] for c in batch)
@@ -397,10 +407,7 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
         if spill is None and header is not None and header[2] is None and _looks_relative(cur, stage):
             header = None  # relative timestamps but no base in the head: read the header keys properly
         if header is None and form != "array":
-            header = cur.execute(
-                f"SELECT distributedInfo::VARCHAR, deviceProperties::VARCHAR, baseTimeNanoseconds, displayTimeUnit FROM {src}",
-                {"path": str(path)},
-            ).fetchall()[0]
+            header = _header_from_whole(cur, path)
     except Exception as exc:  # duckdb raises its own error types for bad JSON / gzip / IO
         _detach_stage_db(cur, prefix)
         cur.close()
@@ -478,8 +485,11 @@ def _from_stage(cur: Any, stage: str, prefix: str, files: list[_File], lctx: Loa
     results: dict[int, dict[str, Any] | ParseError] = {}
     rows = []
     for f in files:
-        dist_json, devprops_json, base_text, _unit = f.header or (None, None, None, None)
         med, n_null, n_neg, total = stats.get(f.fid, (None, 0, 0, 0))
+        if f.reread_header and f.header is not None and f.header[2] is None and med is not None and med < 10**17:
+            # relative timestamps but no base before the events: it may follow them (as load() does)
+            f.header = _header_from_whole(cur, f.path)
+        dist_json, devprops_json, base_text, _unit = f.header or (None, None, None, None)
         base = _base_ns(base_text, f, lctx)
         if base and med is not None and med > 10**17:
             base = 0  # timestamps already absolute (µs since the epoch): a base would count twice

@@ -137,7 +137,7 @@ def finalize(con: Any, warn: Callable[..., None], assigned: set[int] | frozenset
     if ranks - have:
         build_steps(con, "(SELECT rank, kind = 'step' AS is_mark, device, name, start_ns, dur_ns, corr FROM events)", warn)
     if ranks - set(assigned):
-        _assign(con, "events", "start_ns")
+        _assign(con)
     for table in ("kernels", "comm_ops"):
         con.execute(
             f"""UPDATE {table} t SET step = s.step FROM steps s
@@ -145,12 +145,12 @@ def finalize(con: Any, warn: Callable[..., None], assigned: set[int] | frozenset
         )
 
 
-def _assign(con: Any, table: str, col: str) -> None:
-    """Rebuild ``table`` with ``step`` = the window holding ``col`` (no per-event loop)."""
-    cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
-    select = ", ".join(f"coalesce({step_of('t.' + col)}, t.step) AS step" if c == "step" else f"t.{c}" for c in cols)
-    join = window_lookup(con, "_assign_w").replace("t.start_ns", f"t.{col}")
-    con.execute(f"CREATE TABLE _{table}_new AS SELECT {select} FROM {table} t {join}")
+def _assign(con: Any) -> None:
+    """Rebuild ``events`` with ``step`` = the window holding the event's start (no per-event loop)."""
+    cols = [r[0] for r in con.execute("DESCRIBE events").fetchall()]
+    select = ", ".join(f"coalesce({step_of('t.start_ns')}, t.step) AS step" if c == "step" else f"t.{c}" for c in cols)
+    join = window_lookup(con, "_assign_w")
+    con.execute(f"CREATE TABLE _events_new AS SELECT {select} FROM events t {join}")
     drop_window_lookup(con, "_assign_w")
-    con.execute(f"DROP TABLE {table}")
-    con.execute(f"ALTER TABLE _{table}_new RENAME TO {table}")
+    con.execute("DROP TABLE events")
+    con.execute("ALTER TABLE _events_new RENAME TO events")
