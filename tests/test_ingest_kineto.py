@@ -214,13 +214,18 @@ def test_batch_with_a_broken_file_falls_back_to_one_by_one(tmp_path: Path, sampl
 
 
 @pytest.mark.parametrize("path", [SAMPLES / "kineto_two_ranks", SAMPLES / "kineto_resnet50_num_workers_0"], ids=lambda p: p.name)
-def test_compressed_stage_gives_the_same_tables(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Big inputs are staged in a compressed in-memory database; small ones are not: same tables."""
+def test_whole_object_reader_gives_the_same_tables(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Event lists are read from a spilled copy; where that fails the whole-object reader gives the same tables."""
     import advisor.ingest.kineto as kineto
+    from advisor.ingest.jsonstream import LayoutError
 
-    plain = _tables(path)
-    monkeypatch.setattr(kineto, "COMPRESS_STAGE_ABOVE_BYTES", 0)
-    assert _tables(path) == plain
+    spilled = _tables(path)
+
+    def refuse(*_a: object) -> None:
+        raise LayoutError("test: not laid out as expected")
+
+    monkeypatch.setattr(kineto, "SpilledEvents", refuse)
+    assert _tables(path) == spilled
 
 
 def test_base_time_after_the_events_is_found_in_one_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,4 +246,11 @@ def test_base_time_after_the_events_is_found_in_one_scan(tmp_path: Path, monkeyp
     starts = [r[0] for r in load_profile(tmp_path).con.execute("SELECT min(start_ns) FROM events GROUP BY rank").fetchall()]
     assert starts == [base + int(first_ts * 1000)] * 2
     monkeypatch.delattr(kineto, "load_many")
+    assert _tables(tmp_path) == batched
+    from advisor.ingest.jsonstream import LayoutError
+
+    def refuse(*_a: object) -> None:
+        raise LayoutError("test: not laid out as expected")
+
+    monkeypatch.setattr(kineto, "SpilledEvents", refuse)  # header read from the head, base found later
     assert _tables(tmp_path) == batched

@@ -6,13 +6,13 @@ import functools
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from advisor.engine.derived import DERIVED
 from advisor.model import Warning_
 from advisor.schema import TABLES
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _PARAM_RE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -62,6 +62,8 @@ class AnalysisContext:
 
         Rules may run in parallel: a rule that needs a table another one is building waits for it.
         """
+        from advisor.engine.derived import DERIVED  # numpy / pandas: imported once analysis starts
+
         for name in sorted(set(_derived_re(tuple(DERIVED)).findall(sql)) - self._derived):
             with self._building.setdefault(name, threading.Lock()):
                 if name not in self._derived:

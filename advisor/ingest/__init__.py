@@ -222,6 +222,7 @@ def load_profile(
         where = warnings[0].path if warnings and warnings[0].path else str(root)
         raise InputError(f"{one_line(where)}: {first}")
 
+    _adopt_events_parts(con, lctx.events_parts)
     _drop_duplicate_files(con, warn)
     _merge_tracks(con)
     _write_ranks(con, infos)
@@ -233,6 +234,20 @@ def load_profile(
     ctx = AnalysisContext(con=con, path=str(root), sources=sources, ranks=ranks, warnings=warnings)
     ctx.extras["parse_seconds"] = time.perf_counter() - t0
     return ctx
+
+
+def _adopt_events_parts(con: Any, parts: list[str]) -> None:
+    """Make the readers' finished tables of events rows part of ``events``. One part and no
+    other events (a directory of small traces read in one scan): the part becomes ``events``
+    itself, without copying a row; otherwise the parts are appended."""
+    cur = con.cursor()
+    if len(parts) == 1 and not cur.execute("SELECT count(*) FROM (SELECT 1 FROM events LIMIT 1)").fetchall()[0][0]:
+        cur.execute("DROP TABLE events")
+        cur.execute(f"ALTER TABLE {parts[0]} RENAME TO events")
+        return
+    for part in parts:
+        cur.execute(f"INSERT INTO events SELECT * FROM {part}")
+        cur.execute(f"DROP TABLE {part}")
 
 
 def _drop_duplicate_files(con: Any, warn: Callable[..., None]) -> None:

@@ -69,6 +69,12 @@ class LoadContext:
         self.units_per_rank: dict[int, int] = {}
         self.stepped: set[int] = set()  # ranks whose events got their step on insert
         self.steps_lock = threading.Lock()
+        self.events_parts: list[str] = []  # tables of finished events rows, made part of events after loading
+
+    def add_events_part(self, table: str) -> None:
+        """Hand over a table with exactly the ``events`` columns (see ``adopt_events_parts``)."""
+        with self._lock:
+            self.events_parts.append(table)
 
     def units_of_rank(self, rank: int) -> int:
         """How many units (files) make up ``rank``'s timeline."""

@@ -7,17 +7,16 @@ Reads every Kineto variant: the old schema (categories ``Operator``, ``Runtime``
 ``distributedInfo`` and ``baseTimeNanoseconds``.
 
 Parsing is done by DuckDB's JSON reader with explicit column types; no Python object is made per
-event. How a file is read depends on its size:
+event. Each file's ``traceEvents`` list is first copied to a temporary file as a top-level array
+(:class:`advisor.ingest.jsonstream.SpilledEvents`: a kernel copy, or gzip on the way): DuckDB
+reads an array in parallel and in bounded buffers, while a whole top-level object costs ~10x its
+size on one thread. Files DuckDB cannot read that way fall back to the whole-object reader.
 
 * small files (the usual one-per-rank cluster export) are read together, one ``read_json`` scan
-  per ~1 GiB of them (:func:`load_many`): DuckDB parses them in parallel, and the per-file
-  statement chain no longer costs more than the parse;
-* a big file (estimated above ``STREAM_ABOVE_BYTES``) has its ``traceEvents`` list copied to a
-  temporary file read by path (:class:`advisor.ingest.jsonstream.SpilledEvents`): DuckDB holds a
-  whole top-level object in memory (~9x the file) but reads a top-level array in bounded buffers;
-* the parsed rows are staged (one typed row per event, args fields extracted once), compressed
-  when the input is big, and turned into ``events`` / ``tracks`` / ``kernels`` / ``comm_ops``
-  with one statement each; steps are assigned on the way (:func:`advisor.ingest.steps.window_lookup`).
+  per ~1 GiB of them (:func:`load_many`); the others one by one (:func:`load`);
+* a scan writes one table with the ``events`` columns plus the one field another table needs
+  (:func:`_fill_part`); steps are built from it and assigned in place, ``tracks`` / ``kernels``
+  / ``comm_ops`` filled from it, and the table becomes (part of) ``events``: no staged copy.
 
 Time: Chrome-trace ``ts``/``dur`` are microseconds whatever ``displayTimeUnit`` says (that key
 only sets the viewer's display unit). When ``baseTimeNanoseconds`` is present, ``ts`` is relative
@@ -35,7 +34,7 @@ import duckdb
 
 from advisor.ingest.base import LoadContext, ParseError, Unit, is_gzip, one_line, overlapping_files, read_head
 from advisor.ingest.jsonstream import LayoutError, SpilledEvents, header_value
-from advisor.ingest.steps import build_steps, drop_window_lookup, step_of, window_lookup
+from advisor.ingest.steps import build_steps, drop_window_lookup, window_lookup
 
 SOURCE = "kineto"
 
@@ -56,14 +55,17 @@ COLUMNS = (
     "'baseTimeNanoseconds': 'VARCHAR', 'displayTimeUnit': 'VARCHAR'}"
 )
 
-# args fields read, in this order (1-based in SQL); both spellings of the old and new schema
-ARG_PATHS = (
-    '$.correlation', '$."External id"', '$."external id"', '$.bytes', '$.stream',
-    '$."Input Dims"', '$."Input dims"', '$."Input type"', '$.flops', '$."Call stack"', '$.name',
-    '$."In msg nelems"', '$.dtype', '$."Process Group Name"', '$."Process Group Description"', '$."Group size"',
-    '$.grid', '$.block', '$."blocks per SM"', '$."warps per SM"', '$."est. achieved occupancy %"',
-    '$."registers per thread"', '$."shared memory"',
-)
+# args fields read (one JSON parse of args per event): name used in SQL -> JSON path; both
+# spellings of the old and new schema where they differ
+_ARGS = {
+    "corr": '$.correlation', "ext": '$."External id"', "ext_lower": '$."external id"', "bytes": '$.bytes',
+    "stream": '$.stream', "dims": '$."Input Dims"', "dims_lower": '$."Input dims"', "types": '$."Input type"',
+    "flops": '$.flops', "stack": '$."Call stack"', "meta_name": '$.name', "nelems": '$."In msg nelems"',
+    "dtype": '$.dtype', "pg_name": '$."Process Group Name"', "pg_desc": '$."Process Group Description"',
+    "grid": '$.grid',
+}
+ARG_PATHS = tuple(_ARGS.values())
+_ARG_INDEX = {k: i + 1 for i, k in enumerate(_ARGS)}  # 1-based, as SQL lists are
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset", "gpu_user_annotation", "cuda_sync")
 RUNTIME_CATS = ("cuda_runtime", "runtime", "cuda_driver", "hip_runtime", "xpu_runtime", "privateuse1_runtime", "mtia_runtime")
@@ -73,9 +75,24 @@ COMM_HOST_RE = r"^(nccl|gloo|mpi|ucc|hccl|c10d):|^c10d::|^record_param_comms$|^c
 _NOT_MARK_CATS = ("kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset", "cuda_sync", "gpu_user_annotation") + RUNTIME_CATS
 SYNC_RE = r"(?i)synchronize$|^(cuda|hip)Memcpy$|^(cuda|hip)StreamQuery$"
 
+# SQL: the event kind (schema.KINDS) from ``lcat`` (lower-case category), ``name`` and ``comm_kernel``
+_KIND_SQL = f"""CASE
+    WHEN lcat = 'kernel' THEN CASE WHEN comm_kernel THEN 'comm' ELSE 'kernel' END
+    WHEN lcat IN ('gpu_memcpy', 'memcpy') THEN 'memcpy'
+    WHEN lcat IN ('gpu_memset', 'memset') THEN 'memset'
+    WHEN lcat IN {RUNTIME_CATS} THEN CASE WHEN regexp_matches(name, '{SYNC_RE.replace("'", "''")}') THEN 'sync' ELSE 'runtime' END
+    WHEN lcat = 'cuda_sync' THEN 'sync'
+    WHEN name LIKE 'ProfilerStep#%' AND lcat NOT IN ('gpu_user_annotation') THEN 'step'
+    WHEN name LIKE 'enumerate(DataLoader)%' THEN 'dataloader'
+    WHEN lcat = 'gpu_user_annotation' THEN 'annotation'
+    WHEN regexp_matches(name, '{COMM_HOST_RE.replace("'", "''")}') THEN 'comm'
+    WHEN lcat IN ('cpu_op', 'operator') THEN 'host_op'
+    WHEN lcat IN ('python_function', 'python') THEN 'python'
+    WHEN lcat IN ('user_annotation') THEN 'annotation'
+    ELSE 'other'
+END"""
+
 STREAM_ABOVE_BYTES = 256 << 20  # estimated uncompressed size from which the streaming reader is used
-COMPRESS_STAGE_ABOVE_BYTES = 128 << 20  # staged rows of bigger inputs are compressed before use (memory)
-STAGE_PART_BYTES = 96 << 20  # files of a big batch are staged this much at a time (bounds the peak)
 EVENT_MAX_BYTES = 64 << 20  # one event larger than this is refused (bounds memory on hostile input)
 
 # SQL expression: text (JSON number or string) in µs -> integer ns. Exact for decimal text.
@@ -184,12 +201,6 @@ def _header_from_whole(cur: Any, path: Path) -> tuple[Any, ...]:
     ).fetchall()[0]
 
 
-def _looks_relative(cur: Any, stage: str) -> bool:
-    """Timestamps far below the Unix-epoch range (~1.7e18 ns) are relative to a base time."""
-    med = cur.execute(f"SELECT median(ts_ns) FROM {stage} WHERE ph = 'X'").fetchall()[0][0]
-    return med is not None and med < 10**17
-
-
 def _distributed_info(head: bytes) -> dict[str, Any] | None:
     """The ``distributedInfo`` object from the start of a trace (Kineto writes it before the events)."""
     obj = header_value(head, "distributedInfo")
@@ -217,37 +228,39 @@ def _paths_sql() -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in ARG_PATHS) + "]"
 
 
-def _stage_sql(unnest: str, fid: str) -> str:
-    """SELECT turning raw events into staged rows: ``ph`` X and M only, times in ns, the args
-    fields used later typed once (one JSON parse of ``args`` per event), kernel launch geometry
-    folded into one JSON column. ``unnest`` yields ``e`` (the event struct) and ``fid`` from ``fid``."""
-    a = "a[{}]"
-    dtype = DTYPE_BYTES_SQL.format(d=a.format(13))
-    geo = (
-        f"json_object('grid', TRY_CAST({a.format(17)} AS JSON), 'block', TRY_CAST({a.format(18)} AS JSON), "
-        f"'blocks_per_sm', TRY_CAST({a.format(19)} AS DOUBLE), 'warps_per_sm', TRY_CAST({a.format(20)} AS DOUBLE), "
-        f"'occupancy_pct', TRY_CAST({a.format(21)} AS DOUBLE), 'registers_per_thread', TRY_CAST({a.format(22)} AS BIGINT), "
-        f"'shared_memory', TRY_CAST({a.format(23)} AS BIGINT))"
-    )
-    return f"""SELECT fid, ph, cat, name, pid, tid, ts_ns, dur_ns,
-           TRY_CAST({a.format(1)} AS BIGINT) AS corr,
-           TRY_CAST(coalesce({a.format(2)}, {a.format(3)}) AS BIGINT) AS ext,
-           coalesce(TRY_CAST({a.format(4)} AS BIGINT), TRY_CAST({a.format(12)} AS BIGINT) * ({dtype})) AS bytes,
-           TRY_CAST({a.format(5)} AS BIGINT) AS stream,
-           coalesce({a.format(6)}, {a.format(7)}) AS shapes, {a.format(8)} AS dtypes,
-           TRY_CAST({a.format(9)} AS DOUBLE) AS flops, {a.format(10)} AS stack,
-           CASE WHEN ph = 'M' THEN {a.format(11)} END AS meta_name,
-           coalesce({a.format(14)}, {a.format(15)}) AS pg_name,
-           CASE WHEN {a.format(17)} IS NOT NULL THEN {geo} END AS kgeo,
-           CASE WHEN {a.format(17)} IS NOT NULL
-                THEN TRY_CAST(list_aggregate(TRY_CAST({a.format(17)} AS BIGINT[]), 'product') AS INTEGER) END AS block_dim,
-           coalesce(lower(cat) = 'kernel' AND regexp_matches(name, {_sql_str(COMM_KERNEL_RE)}), false) AS comm_kernel
+def _arg(key: str) -> str:
+    """SQL: the args field ``key`` (see ARG_PATHS) as text, from the extracted list ``a``."""
+    return f"a[{_ARG_INDEX[key]}]"
+
+
+def _events_sql(unnest: str) -> str:
+    """SELECT turning raw events into rows with the ``events`` columns (times in ns relative to
+    the file's base, no rank or step yet) plus ``x_extra``, the one field another table needs:
+    the process / thread name of a metadata row (``kind = 'meta'``), the process group of a
+    communication kernel, the grid of a compute kernel. ``ph`` X and M only; one JSON parse of
+    ``args`` per event. ``unnest`` yields ``fid`` and ``e`` (the event struct)."""
+    dtype = DTYPE_BYTES_SQL.format(d=_arg("dtype"))
+    return f"""SELECT fid, CASE WHEN ph = 'M' THEN 'meta' ELSE {_KIND_SQL} END AS kind,
+           coalesce(name, '') AS name, cat, pid, tid, lcat IN {DEVICE_CATS} AS device,
+           TRY_CAST({_arg("stream")} AS BIGINT) AS stream, ts_ns, dur_ns,
+           TRY_CAST({_arg("corr")} AS BIGINT) AS corr,
+           TRY_CAST(coalesce({_arg("ext")}, {_arg("ext_lower")}) AS BIGINT) AS ext_id,
+           coalesce(TRY_CAST({_arg("bytes")} AS BIGINT), TRY_CAST({_arg("nelems")} AS BIGINT) * ({dtype})) AS bytes,
+           coalesce({_arg("dims")}, {_arg("dims_lower")}) AS shapes, {_arg("types")} AS dtypes,
+           TRY_CAST({_arg("flops")} AS DOUBLE) AS flops, {_arg("stack")} AS stack,
+           CASE WHEN ph = 'M' THEN {_arg("meta_name")}
+                WHEN comm_kernel THEN coalesce({_arg("pg_name")}, {_arg("pg_desc")})
+                WHEN lcat = 'kernel' THEN {_arg("grid")} END AS x_extra
     FROM (
-        SELECT {fid} AS fid, e.ph AS ph, e.cat AS cat, e.name AS name, e.pid AS pid, e.tid AS tid,
-               {_to_ns('e.ts')} AS ts_ns, {_to_ns('e.dur')} AS dur_ns,
-               CASE WHEN e.args IS NULL THEN NULL ELSE json_extract_string(e.args, {_paths_sql()}) END AS a
-        FROM ({unnest})
-        WHERE e.ph IN ('X', 'M')
+        SELECT *, CASE WHEN lcat = 'kernel' THEN coalesce(regexp_matches(name, {_sql_str(COMM_KERNEL_RE)}), false)
+                       ELSE false END AS comm_kernel
+        FROM (
+            SELECT fid, e.ph AS ph, e.cat AS cat, lower(coalesce(e.cat, '')) AS lcat, e.name AS name, e.pid AS pid,
+                   e.tid AS tid, {_to_ns('e.ts')} AS ts_ns, {_to_ns('e.dur')} AS dur_ns,
+                   CASE WHEN e.args IS NULL THEN NULL ELSE json_extract_string(e.args, {_paths_sql()}) END AS a
+            FROM ({unnest})
+            WHERE e.ph IN ('X', 'M')
+        )
     )"""
 
 
@@ -264,14 +277,30 @@ def _to_ns(x: str) -> str:
     )
 
 
-class _File:
-    """One trace file in a stage: its id, rank, path and header keys."""
+def _array_scan(kf: str) -> str:
+    """SQL yielding ``fid``, ``e`` for the top-level event arrays listed in ``$paths`` (file
+    names mapped to file ids by the table ``kf``)."""
+    return (f"SELECT f.fid AS fid, t.json AS e FROM read_json($paths, format='array', records=false, "
+            f"columns={{'json': '{EVENT_TYPE[:-2]}'}}, maximum_object_size={EVENT_MAX_BYTES}, filename=true) t "
+            f"JOIN {kf} f ON f.fname = t.filename")
 
-    def __init__(self, unit: Unit, fid: int, header: Any, reread_header: bool = False) -> None:
-        self.unit, self.fid, self.header = unit, fid, header
+
+class _File:
+    """One trace file being loaded: its unit, id, rank, header keys and what DuckDB reads."""
+
+    def __init__(self, unit: Unit, fid: int, header: Any, src: str, reread_header: bool = False) -> None:
+        self.unit, self.fid, self.header, self.src = unit, fid, header, src
         self.reread_header = reread_header  # header read from the head only: base time may follow the events
         self.path = unit.files[0]
         self.rank = unit.rank
+
+
+def _fid(unit: Unit, lctx: LoadContext) -> int:
+    fid = unit.info.get("fid")
+    if fid is None:
+        fid = lctx.file_id(unit.files[0], unit.rank, SOURCE)
+        unit.info["fid"] = fid  # a unit read again on its own keeps its id
+    return fid
 
 
 def load_many(units: list[Unit], lctx: LoadContext) -> dict[int, dict[str, Any] | None]:
@@ -279,22 +308,18 @@ def load_many(units: list[Unit], lctx: LoadContext) -> dict[int, dict[str, Any] 
     parallel); per-file statements cost more than the parse on clusters of small ranks.
 
     Returns ``{index in units: info, or None when the file was rejected with a warning}``; the
-    units left out (large, array-form, odd names, or in a batch whose scan failed) are loaded
-    one by one with :func:`load`, which reports their problems precisely.
+    units left out (large, odd names, laid out unexpectedly, or in a batch whose scan failed)
+    are loaded one by one with :func:`load`, which reports their problems precisely.
     """
     cands = []
     for i, u in enumerate(units):
         path = u.files[0]
-        if u.info.get("form", "object") != "object" or _GLOB_CHARS.search(str(path)):
-            continue
+        if u.info.get("form", "object") == "array" and _GLOB_CHARS.search(str(path)):
+            continue  # read by its own name, which DuckDB would expand
         size = _max_object_size(path)
-        if size >= STREAM_ABOVE_BYTES:
-            continue
-        header = _header_from_head(path)
-        if header is None:
-            continue
-        cands.append((i, u, size, header))
-    batches: list[list[tuple[int, Unit, int, Any]]] = []
+        if size < STREAM_ABOVE_BYTES:
+            cands.append((i, u, size))
+    batches: list[list[tuple[int, Unit, int]]] = []
     total = BATCH_BYTES
     for c in cands:
         if total + c[2] > BATCH_BYTES:
@@ -304,58 +329,53 @@ def load_many(units: list[Unit], lctx: LoadContext) -> dict[int, dict[str, Any] 
         total += c[2]
     done: dict[int, dict[str, Any] | None] = {}
     for batch in batches:
-        if len(batch) < 2:
-            continue
-        done.update(_load_batch(batch, lctx))
+        if len(batch) >= 2:
+            done.update(_load_batch(batch, lctx))
     return done
 
 
-def _load_batch(batch: list[tuple[int, Unit, int, Any]], lctx: LoadContext) -> dict[int, dict[str, Any] | None]:
-    cur = lctx.cursor()
-    files = []
-    for _i, u, _size, header in batch:
-        fid = lctx.file_id(u.files[0], u.rank, SOURCE)
-        u.info["fid"] = fid
-        files.append(_File(u, fid, header, reread_header=True))
-    prefix = f"kstage_{files[0].fid}"
-    stage = _attach_stage_db(cur, prefix)
-    limit = max(c[2] for c in batch)
-    cur.execute(f"CREATE TEMP TABLE {prefix}_f (fname VARCHAR, fid INTEGER)")
-    cur.executemany(f"INSERT INTO {prefix}_f VALUES (?, ?)", [(str(f.path), f.fid) for f in files])
-    unnest = (f"SELECT f.fid AS fid, t.e AS e FROM (SELECT filename, unnest(traceEvents) AS e FROM read_json($paths, "
-              f"columns={COLUMNS}, format='auto', maximum_object_size={limit}, filename=true)) t "
-              f"JOIN {prefix}_f f ON f.fname = t.filename")
-    total = sum(c[2] for c in batch)
-    # a big batch is staged a part at a time, each part compressed before the next is read
-    parts: list[list[str]] = [[]]
-    part_bytes = 0
-    for (_i, _u, size, _h), f in zip(batch, files, strict=True):
-        if parts[-1] and total >= COMPRESS_STAGE_ABOVE_BYTES and part_bytes + size > STAGE_PART_BYTES:
-            parts.append([])
-            part_bytes = 0
-        parts[-1].append(str(f.path))
-        part_bytes += size
+def _spill(units: list[Unit]) -> list[SpilledEvents | None]:
+    """Each object-form file's event list copied to a temporary file (a few files at a time: the
+    copy is kernel work or gzip, both outside the GIL). None where the layout is not recognised
+    or the copy failed: that file is read on its own by :func:`load`, which reports precisely."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(u: Unit) -> SpilledEvents | None:
+        if u.info.get("form", "object") == "array":
+            return None
+        try:
+            return SpilledEvents(u.files[0])
+        except (LayoutError, OSError, EOFError, ValueError, zlib.error):
+            return None
+
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        return list(pool.map(one, units))
+
+
+def _load_batch(batch: list[tuple[int, Unit, int]], lctx: LoadContext) -> dict[int, dict[str, Any] | None]:
+    """Read the files of ``batch`` with one ``read_json`` scan (see :func:`_fill_part`)."""
+    spills = _spill([u for _i, u, _s in batch])
     try:
-        for n, paths in enumerate(parts):
-            verb = f"CREATE TABLE {stage} AS" if n == 0 else f"INSERT INTO {stage}"
-            cur.execute(f"{verb} {_stage_sql(unnest, 'fid')}", {"paths": paths})
-            if len(parts) > 1:
-                _compress_stage(cur, prefix, total)
-    except duckdb.Error:  # one bad file fails the scan: every file of the batch is read on its own instead
-        _detach_stage_db(cur, prefix)
-        cur.execute(f"DROP TABLE {prefix}_f")
-        cur.close()
-        return {}
-    cur.execute(f"DROP TABLE {prefix}_f")
-    try:
-        if len(parts) == 1:
-            _compress_stage(cur, prefix, total)
-        results = _from_stage(cur, stage, prefix, files, lctx, compressed=total >= COMPRESS_STAGE_ABOVE_BYTES)
+        entries = [(i, u, sp) for (i, u, _s), sp in zip(batch, spills, strict=True)
+                   if sp is not None or u.info.get("form") == "array"]
+        if len(entries) < 2:
+            return {}
+        files = [_File(u, _fid(u, lctx), None if sp is None else _header(sp.head_bytes, sp.trailer),
+                       str(u.files[0] if sp is None else sp.path)) for _i, u, sp in entries]
+        cur = lctx.cursor()
+        try:
+            results = _fill_part(cur, f"kpart_{files[0].fid}", files, None, lctx)
+        except duckdb.Error:  # one bad file fails the scan: every file of the batch is read on its own instead
+            return {}
+        finally:
+            cur.close()
     finally:
-        _detach_stage_db(cur, prefix)
-        cur.close()
+        for sp in spills:
+            if sp is not None:
+                sp.close()
     out: dict[int, dict[str, Any] | None] = {}
-    for (i, _u, _s, _h), f in zip(batch, files, strict=True):
+    for (i, _u, _sp), f in zip(entries, files, strict=True):
         res = results[f.fid]
         if isinstance(res, ParseError):
             lctx.warn(res.code, res.message, res.path)
@@ -368,58 +388,35 @@ def _load_batch(batch: list[tuple[int, Unit, int, Any]], lctx: LoadContext) -> d
 def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
     """Load one Kineto file into the canonical tables as ``unit.rank``. Raises ParseError."""
     path = unit.files[0]
+    fid = _fid(unit, lctx)
     cur = lctx.cursor()
-    fid = unit.info.get("fid")
-    if fid is None:
-        fid = lctx.file_id(path, unit.rank, SOURCE)
-    prefix = f"kstage_{fid}"
-    stage = _attach_stage_db(cur, prefix)
-    form = unit.info.get("form", "object")
-    limit = _max_object_size(path)
-    src = f"read_json($path, columns={COLUMNS}, format='auto', maximum_object_size={limit})"
     spill = None
-    if form == "array":  # the bare event-list form: one JSON value per event
-        unnest = (f"SELECT json AS e FROM read_json($path, format='array', records=false, "
-                  f"columns={{'json': '{EVENT_TYPE[:-2]}'}}, maximum_object_size={limit})")
-    else:
-        unnest = f"SELECT unnest(traceEvents) AS e FROM {src}"
-        if limit >= STREAM_ABOVE_BYTES:  # big files: the events list alone, as a file DuckDB reads in bounded memory
+    try:
+        unnest = None
+        if unit.info.get("form", "object") == "array":  # the bare event-list form: read as it is
+            f = _File(unit, fid, None, str(path))
+        else:
             try:
                 spill = SpilledEvents(path)
-                unnest = (f"SELECT json AS e FROM read_json($events, format='array', records=false, "
-                          f"columns={{'json': '{EVENT_TYPE[:-2]}'}}, maximum_object_size={EVENT_MAX_BYTES})")
+                f = _File(unit, fid, _header(spill.head_bytes, spill.trailer), str(spill.path))
             except ValueError as exc:  # a gzip bomb
-                _detach_stage_db(cur, prefix)
-                cur.close()
                 raise ParseError(path, str(exc)) from None
             except (LayoutError, OSError, EOFError, zlib.error):
-                # not laid out as expected, truncated, or no room for the copy: the whole-object
-                # reader either manages (with more memory) or reports the precise error
-                spill = None
-    try:
-        params = {"path": str(path)} if spill is None else {"events": str(spill.path)}
-        cur.execute(f"CREATE TABLE {stage} AS {_stage_sql(unnest, str(int(fid)))}",
-                    {k: v for k, v in params.items() if "$" + k in unnest})
-        if spill is not None:
-            header = _header(spill.head_bytes, spill.trailer)
-        else:
-            header = _header_from_head(path) if form != "array" else None
-        if spill is None and header is not None and header[2] is None and _looks_relative(cur, stage):
-            header = None  # relative timestamps but no base in the head: read the header keys properly
-        if header is None and form != "array":
-            header = _header_from_whole(cur, path)
-    except Exception as exc:  # duckdb raises its own error types for bad JSON / gzip / IO
-        _detach_stage_db(cur, prefix)
-        cur.close()
+                # not laid out as expected, truncated, or no room for the copy: DuckDB's
+                # whole-object reader either manages (with more memory) or reports the precise error
+                limit = _max_object_size(path)
+                unnest = (f"SELECT {int(fid)} AS fid, unnest(traceEvents) AS e FROM read_json($paths, "
+                          f"columns={COLUMNS}, format='auto', maximum_object_size={limit})")
+                header = _header_from_head(path)
+                f = _File(unit, fid, header, str(path), reread_header=header is not None)
+                if header is None:
+                    f.header = _header_from_whole(cur, path)
+        res = _fill_part(cur, f"kpart_{fid}", [f], unnest, lctx)[fid]
+    except duckdb.Error as exc:  # duckdb raises its own error types for bad JSON / gzip / IO
         raise ParseError(path, "not a readable Kineto trace: " + _short_duckdb_error(exc)) from None
     finally:
         if spill is not None:
             spill.close()
-    try:
-        _compress_stage(cur, prefix, limit)
-        res = _from_stage(cur, stage, prefix, [_File(unit, fid, header)], lctx, compressed=limit >= COMPRESS_STAGE_ABOVE_BYTES)[fid]
-    finally:
-        _detach_stage_db(cur, prefix)
         cur.close()
     if isinstance(res, ParseError):
         raise res
@@ -446,147 +443,145 @@ def _base_ns(text: str | None, f: _File, lctx: LoadContext) -> int:
         return 0
 
 
-def _attach_stage_db(cur: Any, prefix: str) -> str:
-    """A private in-memory database for the staged rows, compressed once they are written
-    (:func:`_compress_stage`): the stage then costs a fraction of its size while the canonical
-    tables are filled from it. Returns the stage table's qualified name."""
-    cur.execute(f"ATTACH ':memory:' AS {prefix}_db (COMPRESS)")
-    return f"{prefix}_db.main.stage"
+def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None,
+               lctx: LoadContext) -> dict[int, dict[str, Any] | ParseError]:
+    """Read ``files`` with one scan into the table ``part``, which becomes (part of) ``events``.
 
-
-def _compress_stage(cur: Any, prefix: str, size: int) -> None:
-    """Compress a big stage (~0.5 s per GB of trace, saves ~0.4 GB per GB at the peak)."""
-    if size >= COMPRESS_STAGE_ABOVE_BYTES:
-        cur.execute(f"CHECKPOINT {prefix}_db")
-
-
-def _detach_stage_db(cur: Any, prefix: str) -> None:
-    cur.execute(f"DETACH DATABASE IF EXISTS {prefix}_db")
-
-
-def _from_stage(cur: Any, stage: str, prefix: str, files: list[_File], lctx: LoadContext,
-                compressed: bool = False) -> dict[int, dict[str, Any] | ParseError]:
-    """Staged rows of ``files`` -> events, tracks, kernels, comm_ops (one statement each for all files).
-
-    Steps are assigned as the events are inserted for the ranks whose every file is in this
-    stage (their step windows are built from the staged rows first); the others get theirs in
-    :func:`advisor.ingest.steps.finalize`.
+    ``unnest`` yields ``fid`` and ``e`` per event; None reads ``f.src`` of every file as a
+    top-level event array (DuckDB reads an array in parallel in bounded buffers; a whole object
+    costs ~10x its size on one thread, hence the spilled copies). The scan writes the ``events``
+    columns plus the one extra field the other tables need; then per file the base time is
+    settled and bad rows counted, tracks filled, metadata and untimed rows deleted, steps built
+    and assigned in place (an UPDATE of one column), kernels and comm_ops filled from the part,
+    the extra column dropped and the part handed to the loader. No row is copied twice.
+    Raises duckdb.Error when the scan fails (the part is dropped then).
     """
+    from advisor.schema import TABLES
+
+    kf = f"{part}_f"
+    bases = {f.fid: _base_ns((f.header or (None, None, None, None))[2], f, lctx) for f in files}
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE {kf} (fname VARCHAR, fid INTEGER, rank INTEGER, base_ns BIGINT, path VARCHAR, n BIGINT)")
+    cur.executemany(f"INSERT INTO {kf} VALUES (?, ?, ?, ?, ?, 0)", [(f.src, f.fid, f.rank, bases[f.fid], str(f.path)) for f in files])
+    try:
+        cols = ", ".join(_PART_COLUMNS.get(c, c) + f" AS {c}" for c in TABLES["events"].column_names)
+        try:
+            cur.execute(
+                f"CREATE TABLE {part} AS SELECT {cols}, x_extra FROM ({_events_sql(unnest or _array_scan(kf))}) JOIN {kf} f USING (fid)",
+                {"paths": [f.src for f in files]},
+            )
+        except duckdb.Error:
+            cur.execute(f"DROP TABLE IF EXISTS {part}")
+            raise
+        return _finish_part(cur, part, kf, files, bases, lctx)
+    finally:
+        cur.execute(f"DROP TABLE IF EXISTS {kf}")
+
+
+# events columns of a part that are not taken as they are from _events_sql (the rest are)
+_PART_COLUMNS = {"rank": "f.rank", "step": "NULL::INTEGER", "start_ns": "ts_ns + f.base_ns", "file_id": "fid"}
+
+
+def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[int, int],
+                 lctx: LoadContext) -> dict[int, dict[str, Any] | ParseError]:
     stats = {
         r[0]: r[1:]
         for r in cur.execute(
-            f"""SELECT fid, median(ts_ns) FILTER (WHERE ph = 'X'),
-                   count(*) FILTER (WHERE ph = 'X' AND (ts_ns IS NULL OR dur_ns IS NULL)),
-                   count(*) FILTER (WHERE ph = 'X' AND dur_ns < 0),
-                   count(*) FILTER (WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns >= 0)
-            FROM {stage} GROUP BY fid"""
+            f"""SELECT file_id, median(start_ns) FILTER (WHERE kind <> 'meta'),
+                   count(*) FILTER (WHERE kind <> 'meta' AND (start_ns IS NULL OR dur_ns IS NULL)),
+                   count(*) FILTER (WHERE kind <> 'meta' AND dur_ns < 0),
+                   count(*) FILTER (WHERE kind <> 'meta' AND start_ns IS NOT NULL AND dur_ns >= 0)
+            FROM {part} GROUP BY file_id"""
         ).fetchall()
     }
     results: dict[int, dict[str, Any] | ParseError] = {}
-    rows = []
+    ok, gone, shift = [], [], []
     for f in files:
         med, n_null, n_neg, total = stats.get(f.fid, (None, 0, 0, 0))
+        base = bases[f.fid]
         if f.reread_header and f.header is not None and f.header[2] is None and med is not None and med < 10**17:
-            # relative timestamps but no base before the events: it may follow them (as load() does)
+            # relative timestamps but no base before the events: it may follow them
             f.header = _header_from_whole(cur, f.path)
-        dist_json, devprops_json, base_text, _unit = f.header or (None, None, None, None)
-        base = _base_ns(base_text, f, lctx)
-        if base and med is not None and med > 10**17:
-            base = 0  # timestamps already absolute (µs since the epoch): a base would count twice
+            base = _base_ns(f.header[2], f, lctx)
+            if base:
+                shift.append((base, f.fid))
+        elif base and med is not None and med - base > 10**17:
+            shift.append((-base, f.fid))  # timestamps already absolute (µs since the epoch): a base would count twice
+        dist_json, devprops_json = (f.header or (None, None))[:2]
         if n_null:
             lctx.warn("bad_events", f"{n_null} events without a usable ts/dur were dropped", f.path)
         if n_neg:
             lctx.warn("bad_events", f"{n_neg} events with a negative duration were dropped", f.path)
         if not total:
             results[f.fid] = ParseError(f.path, "the trace holds no timed events (traceEvents missing or empty)", code="empty_trace")
+            gone.append(f.fid)
         elif lctx.max_events is not None and total > lctx.max_events:
             results[f.fid] = ParseError(f.path, f"{total} events exceed --max-events {lctx.max_events}", code="too_big")
+            gone.append(f.fid)
         else:
             results[f.fid] = _info(devprops_json, dist_json, total)
-            rows.append((f.fid, f.rank, base, str(f.path), total))
-    if not rows:
+            ok.append((total, f.fid))
+    if shift:
+        cur.executemany(f"UPDATE {part} SET start_ns = start_ns + ? WHERE file_id = ?", shift)
+    gone_sql = ", ".join(map(str, gone)) or "NULL"
+    if not ok:
+        cur.execute(f"DROP TABLE {part}")
         return results
-    kf = f"{prefix}_files"
-    cur.execute(f"CREATE OR REPLACE TEMP TABLE {kf} (fid INTEGER, rank INTEGER, base_ns BIGINT, path VARCHAR, n BIGINT)")
-    cur.executemany(f"INSERT INTO {kf} VALUES (?, ?, ?, ?, ?)", rows)
-    lc = "lower(coalesce(st.cat, ''))"
-    ev = f"{prefix}_ev"  # the staged rows that become events, with rank and absolute time
+    cur.execute(f"DELETE FROM {kf} WHERE fid IN ({gone_sql})")
+    cur.executemany(f"UPDATE {kf} SET n = ? WHERE fid = ?", ok)
+    # tracks before the metadata and untimed rows go
     cur.execute(
-        f"""CREATE OR REPLACE TEMP VIEW {ev} AS
-        SELECT st.*, f.rank AS rank, st.ts_ns + f.base_ns AS start_ns, {lc} AS lcat, {lc} IN {DEVICE_CATS} AS device
-        FROM {stage} st JOIN {kf} f USING (fid)
-        WHERE st.ph = 'X' AND st.ts_ns IS NOT NULL AND st.dur_ns >= 0 AND {lc} NOT IN ('trace', 'ac2g', 'flow')"""
+        f"""INSERT INTO tracks
+        SELECT rank, pid, tid, bool_or(device), max(process_name), max(thread_name) FROM (
+            SELECT rank, pid, tid, device, NULL AS process_name, NULL AS thread_name FROM {part} WHERE kind <> 'meta'
+            UNION ALL
+            SELECT rank, pid, NULL, NULL, x_extra, NULL FROM {part} WHERE kind = 'meta' AND name = 'process_name'
+            UNION ALL
+            SELECT rank, pid, tid, NULL, NULL, x_extra FROM {part} WHERE kind = 'meta' AND name = 'thread_name'
+        ) WHERE rank IN (SELECT rank FROM {kf}) GROUP BY rank, pid, tid"""
     )
-    try:
-        stepped = _steps_from_stage(cur, ev, kf, files, lctx)
-        ranks_sql = ", ".join(map(str, sorted(stepped))) or "NULL"
-        join = window_lookup(cur, f"{prefix}_sw", ranks_sql)
-        cur.execute(
-            f"""INSERT INTO events
-            SELECT t.rank, CASE WHEN t.rank IN ({ranks_sql}) THEN {step_of('t.start_ns')} END AS step,
-              CASE
-                WHEN lcat = 'kernel' THEN CASE WHEN comm_kernel THEN 'comm' ELSE 'kernel' END
-                WHEN lcat IN ('gpu_memcpy', 'memcpy') THEN 'memcpy'
-                WHEN lcat IN ('gpu_memset', 'memset') THEN 'memset'
-                WHEN lcat IN {RUNTIME_CATS} THEN CASE WHEN regexp_matches(name, $sync) THEN 'sync' ELSE 'runtime' END
-                WHEN lcat = 'cuda_sync' THEN 'sync'
-                WHEN name LIKE 'ProfilerStep#%' AND lcat NOT IN ('gpu_user_annotation') THEN 'step'
-                WHEN name LIKE 'enumerate(DataLoader)%' THEN 'dataloader'
-                WHEN lcat = 'gpu_user_annotation' THEN 'annotation'
-                WHEN regexp_matches(name, $comm_host) THEN 'comm'
-                WHEN lcat IN ('cpu_op', 'operator') THEN 'host_op'
-                WHEN lcat IN ('python_function', 'python') THEN 'python'
-                WHEN lcat IN ('user_annotation') THEN 'annotation'
-                ELSE 'other'
-              END AS kind,
-              coalesce(name, '') AS name, cat, pid, tid, device, stream, t.start_ns, dur_ns,
-              corr, ext AS ext_id, bytes, shapes, dtypes, flops, stack, fid AS file_id
-            FROM {ev} t {join}""",
-            {"sync": SYNC_RE, "comm_host": COMM_HOST_RE},
-        )
-        if compressed:  # a big input: compress the new events before the other tables are filled (best effort)
-            try:
-                cur.execute("CHECKPOINT")
-            except duckdb.Error:
-                pass  # another thread is writing: the compression after loading does it
-        cur.execute(
-            f"""INSERT INTO tracks
-            SELECT f.rank, pid, tid, bool_or(device), max(process_name), max(thread_name) FROM (
-                SELECT fid, pid, tid, lower(coalesce(cat, '')) IN {DEVICE_CATS} AS device, NULL AS process_name, NULL AS thread_name
-                  FROM {stage} WHERE ph = 'X'
-                UNION ALL
-                SELECT fid, pid, NULL, NULL, meta_name, NULL FROM {stage} WHERE ph = 'M' AND name = 'process_name'
-                UNION ALL
-                SELECT fid, pid, tid, NULL, NULL, meta_name FROM {stage} WHERE ph = 'M' AND name = 'thread_name'
-            ) JOIN {kf} f USING (fid) GROUP BY f.rank, pid, tid"""
-        )
-        # per-kernel launch geometry where the trace has it (current schema): the GPU analogue of Ascend's block dim
-        cur.execute(
-            f"""INSERT INTO kernels (rank, step, name, op_type, core_type, start_ns, dur_ns, block_dim, pmu)
-            SELECT t.rank, CASE WHEN t.rank IN ({ranks_sql}) THEN {step_of('t.start_ns')} END, name, NULL, 'GPU', t.start_ns, dur_ns, block_dim, kgeo
-            FROM {ev} t {join} WHERE lcat = 'kernel' AND kgeo IS NOT NULL AND NOT comm_kernel"""
-        )
-        cur.execute(
-            f"""INSERT INTO comm_ops
-            SELECT t.rank, CASE WHEN t.rank IN ({ranks_sql}) THEN {step_of('t.start_ns')} END, name,
-              regexp_replace(lower(regexp_extract(name, '(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|send_?recv|send|recv|reduce|barrier|gather|scatter)', 1, 'i')), '_', '', 'g'),
-              pg_name, t.start_ns, dur_ns, NULL, NULL, NULL, NULL, bytes
-            FROM {ev} t {join} WHERE comm_kernel"""
-        )
-        cur.executemany("UPDATE profile_files SET events = ? WHERE file_id = ?", [[r[4], r[0]] for r in rows])
-        lctx.mark_stepped(stepped)
-    finally:
-        drop_window_lookup(cur, f"{prefix}_sw")
-        cur.execute(f"DROP VIEW IF EXISTS {ev}")
-        cur.execute(f"DROP TABLE IF EXISTS {kf}")
+    cur.execute(
+        f"""DELETE FROM {part} WHERE kind = 'meta' OR start_ns IS NULL OR dur_ns IS NULL OR dur_ns < 0
+            OR lower(coalesce(cat, '')) IN ('trace', 'ac2g', 'flow') OR file_id IN ({gone_sql})"""
+    )
+    marks = f"(SELECT rank, kind = 'step' AS is_mark, device, name, start_ns, dur_ns, corr, file_id AS fid FROM {part})"
+    stepped = _steps_from_part(cur, marks, kf, files, lctx,
+                               on_drop=lambda ids: cur.execute(f"DELETE FROM {part} WHERE file_id IN ({ids})"))
+    if stepped:
+        ranks_sql = ", ".join(map(str, sorted(stepped)))
+        lookup = f"{part}_sw"
+        match = window_lookup(cur, lookup, ranks_sql).match
+        try:
+            cur.execute(f"UPDATE {part} t SET step = s.step FROM {lookup} s WHERE t.rank IN ({ranks_sql}) AND {match}")
+        finally:
+            drop_window_lookup(cur, lookup)
+    # kernels with a launch grid (current schema): block_dim = grid size, the GPU analogue of Ascend's block dim
+    cur.execute(
+        f"""INSERT INTO kernels (rank, step, name, op_type, core_type, start_ns, dur_ns, block_dim, pmu)
+        SELECT rank, step, name, NULL, 'GPU', start_ns, dur_ns,
+               TRY_CAST(list_aggregate(TRY_CAST(x_extra AS BIGINT[]), 'product') AS INTEGER), NULL
+        FROM {part} WHERE kind = 'kernel' AND x_extra IS NOT NULL"""
+    )
+    cur.execute(
+        f"""INSERT INTO comm_ops
+        SELECT rank, step, name,
+          regexp_replace(lower(regexp_extract(name, '(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|send_?recv|send|recv|reduce|barrier|gather|scatter)', 1, 'i')), '_', '', 'g'),
+          x_extra, start_ns, dur_ns, NULL, NULL, NULL, NULL, bytes
+        FROM {part} WHERE kind = 'comm' AND lower(coalesce(cat, '')) = 'kernel'"""
+    )
+    cur.execute(f"ALTER TABLE {part} DROP COLUMN x_extra")
+    cur.executemany("UPDATE profile_files SET events = ? WHERE file_id = ?", ok)
+    lctx.mark_stepped(stepped)
+    lctx.add_events_part(part)
     return results
 
 
-def _steps_from_stage(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadContext) -> set[int]:
-    """Build the step windows of the ranks whose every file is in this stage (others: later).
+def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadContext, on_drop: Any) -> set[int]:
+    """Build the step windows of the ranks whose every file is in this part (others: later).
 
-    Files of one rank whose time ranges overlap cannot both be its timeline: the one with fewer
-    events is dropped here (the same rule as for files loaded one by one).
+    ``ev``: the events with ``fid``, ``rank``, ``is_mark``, ``device``, ``name``, ``start_ns``,
+    ``dur_ns``, ``corr``. Files of one rank whose time ranges overlap cannot both be its
+    timeline: the one with fewer events is dropped here (the same rule as for files loaded one
+    by one); ``on_drop(sql_ids)`` removes its rows.
     """
     ranks = {f.rank for f in files}
     whole = {r for r in ranks if lctx.units_of_rank(r) == sum(1 for f in files if f.rank == r)}
@@ -604,12 +599,12 @@ def _steps_from_stage(cur: Any, ev: str, kf: str, files: list[_File], lctx: Load
             ids = ", ".join(map(str, dropped))
             cur.execute(f"DELETE FROM {kf} WHERE fid IN ({ids})")
             cur.execute(f"DELETE FROM profile_files WHERE file_id IN ({ids})")
+            on_drop(ids)
     src = f"{kf}_marks"  # the narrow columns the step windows need, read several times
     cur.execute(
         f"""CREATE OR REPLACE TEMP TABLE {src} AS
-        SELECT rank, is_mark, device, CASE WHEN is_mark THEN name END AS name, start_ns, dur_ns, corr FROM (
-            SELECT *, name LIKE 'ProfilerStep#%' AND lcat NOT IN {_NOT_MARK_CATS} AS is_mark FROM {ev}
-            WHERE rank IN ({', '.join(map(str, sorted(whole)))}))"""
+        SELECT rank, is_mark, device, CASE WHEN is_mark THEN name END AS name, start_ns, dur_ns, corr FROM {ev}
+        WHERE rank IN ({', '.join(map(str, sorted(whole)))})"""
     )
     try:
         with lctx.steps_lock:

@@ -15,6 +15,7 @@ Definition (documented in the README):
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from advisor.schema import NO_STEP
@@ -79,16 +80,25 @@ def build_steps(con: Any, src: str, warn: Callable[..., None]) -> None:
         )
 
 
-def window_lookup(con: Any, name: str, ranks: str | None = None) -> str:
+@dataclass(frozen=True)
+class WindowLookup:
+    """SQL to find an event's step window: ``join`` (a LEFT JOIN clause) or ``match`` (a WHERE condition)."""
+
+    join: str
+    match: str
+
+
+def window_lookup(con: Any, name: str, ranks: str | None = None) -> WindowLookup:
     """Build the lookup ``name`` that gives an event its step window; return the join SQL.
 
     Same answer as an ASOF join on ``steps`` (the window with the latest start at or before
-    the event, if the event is before that window's end) but without sorting the events: each
-    rank's span is cut into buckets of equal width, every window is listed under each bucket
-    it touches (windows clipped at the next window's start, so they are disjoint), and an event
-    finds its window by a hash join on (rank, bucket) plus the range test. The join SQL expects
-    the events as ``t`` (``rank``, ``start_ns``) and exposes the window as ``s`` (``step``,
-    ``end_ns``), as :func:`step_of` reads it.
+    the event, if the event is before that window's end) but without sorting the events: the
+    time span of the ranks is cut into buckets of equal width, every window is listed under
+    each bucket it touches (windows clipped at the next window's start, so they are disjoint),
+    and an event finds its window by a hash join on (rank, bucket) plus the range test. The
+    bucket origin and width are constants, so the join key comes from the event row alone.
+    The SQL expects the events as ``t`` (``rank``, ``start_ns``) and exposes the window as
+    ``s`` (``step``, ``end_ns``), as :func:`step_of` reads it.
     """
     where = f"WHERE rank IN ({ranks})" if ranks is not None else ""
     con.execute(
@@ -97,28 +107,28 @@ def window_lookup(con: Any, name: str, ranks: str | None = None) -> str:
                least(end_ns, coalesce(lead(start_ns) OVER (PARTITION BY rank ORDER BY start_ns, step), end_ns)) AS end_ns
         FROM steps {where}"""
     )
-    con.execute(
-        f"""CREATE OR REPLACE TEMP TABLE {name}_p AS
-        SELECT rank, min(start_ns) AS origin,
-               greatest(1, (max(end_ns) - min(start_ns)) // (4 * count(*) + 64)) AS width
-        FROM {name}_w GROUP BY rank"""
-    )
+    # ranks of one job share their time span; when they do not (different runs), the buckets
+    # are wide and a bucket lists more windows: slower, never wrong
+    origin, width = con.execute(
+        f"""SELECT coalesce(min(start_ns), 0),
+                   coalesce(greatest(1, (max(end_ns) - min(start_ns)) // (4 * count(*) + 64)), 1)
+            FROM {name}_w"""
+    ).fetchall()[0]
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE {name} AS
-        SELECT w.rank, unnest(range((w.start_ns - p.origin) // p.width, (w.end_ns - 1 - p.origin) // p.width + 1)) AS bucket,
-               w.step, w.start_ns, w.end_ns
-        FROM {name}_w w JOIN {name}_p p USING (rank) WHERE w.end_ns > w.start_ns"""
+        SELECT rank, unnest(range((start_ns - {origin}) // {width}, (end_ns - 1 - {origin}) // {width} + 1)) AS bucket,
+               step, start_ns, end_ns
+        FROM {name}_w WHERE end_ns > start_ns"""
     )
     con.execute(f"DROP TABLE {name}_w")
-    return (f"LEFT JOIN {name}_p p ON p.rank = t.rank "
-            f"LEFT JOIN {name} s ON s.rank = t.rank AND s.bucket = (t.start_ns - p.origin) // p.width "
-            f"AND t.start_ns >= s.start_ns AND t.start_ns < s.end_ns")
+    match = (f"s.rank = t.rank AND s.bucket = (t.start_ns - {int(origin)}) // {int(width)} "
+             "AND t.start_ns >= s.start_ns AND t.start_ns < s.end_ns")
+    return WindowLookup(f"LEFT JOIN {name} s ON {match}", match)
 
 
 def drop_window_lookup(con: Any, name: str) -> None:
     """Drop the tables made by :func:`window_lookup`."""
     con.execute(f"DROP TABLE IF EXISTS {name}")
-    con.execute(f"DROP TABLE IF EXISTS {name}_p")
 
 
 def step_of(event_start: str, window: str = "s") -> str:
@@ -149,8 +159,8 @@ def _assign(con: Any) -> None:
     """Rebuild ``events`` with ``step`` = the window holding the event's start (no per-event loop)."""
     cols = [r[0] for r in con.execute("DESCRIBE events").fetchall()]
     select = ", ".join(f"coalesce({step_of('t.start_ns')}, t.step) AS step" if c == "step" else f"t.{c}" for c in cols)
-    join = window_lookup(con, "_assign_w")
-    con.execute(f"CREATE TABLE _events_new AS SELECT {select} FROM events t {join}")
+    lookup = window_lookup(con, "_assign_w")
+    con.execute(f"CREATE TABLE _events_new AS SELECT {select} FROM events t {lookup.join}")
     drop_window_lookup(con, "_assign_w")
     con.execute("DROP TABLE events")
     con.execute("ALTER TABLE _events_new RENAME TO events")
