@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from advisor.ingest import ascend_db, ascend_text
+from advisor.ingest import ascend_text
 from advisor.ingest.ascend_common import (
     SOURCE_MS,
     SOURCE_PT,
@@ -712,6 +712,8 @@ def _load_db(st: _State, lctx: LoadContext, cur: Any) -> None:
             else:
                 lctx.warn("bad_file", f"cannot read {what}: {short_error(exc)}", path)
         return None
+
+    from advisor.ingest import ascend_db  # pyarrow: imported only for .db exports
 
     ascend_db.load(st.unit, lctx, cur, guarded, st.info, st.meta_rows)
     st.events = st.info.get("events", 0) or 0

@@ -192,7 +192,8 @@ def find_close(tail: bytes) -> tuple[int, dict[str, Any]]:
     That is the leftmost ``]`` after which the rest of the file parses exactly as ``}`` or
     ``, "key": value, ... }``; an inner ``]`` of the last event is followed by more of the event
     list, which never parses that way, and a later key's list (``"deviceProperties": []``) lies
-    to the right of the true one. Raises LayoutError when there is none.
+    to the right of the true one. Only a ``]`` right after an object's ``}`` (the last event) or
+    a ``[`` (an empty list) is tried. Raises LayoutError when there is none.
     """
     best: tuple[int, dict[str, Any]] | None = None
     pos = len(tail)
@@ -200,6 +201,8 @@ def find_close(tail: bytes) -> tuple[int, dict[str, Any]]:
         pos = tail.rfind(b"]", 0, pos)
         if pos < 0:
             break
+        if tail[:pos].rstrip()[-1:] not in (b"}", b"["):
+            continue  # the list closes after its last event object (or is empty): an inner list of an event
         rest = tail[pos + 1 :].strip()
         if rest == b"}":
             best = (pos, {})

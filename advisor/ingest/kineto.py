@@ -34,7 +34,7 @@ import duckdb
 
 from advisor.ingest.base import LoadContext, ParseError, Unit, is_gzip, one_line, overlapping_files, read_head
 from advisor.ingest.jsonstream import LayoutError, SpilledEvents, header_value
-from advisor.ingest.steps import build_steps, drop_window_lookup, window_lookup
+from advisor.ingest.steps import build_steps, drop_window_lookup, step_of, window_lookup
 
 SOURCE = "kineto"
 
@@ -269,10 +269,13 @@ def _sql_str(text: str) -> str:
 
 
 def _to_ns(x: str) -> str:
-    """SQL: text (JSON number or string) in µs -> integer ns. Exact for decimal text; integers
-    (the usual case) skip the slower DECIMAL parse."""
+    """SQL: text (JSON number or string) in µs -> integer ns, exact. Short text (at most 15
+    characters: ~15 significant digits, all a double holds exactly, so ``round(x * 1000)`` is
+    exact) goes through DOUBLE, the fastest parse; longer integers through HUGEINT; longer
+    decimals (absolute µs with a fraction) through DECIMAL."""
     return (
-        f"CASE WHEN contains({x}, '.') OR contains({x}, 'e') OR contains({x}, 'E') THEN {_US_TO_NS.format(x=x)} "
+        f"CASE WHEN length({x}) <= 15 THEN TRY_CAST(round(TRY_CAST({x} AS DOUBLE) * 1000) AS BIGINT) "
+        f"WHEN contains({x}, '.') OR contains({x}, 'e') OR contains({x}, 'E') THEN {_US_TO_NS.format(x=x)} "
         f"ELSE TRY_CAST(TRY_CAST({x} AS HUGEINT) * 1000 AS BIGINT) END"
     )
 
@@ -413,7 +416,10 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
                     f.header = _header_from_whole(cur, path)
         res = _fill_part(cur, f"kpart_{fid}", [f], unnest, lctx)[fid]
     except duckdb.Error as exc:  # duckdb raises its own error types for bad JSON / gzip / IO
-        raise ParseError(path, "not a readable Kineto trace: " + _short_duckdb_error(exc)) from None
+        msg = str(exc)
+        if spill is not None:  # name the user's file, not the copy (whose byte offsets mean nothing to them)
+            msg = re.sub(r",? at byte \d+", "", msg.replace(str(spill.path), str(path)))
+        raise ParseError(path, "not a readable Kineto trace: " + _short_duckdb_error(msg)) from None
     finally:
         if spill is not None:
             spill.close()
@@ -423,7 +429,7 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
     return res
 
 
-def _short_duckdb_error(exc: Exception) -> str:
+def _short_duckdb_error(exc: Exception | str) -> str:
     msg = one_line(str(exc), 200)
     for prefix in ("Invalid Input Error: ", "IO Error: ", "Conversion Error: ", "Binder Error: "):
         msg = msg.replace(prefix, "")
@@ -546,28 +552,31 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
     marks = f"(SELECT rank, kind = 'step' AS is_mark, device, name, start_ns, dur_ns, corr, file_id AS fid FROM {part})"
     stepped = _steps_from_part(cur, marks, kf, files, lctx,
                                on_drop=lambda ids: cur.execute(f"DELETE FROM {part} WHERE file_id IN ({ids})"))
-    if stepped:
-        ranks_sql = ", ".join(map(str, sorted(stepped)))
-        lookup = f"{part}_sw"
-        match = window_lookup(cur, lookup, ranks_sql).match
-        try:
-            cur.execute(f"UPDATE {part} t SET step = s.step FROM {lookup} s WHERE t.rank IN ({ranks_sql}) AND {match}")
-        finally:
-            drop_window_lookup(cur, lookup)
-    # kernels with a launch grid (current schema): block_dim = grid size, the GPU analogue of Ascend's block dim
-    cur.execute(
-        f"""INSERT INTO kernels (rank, step, name, op_type, core_type, start_ns, dur_ns, block_dim, pmu)
-        SELECT rank, step, name, NULL, 'GPU', start_ns, dur_ns,
-               TRY_CAST(list_aggregate(TRY_CAST(x_extra AS BIGINT[]), 'product') AS INTEGER), NULL
-        FROM {part} WHERE kind = 'kernel' AND x_extra IS NOT NULL"""
-    )
-    cur.execute(
-        f"""INSERT INTO comm_ops
-        SELECT rank, step, name,
-          regexp_replace(lower(regexp_extract(name, '(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|send_?recv|send|recv|reduce|barrier|gather|scatter)', 1, 'i')), '_', '', 'g'),
-          x_extra, start_ns, dur_ns, NULL, NULL, NULL, NULL, bytes
-        FROM {part} WHERE kind = 'comm' AND lower(coalesce(cat, '')) = 'kernel'"""
-    )
+    # kernels and comm_ops first, their steps by the window join (the part is still unchanged),
+    # then the part's own steps by one UPDATE
+    ranks_sql = ", ".join(map(str, sorted(stepped))) or "NULL"
+    lookup = f"{part}_sw"
+    win = window_lookup(cur, lookup, ranks_sql)
+    try:
+        step = f"CASE WHEN t.rank IN ({ranks_sql}) THEN {step_of('t.start_ns')} END"
+        # kernels with a launch grid (current schema): block_dim = grid size, the GPU analogue of Ascend's block dim
+        cur.execute(
+            f"""INSERT INTO kernels (rank, step, name, op_type, core_type, start_ns, dur_ns, block_dim, pmu)
+            SELECT t.rank, {step}, t.name, NULL, 'GPU', t.start_ns, t.dur_ns,
+                   TRY_CAST(list_aggregate(TRY_CAST(t.x_extra AS BIGINT[]), 'product') AS INTEGER), NULL
+            FROM {part} t {win.join} WHERE t.kind = 'kernel' AND t.x_extra IS NOT NULL"""
+        )
+        cur.execute(
+            f"""INSERT INTO comm_ops
+            SELECT t.rank, {step}, t.name,
+              regexp_replace(lower(regexp_extract(t.name, '(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|send_?recv|send|recv|reduce|barrier|gather|scatter)', 1, 'i')), '_', '', 'g'),
+              t.x_extra, t.start_ns, t.dur_ns, NULL, NULL, NULL, NULL, t.bytes
+            FROM {part} t {win.join} WHERE t.kind = 'comm' AND lower(coalesce(t.cat, '')) = 'kernel'"""
+        )
+        if stepped:
+            cur.execute(f"UPDATE {part} t SET step = s.step FROM {lookup} s WHERE t.rank IN ({ranks_sql}) AND {win.match}")
+    finally:
+        drop_window_lookup(cur, lookup)
     cur.execute(f"ALTER TABLE {part} DROP COLUMN x_extra")
     cur.executemany("UPDATE profile_files SET events = ? WHERE file_id = ?", ok)
     lctx.mark_stepped(stepped)
