@@ -183,7 +183,8 @@ TABLES: dict[str, Table] = {
             ("output_formats", "VARCHAR", "output formats"),
             ("flops", "DOUBLE", "floating-point operations, where known"),
             ("mem_bytes", "DOUBLE", "bytes read+written from device memory, where known"),
-            ("pmu", "JSON", "PMU figures as a JSON object (aic_mac_ratio, aiv_vec_ratio, aic_mte2_ratio, ...)"),
+            ("pmu", "JSON", "Ascend PMU figures as a JSON object (aic_mac_ratio, aiv_vec_ratio, aic_mte2_ratio, ...); "
+             "NULL for Kineto GPU kernels (their launch geometry gives block_dim)"),
         ),
         _t(
             "comm_ops",

@@ -254,3 +254,22 @@ def test_base_time_after_the_events_is_found_in_one_scan(tmp_path: Path, monkeyp
 
     monkeypatch.setattr(kineto, "SpilledEvents", refuse)  # header read from the head, base found later
     assert _tables(tmp_path) == batched
+
+
+def test_release_memory_is_best_effort(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Purging freed memory works where DuckDB's allocator exposes it and is a no-op elsewhere."""
+    import ctypes
+
+    import advisor.ingest.base as base
+
+    monkeypatch.setattr(base, "_PURGE", None)
+    base.release_memory()  # this wheel: found or not, no error
+    monkeypatch.setattr(base, "_PURGE", None)
+
+    def no_library(*_a: object, **_k: object) -> None:
+        raise OSError("no such library")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_library)
+    base.release_memory()
+    assert base._PURGE is False
+    base.release_memory()  # remembered: not looked up again

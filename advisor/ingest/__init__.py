@@ -21,7 +21,16 @@ from typing import Any
 import duckdb
 
 from advisor.engine.context import AnalysisContext
-from advisor.ingest.base import InputError, LoadContext, ParseError, Unit, one_line, overlapping_files, walk_files
+from advisor.ingest.base import (
+    InputError,
+    LoadContext,
+    ParseError,
+    Unit,
+    one_line,
+    overlapping_files,
+    release_memory,
+    walk_files,
+)
 from advisor.ingest.steps import finalize
 from advisor.model import Warning_
 from advisor.schema import create_all
@@ -74,6 +83,7 @@ class Connection:
     def compress(self) -> None:
         """Compress the loaded tables (after bulk loading; later changes stay uncompressed)."""
         self._raw.execute(f"CHECKPOINT {DB}")
+        release_memory()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)

@@ -105,6 +105,37 @@ class LoadContext:
             self._warnings.append(Warning_(code, one_line(message, 500), None if path is None else str(path)))
 
 
+_PURGE: Any = None
+
+
+def release_memory() -> None:
+    """Hand the memory DuckDB has freed back to the system (best effort).
+
+    DuckDB's allocator (jemalloc, in the Linux wheels) keeps freed pages for reuse for a while:
+    after the JSON buffers and the uncompressed tables of a load are freed, the process would
+    keep their ~300 MB per GB of trace resident for no use. This asks jemalloc to purge them
+    (``arena.<all>.purge``, what DuckDB itself does after big deallocations). A build without
+    that allocator has no such symbol: nothing is done.
+    """
+    global _PURGE
+    if _PURGE is None:
+        _PURGE = False
+        try:
+            import ctypes
+
+            import duckdb
+
+            lib = ctypes.CDLL(duckdb._duckdb.__file__)  # type: ignore[attr-defined]
+            fn = lib.duckdb_je_mallctl
+            fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+            fn.restype = ctypes.c_int
+            _PURGE = fn
+        except (AttributeError, OSError):
+            return
+    if _PURGE:
+        _PURGE(b"arena.4096.purge", None, None, None, 0)  # 4096 = MALLCTL_ARENAS_ALL
+
+
 def overlapping_files(spans: list[tuple[Any, ...]], warn: Any) -> list[tuple[Any, ...]]:
     """Files of one rank whose time ranges overlap cannot both be that rank's timeline.
 

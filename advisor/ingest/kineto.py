@@ -32,7 +32,16 @@ from typing import Any
 
 import duckdb
 
-from advisor.ingest.base import LoadContext, ParseError, Unit, is_gzip, one_line, overlapping_files, read_head
+from advisor.ingest.base import (
+    LoadContext,
+    ParseError,
+    Unit,
+    is_gzip,
+    one_line,
+    overlapping_files,
+    read_head,
+    release_memory,
+)
 from advisor.ingest.jsonstream import LayoutError, SpilledEvents, header_value
 from advisor.ingest.steps import build_steps, drop_window_lookup, step_of, window_lookup
 
@@ -478,6 +487,7 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None,
         except duckdb.Error:
             cur.execute(f"DROP TABLE IF EXISTS {part}")
             raise
+        release_memory()  # the JSON reader's buffers
         return _finish_part(cur, part, kf, files, bases, lctx)
     finally:
         cur.execute(f"DROP TABLE IF EXISTS {kf}")
@@ -573,11 +583,12 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
               t.x_extra, t.start_ns, t.dur_ns, NULL, NULL, NULL, NULL, t.bytes
             FROM {part} t {win.join} WHERE t.kind = 'comm' AND lower(coalesce(t.cat, '')) = 'kernel'"""
         )
+        cur.execute(f"ALTER TABLE {part} DROP COLUMN x_extra")
+        release_memory()  # before the UPDATE, the peak of the load
         if stepped:
             cur.execute(f"UPDATE {part} t SET step = s.step FROM {lookup} s WHERE t.rank IN ({ranks_sql}) AND {win.match}")
     finally:
         drop_window_lookup(cur, lookup)
-    cur.execute(f"ALTER TABLE {part} DROP COLUMN x_extra")
     cur.executemany("UPDATE profile_files SET events = ? WHERE file_id = ?", ok)
     lctx.mark_stepped(stepped)
     lctx.add_events_part(part)
