@@ -273,3 +273,15 @@ def test_release_memory_is_best_effort(monkeypatch: pytest.MonkeyPatch) -> None:
     base.release_memory()
     assert base._PURGE is False
     base.release_memory()  # remembered: not looked up again
+
+
+def test_parts_compressed_as_appended_give_the_same_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files read one by one each hand over a part; big inputs compress them as they are appended: same tables."""
+    import advisor.ingest as ingest
+    import advisor.ingest.kineto as kineto
+
+    path = TRACES / "gloo_slow_rank"
+    monkeypatch.delattr(kineto, "load_many")
+    plain = _tables(path)
+    monkeypatch.setattr(ingest, "COMPRESS_EVERY_ROWS", 1)
+    assert _tables(path) == plain

@@ -65,6 +65,7 @@ def connect(memory_limit: str | None = None, threads: int | None = None) -> Any:
 
 
 DB = "advisor"
+COMPRESS_EVERY_ROWS = 4_000_000  # events appended from readers' parts between two compressions (~1 GB uncompressed)
 
 
 class Connection:
@@ -255,9 +256,15 @@ def _adopt_events_parts(con: Any, parts: list[str]) -> None:
         cur.execute("DROP TABLE events")
         cur.execute(f"ALTER TABLE {parts[0]} RENAME TO events")
         return
+    pending = 0
     for part in parts:
+        pending += cur.execute(f"SELECT count(*) FROM {part}").fetchall()[0][0]
         cur.execute(f"INSERT INTO events SELECT * FROM {part}")
         cur.execute(f"DROP TABLE {part}")
+        if pending >= COMPRESS_EVERY_ROWS:  # big inputs: compress as they are appended (bounded memory)
+            cur.execute(f"CHECKPOINT {DB}")
+            release_memory()
+            pending = 0
 
 
 def _drop_duplicate_files(con: Any, warn: Callable[..., None]) -> None:
