@@ -49,6 +49,15 @@ KINDS: dict[str, str] = {
 }
 
 DEVICE_BUSY_KINDS = ("kernel", "comm", "memcpy", "memset")
+
+# SQL: bytes per element of a PyTorch / NumPy dtype name held in the expression ``{d}`` (NULL when
+# unknown); Kineto's collective args and the rules reading input dtypes share it
+DTYPE_BYTES_SQL = """CASE lower(coalesce({d}, ''))
+    WHEN 'float' THEN 4 WHEN 'float32' THEN 4 WHEN 'int' THEN 4 WHEN 'int32' THEN 4
+    WHEN 'half' THEN 2 WHEN 'bfloat16' THEN 2 WHEN 'float16' THEN 2 WHEN 'short' THEN 2
+    WHEN 'double' THEN 8 WHEN 'long' THEN 8 WHEN 'int64' THEN 8 WHEN 'float64' THEN 8
+    WHEN 'byte' THEN 1 WHEN 'char' THEN 1 WHEN 'bool' THEN 1 WHEN 'uint8' THEN 1 WHEN 'int8' THEN 1
+    ELSE NULL END"""
 HOST_BUSY_KINDS = ("host_op", "runtime", "sync", "dataloader", "queue", "comm")
 
 
@@ -183,8 +192,8 @@ TABLES: dict[str, Table] = {
             ("output_formats", "VARCHAR", "output formats"),
             ("flops", "DOUBLE", "floating-point operations, where known"),
             ("mem_bytes", "DOUBLE", "bytes read+written from device memory, where known"),
-            ("pmu", "JSON", "Ascend PMU figures as a JSON object (aic_mac_ratio, aiv_vec_ratio, aic_mte2_ratio, ...); "
-             "NULL for Kineto GPU kernels (their launch geometry gives block_dim)"),
+            ("pmu", "JSON", ("Ascend PMU figures as a JSON object (aic_mac_ratio, aiv_vec_ratio, aic_mte2_ratio, ...); "
+                             "NULL for Kineto GPU kernels (their launch geometry gives block_dim)")),
         ),
         _t(
             "comm_ops",

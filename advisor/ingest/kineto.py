@@ -44,6 +44,7 @@ from advisor.ingest.base import (
 )
 from advisor.ingest.jsonstream import LayoutError, SpilledEvents, header_value
 from advisor.ingest.steps import build_steps, drop_window_lookup, step_of, window_lookup
+from advisor.schema import DTYPE_BYTES_SQL
 
 SOURCE = "kineto"
 
@@ -107,12 +108,6 @@ EVENT_MAX_BYTES = 64 << 20  # one event larger than this is refused (bounds memo
 # SQL expression: text (JSON number or string) in µs -> integer ns. Exact for decimal text.
 _US_TO_NS = "TRY_CAST(round(TRY_CAST({x} AS DECIMAL(38,6)) * 1000) AS BIGINT)"
 
-DTYPE_BYTES_SQL = """CASE lower(coalesce({d}, ''))
-    WHEN 'float' THEN 4 WHEN 'float32' THEN 4 WHEN 'int' THEN 4 WHEN 'int32' THEN 4
-    WHEN 'half' THEN 2 WHEN 'bfloat16' THEN 2 WHEN 'float16' THEN 2 WHEN 'short' THEN 2
-    WHEN 'double' THEN 8 WHEN 'long' THEN 8 WHEN 'int64' THEN 8 WHEN 'float64' THEN 8
-    WHEN 'byte' THEN 1 WHEN 'char' THEN 1 WHEN 'bool' THEN 1 WHEN 'uint8' THEN 1 WHEN 'int8' THEN 1
-    ELSE NULL END"""
 
 
 def trace_form(head: bytes) -> str | None:

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from advisor.engine.rule import RuleContext, knob, rule
-from advisor.ingest.kineto import DTYPE_BYTES_SQL
 from advisor.model import Finding, Severity
+from advisor.schema import DTYPE_BYTES_SQL
 from rules.comm._common import BW_ROWS_CTE, INTRA_NODE, PeakThresholds, peak_case, step_us
 
 
