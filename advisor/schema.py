@@ -194,6 +194,7 @@ TABLES: dict[str, Table] = {
             ("mem_bytes", "DOUBLE", "bytes read+written from device memory, where known"),
             ("pmu", "JSON", ("Ascend PMU figures as a JSON object (aic_mac_ratio, aiv_vec_ratio, aic_mte2_ratio, ...); "
                              "NULL for Kineto GPU kernels (their launch geometry gives block_dim)")),
+            ("file_id", "INTEGER", "index into profile_files where the row comes from one trace file (Kineto), else NULL"),
         ),
         _t(
             "comm_ops",
@@ -210,6 +211,7 @@ TABLES: dict[str, Table] = {
             ("sync_ns", "BIGINT", "synchronization time, ns"),
             ("idle_ns", "BIGINT", "idle time, ns"),
             ("bytes", "BIGINT", "bytes transferred (all transports)"),
+            ("file_id", "INTEGER", "index into profile_files where the row comes from one trace file (Kineto), else NULL"),
         ),
         _t(
             "comm_bandwidth",

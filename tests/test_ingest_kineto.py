@@ -153,8 +153,8 @@ TABLE_QUERIES = {
     "events": "SELECT * EXCLUDE (file_id) FROM events ORDER BY ALL",
     "steps": "SELECT * FROM steps ORDER BY ALL",
     "tracks": "SELECT * FROM tracks ORDER BY ALL",
-    "kernels": "SELECT * FROM kernels ORDER BY ALL",
-    "comm_ops": "SELECT * FROM comm_ops ORDER BY ALL",
+    "kernels": "SELECT * EXCLUDE (file_id) FROM kernels ORDER BY ALL",
+    "comm_ops": "SELECT * EXCLUDE (file_id) FROM comm_ops ORDER BY ALL",
     "profile_files": "SELECT rank, path, source, events FROM profile_files ORDER BY ALL",
 }
 MULTI_FILE = [SAMPLES / "kineto_two_ranks", TRACES / "cpu_multi_cycle", TRACES / "gloo_slow_rank", TRACES / "gloo_pipeline_bubble"]
@@ -285,3 +285,26 @@ def test_parts_compressed_as_appended_give_the_same_tables(monkeypatch: pytest.M
     plain = _tables(path)
     monkeypatch.setattr(ingest, "COMPRESS_EVERY_ROWS", 1)
     assert _tables(path) == plain
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["one_scan", "one_by_one"])
+def test_a_copy_of_a_rank_file_is_dropped(tmp_path: Path, samples: Path, batched: bool,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two files claiming one rank for the same time range: one is used, the other named in a warning."""
+    import shutil
+
+    import advisor.ingest.kineto as kineto
+
+    src = samples / "kineto_two_ranks"
+    for f in src.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    shutil.copy(src / "rank-0.json.gz", tmp_path / "copy-of-rank-0.json.gz")
+    if not batched:
+        monkeypatch.delattr(kineto, "load_many")
+    got = _tables(tmp_path)
+    want = _tables(src)
+    dup = [w for w in got.pop("warnings") if w[0] == "duplicate_rank"]
+    assert len(dup) == 1 and "rank 0" in dup[0][1]
+    want.pop("warnings")
+    assert {k: v for k, v in got.items() if k != "profile_files"} == {k: v for k, v in want.items() if k != "profile_files"}
+    assert [r[2:] for r in got["profile_files"]] == [r[2:] for r in want["profile_files"]]  # (source, events): paths differ

@@ -278,8 +278,9 @@ def _drop_duplicate_files(con: Any, warn: Callable[..., None]) -> None:
     dropped = [d[0] for d in overlapping_files(rows, warn)]
     if dropped:
         cur = con.cursor()
-        cur.execute(f"DELETE FROM events WHERE file_id IN ({', '.join(map(str, dropped))})")
-        cur.execute(f"DELETE FROM profile_files WHERE file_id IN ({', '.join(map(str, dropped))})")
+        ids = ", ".join(map(str, dropped))
+        for table in ("events", "kernels", "comm_ops", "profile_files"):
+            cur.execute(f"DELETE FROM {table} WHERE file_id IN ({ids})")
 
 
 def _merge_tracks(con: Any) -> None:

@@ -456,7 +456,7 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
                    FROM {ktask} WHERE start IS NOT NULL AND end_ IS NOT NULL)
         SELECT $rank, NULL, sn.value, so.value, upper(sc.value), k.start, greatest(k.end_ - k.start, 0), k.wait,
                k.block::INTEGER, k.mix::INTEGER, si.value, sd.value, sf.value, s2.value, s3.value, s4.value,
-               NULL, NULL, pm.pmu
+               NULL, NULL, pm.pmu, NULL
         FROM w k
         LEFT JOIN {sid} sn ON sn.id = k.name LEFT JOIN {sid} so ON so.id = k.optype LEFT JOIN {sid} sc ON sc.id = k.core
         LEFT JOIN {sid} si ON si.id = k.ish LEFT JOIN {sid} sd ON sd.id = k.idt LEFT JOIN {sid} sf ON sf.id = k.ifm
@@ -581,7 +581,7 @@ def _comm(
             SELECT $rank, NULL, sn.value, {OP_TYPE_SQL.format(n="coalesce(st.value, sn.value, '')")}, sg.value,
                    o.start, greatest(o.end_ - o.start, 0), a.transit, a.wait, a.sync,
                    CASE WHEN a.op_id IS NOT NULL THEN greatest(o.end_ - o.start - coalesce(a.transit, 0) - coalesce(a.wait, 0), 0) END,
-                   coalesce(NULLIF(b.b, 0), o.cnt * ({HCCL_DTYPE_BYTES_SQL.format(d="dt.value")}))
+                   coalesce(NULLIF(b.b, 0), o.cnt * ({HCCL_DTYPE_BYTES_SQL.format(d="dt.value")})), NULL
             FROM {ops} o LEFT JOIN agg a ON a.op_id = o.op_id LEFT JOIN bytes b ON b.op_id = o.op_id
             LEFT JOIN {sid} sn ON sn.id = o.name LEFT JOIN {sid} st ON st.id = o.op_type LEFT JOIN {sid} sg ON sg.id = o.grp
             LEFT JOIN {dtype_t} dt ON dt.id = o.dtype
@@ -860,7 +860,7 @@ def load_analysis_db(cur: Any, path: Path, rank: int) -> dict[str, Any]:
                     SELECT $rank, {STEP_KEY_SQL.format(k="t.step")}, t.op, {OP_TYPE_SQL.format(n="t.op")}, t.grp,
                            {US_TO_NS.format(x="CAST(t.start AS VARCHAR)")},
                            {MS_TO_NS.format(x="t.elapse")}, {MS_TO_NS.format(x="t.transit")}, {MS_TO_NS.format(x="t.wait")},
-                           {MS_TO_NS.format(x="t.sync")}, {MS_TO_NS.format(x="t.idle")}, x.b
+                           {MS_TO_NS.format(x="t.sync")}, {MS_TO_NS.format(x="t.idle")}, x.b, NULL
                     FROM _chunk t LEFT JOIN {bstage}_b x ON x.op = t.op AND x.grp IS NOT DISTINCT FROM t.grp
                                                         AND x.step IS NOT DISTINCT FROM t.step
                     WHERE t.op IS NOT NULL AND NOT starts_with(lower(t.op), 'total')""",

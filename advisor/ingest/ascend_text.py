@@ -402,7 +402,7 @@ def _traces_from_stage(
         SELECT x.rank, NULL, x.name, {OP_TYPE_SQL.format(n="x.name")}, {_GROUP_OF_LANE.format(t="x.tname")},
                x.ts_ns, x.dur_ns, a.transit, a.wait, a.sync,
                CASE WHEN a.op_rid IS NOT NULL THEN greatest(x.dur_ns - coalesce(a.transit, 0) - coalesce(a.wait, 0), 0) END,
-               coalesce(NULLIF(b.b, 0), TRY_CAST(x.elem_count AS BIGINT) * ({HCCL_DTYPE_BYTES_SQL.format(d="x.data_type")}))
+               coalesce(NULLIF(b.b, 0), TRY_CAST(x.elem_count AS BIGINT) * ({HCCL_DTYPE_BYTES_SQL.format(d="x.data_type")})), NULL
         FROM {xe} x LEFT JOIN agg a ON a.op_rid = x.rid LEFT JOIN bytes b ON b.op_rid = x.rid
         WHERE x.cfb AND x.layer = 'hccl' AND NOT x.is_task"""
     )
@@ -716,7 +716,7 @@ def _kernel_group(cur: Any, stage: str, cols: dict[str, str], jobs: list[Job], t
         cur.execute(
             f"""INSERT INTO kernels
             SELECT rank, step, name, op_type, core, start_ns, dur_ns, wait_ns, block, mix_block, in_shapes, in_dtypes,
-                   in_formats, out_shapes, out_dtypes, out_formats, {flops}, NULL, {pmu}
+                   in_formats, out_shapes, out_dtypes, out_formats, {flops}, NULL, {pmu}, NULL
             FROM {typed} WHERE {ok}"""
         )
         cur.execute(
@@ -996,7 +996,7 @@ def load_communications(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str
                    {US_TO_NS.format(x=ti("Start Timestamp(us)"))},
                    {MS_TO_NS.format(x=ti("Elapse Time(ms)"))}, {MS_TO_NS.format(x=ti("Transit Time(ms)"))},
                    {MS_TO_NS.format(x=ti("Wait Time(ms)"))}, {MS_TO_NS.format(x=ti("Synchronization Time(ms)"))},
-                   {MS_TO_NS.format(x=ti("Idle Time(ms)"))}, tot.bytes
+                   {MS_TO_NS.format(x=ti("Idle Time(ms)"))}, tot.bytes, NULL
             FROM {ops} o LEFT JOIN tot ON tot.fno = o.fno AND tot.op_key = o.op_key AND tot.step_key IS NOT DISTINCT FROM o.step_key"""
         )
         cur.execute(

@@ -566,16 +566,16 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
         step = f"CASE WHEN t.rank IN ({ranks_sql}) THEN {step_of('t.start_ns')} END"
         # kernels with a launch grid (current schema): block_dim = grid size, the GPU analogue of Ascend's block dim
         cur.execute(
-            f"""INSERT INTO kernels (rank, step, name, op_type, core_type, start_ns, dur_ns, block_dim, pmu)
+            f"""INSERT INTO kernels (rank, step, name, op_type, core_type, start_ns, dur_ns, block_dim, pmu, file_id)
             SELECT t.rank, {step}, t.name, NULL, 'GPU', t.start_ns, t.dur_ns,
-                   TRY_CAST(list_aggregate(TRY_CAST(t.x_extra AS BIGINT[]), 'product') AS INTEGER), NULL
+                   TRY_CAST(list_aggregate(TRY_CAST(t.x_extra AS BIGINT[]), 'product') AS INTEGER), NULL, t.file_id
             FROM {part} t {win.join} WHERE t.kind = 'kernel' AND t.x_extra IS NOT NULL"""
         )
         cur.execute(
             f"""INSERT INTO comm_ops
             SELECT t.rank, {step}, t.name,
               regexp_replace(lower(regexp_extract(t.name, '(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|send_?recv|send|recv|reduce|barrier|gather|scatter)', 1, 'i')), '_', '', 'g'),
-              t.x_extra, t.start_ns, t.dur_ns, NULL, NULL, NULL, NULL, t.bytes
+              t.x_extra, t.start_ns, t.dur_ns, NULL, NULL, NULL, NULL, t.bytes, t.file_id
             FROM {part} t {win.join} WHERE t.kind = 'comm' AND lower(coalesce(t.cat, '')) = 'kernel'"""
         )
         cur.execute(f"ALTER TABLE {part} DROP COLUMN x_extra")
