@@ -239,10 +239,25 @@ kop AS (
 )"""
 
 KERNEL_OPS = "kernel_ops"  # the rows of kop above as a shared table, built once when a rule reads it
+_KERNEL_OPS_COLS = " SELECT rank, step, corr, dur_ns, pid, tid, op_name, op_start_ns, op_dur_ns, shapes FROM kop"
+# kop without its fallback branch, for traces whose every launch carries an External id: kk is then read
+# once, so DuckDB inlines it and builds its hash tables on the launches instead of on all host operators
+_KINETO_KERNEL_OPS_BY_EXT = KINETO_KERNEL_OPS[: KINETO_KERNEL_OPS.index("    UNION ALL")] + ")"
+_kernel_ops_all = sql_table("WITH " + KINETO_KERNEL_OPS + _KERNEL_OPS_COLS)
+_kernel_ops_by_ext = sql_table("WITH " + _KINETO_KERNEL_OPS_BY_EXT + _KERNEL_OPS_COLS)
+
+
+def _build_kernel_ops(con: Any, name: str) -> None:
+    # the fallback branch only joins launches without an External id: skip it when there are none
+    no_ext = con.cursor().execute(
+        "SELECT count(*) FROM events WHERE NOT device AND kind = 'runtime' AND corr IS NOT NULL AND ext_id IS NULL"
+    ).fetchone()[0]
+    (_kernel_ops_all if no_ext else _kernel_ops_by_ext)(con, name)
+
+
 register(
     KERNEL_OPS,
     "Kineto device kernels with the host operator that launched them (the rows of KINETO_KERNEL_OPS' kop): "
     "rank, step, corr, dur_ns (the kernel's), pid, tid, op_name, op_start_ns, op_dur_ns, shapes",
-    sql_table("WITH " + KINETO_KERNEL_OPS
-              + " SELECT rank, step, corr, dur_ns, pid, tid, op_name, op_start_ns, op_dur_ns, shapes FROM kop"),
+    _build_kernel_ops,
 )
