@@ -60,24 +60,25 @@ class Thresholds:
 
 
 KEYS = """
-WITH shaped AS (  -- input shapes holding a number (tensors), each distinct text tested once (on an aggregate:
-                 -- not pushed onto every row)
-    SELECT shapes FROM (SELECT min(shapes) AS shapes FROM events WHERE kind = 'host_op' GROUP BY shapes)
+WITH ks AS (  -- each operator key (name, input shapes holding a number: tensors) once, numbered, so that the
+              -- per-step and median aggregates group integers, not texts (shapes tested once per distinct key)
+    SELECT name, shapes, row_number() OVER () AS kid
+    FROM (SELECT DISTINCT name, shapes FROM events WHERE kind = 'host_op' AND NOT device AND step >= 0)
     WHERE regexp_matches(coalesce(shapes, ''), '\\d')
 ),
-k AS (
-    SELECT rank, step, name, shapes, sum(dur_ns) AS dur_ns
-    FROM events
-    WHERE kind = 'host_op' AND NOT device AND step >= 0 AND shapes IN (SELECT shapes FROM shaped)
-    GROUP BY ALL
+j AS MATERIALIZED (  -- materialized: keeps DuckDB from pushing the per-step sum below the join, onto the texts
+    SELECT e.rank, e.step, ks.kid, e.dur_ns
+    FROM events e JOIN ks ON e.name = ks.name AND e.shapes = ks.shapes
+    WHERE e.kind = 'host_op' AND NOT e.device AND e.step >= 0
 ),
+k AS (SELECT rank, step, kid, sum(dur_ns) AS dur_ns FROM j GROUP BY ALL),
 med AS (
-    SELECT rank, name, shapes, median(dur_ns) AS med_ns, count(*) AS n_steps
+    SELECT rank, kid, median(dur_ns) AS med_ns, count(*) AS n_steps
     FROM k GROUP BY ALL HAVING count(*) >= $min_steps
 ),
 keyed AS (
-    SELECT k.rank, k.step, k.name, k.shapes, k.dur_ns, m.med_ns, k.dur_ns >= $slow_ratio * m.med_ns AS slowed
-    FROM k JOIN med m USING (rank, name, shapes)
+    SELECT k.rank, k.step, ks.name, ks.shapes, k.dur_ns, m.med_ns, k.dur_ns >= $slow_ratio * m.med_ns AS slowed
+    FROM k JOIN med m USING (rank, kid) JOIN ks USING (kid)
 )"""
 
 # per (rank, step): the operator keys compared, how many ran slowed, their time and their medians' time
