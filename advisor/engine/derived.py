@@ -38,7 +38,8 @@ def _islands(rank: np.ndarray, s: np.ndarray, e: np.ndarray) -> pd.DataFrame:
     """Disjoint unions (rank, s, e) of intervals sorted by (rank, s); touching intervals merge."""
     n = len(s)
     if n == 0:
-        return pd.DataFrame({"rank": rank[:0], "s": s[:0], "e": e[:0], "before": e[:0]})
+        return pd.DataFrame({"rank": rank[:0], "s": s[:0], "e": e[:0], "before": e[:0],
+                             "next_s": pd.array(e[:0], dtype="Int64")})
     first = np.flatnonzero(np.concatenate([[True], rank[1:] != rank[:-1]]))
     reach = np.empty(n, dtype=np.int64)  # latest end so far within the rank
     for a, b in zip(first, [*first[1:], n], strict=True):
@@ -52,7 +53,14 @@ def _islands(rank: np.ndarray, s: np.ndarray, e: np.ndarray) -> pd.DataFrame:
     done = np.cumsum(isl_e - isl_s) - (isl_e - isl_s)
     rank_first = np.flatnonzero(np.concatenate([[True], rank[idx][1:] != rank[idx][:-1]]))
     done -= np.repeat(done[rank_first], np.diff(np.append(rank_first, len(idx))))
-    return pd.DataFrame({"rank": rank[idx], "s": isl_s, "e": isl_e, "before": done})
+    # start of the rank's next period (NULL after its last one)
+    nxt = np.zeros(len(idx), dtype=np.int64)
+    nxt[:-1] = isl_s[1:]
+    last = np.zeros(len(idx), dtype=bool)
+    last[rank_first[1:] - 1] = True
+    last[-1] = True
+    return pd.DataFrame({"rank": rank[idx], "s": isl_s, "e": isl_e, "before": done,
+                         "next_s": pd.arrays.IntegerArray(nxt, last)})
 
 
 def busy_islands(con: Any, where: str) -> pd.DataFrame:
@@ -71,7 +79,8 @@ def _islands_table(where: str) -> Callable[[Any, str], None]:
         cur.register("_islands_df", df)
         cur.execute(
             f"CREATE OR REPLACE TABLE {name} AS "
-            "SELECT rank::INTEGER AS rank, s::BIGINT AS s, e::BIGINT AS e, before::BIGINT AS before FROM _islands_df"
+            "SELECT rank::INTEGER AS rank, s::BIGINT AS s, e::BIGINT AS e, before::BIGINT AS before, "
+            "next_s::BIGINT AS next_s FROM _islands_df"
         )
         cur.unregister("_islands_df")
 
@@ -153,13 +162,14 @@ DERIVED: dict[str, Derived] = {
         _top_table,
     ),
     "device_busy": Derived(
-        "device busy periods (rank, s, e, before): the disjoint unions of each rank's device kernels, "
-        "communication, memcpy and memset (touching intervals merge); before = busy time of the rank's earlier periods",
+        "device busy periods (rank, s, e, before, next_s): the disjoint unions of each rank's device kernels, "
+        "communication, memcpy and memset (touching intervals merge); before = busy time of the rank's earlier periods; "
+        "next_s = start of the rank's next period (NULL after the last)",
         _islands_table(_DEVICE_BUSY),
     ),
     "kernel_busy": Derived(
-        "kernel busy periods (rank, s, e, before): the disjoint unions of each rank's device kernels; before = busy "
-        "time of the rank's earlier periods",
+        "kernel busy periods (rank, s, e, before, next_s): the disjoint unions of each rank's device kernels; before = "
+        "busy time of the rank's earlier periods; next_s = start of the rank's next period (NULL after the last)",
         _islands_table("device AND kind = 'kernel'"),
     ),
 }

@@ -76,7 +76,7 @@ FROM g WHERE step >= -1 GROUP BY rank, step
 
 DEVICE_SQL = """
 WITH gaps AS (
-    SELECT rank, e AS gap_start, lead(s) OVER (PARTITION BY rank ORDER BY s) - e AS gap_ns FROM device_busy
+    SELECT rank, e AS gap_start, next_s - e AS gap_ns FROM device_busy  -- next_s: the next period's start
 ),
 gap_step AS (
     SELECT g.rank, s.step, sum(g.gap_ns) FILTER (WHERE g.gap_ns < $max_gap_us * 1000) / 1000.0 AS short_gap_us,

@@ -86,11 +86,14 @@ pts AS (
       AND name IN (SELECT name FROM event_names WHERE device AND kind = 'memcpy' AND regexp_matches(name, $dtoh_re))
 ),
 pts_id AS MATERIALIZED (SELECT row_number() OVER (ORDER BY rank, start_ns, dur_ns, pid, tid, name) AS id, *, start_ns + dur_ns AS end_ns FROM pts),
-cur AS (  -- the device busy period (if any) still running when the sync point ends
-    SELECT p.id, b.e AS busy_until FROM pts_id p ASOF LEFT JOIN device_busy b ON p.rank = b.rank AND p.end_ns >= b.s
+cur AS (  -- the last device busy period started when the sync point ends (if any), and the next one's start
+    SELECT p.id, b.e AS busy_until, b.s AS cur_s, b.next_s
+    FROM pts_id p ASOF LEFT JOIN device_busy b ON p.rank = b.rank AND p.end_ns >= b.s
 ),
-nxt AS (
-    SELECT p.id, b.s AS next_busy FROM pts_id p ASOF LEFT JOIN device_busy b ON p.rank = b.rank AND b.s > p.end_ns
+nxt AS (  -- the first busy period starting after the sync point ends: the one after cur, else the rank's first
+    SELECT p.id, CASE WHEN c.cur_s IS NOT NULL THEN c.next_s WHEN p.end_ns IS NOT NULL THEN f.first_s END AS next_busy
+    FROM pts_id p JOIN cur c USING (id)
+    LEFT JOIN (SELECT rank, min(s) AS first_s FROM device_busy GROUP BY rank) f ON f.rank = p.rank
 ),
 gap AS (
     SELECT p.*, CASE WHEN c.busy_until > p.end_ns OR n.next_busy IS NULL THEN 0 ELSE n.next_busy - p.end_ns END AS gap_ns,
