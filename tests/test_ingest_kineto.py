@@ -308,3 +308,13 @@ def test_a_copy_of_a_rank_file_is_dropped(tmp_path: Path, samples: Path, batched
     want.pop("warnings")
     assert {k: v for k, v in got.items() if k != "profile_files"} == {k: v for k, v in want.items() if k != "profile_files"}
     assert [r[2:] for r in got["profile_files"]] == [r[2:] for r in want["profile_files"]]  # (source, events): paths differ
+
+
+@pytest.mark.parametrize("path", MULTI_FILE, ids=lambda p: p.name)
+def test_events_adopted_from_a_part_keep_the_schema_types(path: Path) -> None:
+    """A directory read in one scan hands its table over as ``events`` itself: same columns and types as the schema."""
+    from advisor.schema import TABLES
+
+    con = load_profile(path).con
+    assert [tuple(r[:2]) for r in con.execute("DESCRIBE events").fetchall()] == \
+        [(c.name, c.sql_type) for c in TABLES["events"].columns]

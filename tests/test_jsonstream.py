@@ -87,3 +87,11 @@ def test_spilled_events_are_read_by_path_and_removed(tmp_path: Path, samples: Pa
     ctx = load_profile(samples / "kineto_two_ranks")
     assert len(made) == 2 and ctx.ranks == [0, 1]
     assert list(tmp.iterdir()) == []
+
+
+def test_empty_event_list_with_keys_after_it(tmp_path: Path) -> None:
+    p = tmp_path / "t.json"
+    p.write_text('{"schemaVersion": 1, "traceEvents": [ \n ], "deviceProperties": [], "traceName": "x"}')
+    with SpilledEvents(p, tmp_dir=str(tmp_path)) as spilled:
+        assert json.loads(spilled.path.read_bytes()) == []
+        assert spilled.trailer == {"deviceProperties": [], "traceName": "x"}

@@ -201,7 +201,10 @@ def find_close(tail: bytes) -> tuple[int, dict[str, Any]]:
         pos = tail.rfind(b"]", 0, pos)
         if pos < 0:
             break
-        if tail[:pos].rstrip()[-1:] not in (b"}", b"["):
+        before = pos - 1
+        while before >= 0 and tail[before] in b" \t\r\n":
+            before -= 1
+        if before < 0 or tail[before] not in b"}[":
             continue  # the list closes after its last event object (or is empty): an inner list of an event
         rest = tail[pos + 1 :].strip()
         if rest == b"}":

@@ -102,12 +102,11 @@ _KIND_SQL = f"""CASE
     ELSE 'other'
 END"""
 
-STREAM_ABOVE_BYTES = 256 << 20  # estimated uncompressed size from which the streaming reader is used
+STREAM_ABOVE_BYTES = 256 << 20  # estimated uncompressed size from which a file is read on its own, not batched
 EVENT_MAX_BYTES = 64 << 20  # one event larger than this is refused (bounds memory on hostile input)
 
 # SQL expression: text (JSON number or string) in µs -> integer ns. Exact for decimal text.
 _US_TO_NS = "TRY_CAST(round(TRY_CAST({x} AS DECIMAL(38,6)) * 1000) AS BIGINT)"
-
 
 
 def trace_form(head: bytes) -> str | None:
@@ -209,6 +208,7 @@ def _distributed_info(head: bytes) -> dict[str, Any] | None:
     """The ``distributedInfo`` object from the start of a trace (Kineto writes it before the events)."""
     obj = header_value(head, "distributedInfo")
     return obj if isinstance(obj, dict) else None
+
 
 def _max_object_size(path: Path) -> int:
     size = path.stat().st_size
@@ -473,7 +473,8 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None,
     cur.execute(f"CREATE OR REPLACE TEMP TABLE {kf} (fname VARCHAR, fid INTEGER, rank INTEGER, base_ns BIGINT, path VARCHAR, n BIGINT)")
     cur.executemany(f"INSERT INTO {kf} VALUES (?, ?, ?, ?, ?, 0)", [(f.src, f.fid, f.rank, bases[f.fid], str(f.path)) for f in files])
     try:
-        cols = ", ".join(_PART_COLUMNS.get(c, c) + f" AS {c}" for c in TABLES["events"].column_names)
+        # typed as the schema says: the part may become ``events`` itself (renamed, not copied)
+        cols = ", ".join(f"CAST({_PART_COLUMNS.get(c.name, c.name)} AS {c.sql_type}) AS {c.name}" for c in TABLES["events"].columns)
         try:
             cur.execute(
                 f"CREATE TABLE {part} AS SELECT {cols}, x_extra FROM ({_events_sql(unnest or _array_scan(kf))}) JOIN {kf} f USING (fid)",

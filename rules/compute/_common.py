@@ -213,20 +213,20 @@ def tensor_bytes(shapes: str | None, dtypes: str | None) -> float | None:
 # Device kernels of a Kineto trace with the innermost host operator whose interval holds the
 # launch (runtime event with the same correlation id, on the same thread). Columns: rank, step,
 # kernel, start_ns, dur_ns, op_name, op_start_ns, op_dur_ns, op_flops, shapes, dtypes, pid, tid.
-KINETO_KERNEL_OPS = """
+_KK = """
 kk AS (
     SELECT k.rank, k.step, k.name AS kernel, k.start_ns, k.dur_ns, k.corr, r.pid, r.tid, r.start_ns AS launch_ns,
            r.ext_id AS launch_ext
     FROM events k JOIN events r ON r.rank = k.rank AND r.corr = k.corr AND NOT r.device AND r.kind = 'runtime'
     WHERE k.device AND k.kind = 'kernel' AND k.corr IS NOT NULL
-),
-kop AS (
-    -- the launching operator: the launch call carries its operator's External id (hash join);
-    -- only launches without one fall back to the innermost enclosing operator on the thread
+)"""
+# the launching operator: the launch call carries its operator's External id (hash join) ...
+_KOP_BY_EXT = """
     SELECT kk.* EXCLUDE (launch_ext), o.name AS op_name, o.start_ns AS op_start_ns, o.dur_ns AS op_dur_ns,
            o.flops AS op_flops, o.shapes, o.dtypes, 1 AS depth_rank
-    FROM kk JOIN events o ON o.rank = kk.rank AND o.ext_id = kk.launch_ext AND NOT o.device AND o.kind = 'host_op'
-    UNION ALL
+    FROM kk JOIN events o ON o.rank = kk.rank AND o.ext_id = kk.launch_ext AND NOT o.device AND o.kind = 'host_op'"""
+# ... only launches without one fall back to the enclosing operators on the thread, innermost first
+_KOP_ENCLOSING = """
     SELECT * EXCLUDE (rn), rn AS depth_rank FROM (
         SELECT kk.* EXCLUDE (launch_ext), o.name AS op_name, o.start_ns AS op_start_ns, o.dur_ns AS op_dur_ns,
                o.flops AS op_flops, o.shapes, o.dtypes,
@@ -235,14 +235,14 @@ kop AS (
              AND o.tid = kk.tid AND NOT o.device AND o.kind = 'host_op'
              AND o.start_ns <= kk.launch_ns AND o.start_ns + o.dur_ns >= kk.launch_ns
         WHERE kk.launch_ext IS NULL
-    )
-)"""
+    )"""
+KINETO_KERNEL_OPS = f"{_KK},\nkop AS ({_KOP_BY_EXT}\n    UNION ALL{_KOP_ENCLOSING}\n)"
 
 KERNEL_OPS = "kernel_ops"  # the rows of kop above as a shared table, built once when a rule reads it
 _KERNEL_OPS_COLS = " SELECT rank, step, corr, dur_ns, pid, tid, op_name, op_start_ns, op_dur_ns, shapes FROM kop"
 # kop without its fallback branch, for traces whose every launch carries an External id: kk is then read
 # once, so DuckDB inlines it and builds its hash tables on the launches instead of on all host operators
-_KINETO_KERNEL_OPS_BY_EXT = KINETO_KERNEL_OPS[: KINETO_KERNEL_OPS.index("    UNION ALL")] + ")"
+_KINETO_KERNEL_OPS_BY_EXT = f"{_KK},\nkop AS ({_KOP_BY_EXT}\n)"
 _kernel_ops_all = sql_table("WITH " + KINETO_KERNEL_OPS + _KERNEL_OPS_COLS)
 _kernel_ops_by_ext = sql_table("WITH " + _KINETO_KERNEL_OPS_BY_EXT + _KERNEL_OPS_COLS)
 
