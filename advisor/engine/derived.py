@@ -126,6 +126,68 @@ def top_level_rows(con: Any) -> np.ndarray:
     return np.asarray(rid[order][top])
 
 
+def enclosing_intervals(thr: np.ndarray, s: np.ndarray, e: np.ndarray, pthr: np.ndarray,
+                        pt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each point (thread ``pthr``, time ``pt``): the index of the innermost interval of its
+    thread open at that time (``s <= pt < e``), and of the outermost one; -1 where none is.
+
+    Intervals of one thread are expected to nest, as host operators do. No pair is compared: an
+    interval's depth is the number of its thread's intervals started up to it (longer first
+    among equal starts) minus those ended by its start, a point's depth the number open at it,
+    and the innermost interval open at a point of depth d is the last one of depth d started up
+    to it (the outermost: the last of depth 1). A found interval that does not hold the point
+    (intervals that overlap without nesting) is not reported. Zero-length intervals hold no point.
+    """
+    n, m = len(s), len(pt)
+    none = np.full(m, -1, np.int64)
+    if n == 0 or m == 0:
+        return none, none.copy()
+    thr, pthr = thr.astype(np.int64), pthr.astype(np.int64)
+    s, e, pt = s.astype(np.int64), e.astype(np.int64), pt.astype(np.int64)
+    lo = min(int(s.min()), int(pt.min()))
+    hi = max(int(e.max()), int(pt.max()), int(s.max()))
+    tb = max(hi - lo, 1).bit_length()
+    ks, ke, kp = s - lo, e - lo, pt - lo
+    if tb + max(int(thr.max()), int(pthr.max()), 1).bit_length() > 62:  # (thread, time) must pack in an int64
+        _, inv = np.unique(np.concatenate([s, e, pt]), return_inverse=True)  # times by rank: order and ties kept
+        ks, ke, kp = inv[:n], inv[n:2 * n], inv[2 * n:]
+        tb = max(int(inv.max()), 1).bit_length()
+    skey, dur = (thr << tb) | ks, e - s
+    step, ddur = np.diff(skey), np.diff(dur)
+    if bool(np.all((step > 0) | ((step == 0) & (ddur <= 0)))):  # already by (thread, start), longer first
+        order = np.arange(n)
+    else:
+        order = np.argsort(-dur, kind="stable")  # longer first among equal starts ...
+        order = order[np.argsort(skey[order], kind="stable")]  # ... within (thread, start)
+    starts = skey[order]
+    pkey = (pthr << tb) | kp
+    started = np.searchsorted(starts, pkey, "right")  # intervals of the point's thread started up to it, + earlier threads'
+    # a point inside no interval: the latest end among those started up to it is not after it
+    # (thread bits lead the keys, so an earlier thread's end never is)
+    reach = np.maximum.accumulate(((thr << tb) | ke)[order])
+    inside = np.flatnonzero(started > 0)
+    inside = inside[reach[started[inside] - 1] > pkey[inside]]
+    pkey, started, pt, pthr = pkey[inside], started[inside], pt[inside], pthr[inside]
+    ends = np.sort((thr << tb) | ke)
+    depth = np.arange(1, n + 1) - np.searchsorted(ends, starts, "right")
+    pdepth = started - np.searchsorted(ends, pkey, "right")
+    by_depth = np.argsort(depth, kind="stable")  # positions grouped by depth, in start order within a depth
+    keys = depth[by_depth].astype(np.int64) * n + by_depth
+
+    def last_of_depth(d: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(keys, d.astype(np.int64) * n + (started - 1), "right") - 1
+        ok = (d > 0) & (i >= 0)
+        pos = by_depth[np.where(ok, i, 0)]
+        ok &= depth[pos] == d
+        idx = order[pos]
+        ok &= (thr[idx] == pthr) & (s[idx] <= pt) & (pt < e[idx])
+        out = none.copy()
+        out[inside] = np.where(ok, idx, -1)
+        return out
+
+    return last_of_depth(pdepth), last_of_depth(np.minimum(pdepth, 1))
+
+
 def _values(a: Any) -> tuple[np.ndarray, np.ndarray]:
     """A fetched integer column as (values with NULLs as 0, NULL flags)."""
     if isinstance(a, np.ma.MaskedArray):
@@ -138,7 +200,7 @@ def _top_table(con: Any, name: str) -> None:
     cur = con.cursor()
     cur.register("_top_rows", pd.DataFrame({"rid": top_level_rows(con)}))
     cur.execute(
-        f"CREATE OR REPLACE TABLE {name} AS SELECT rank, step, pid, tid, name, start_ns, dur_ns FROM events "
+        f"CREATE OR REPLACE TABLE {name} AS SELECT rowid AS oid, rank, step, pid, tid, name, start_ns, dur_ns FROM events "
         "WHERE rowid IN (SELECT rid FROM _top_rows)"
     )
     cur.unregister("_top_rows")
@@ -158,7 +220,7 @@ DERIVED: dict[str, Derived] = {
     ),
     "host_op_top": Derived(
         "the host operators (kind host_op, any step) that no earlier-starting operator of their thread still "
-        "covers: rank, step, pid, tid, name, start_ns, dur_ns",
+        "covers: oid (its events rowid), rank, step, pid, tid, name, start_ns, dur_ns",
         _top_table,
     ),
     "device_busy": Derived(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from advisor.engine.derived import register, sql_table
+from advisor.engine.derived import register
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -210,54 +210,103 @@ def tensor_bytes(shapes: str | None, dtypes: str | None) -> float | None:
 
 
 # --------------------------------------------------------------------------- Kineto attribution
-# Device kernels of a Kineto trace with the innermost host operator whose interval holds the
-# launch (runtime event with the same correlation id, on the same thread). Columns: rank, step,
-# kernel, start_ns, dur_ns, op_name, op_start_ns, op_dur_ns, op_flops, shapes, dtypes, pid, tid.
-_KK = """
-kk AS (
-    SELECT k.rank, k.step, k.name AS kernel, k.start_ns, k.dur_ns, k.corr, r.pid, r.tid, r.start_ns AS launch_ns,
-           r.ext_id AS launch_ext
-    FROM events k JOIN events r ON r.rank = k.rank AND r.corr = k.corr AND NOT r.device AND r.kind = 'runtime'
-    WHERE k.device AND k.kind = 'kernel' AND k.corr IS NOT NULL
-)"""
-# the launching operator: the launch call carries its operator's External id (hash join) ...
-_KOP_BY_EXT = """
-    SELECT kk.* EXCLUDE (launch_ext), o.name AS op_name, o.start_ns AS op_start_ns, o.dur_ns AS op_dur_ns,
-           o.flops AS op_flops, o.shapes, o.dtypes, 1 AS depth_rank
-    FROM kk JOIN events o ON o.rank = kk.rank AND o.ext_id = kk.launch_ext AND NOT o.device AND o.kind = 'host_op'"""
-# ... only launches without one fall back to the enclosing operators on the thread, innermost first
-_KOP_ENCLOSING = """
-    SELECT * EXCLUDE (rn), rn AS depth_rank FROM (
-        SELECT kk.* EXCLUDE (launch_ext), o.name AS op_name, o.start_ns AS op_start_ns, o.dur_ns AS op_dur_ns,
-               o.flops AS op_flops, o.shapes, o.dtypes,
-               row_number() OVER (PARTITION BY kk.rank, kk.corr ORDER BY o.dur_ns, o.start_ns DESC) AS rn
-        FROM kk JOIN events o ON o.rank = kk.rank AND o.step IS NOT DISTINCT FROM kk.step AND o.pid = kk.pid
-             AND o.tid = kk.tid AND NOT o.device AND o.kind = 'host_op'
-             AND o.start_ns <= kk.launch_ns AND o.start_ns + o.dur_ns >= kk.launch_ns
-        WHERE kk.launch_ext IS NULL
-    )"""
-KINETO_KERNEL_OPS = f"{_KK},\nkop AS ({_KOP_BY_EXT}\n    UNION ALL{_KOP_ENCLOSING}\n)"
-
-KERNEL_OPS = "kernel_ops"  # the rows of kop above as a shared table, built once when a rule reads it
-_KERNEL_OPS_COLS = " SELECT rank, step, corr, dur_ns, pid, tid, op_name, op_start_ns, op_dur_ns, shapes FROM kop"
-# kop without its fallback branch, for traces whose every launch carries an External id: kk is then read
-# once, so DuckDB inlines it and builds its hash tables on the launches instead of on all host operators
-_KINETO_KERNEL_OPS_BY_EXT = f"{_KK},\nkop AS ({_KOP_BY_EXT}\n)"
-_kernel_ops_all = sql_table("WITH " + KINETO_KERNEL_OPS + _KERNEL_OPS_COLS)
-_kernel_ops_by_ext = sql_table("WITH " + _KINETO_KERNEL_OPS_BY_EXT + _KERNEL_OPS_COLS)
+# Which host operator launched each device kernel of a Kineto trace. The kernel's launch is the
+# runtime call with its correlation id; the operators are those open on the launching thread at
+# the launch (start <= launch < end), found by :func:`advisor.engine.derived.enclosing_intervals`
+# (the call stack, as HTA's call graph has it). The launch's "External id" is not used: real
+# exports have it pointing at the launch's own correlation instead of an operator, or at a user
+# annotation; the enclosing operators are there whatever the exporter did.
+_LAUNCHES = """
+CREATE OR REPLACE TEMP TABLE _kop_launch AS
+SELECT k.rank, k.step, k.corr, k.start_ns, k.dur_ns, r.pid, r.tid, r.start_ns AS launch_ns
+FROM events k JOIN events r ON r.rank = k.rank AND r.corr = k.corr AND NOT r.device AND r.kind = 'runtime'
+WHERE k.device AND k.kind = 'kernel' AND k.corr IS NOT NULL AND r.start_ns IS NOT NULL
+"""
+_THREADS = """
+CREATE OR REPLACE TEMP TABLE _kop_thread AS
+SELECT rank, pid, tid, (row_number() OVER ())::INTEGER AS th FROM (SELECT DISTINCT rank, pid, tid FROM _kop_launch)
+"""
+# operators holding a format / dtype conversion (CMP004); clone and contiguous only when they copied a tensor
+CONVERSION_OP_SQL = ("(name IN ('aten::_to_copy', 'aten::to') OR "
+                     "(name IN ('aten::contiguous', 'aten::clone') AND coalesce(shapes, '') <> ''))")
+_HOST_OP = "NOT device AND kind = 'host_op'"
+_OPS = f"""
+SELECT t.th, e.start_ns AS s, e.start_ns + e.dur_ns AS e, e.rowid AS oid, coalesce(e.flops > 0, false) AS has_flops,
+       coalesce({CONVERSION_OP_SQL.replace("name", "e.name").replace("shapes", "e.shapes")}, false) AS conv
+FROM events e JOIN _kop_thread t ON t.rank = e.rank AND t.pid = e.pid AND t.tid = e.tid
+WHERE NOT e.device AND e.kind = 'host_op' AND e.start_ns IS NOT NULL AND e.dur_ns > 0
+ORDER BY t.th, s, e DESC
+"""
+_ASSEMBLE = f"""
+CREATE OR REPLACE TABLE {{name}} AS
+SELECT l.*, r.* EXCLUDE (lid),
+       f.name AS fop_name, f.flops AS fop_flops, f.shapes AS fop_shapes, f.dtypes AS fop_dtypes,
+       c.name AS conv_name, c.shapes AS conv_shapes
+FROM _kop_launch l JOIN _kop_res r ON r.lid = l.rowid
+LEFT JOIN (SELECT rowid AS oid, name, flops, shapes, dtypes FROM events WHERE {_HOST_OP} AND flops > 0) f
+     ON f.oid = r.fop_oid
+LEFT JOIN (SELECT rowid AS oid, name, shapes FROM events WHERE {_HOST_OP} AND {CONVERSION_OP_SQL}) c
+     ON c.oid = r.conv_oid
+"""
 
 
 def _build_kernel_ops(con: Any, name: str) -> None:
-    # the fallback branch only joins launches without an External id: skip it when there are none
-    no_ext = con.cursor().execute(
-        "SELECT count(*) FROM events WHERE NOT device AND kind = 'runtime' AND corr IS NOT NULL AND ext_id IS NULL"
-    ).fetchone()[0]
-    (_kernel_ops_all if no_ext else _kernel_ops_by_ext)(con, name)
+    import numpy as np
+    import pandas as pd
+
+    from advisor.engine.derived import enclosing_intervals
+
+    cur = con.cursor()
+    try:
+        cur.execute(_LAUNCHES)
+        cur.execute(_THREADS)
+        ops = cur.execute(_OPS).fetchnumpy()
+        la = cur.execute(
+            "SELECT t.th, l.launch_ns, l.rowid AS lid FROM _kop_launch l "
+            "JOIN _kop_thread t ON t.rank = l.rank AND t.pid = l.pid AND t.tid = l.tid"
+        ).fetchnumpy()
+        th, s, e, oid = (np.ma.getdata(ops[c]) for c in ("th", "s", "e", "oid"))
+        lth, lt = np.ma.getdata(la["th"]), np.ma.getdata(la["launch_ns"])
+        cols: dict[str, Any] = {"lid": np.ma.getdata(la["lid"])}
+
+        dur = e - s
+
+        def owner(role: str, mask: np.ndarray | None, times: bool, top: str | None = None) -> None:
+            sel = np.arange(len(s)) if mask is None else np.flatnonzero(mask)
+            for r, idx in zip((role, top), enclosing_intervals(th[sel], s[sel], e[sel], lth, lt), strict=True):
+                if r is None:
+                    continue
+                none = idx < 0
+                at = sel[idx[~none]]
+
+                def col(values: np.ndarray) -> Any:  # per launch; NULL where no operator was found
+                    out = np.zeros(len(idx), np.int64)
+                    out[~none] = values[at]
+                    return pd.arrays.IntegerArray(out, none)
+
+                cols[f"{r}_oid"] = col(oid)
+                if times:
+                    cols[f"{r}_start_ns"], cols[f"{r}_dur_ns"] = col(s), col(dur)
+
+        owner("op", None, True, top="top")
+        owner("fop", np.ma.getdata(ops["has_flops"]).astype(bool), True)
+        owner("conv", np.ma.getdata(ops["conv"]).astype(bool), False)
+        cur.register("_kop_res", pd.DataFrame(cols))
+        cur.execute(_ASSEMBLE.format(name=name))
+        cur.unregister("_kop_res")
+    finally:
+        for t in ("_kop_launch", "_kop_thread"):
+            cur.execute(f"DROP TABLE IF EXISTS {t}")
 
 
+KERNEL_OPS = "kernel_ops"  # built once when a rule reads it
 register(
     KERNEL_OPS,
-    "Kineto device kernels with the host operator that launched them (the rows of KINETO_KERNEL_OPS' kop): "
-    "rank, step, corr, dur_ns (the kernel's), pid, tid, op_name, op_start_ns, op_dur_ns, shapes",
+    "Kineto device kernels launched from a host thread (rank, step, corr, start_ns, dur_ns: the kernel's; pid, "
+    "tid, launch_ns: its launch), each with host operators open on that thread at the launch, named by their "
+    "events rowid (*_oid; an operator execution): the innermost (op_oid, op_start_ns, op_dur_ns), the "
+    "outermost (top_oid, top_start_ns, top_dur_ns), the innermost with FLOPs (fop_oid, fop_name, fop_start_ns, "
+    "fop_dur_ns, fop_flops, fop_shapes, fop_dtypes) and the innermost format / dtype conversion (conv_oid, "
+    "conv_name, conv_shapes); NULL where there is none",
     _build_kernel_ops,
 )

@@ -25,7 +25,8 @@ Inputs by source. Ascend ``kernels``: FLOPs from ``flops`` or the PMU ``*_cube_f
 (shapes x dtypes); when neither count exists, the PMU pipe ratios stand in for the
 utilisations (``aic_mac_ratio`` for the arithmetic side, ``aic_mte2_ratio`` / ``aiv_mte2_ratio``
 for the memory side). Kineto: FLOPs that ``with_flops=True`` wrote on host operators, device time
-of the kernels each operator launched (correlation id), bytes of the operator's input tensors
+of the kernels launched inside each such operator (the innermost one with FLOPs open on the
+thread at the kernel's runtime launch, same correlation id), bytes of the operator's input tensors
 (``record_shapes``), a lower bound of its traffic. Communication, AI CPU and DMA tasks are left
 out. An operator whose class cannot be decided (no FLOPs and no ratio) is counted in a warning.
 
@@ -50,7 +51,7 @@ from typing import Any
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
-from rules.compute._common import KINETO_KERNEL_OPS, Device, dtype_class, rank_devices, tensor_bytes
+from rules.compute._common import KERNEL_OPS, Device, dtype_class, rank_devices, tensor_bytes
 
 
 @dataclass(frozen=True)
@@ -104,14 +105,11 @@ FROM (
 GROUP BY rank, name, input_shapes, input_dtypes, output_shapes, output_dtypes
 """
 
-KINETO_SQL = (
-    "WITH "
-    + KINETO_KERNEL_OPS.replace("AND o.kind = 'host_op'", "AND o.kind = 'host_op' AND o.flops > 0")
-    + """,
-inst AS (  -- one row per operator execution: its FLOPs and the device time of the kernels it launched
-    SELECT rank, pid, tid, op_start_ns, any_value(op_name) AS op, any_value(shapes) AS shapes,
-           any_value(dtypes) AS dtypes, any_value(op_flops) AS flops, sum(dur_ns) AS dur_ns, min(step) AS step
-    FROM kop WHERE depth_rank = 1 GROUP BY rank, pid, tid, op_start_ns
+KINETO_SQL = f"""
+WITH inst AS (  -- one row per operator execution with FLOPs: the device time of the kernels launched inside it
+    SELECT rank, fop_oid, any_value(fop_name) AS op, any_value(fop_shapes) AS shapes,
+           any_value(fop_dtypes) AS dtypes, any_value(fop_flops) AS flops, sum(dur_ns) AS dur_ns, min(step) AS step
+    FROM {KERNEL_OPS} WHERE fop_oid IS NOT NULL GROUP BY rank, fop_oid
 )
 SELECT rank, op, NULL AS op_type, shapes, dtypes, NULL AS output_shapes, NULL AS output_dtypes,
        count(*) AS n, sum(dur_ns) AS dur_ns, count(DISTINCT step) FILTER (WHERE step >= 0) AS steps,
@@ -119,7 +117,6 @@ SELECT rank, op, NULL AS op_type, shapes, dtypes, NULL AS output_shapes, NULL AS
        NULL AS mac_ratio, NULL AS mte2_ratio
 FROM inst GROUP BY rank, op, shapes, dtypes
 """
-)
 
 STEPS_SQL = """
 SELECT rank, count(DISTINCT step) FILTER (WHERE step >= 0) AS n FROM {table} GROUP BY rank

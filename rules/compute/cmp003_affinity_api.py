@@ -26,8 +26,8 @@ sequence of each (rank, step, thread or device) is searched for these chains, al
   ``Optimizer.step``, or Ascend ``ApplyAdam*`` tasks) and no multi-tensor (``_foreach_*`` /
   ``_fused_*``) operator.
 
-Time of an operator: its device time (Ascend tasks; Kineto kernels attributed to the innermost
-host operator that launched them), or its host time on CPU-only traces. The saving of a chain
+Time of an operator: its device time (Ascend tasks; Kineto kernels attributed to the top-level
+host operator open on the launching thread when the kernel's runtime launch ran), or its host time on CPU-only traces. The saving of a chain
 is its time minus its longest operator (what remains if the chain becomes one operator of that
 cost); for the optimizer pattern it is the device idle time between the per-parameter tasks
 (``wait``) on Ascend, else the host time of the per-tensor operators. Per step, upper bounds.
@@ -117,7 +117,9 @@ VIEW_OPS = (
     "'view_as', 'flatten', 'unflatten', 'split_with_sizes', 'empty', 'empty_like', 'empty_strided', 'lift_fresh')"
 )
 KINETO_SQL = f"""
-WITH incl AS (SELECT rank, pid, tid, op_start_ns, sum(dur_ns) AS dev_ns FROM {KERNEL_OPS} GROUP BY ALL),
+WITH incl AS (  -- device time of the kernels launched inside each top-level operator
+    SELECT top_oid AS oid, sum(dur_ns) AS dev_ns FROM {KERNEL_OPS} WHERE top_oid IS NOT NULL GROUP BY top_oid
+),
 dev AS (SELECT rank, bool_or(device) AS has_dev FROM events GROUP BY rank),
 names AS (  -- each distinct operator name with its token, once
     SELECT name, short, {TOKEN_SQL.format(x="short")} AS tok
@@ -140,7 +142,7 @@ SELECT o.rank, o.step, o.pid || ':' || o.tid AS lane, o.start_ns,
        CASE WHEN o.tok <> '_' THEN o.name END AS name,  -- only chain links are named in findings
        CASE WHEN o.tok = 'optel' AND i.rank IS NULL THEN '_' ELSE o.tok END AS tok
 FROM ops o JOIN dev d USING (rank)
-LEFT JOIN incl w ON w.rank = o.rank AND w.pid = o.pid AND w.tid = o.tid AND w.op_start_ns = o.start_ns
+LEFT JOIN incl w ON w.oid = o.oid
 LEFT JOIN in_opt i ON i.rank = o.rank AND i.start_ns = o.start_ns AND i.dur_ns = o.dur_ns
 WHERE o.short NOT IN {VIEW_OPS}
 ORDER BY o.rank, o.step, lane, o.start_ns

@@ -15,8 +15,9 @@ Share of the rank's operator time taken by conversion operators:
   (any core type); in addition, consecutive tasks on a stream where the producer's output format
   differs from the consumer's input format are counted as format boundaries (evidence only);
 * Kineto: device kernels launched from inside ``aten::_to_copy`` / ``aten::to`` (dtype casts) or
-  ``aten::contiguous`` / ``aten::clone`` with a memory format (layout copies), attributed by
-  correlation id.
+  ``aten::contiguous`` / ``aten::clone`` with a memory format (layout copies): the kernel's
+  runtime launch (same correlation id) ran while the operator was open on its thread; the
+  innermost such operator names the conversion.
 
 The rule fires when the share reaches ``min_share``. The saving is the per-step conversion
 time, an upper bound (some casts, e.g. of fp32 master weights, are needed).
@@ -92,16 +93,12 @@ ORDER BY c.rank, c.dur_ns DESC
 """
 
 KINETO_SQL = f"""
-WITH launched AS (  -- every kernel once, flagged when any enclosing operator is a conversion
-    SELECT rank, corr, any_value(step) AS step, any_value(dur_ns) AS dur_ns,
-           max(CASE WHEN op_name IN ('aten::_to_copy', 'aten::to') THEN 'dtype cast'
-                    WHEN op_name IN ('aten::contiguous', 'aten::clone') AND coalesce(shapes, '') <> '' THEN 'layout copy'
-               END) AS conv,
-           arg_min(op_name, op_dur_ns) FILTER (WHERE op_name IN ('aten::_to_copy', 'aten::to', 'aten::contiguous',
-                                                                   'aten::clone')) AS conv_op,
-           arg_min(shapes, op_dur_ns) FILTER (WHERE op_name IN ('aten::_to_copy', 'aten::to', 'aten::contiguous',
-                                                                  'aten::clone')) AS conv_shapes
-    FROM {KERNEL_OPS} GROUP BY rank, corr
+WITH launched AS (  -- every kernel once, with the innermost conversion operator it was launched in (if any)
+    SELECT rank, corr, step, dur_ns,
+           CASE WHEN conv_name IN ('aten::_to_copy', 'aten::to') THEN 'dtype cast'
+                WHEN conv_name IS NOT NULL THEN 'layout copy' END AS conv,
+           conv_name AS conv_op, conv_shapes
+    FROM {KERNEL_OPS}
 ),
 all_k AS (
     SELECT rank, sum(dur_ns) AS total_ns, greatest(count(DISTINCT step) FILTER (WHERE step >= 0), 1) AS n_steps

@@ -1,0 +1,157 @@
+"""Which host operator launched each Kineto kernel (``kernel_ops``, :func:`enclosing_intervals`).
+
+Hand-worked cases, and the real samples checked against an independent call-stack sweep of the
+raw trace files (plain ``json``, one Python stack per thread), not against the code's output.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import defaultdict
+from decimal import ROUND_HALF_EVEN, Decimal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from advisor.analyze import build_context
+from advisor.engine.derived import enclosing_intervals
+from advisor.testing import context_from_tables
+from rules.compute import _common  # noqa: F401  (registers kernel_ops)
+
+
+def _enc(ops: list[tuple[int, int, int]], points: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    a = np.array(ops, dtype=np.int64).reshape(-1, 3)
+    p = np.array(points, dtype=np.int64).reshape(-1, 2)
+    inner, top = enclosing_intervals(a[:, 0], a[:, 1], a[:, 2], p[:, 0], p[:, 1])
+    return inner.tolist(), top.tolist()
+
+
+def test_innermost_and_outermost_open_interval() -> None:
+    ops = [
+        (1, 0, 100),   # 0: linear
+        (1, 10, 80),   # 1: addmm inside linear
+        (1, 20, 30),   # 2: empty inside addmm (ends before the launch at 40)
+        (1, 100, 150),  # 3: starts where linear ends: a sibling, not a child
+        (1, 100, 120),  # 4: same start, shorter: inside 3
+        (2, 0, 1000),  # 5: another thread
+        (1, 200, 200),  # 6: zero length: holds nothing
+    ]
+    points = [(1, 40), (1, 25), (1, 100), (1, 130), (1, 5), (1, 99), (1, 80), (1, 200), (2, 500), (3, 10), (1, 300)]
+    inner, top = _enc(ops, points)
+    assert inner == [1, 2, 4, 3, 0, 0, 0, -1, 5, -1, -1]
+    assert top == [0, 0, 3, 3, 0, 0, 0, -1, 5, -1, -1]
+
+
+def test_input_order_does_not_matter_and_overlaps_are_not_guessed() -> None:
+    ops = [(1, 10, 80), (1, 0, 100), (1, 20, 30)]  # unsorted
+    assert _enc(ops, [(1, 40), (1, 25)]) == ([0, 2], [1, 1])
+    # 0 and 1 overlap without nesting: at 60 only 1 is open, at 45 both are (innermost: the later start)
+    assert _enc([(1, 0, 50), (1, 40, 70)], [(1, 60), (1, 45)]) == ([-1, 1], [-1, 0])
+    # times far apart (no packing into one integer): the same answers
+    far = [(1, 0, 100), (1, 10, 80), (7, 2**62, 2**62 + 10)]
+    assert _enc(far, [(1, 40), (7, 2**62 + 5)]) == ([1, 2], [0, 2])
+    assert _enc([], [(1, 5)]) == ([-1], [-1])
+
+
+def test_kernel_ops_names_innermost_outermost_flops_and_conversion_operators() -> None:
+    host = {"rank": 0, "device": False, "pid": "1", "tid": "1", "step": 1}
+    ev = [
+        {**host, "kind": "host_op", "name": "aten::linear", "start_ns": 0, "dur_ns": 100},
+        {**host, "kind": "host_op", "name": "aten::addmm", "start_ns": 10, "dur_ns": 80, "flops": 1e9, "shapes": "[[4]]"},
+        {**host, "kind": "host_op", "name": "aten::to", "start_ns": 200, "dur_ns": 50, "shapes": "[[4]]"},
+        {**host, "kind": "host_op", "name": "aten::copy_", "start_ns": 210, "dur_ns": 30},
+        {**host, "kind": "runtime", "name": "cudaLaunchKernel", "start_ns": 40, "dur_ns": 5, "corr": 1},
+        {**host, "kind": "runtime", "name": "cudaLaunchKernel", "start_ns": 220, "dur_ns": 5, "corr": 2},
+        {**host, "kind": "runtime", "name": "cudaLaunchKernel", "start_ns": 300, "dur_ns": 5, "corr": 3},
+    ]
+    dev = {"rank": 0, "device": True, "pid": "0", "tid": "7", "kind": "kernel", "step": 1}
+    ev += [{**dev, "name": f"k{c}", "start_ns": 1000 * c, "dur_ns": 10, "corr": c} for c in (1, 2, 3)]
+    ctx = context_from_tables({"events": ev}, run_stages=False)
+    got = ctx.query("SELECT k.corr, i.name AS op_name, k.op_start_ns, k.op_dur_ns, t.name AS top, k.top_start_ns, k.top_dur_ns, "
+                    "k.fop_name, k.fop_flops, k.fop_start_ns, k.conv_name, k.conv_shapes, k.launch_ns, k.start_ns "
+                    "FROM kernel_ops k LEFT JOIN events t ON t.rowid = k.top_oid LEFT JOIN events i ON i.rowid = k.op_oid ORDER BY corr")
+    assert [tuple(r.values()) for r in got] == [
+        (1, "aten::addmm", 10, 80, "aten::linear", 0, 100, "aten::addmm", 1e9, 10, None, None, 40, 1000),
+        (2, "aten::copy_", 210, 30, "aten::to", 200, 50, None, None, None, "aten::to", "[[4]]", 220, 2000),
+        (3, None, None, None, None, None, None, None, None, None, None, None, 300, 3000),  # outside any operator
+    ]
+
+
+# --------------------------------------------------------------------------- real samples
+def _load(path: Path) -> list[dict]:
+    raw = (gzip.open(path) if path.suffix == ".gz" else path.open("rb")).read()
+    data = json.loads(raw, parse_float=Decimal)  # exact: absolute µs times do not fit a double
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def _ns(x: object) -> int:
+    return int((Decimal(str(x)) * 1000).to_integral_value(ROUND_HALF_EVEN))
+
+
+# communication calls and NCCL kernels are the schema's 'comm' kind, step markers its 'step' kind:
+# not operators / compute kernels
+_NOT_OP = re.compile(r"nccl:|gloo:|c10d|record_param_comms|ProfilerStep#")
+
+
+def _stack_sweep(events: list[dict]) -> dict[int, tuple]:
+    """corr -> (innermost op, its start relative to the launch, outermost op, innermost op with
+    FLOPs), by walking each thread's operators with an explicit stack."""
+    ops: dict[tuple, list] = defaultdict(list)
+    launch: dict[int, tuple] = {}
+    kernels: dict[int, str] = {}
+    for e in events:
+        if e.get("ph") != "X" or "ts" not in e or "dur" not in e:
+            continue
+        cat = str(e.get("cat", "")).lower()
+        args = e.get("args") or {}
+        if cat in ("cpu_op", "operator") and _ns(e["dur"]) > 0 and not _NOT_OP.match(e["name"]):
+            ops[(e["pid"], e["tid"])].append((_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), e["name"],
+                                              float(args.get("flops") or 0) > 0))
+        elif cat in ("cuda_runtime", "runtime") and "correlation" in args:
+            launch[int(args["correlation"])] = ((e["pid"], e["tid"]), _ns(e["ts"]))
+        elif cat == "kernel" and "correlation" in args and "nccl" not in e["name"].lower():
+            kernels[int(args["correlation"])] = e["name"]
+    by_thread: dict[tuple, list] = defaultdict(list)
+    for corr, (th, t) in launch.items():
+        if corr in kernels:
+            by_thread[th].append((t, corr))
+    out = {}
+    for th, pts in by_thread.items():
+        todo = sorted(ops.get(th, []), key=lambda o: (o[0], -o[1]))
+        stack: list[tuple] = []
+        i = 0
+        for t, corr in sorted(pts):
+            while i < len(todo) and todo[i][0] <= t:
+                while stack and stack[-1][1] <= todo[i][0]:
+                    stack.pop()
+                stack.append(todo[i])
+                i += 1
+            while stack and stack[-1][1] <= t:
+                stack.pop()
+            if stack:
+                fop = next((o[2] for o in reversed(stack) if o[3]), None)
+                out[corr] = (stack[-1][2], t - stack[-1][0], stack[0][2], fop)
+            else:
+                out[corr] = (None, None, None, None)
+    return out
+
+
+@pytest.mark.parametrize("name", ["kineto_two_ranks", "kineto_resnet50_num_workers_0"])
+def test_kernel_ops_match_an_independent_stack_sweep(samples: Path, name: str) -> None:
+    ctx = build_context(samples / name)
+    files = {int(r["rank"]): Path(r["path"]) for r in ctx.query("SELECT rank, path FROM profile_files")}
+    got = ctx.query("SELECT k.rank, k.corr, i.name AS op_name, k.launch_ns - k.op_start_ns AS rel, t.name AS top_name, "
+                    "k.fop_name FROM kernel_ops k LEFT JOIN events t ON t.rowid = k.top_oid "
+                    "LEFT JOIN events i ON i.rowid = k.op_oid")
+    assert got
+    attributed = 0
+    for rank, path in files.items():
+        want = _stack_sweep(_load(path))
+        mine = {int(r["corr"]): (r["op_name"], r["rel"], r["top_name"], r["fop_name"])
+                for r in got if r["rank"] == rank}
+        assert mine == want
+        attributed += sum(1 for v in want.values() if v[0] is not None)
+    assert attributed > 0.9 * len(got)  # nearly every kernel has its operator
