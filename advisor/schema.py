@@ -102,7 +102,7 @@ TABLES: dict[str, Table] = {
             "every timed event of every rank (host and device), one row each",
             ("rank", "INTEGER", "global rank"),
             ("step", "INTEGER", "step the event belongs to (launching host event's step for device events); NULL outside steps"),
-            ("kind", "VARCHAR", "closed vocabulary, see schema.KINDS"),
+            ("kind", "event_kind", "closed vocabulary, see schema.KINDS (a DuckDB ENUM: filters and updates on it compare integers)"),
             ("name", "VARCHAR", "operator / kernel / API name as exported"),
             ("cat", "VARCHAR", "raw category or lane name from the export"),
             ("pid", "VARCHAR", "raw process id (string)"),
@@ -337,7 +337,12 @@ TABLES: dict[str, Table] = {
 
 
 
+# the ENUM behind events.kind: KINDS, plus 'meta' (metadata rows, only inside a reader before they are deleted)
+KIND_TYPE_DDL = "CREATE TYPE IF NOT EXISTS event_kind AS ENUM (" + ", ".join(f"'{k}'" for k in (*KINDS, "meta")) + ")"
+
+
 def create_all(con: object) -> None:
     """Create every canonical table (empty) on a DuckDB connection."""
+    con.execute(KIND_TYPE_DDL)  # type: ignore[attr-defined]
     for table in TABLES.values():
         con.execute(table.ddl())  # type: ignore[attr-defined]

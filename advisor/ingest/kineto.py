@@ -85,9 +85,12 @@ COMM_HOST_RE = r"^(nccl|gloo|mpi|ucc|hccl|c10d):|^c10d::|^record_param_comms$|^c
 _NOT_MARK_CATS = ("kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset", "cuda_sync", "gpu_user_annotation") + RUNTIME_CATS
 SYNC_RE = r"(?i)synchronize$|^(cuda|hip)Memcpy$|^(cuda|hip)StreamQuery$"
 
-# SQL: the event kind (schema.KINDS) from ``lcat`` (lower-case category), ``name`` and ``comm_kernel``
+# SQL: the event kind (schema.KINDS) from ``lcat`` (lower-case category) and ``name``. A device
+# kernel is 'kernel' here; the communication ones (COMM_KERNEL_RE) become 'comm' after the scan,
+# their names tested once each (:func:`_comm_kernels`): kernel names are long, a regular
+# expression on every kernel event cost more than the rest of its row
 _KIND_SQL = f"""CASE
-    WHEN lcat = 'kernel' THEN CASE WHEN comm_kernel THEN 'comm' ELSE 'kernel' END
+    WHEN lcat = 'kernel' THEN 'kernel'
     WHEN lcat IN ('gpu_memcpy', 'memcpy') THEN 'memcpy'
     WHEN lcat IN ('gpu_memset', 'memset') THEN 'memset'
     WHEN lcat IN {RUNTIME_CATS} THEN CASE WHEN regexp_matches(name, '{SYNC_RE.replace("'", "''")}') THEN 'sync' ELSE 'runtime' END
@@ -239,10 +242,10 @@ def _arg(key: str) -> str:
 
 def _events_sql(unnest: str) -> str:
     """SELECT turning raw events into rows with the ``events`` columns (times in ns relative to
-    the file's base, no rank or step yet) plus ``x_extra``, the one field another table needs:
-    the process / thread name of a metadata row (``kind = 'meta'``), the process group of a
-    communication kernel, the grid of a compute kernel. ``ph`` X and M only; one JSON parse of
-    ``args`` per event. ``unnest`` yields ``fid`` and ``e`` (the event struct)."""
+    the file's base, no rank or step yet) plus the fields other tables need: ``x_extra``, the
+    process / thread name of a metadata row (``kind = 'meta'``) or the grid of a kernel, and
+    ``x_group``, a kernel's process group. ``ph`` X and M only; one JSON parse of ``args`` per
+    event. ``unnest`` yields ``fid`` and ``e`` (the event struct)."""
     dtype = DTYPE_BYTES_SQL.format(d=_arg("dtype"))
     return f"""SELECT fid, CASE WHEN ph = 'M' THEN 'meta' ELSE {_KIND_SQL} END AS kind,
            coalesce(name, '') AS name, cat, pid, tid, lcat IN {DEVICE_CATS} AS device,
@@ -252,19 +255,14 @@ def _events_sql(unnest: str) -> str:
            coalesce(TRY_CAST({_arg("bytes")} AS BIGINT), TRY_CAST({_arg("nelems")} AS BIGINT) * ({dtype})) AS bytes,
            coalesce({_arg("dims")}, {_arg("dims_lower")}) AS shapes, {_arg("types")} AS dtypes,
            TRY_CAST({_arg("flops")} AS DOUBLE) AS flops, {_arg("stack")} AS stack,
-           CASE WHEN ph = 'M' THEN {_arg("meta_name")}
-                WHEN comm_kernel THEN coalesce({_arg("pg_name")}, {_arg("pg_desc")})
-                WHEN lcat = 'kernel' THEN {_arg("grid")} END AS x_extra
+           CASE WHEN ph = 'M' THEN {_arg("meta_name")} WHEN lcat = 'kernel' THEN {_arg("grid")} END AS x_extra,
+           CASE WHEN lcat = 'kernel' THEN coalesce({_arg("pg_name")}, {_arg("pg_desc")}) END AS x_group
     FROM (
-        SELECT *, CASE WHEN lcat = 'kernel' THEN coalesce(regexp_matches(name, {_sql_str(COMM_KERNEL_RE)}), false)
-                       ELSE false END AS comm_kernel
-        FROM (
-            SELECT fid, e.ph AS ph, e.cat AS cat, lower(coalesce(e.cat, '')) AS lcat, e.name AS name, e.pid AS pid,
-                   e.tid AS tid, {_to_ns('e.ts')} AS ts_ns, {_to_ns('e.dur')} AS dur_ns,
-                   CASE WHEN e.args IS NULL THEN NULL ELSE json_extract_string(e.args, {_paths_sql()}) END AS a
-            FROM ({unnest})
-            WHERE e.ph IN ('X', 'M')
-        )
+        SELECT fid, e.ph AS ph, e.cat AS cat, lower(coalesce(e.cat, '')) AS lcat, e.name AS name, e.pid AS pid,
+               e.tid AS tid, {_to_ns('e.ts')} AS ts_ns, {_to_ns('e.dur')} AS dur_ns,
+               CASE WHEN e.args IS NULL THEN NULL ELSE json_extract_string(e.args, {_paths_sql()}) END AS a
+        FROM ({unnest})
+        WHERE e.ph IN ('X', 'M')
     )"""
 
 
@@ -477,7 +475,8 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None,
         cols = ", ".join(f"CAST({_PART_COLUMNS.get(c.name, c.name)} AS {c.sql_type}) AS {c.name}" for c in TABLES["events"].columns)
         try:
             cur.execute(
-                f"CREATE TABLE {part} AS SELECT {cols}, x_extra FROM ({_events_sql(unnest or _array_scan(kf))}) JOIN {kf} f USING (fid)",
+                f"CREATE TABLE {part} AS SELECT {cols}, x_extra, x_group FROM ({_events_sql(unnest or _array_scan(kf))}) "
+                f"JOIN {kf} f USING (fid)",
                 {"paths": [f.src for f in files]},
             )
         except duckdb.Error:
@@ -555,6 +554,7 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
         f"""DELETE FROM {part} WHERE kind = 'meta' OR start_ns IS NULL OR dur_ns IS NULL OR dur_ns < 0
             OR lower(coalesce(cat, '')) IN ('trace', 'ac2g', 'flow') OR file_id IN ({gone_sql})"""
     )
+    _comm_kernels(cur, part)
     marks = f"(SELECT rank, kind = 'step' AS is_mark, device, name, start_ns, dur_ns, corr, file_id AS fid FROM {part})"
     stepped = _steps_from_part(cur, marks, kf, files, lctx,
                                on_drop=lambda ids: cur.execute(f"DELETE FROM {part} WHERE file_id IN ({ids})"))
@@ -576,10 +576,11 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
             f"""INSERT INTO comm_ops
             SELECT t.rank, {step}, t.name,
               regexp_replace(lower(regexp_extract(t.name, '(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|send_?recv|send|recv|reduce|barrier|gather|scatter)', 1, 'i')), '_', '', 'g'),
-              t.x_extra, t.start_ns, t.dur_ns, NULL, NULL, NULL, NULL, t.bytes, t.file_id
+              t.x_group, t.start_ns, t.dur_ns, NULL, NULL, NULL, NULL, t.bytes, t.file_id
             FROM {part} t {win.join} WHERE t.kind = 'comm' AND lower(coalesce(t.cat, '')) = 'kernel'"""
         )
         cur.execute(f"ALTER TABLE {part} DROP COLUMN x_extra")
+        cur.execute(f"ALTER TABLE {part} DROP COLUMN x_group")
         release_memory()  # before the UPDATE, the peak of the load
         if stepped:
             cur.execute(f"UPDATE {part} t SET step = s.step FROM {lookup} s WHERE t.rank IN ({ranks_sql}) AND {win.match}")
@@ -589,6 +590,21 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
     lctx.mark_stepped(stepped)
     lctx.add_events_part(part)
     return results
+
+
+def _comm_kernels(cur: Any, part: str) -> None:
+    """Device kernels of a communication library (COMM_KERNEL_RE: NCCL, RCCL, HCCL, all-reduce
+    ...) become kind 'comm'; each distinct kernel name is tested once."""
+    # three cheap statements: the distinct names first (a filter on them would be pushed down onto
+    # every kernel event), then the rows by rowid (an UPDATE of the column it filters on is slow)
+    names = [r[0] for r in cur.execute(f"SELECT DISTINCT name FROM {part} WHERE kind = 'kernel'").fetchall()]
+    comm = [r[0] for r in cur.execute(
+        f"SELECT n FROM (SELECT unnest($names) AS n) WHERE regexp_matches(n, {_sql_str(COMM_KERNEL_RE)})",
+        {"names": names}).fetchall()] if names else []
+    if comm:
+        rows = [r[0] for r in cur.execute(f"SELECT rowid FROM {part} WHERE kind = 'kernel' AND name IN (SELECT unnest($n))",
+                                          {"n": comm}).fetchall()]
+        cur.execute(f"UPDATE {part} SET kind = 'comm' WHERE rowid IN (SELECT unnest($r))", {"r": rows})
 
 
 def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadContext, on_drop: Any) -> set[int]:
