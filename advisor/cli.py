@@ -6,11 +6,13 @@ input error (one line on stderr, never a traceback unless ``--debug``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
 import traceback
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -49,6 +51,22 @@ def write_atomic(path: Path, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+@contextlib.contextmanager
+def reader_may_leave() -> Iterator[None]:
+    """Output to stdout whose reader may stop early (``advisor ... | head``): not an error, and the
+    exit code stays what the command decided. What is still buffered goes to /dev/null so that the
+    flush at exit raises nothing."""
+    try:
+        yield
+    except BrokenPipeError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):  # stdout is not a file descriptor (tests capture it)
+            pass
 
 
 def render(report: Any, fmt: str, verbose: bool = False) -> str:
@@ -158,16 +176,18 @@ def _analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: 
     for w in report.warnings:
         if w.path:
             click.echo(f"advisor: warning: {one_line(w.path, 300)}: {one_line(w.message, 300)}", err=True)
-    if fmt == "terminal" and out is None:
-        from advisor.render.terminal import print_report
+    with reader_may_leave():  # the gate decides the exit code, not how much of the output was read
+        if fmt == "terminal" and out is None:
+            from advisor.render.terminal import print_report
 
-        print_report(report, verbose=verbose, color=None if terminal_live or sys.stdout.isatty() else False)
-    else:
-        text = render(report, fmt, verbose=verbose)
-        if out is None:
-            click.echo(text, nl=False)
+            print_report(report, verbose=verbose, color=None if terminal_live or sys.stdout.isatty() else False)
         else:
-            write_atomic(out, text)
+            text = render(report, fmt, verbose=verbose)
+            if out is None:
+                click.echo(text, nl=False)
+                sys.stdout.flush()
+            else:
+                write_atomic(out, text)
     for msg in gate.messages:
         click.echo(f"advisor: gate: {one_line(msg, 500)}", err=True)
     return gate.exit_code
@@ -180,21 +200,22 @@ def rules_cmd(fmt: str) -> None:
     from advisor.engine.registry import discover
 
     specs = discover()
-    if fmt == "json":
-        import json
+    with reader_may_leave():
+        if fmt == "json":
+            import json
 
-        click.echo(json.dumps([{"id": s.id, "name": s.name, "cause": s.cause, "causes": list(s.all_causes),
-                                "requires": list(s.requires), "status": s.status, "summary": s.doc.summary}
-                               for s in specs.values()], indent=2))
-        return
-    if fmt == "md":
-        from advisor.render.docs import rules_markdown
+            click.echo(json.dumps([{"id": s.id, "name": s.name, "cause": s.cause, "causes": list(s.all_causes),
+                                    "requires": list(s.requires), "status": s.status, "summary": s.doc.summary}
+                                   for s in specs.values()], indent=2))
+        elif fmt == "md":
+            from advisor.render.docs import rules_markdown
 
-        click.echo(rules_markdown(specs), nl=False)
-        return
-    from advisor.render.terminal import print_rules
+            click.echo(rules_markdown(specs), nl=False)
+        else:
+            from advisor.render.terminal import print_rules
 
-    print_rules(specs)
+            print_rules(specs)
+        sys.stdout.flush()
 
 
 @main.command()
@@ -213,7 +234,9 @@ def explain(rule_id: str) -> None:
         spec = matches[0]
     from advisor.render.terminal import print_markdown
 
-    print_markdown(rule_markdown(spec))
+    with reader_may_leave():
+        print_markdown(rule_markdown(spec))
+        sys.stdout.flush()
 
 
 def run() -> None:

@@ -102,3 +102,21 @@ def test_a_crashing_rule_is_reported_and_the_others_run() -> None:
     assert outcomes["CPU004"].status == "error" and "planted failure" in outcomes["CPU004"].reason
     assert any(w.code == "rule_error" for w in report.warnings)
     assert "IO001" in {f.rule for f in report.findings}
+
+
+@pytest.mark.parametrize("args, code", [
+    (["analyze", "sample_profiles/kineto_two_ranks"], 0),
+    (["analyze", "sample_profiles/kineto_two_ranks", "--format", "json"], 0),
+    (["analyze", "sample_profiles/kineto_two_ranks", "--fail-on", "low"], 1),  # PAR001 fires: the gate still decides
+    (["rules"], 0),
+    (["explain", "CMP001"], 0),
+])
+def test_a_reader_that_stops_early_is_not_an_error(args: list[str], code: int) -> None:
+    """``advisor ... | head``: the reader goes away before the output is written (here: closed at once)."""
+    proc = subprocess.Popen([sys.executable, "-m", "advisor.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == code
+    assert "Traceback" not in err and "Broken pipe" not in err and "internal error" not in err

@@ -42,12 +42,21 @@ def verdict(report: Report | dict[str, Any]) -> str:
     return str(view.verdict(view.report_data(report))["text"])
 
 
+class _Console(Console):
+    """rich's Console, except that a reader gone away (``advisor analyze ... | head``) raises
+    BrokenPipeError for the caller to decide the exit code (rich itself exits with 1)."""
+
+    def on_broken_pipe(self) -> None:  # noqa: D102
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def _console(file: Any, color: bool | None) -> Console:
     """A console that writes plain text (no colour, no cursor codes) when ``color`` is False or not a TTY."""
     if color is False:
-        return Console(file=file or sys.stdout, no_color=True, highlight=False, soft_wrap=False, force_terminal=False,
-                       width=120, emoji=False)
-    return Console(file=file or sys.stdout, highlight=False, soft_wrap=False, emoji=False)
+        return _Console(file=file or sys.stdout, no_color=True, highlight=False, soft_wrap=False, force_terminal=False,
+                        width=120, emoji=False)
+    return _Console(file=file or sys.stdout, highlight=False, soft_wrap=False, emoji=False)
 
 
 def print_report(report: Report | dict[str, Any], *, verbose: bool = False, color: bool | None = None,
@@ -250,7 +259,7 @@ def _list(xs: Any) -> str:
 
 def print_rules(specs: dict[str, Any]) -> None:
     """``advisor rules`` table."""
-    console = Console(highlight=False)
+    console = _Console(highlight=False)
     t = Table(show_edge=False)
     for c in ("id", "name", "cause", "needs", "status"):
         t.add_column(c)
@@ -261,7 +270,7 @@ def print_rules(specs: dict[str, Any]) -> None:
 
 def print_markdown(text: str) -> None:
     """Render Markdown (``advisor explain``); plain text when not a TTY."""
-    console = Console(highlight=False)
+    console = _Console(highlight=False)
     if console.is_terminal:
         console.print(Markdown(text))
     else:
