@@ -56,7 +56,7 @@ def test_input_order_does_not_matter_and_overlaps_are_not_guessed() -> None:
     assert _enc([], [(1, 5)]) == ([-1], [-1])
 
 
-def test_kernel_ops_names_innermost_outermost_flops_and_conversion_operators() -> None:
+def test_kernel_ops_names_top_level_flops_and_conversion_operators() -> None:
     host = {"rank": 0, "device": False, "pid": "1", "tid": "1", "step": 1}
     ev = [
         {**host, "kind": "host_op", "name": "aten::linear", "start_ns": 0, "dur_ns": 100},
@@ -70,13 +70,13 @@ def test_kernel_ops_names_innermost_outermost_flops_and_conversion_operators() -
     dev = {"rank": 0, "device": True, "pid": "0", "tid": "7", "kind": "kernel", "step": 1}
     ev += [{**dev, "name": f"k{c}", "start_ns": 1000 * c, "dur_ns": 10, "corr": c} for c in (1, 2, 3)]
     ctx = context_from_tables({"events": ev}, run_stages=False)
-    got = ctx.query("SELECT k.corr, i.name AS op_name, k.op_start_ns, k.op_dur_ns, t.name AS top, k.top_start_ns, k.top_dur_ns, "
-                    "k.fop_name, k.fop_flops, k.fop_start_ns, k.conv_name, k.conv_shapes, k.launch_ns, k.start_ns "
-                    "FROM kernel_ops k LEFT JOIN events t ON t.rowid = k.top_oid LEFT JOIN events i ON i.rowid = k.op_oid ORDER BY corr")
+    got = ctx.query("SELECT k.corr, t.name AS top, k.top_start_ns, k.top_dur_ns, k.fop_name, k.fop_flops, "
+                    "k.fop_start_ns, k.fop_dur_ns, k.conv_name, k.conv_shapes, k.launch_ns, k.start_ns "
+                    "FROM kernel_ops k LEFT JOIN events t ON t.rowid = k.top_oid ORDER BY corr")
     assert [tuple(r.values()) for r in got] == [
-        (1, "aten::addmm", 10, 80, "aten::linear", 0, 100, "aten::addmm", 1e9, 10, None, None, 40, 1000),
-        (2, "aten::copy_", 210, 30, "aten::to", 200, 50, None, None, None, "aten::to", "[[4]]", 220, 2000),
-        (3, None, None, None, None, None, None, None, None, None, None, None, 300, 3000),  # outside any operator
+        (1, "aten::linear", 0, 100, "aten::addmm", 1e9, 10, 80, None, None, 40, 1000),
+        (2, "aten::to", 200, 50, None, None, None, None, "aten::to", "[[4]]", 220, 2000),
+        (3, None, None, None, None, None, None, None, None, None, 300, 3000),  # outside any operator
     ]
 
 
@@ -97,8 +97,8 @@ _NOT_OP = re.compile(r"nccl:|gloo:|c10d|record_param_comms|ProfilerStep#")
 
 
 def _stack_sweep(events: list[dict]) -> dict[int, tuple]:
-    """corr -> (innermost op, its start relative to the launch, outermost op, innermost op with
-    FLOPs), by walking each thread's operators with an explicit stack."""
+    """corr -> (outermost op, its start relative to the launch, innermost op with FLOPs), by
+    walking each thread's operators with an explicit stack."""
     ops: dict[tuple, list] = defaultdict(list)
     launch: dict[int, tuple] = {}
     kernels: dict[int, str] = {}
@@ -133,9 +133,9 @@ def _stack_sweep(events: list[dict]) -> dict[int, tuple]:
                 stack.pop()
             if stack:
                 fop = next((o[2] for o in reversed(stack) if o[3]), None)
-                out[corr] = (stack[-1][2], t - stack[-1][0], stack[0][2], fop)
+                out[corr] = (stack[0][2], t - stack[0][0], fop)
             else:
-                out[corr] = (None, None, None, None)
+                out[corr] = (None, None, None)
     return out
 
 
@@ -143,14 +143,13 @@ def _stack_sweep(events: list[dict]) -> dict[int, tuple]:
 def test_kernel_ops_match_an_independent_stack_sweep(samples: Path, name: str) -> None:
     ctx = build_context(samples / name)
     files = {int(r["rank"]): Path(r["path"]) for r in ctx.query("SELECT rank, path FROM profile_files")}
-    got = ctx.query("SELECT k.rank, k.corr, i.name AS op_name, k.launch_ns - k.op_start_ns AS rel, t.name AS top_name, "
-                    "k.fop_name FROM kernel_ops k LEFT JOIN events t ON t.rowid = k.top_oid "
-                    "LEFT JOIN events i ON i.rowid = k.op_oid")
+    got = ctx.query("SELECT k.rank, k.corr, t.name AS top_name, k.launch_ns - k.top_start_ns AS rel, k.fop_name "
+                    "FROM kernel_ops k LEFT JOIN events t ON t.rowid = k.top_oid")
     assert got
     attributed = 0
     for rank, path in files.items():
         want = _stack_sweep(_load(path))
-        mine = {int(r["corr"]): (r["op_name"], r["rel"], r["top_name"], r["fop_name"])
+        mine = {int(r["corr"]): (r["top_name"], r["rel"], r["fop_name"])
                 for r in got if r["rank"] == rank}
         assert mine == want
         attributed += sum(1 for v in want.values() if v[0] is not None)

@@ -67,6 +67,8 @@ class AnalysisContext:
         for name in sorted(set(_derived_re(tuple(DERIVED)).findall(sql)) - self._derived):
             with self._building.setdefault(name, threading.Lock()):
                 if name not in self._derived:
+                    if DERIVED[name].needs:
+                        self.prepare(" ".join(DERIVED[name].needs))
                     DERIVED[name].build(self.con, name)
                     self._derived.add(name)
         return sql

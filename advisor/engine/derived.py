@@ -24,6 +24,7 @@ class Derived:
 
     doc: str
     build: Callable[[Any, str], None]
+    needs: tuple[str, ...] = ()  # derived tables the builder reads (built first)
 
 
 def sql_table(sql: str) -> Callable[[Any, str], None]:
@@ -237,8 +238,9 @@ DERIVED: dict[str, Derived] = {
 }
 
 
-def register(name: str, doc: str, build: Callable[[Any, str], None]) -> None:
-    """Add a shared derived table (a rule package's own, next to the built-in ones)."""
+def register(name: str, doc: str, build: Callable[[Any, str], None], needs: tuple[str, ...] = ()) -> None:
+    """Add a shared derived table (a rule package's own, next to the built-in ones); ``needs``:
+    the derived tables its builder reads."""
     if name in DERIVED and DERIVED[name].build is not build:
         raise ValueError(f"derived table {name!r} is already registered")
-    DERIVED[name] = Derived(doc, build)
+    DERIVED[name] = Derived(doc, build, needs)

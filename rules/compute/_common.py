@@ -210,10 +210,11 @@ def tensor_bytes(shapes: str | None, dtypes: str | None) -> float | None:
 
 
 # --------------------------------------------------------------------------- Kineto attribution
-# Which host operator launched each device kernel of a Kineto trace. The kernel's launch is the
+# Which host operators launched each device kernel of a Kineto trace. The kernel's launch is the
 # runtime call with its correlation id; the operators are those open on the launching thread at
 # the launch (start <= launch < end), found by :func:`advisor.engine.derived.enclosing_intervals`
-# (the call stack, as HTA's call graph has it). The launch's "External id" is not used: real
+# (the call stack, as HTA's call graph has it): the top-level one, and the innermost of the
+# operators with FLOPs and of the conversions (each set searched on its own). The launch's "External id" is not used: real
 # exports have it pointing at the launch's own correlation instead of an operator, or at a user
 # annotation; the enclosing operators are there whatever the exporter did.
 _LAUNCHES = """
@@ -235,7 +236,13 @@ SELECT t.th, e.start_ns AS s, e.start_ns + e.dur_ns AS e, e.rowid AS oid, coales
        coalesce({CONVERSION_OP_SQL.replace("name", "e.name").replace("shapes", "e.shapes")}, false) AS conv
 FROM events e JOIN _kop_thread t ON t.rank = e.rank AND t.pid = e.pid AND t.tid = e.tid
 WHERE NOT e.device AND e.kind = 'host_op' AND e.start_ns IS NOT NULL AND e.dur_ns > 0
-ORDER BY t.th, s, e DESC
+      AND (e.flops > 0 OR {CONVERSION_OP_SQL.replace("name", "e.name").replace("shapes", "e.shapes")})
+"""
+# top-level operators do not overlap: the one holding a launch is found among them alone
+_TOPS = """
+SELECT t.th, h.start_ns AS s, h.start_ns + h.dur_ns AS e, h.oid FROM host_op_top h
+JOIN _kop_thread t ON t.rank = h.rank AND t.pid = h.pid AND t.tid = h.tid
+WHERE h.start_ns IS NOT NULL AND h.dur_ns > 0
 """
 _ASSEMBLE = f"""
 CREATE OR REPLACE TABLE {{name}} AS
@@ -260,37 +267,34 @@ def _build_kernel_ops(con: Any, name: str) -> None:
     try:
         cur.execute(_LAUNCHES)
         cur.execute(_THREADS)
-        ops = cur.execute(_OPS).fetchnumpy()
         la = cur.execute(
             "SELECT t.th, l.launch_ns, l.rowid AS lid FROM _kop_launch l "
             "JOIN _kop_thread t ON t.rank = l.rank AND t.pid = l.pid AND t.tid = l.tid"
         ).fetchnumpy()
-        th, s, e, oid = (np.ma.getdata(ops[c]) for c in ("th", "s", "e", "oid"))
         lth, lt = np.ma.getdata(la["th"]), np.ma.getdata(la["launch_ns"])
         cols: dict[str, Any] = {"lid": np.ma.getdata(la["lid"])}
 
-        dur = e - s
+        def owner(role: str, ops: dict[str, Any], times: bool) -> None:
+            """The innermost of ``ops`` open on the launching thread at each launch."""
+            th, s, e, oid = (np.ma.getdata(ops[c]) for c in ("th", "s", "e", "oid"))
+            idx = enclosing_intervals(th, s, e, lth, lt)[0]
+            none = idx < 0
+            at = idx[~none]
 
-        def owner(role: str, mask: np.ndarray | None, times: bool, top: str | None = None) -> None:
-            sel = np.arange(len(s)) if mask is None else np.flatnonzero(mask)
-            for r, idx in zip((role, top), enclosing_intervals(th[sel], s[sel], e[sel], lth, lt), strict=True):
-                if r is None:
-                    continue
-                none = idx < 0
-                at = sel[idx[~none]]
+            def col(values: np.ndarray) -> Any:  # per launch; NULL where no operator was found
+                out = np.zeros(len(idx), np.int64)
+                out[~none] = values[at]
+                return pd.arrays.IntegerArray(out, none)
 
-                def col(values: np.ndarray) -> Any:  # per launch; NULL where no operator was found
-                    out = np.zeros(len(idx), np.int64)
-                    out[~none] = values[at]
-                    return pd.arrays.IntegerArray(out, none)
+            cols[f"{role}_oid"] = col(oid)
+            if times:
+                cols[f"{role}_start_ns"], cols[f"{role}_dur_ns"] = col(s), col(e - s)
 
-                cols[f"{r}_oid"] = col(oid)
-                if times:
-                    cols[f"{r}_start_ns"], cols[f"{r}_dur_ns"] = col(s), col(dur)
-
-        owner("op", None, True, top="top")
-        owner("fop", np.ma.getdata(ops["has_flops"]).astype(bool), True)
-        owner("conv", np.ma.getdata(ops["conv"]).astype(bool), False)
+        owner("top", cur.execute(_TOPS).fetchnumpy(), True)
+        ops = cur.execute(_OPS).fetchnumpy()
+        for role, flag, times in (("fop", "has_flops", True), ("conv", "conv", False)):
+            keep = np.ma.getdata(ops[flag]).astype(bool)
+            owner(role, {c: np.ma.getdata(ops[c])[keep] for c in ("th", "s", "e", "oid")}, times)
         cur.register("_kop_res", pd.DataFrame(cols))
         cur.execute(_ASSEMBLE.format(name=name))
         cur.unregister("_kop_res")
@@ -304,9 +308,10 @@ register(
     KERNEL_OPS,
     "Kineto device kernels launched from a host thread (rank, step, corr, start_ns, dur_ns: the kernel's; pid, "
     "tid, launch_ns: its launch), each with host operators open on that thread at the launch, named by their "
-    "events rowid (*_oid; an operator execution): the innermost (op_oid, op_start_ns, op_dur_ns), the "
-    "outermost (top_oid, top_start_ns, top_dur_ns), the innermost with FLOPs (fop_oid, fop_name, fop_start_ns, "
-    "fop_dur_ns, fop_flops, fop_shapes, fop_dtypes) and the innermost format / dtype conversion (conv_oid, "
-    "conv_name, conv_shapes); NULL where there is none",
+    "events rowid (*_oid; an operator execution): the top-level one (top_oid, top_start_ns, top_dur_ns; a row of "
+    "host_op_top), the innermost with FLOPs (fop_oid, fop_name, fop_start_ns, fop_dur_ns, fop_flops, fop_shapes, "
+    "fop_dtypes) and the innermost format / dtype conversion (conv_oid, conv_name, conv_shapes); NULL where there "
+    "is none",
     _build_kernel_ops,
+    needs=("host_op_top",),
 )
