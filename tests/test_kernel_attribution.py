@@ -154,3 +154,19 @@ def test_kernel_ops_match_an_independent_stack_sweep(samples: Path, name: str) -
         assert mine == want
         attributed += sum(1 for v in want.values() if v[0] is not None)
     assert attributed > 0.9 * len(got)  # nearly every kernel has its operator
+
+
+def test_rules_say_when_kernel_time_cannot_be_tied_to_operators() -> None:
+    from advisor.analyze import analyze_context
+    from advisor.config import Config
+    from tests.rules.fixtures_compute import kineto_gpu_casts
+
+    def notes(tables: dict) -> list[str]:
+        report = analyze_context(context_from_tables(tables), Config(select=["CMP003", "CMP004"]))
+        return [w.message for w in report.warnings if "is tied to the host operator" in w.message]
+
+    tables = kineto_gpu_casts()
+    assert notes(tables) == []  # every kernel's launch sits inside its operator
+    tables["events"] = [e for e in tables["events"] if e["kind"] != "runtime"]  # no launches recorded
+    got = notes(tables)
+    assert len(got) == 2 and all("rank(s) 0 " in m and "only 0%" in m for m in got), got

@@ -315,3 +315,32 @@ register(
     _build_kernel_ops,
     needs=("host_op_top",),
 )
+
+
+# below this share of a rank's kernel time tied to the operator that launched it, per-operator
+# device times are mostly missing, and a rule reading kernel_ops says so
+KERNEL_TIE_MIN = 0.5
+_TIE_SQL = f"""
+WITH k AS (SELECT rank, sum(dur_ns) AS all_ns FROM events WHERE device AND kind = 'kernel' GROUP BY rank),
+     a AS (SELECT rank, sum(dur_ns) AS tied_ns FROM {KERNEL_OPS} WHERE top_oid IS NOT NULL GROUP BY rank)
+SELECT k.rank, k.all_ns, coalesce(a.tied_ns, 0) AS tied_ns FROM k LEFT JOIN a USING (rank)
+WHERE k.all_ns > 0 ORDER BY k.rank
+"""
+
+
+def kernel_tie_note(ctx: Any) -> str | None:
+    """What to say when most kernel time of some rank could not be tied to a host operator (no
+    runtime launch with the kernel's correlation id, or none inside an operator); None when it can."""
+    cache = ctx.analysis.extras
+    if "kernel_tie_note" not in cache:
+        low = [(int(r["rank"]), float(r["tied_ns"]) / float(r["all_ns"])) for r in ctx.query(_TIE_SQL)
+               if float(r["tied_ns"]) < KERNEL_TIE_MIN * float(r["all_ns"])]
+        note = None
+        if low:
+            ranks = ", ".join(str(r) for r, _ in low[:8]) + (" ..." if len(low) > 8 else "")
+            note = (f"only {max(sh for _, sh in low):.0%} or less of the kernel time of rank(s) {ranks} is tied to the "
+                    "host operator that launched it (kernel -> runtime launch with its correlation id -> operator "
+                    "open on that thread): per-operator device times there are lower bounds (were runtime events "
+                    "recorded?)")
+        cache["kernel_tie_note"] = note
+    return cache["kernel_tie_note"]

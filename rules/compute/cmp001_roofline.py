@@ -51,7 +51,7 @@ from typing import Any
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
-from rules.compute._common import KERNEL_OPS, Device, dtype_class, rank_devices, tensor_bytes
+from rules.compute._common import KERNEL_OPS, Device, kernel_tie_note, dtype_class, rank_devices, tensor_bytes
 
 
 @dataclass(frozen=True)
@@ -186,6 +186,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         has_flops = ctx.analysis.scalar("SELECT count(*) FROM events WHERE kind = 'host_op' AND NOT device AND flops > 0")
         rows = ctx.query(KINETO_SQL) if has_flops else []
         usable, source, table = rows, "kineto_flops", "events"
+        if has_flops and (note := kernel_tie_note(ctx)):
+            ctx.warn(note)
     if not usable:
         ctx.warn("no FLOP counts or PMU utilisation on any device operator: record Kineto traces with "
                  "with_flops=True and record_shapes=True, Ascend with aic_metrics (PipeUtilization or "

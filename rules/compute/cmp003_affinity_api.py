@@ -53,7 +53,7 @@ import pandas as pd
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding, Severity
-from rules.compute._common import KERNEL_OPS
+from rules.compute._common import KERNEL_OPS, kernel_tie_note
 
 
 @dataclass(frozen=True)
@@ -215,6 +215,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     if not ctx.query(ASCEND_TOKENS_SQL if ascend else KINETO_TOKENS_SQL)[0]["n"]:
         return
     df = ctx.df(ASCEND_SQL if ascend else KINETO_SQL)
+    if not ascend and (note := kernel_tie_note(ctx)):
+        ctx.warn(note)
     if df.empty:
         return
     n_steps = df[df["step"] >= 0].groupby("rank")["step"].nunique().to_dict()

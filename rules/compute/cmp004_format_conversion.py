@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
-from rules.compute._common import KERNEL_OPS
+from rules.compute._common import KERNEL_OPS, kernel_tie_note
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         rows, source = ctx.query(ASCEND_SQL), "kernels"
     else:
         rows, source = ctx.query(KINETO_SQL), "kineto"
+        if note := kernel_tie_note(ctx):
+            ctx.warn(note)
     by_rank: dict[int, list[dict]] = {}
     for r in rows:
         by_rank.setdefault(int(r["rank"]), []).append(r)
