@@ -11,8 +11,8 @@ import os
 import sys
 import tempfile
 import traceback
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import click

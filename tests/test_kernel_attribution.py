@@ -22,14 +22,13 @@ from advisor.testing import context_from_tables
 from rules.compute import _common  # noqa: F401  (registers kernel_ops)
 
 
-def _enc(ops: list[tuple[int, int, int]], points: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+def _enc(ops: list[tuple[int, int, int]], points: list[tuple[int, int]]) -> list[int]:
     a = np.array(ops, dtype=np.int64).reshape(-1, 3)
     p = np.array(points, dtype=np.int64).reshape(-1, 2)
-    inner, top = enclosing_intervals(a[:, 0], a[:, 1], a[:, 2], p[:, 0], p[:, 1])
-    return inner.tolist(), top.tolist()
+    return enclosing_intervals(a[:, 0], a[:, 1], a[:, 2], p[:, 0], p[:, 1]).tolist()
 
 
-def test_innermost_and_outermost_open_interval() -> None:
+def test_innermost_open_interval() -> None:
     ops = [
         (1, 0, 100),   # 0: linear
         (1, 10, 80),   # 1: addmm inside linear
@@ -40,20 +39,19 @@ def test_innermost_and_outermost_open_interval() -> None:
         (1, 200, 200),  # 6: zero length: holds nothing
     ]
     points = [(1, 40), (1, 25), (1, 100), (1, 130), (1, 5), (1, 99), (1, 80), (1, 200), (2, 500), (3, 10), (1, 300)]
-    inner, top = _enc(ops, points)
-    assert inner == [1, 2, 4, 3, 0, 0, 0, -1, 5, -1, -1]
-    assert top == [0, 0, 3, 3, 0, 0, 0, -1, 5, -1, -1]
+    assert _enc(ops, points) == [1, 2, 4, 3, 0, 0, 0, -1, 5, -1, -1]
 
 
 def test_input_order_does_not_matter_and_overlaps_are_not_guessed() -> None:
     ops = [(1, 10, 80), (1, 0, 100), (1, 20, 30)]  # unsorted
-    assert _enc(ops, [(1, 40), (1, 25)]) == ([0, 2], [1, 1])
-    # 0 and 1 overlap without nesting: at 60 only 1 is open, at 45 both are (innermost: the later start)
-    assert _enc([(1, 0, 50), (1, 40, 70)], [(1, 60), (1, 45)]) == ([-1, 1], [-1, 0])
+    assert _enc(ops, [(1, 40), (1, 25)]) == [0, 2]
+    # 0 and 1 overlap without nesting: at 45 both are open (innermost: the later start); at 60 only
+    # 1 is, but by depth it is a child of 0, which no longer holds the point: none is reported
+    assert _enc([(1, 0, 50), (1, 40, 70)], [(1, 60), (1, 45)]) == [-1, 1]
     # times far apart (no packing into one integer): the same answers
     far = [(1, 0, 100), (1, 10, 80), (7, 2**62, 2**62 + 10)]
-    assert _enc(far, [(1, 40), (7, 2**62 + 5)]) == ([1, 2], [0, 2])
-    assert _enc([], [(1, 5)]) == ([-1], [-1])
+    assert _enc(far, [(1, 40), (7, 2**62 + 5)]) == [1, 2]
+    assert _enc([], [(1, 5)]) == [-1]
 
 
 def test_kernel_ops_names_top_level_flops_and_conversion_operators() -> None:

@@ -128,21 +128,21 @@ def top_level_rows(con: Any) -> np.ndarray:
 
 
 def enclosing_intervals(thr: np.ndarray, s: np.ndarray, e: np.ndarray, pthr: np.ndarray,
-                        pt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                        pt: np.ndarray) -> np.ndarray:
     """For each point (thread ``pthr``, time ``pt``): the index of the innermost interval of its
-    thread open at that time (``s <= pt < e``), and of the outermost one; -1 where none is.
+    thread open at that time (``s <= pt < e``); -1 where none is.
 
     Intervals of one thread are expected to nest, as host operators do. No pair is compared: an
     interval's depth is the number of its thread's intervals started up to it (longer first
     among equal starts) minus those ended by its start, a point's depth the number open at it,
     and the innermost interval open at a point of depth d is the last one of depth d started up
-    to it (the outermost: the last of depth 1). A found interval that does not hold the point
+    to it. A found interval that does not hold the point
     (intervals that overlap without nesting) is not reported. Zero-length intervals hold no point.
     """
     n, m = len(s), len(pt)
-    none = np.full(m, -1, np.int64)
+    out = np.full(m, -1, np.int64)
     if n == 0 or m == 0:
-        return none, none.copy()
+        return out
     thr, pthr = thr.astype(np.int64), pthr.astype(np.int64)
     s, e, pt = s.astype(np.int64), e.astype(np.int64), pt.astype(np.int64)
     lo = min(int(s.min()), int(pt.min()))
@@ -174,19 +174,14 @@ def enclosing_intervals(thr: np.ndarray, s: np.ndarray, e: np.ndarray, pthr: np.
     pdepth = started - np.searchsorted(ends, pkey, "right")
     by_depth = np.argsort(depth, kind="stable")  # positions grouped by depth, in start order within a depth
     keys = depth[by_depth].astype(np.int64) * n + by_depth
-
-    def last_of_depth(d: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(keys, d.astype(np.int64) * n + (started - 1), "right") - 1
-        ok = (d > 0) & (i >= 0)
-        pos = by_depth[np.where(ok, i, 0)]
-        ok &= depth[pos] == d
-        idx = order[pos]
-        ok &= (thr[idx] == pthr) & (s[idx] <= pt) & (pt < e[idx])
-        out = none.copy()
-        out[inside] = np.where(ok, idx, -1)
-        return out
-
-    return last_of_depth(pdepth), last_of_depth(np.minimum(pdepth, 1))
+    i = np.searchsorted(keys, pdepth.astype(np.int64) * n + (started - 1), "right") - 1  # last of its depth
+    ok = (pdepth > 0) & (i >= 0)
+    pos = by_depth[np.where(ok, i, 0)]
+    ok &= depth[pos] == pdepth
+    idx = order[pos]
+    ok &= (thr[idx] == pthr) & (s[idx] <= pt) & (pt < e[idx])
+    out[inside] = np.where(ok, idx, -1)
+    return out
 
 
 def _values(a: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -595,16 +595,14 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
 def _comm_kernels(cur: Any, part: str) -> None:
     """Device kernels of a communication library (COMM_KERNEL_RE: NCCL, RCCL, HCCL, all-reduce
     ...) become kind 'comm'; each distinct kernel name is tested once."""
-    # three cheap statements: the distinct names first (a filter on them would be pushed down onto
-    # every kernel event), then the rows by rowid (an UPDATE of the column it filters on is slow)
+    # the distinct names are fetched first: a filter on them in the same query is pushed down onto
+    # every kernel event
     names = [r[0] for r in cur.execute(f"SELECT DISTINCT name FROM {part} WHERE kind = 'kernel'").fetchall()]
     comm = [r[0] for r in cur.execute(
         f"SELECT n FROM (SELECT unnest($names) AS n) WHERE regexp_matches(n, {_sql_str(COMM_KERNEL_RE)})",
         {"names": names}).fetchall()] if names else []
     if comm:
-        rows = [r[0] for r in cur.execute(f"SELECT rowid FROM {part} WHERE kind = 'kernel' AND name IN (SELECT unnest($n))",
-                                          {"n": comm}).fetchall()]
-        cur.execute(f"UPDATE {part} SET kind = 'comm' WHERE rowid IN (SELECT unnest($r))", {"r": rows})
+        cur.execute(f"UPDATE {part} SET kind = 'comm' WHERE kind = 'kernel' AND name IN (SELECT unnest($n))", {"n": comm})
 
 
 def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadContext, on_drop: Any) -> set[int]:

@@ -214,9 +214,10 @@ def tensor_bytes(shapes: str | None, dtypes: str | None) -> float | None:
 # runtime call with its correlation id; the operators are those open on the launching thread at
 # the launch (start <= launch < end), found by :func:`advisor.engine.derived.enclosing_intervals`
 # (the call stack, as HTA's call graph has it): the top-level one, and the innermost of the
-# operators with FLOPs and of the conversions (each set searched on its own). The launch's "External id" is not used: real
-# exports have it pointing at the launch's own correlation instead of an operator, or at a user
-# annotation; the enclosing operators are there whatever the exporter did.
+# operators with FLOPs and of the conversions (each set searched on its own). The launch's
+# "External id" is not used: real exports have it pointing at the launch's own correlation
+# instead of an operator, or at a user annotation; the enclosing operators are there whatever
+# the exporter did.
 _LAUNCHES = """
 CREATE OR REPLACE TEMP TABLE _kop_launch AS
 SELECT k.rank, k.step, k.corr, k.start_ns, k.dur_ns, r.pid, r.tid, r.start_ns AS launch_ns
@@ -231,12 +232,12 @@ SELECT rank, pid, tid, (row_number() OVER ())::INTEGER AS th FROM (SELECT DISTIN
 CONVERSION_OP_SQL = ("(name IN ('aten::_to_copy', 'aten::to') OR "
                      "(name IN ('aten::contiguous', 'aten::clone') AND coalesce(shapes, '') <> ''))")
 _HOST_OP = "NOT device AND kind = 'host_op'"
+# the operators with FLOPs and the conversions on launching threads (name, shapes, flops: the event's own)
 _OPS = f"""
-SELECT t.th, e.start_ns AS s, e.start_ns + e.dur_ns AS e, e.rowid AS oid, coalesce(e.flops > 0, false) AS has_flops,
-       coalesce({CONVERSION_OP_SQL.replace("name", "e.name").replace("shapes", "e.shapes")}, false) AS conv
+SELECT t.th, e.start_ns AS s, e.start_ns + e.dur_ns AS e, e.rowid AS oid, coalesce(flops > 0, false) AS has_flops,
+       coalesce({CONVERSION_OP_SQL}, false) AS conv
 FROM events e JOIN _kop_thread t ON t.rank = e.rank AND t.pid = e.pid AND t.tid = e.tid
-WHERE NOT e.device AND e.kind = 'host_op' AND e.start_ns IS NOT NULL AND e.dur_ns > 0
-      AND (e.flops > 0 OR {CONVERSION_OP_SQL.replace("name", "e.name").replace("shapes", "e.shapes")})
+WHERE {_HOST_OP} AND e.start_ns IS NOT NULL AND e.dur_ns > 0 AND (flops > 0 OR {CONVERSION_OP_SQL})
 """
 # top-level operators do not overlap: the one holding a launch is found among them alone
 _TOPS = """
@@ -277,7 +278,7 @@ def _build_kernel_ops(con: Any, name: str) -> None:
         def owner(role: str, ops: dict[str, Any], times: bool) -> None:
             """The innermost of ``ops`` open on the launching thread at each launch."""
             th, s, e, oid = (np.ma.getdata(ops[c]) for c in ("th", "s", "e", "oid"))
-            idx = enclosing_intervals(th, s, e, lth, lt)[0]
+            idx = enclosing_intervals(th, s, e, lth, lt)
             none = idx < 0
             at = idx[~none]
 
