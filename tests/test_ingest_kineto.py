@@ -221,7 +221,7 @@ def test_whole_object_reader_gives_the_same_tables(path: Path, monkeypatch: pyte
 
     spilled = _tables(path)
 
-    def refuse(*_a: object) -> None:
+    def refuse(*_a: object, **_k: object) -> None:
         raise LayoutError("test: not laid out as expected")
 
     monkeypatch.setattr(kineto, "SpilledEvents", refuse)
@@ -249,7 +249,7 @@ def test_base_time_after_the_events_is_found_in_one_scan(tmp_path: Path, monkeyp
     assert _tables(tmp_path) == batched
     from advisor.ingest.jsonstream import LayoutError
 
-    def refuse(*_a: object) -> None:
+    def refuse(*_a: object, **_k: object) -> None:
         raise LayoutError("test: not laid out as expected")
 
     monkeypatch.setattr(kineto, "SpilledEvents", refuse)  # header read from the head, base found later
@@ -322,3 +322,59 @@ def test_events_adopted_from_a_part_keep_the_schema_types(path: Path) -> None:
     con = load_profile(path).con
     assert [tuple(r[:2]) for r in con.execute("DESCRIBE events").fetchall()] == \
         [tuple(r[:2]) for r in fresh.execute("DESCRIBE events").fetchall()]
+
+
+@pytest.mark.parametrize("path", [*MULTI_FILE, TRACES / "cpu_healthy"], ids=lambda p: p.name)
+def test_args_read_as_a_struct_equal_the_json_path(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader types ``args`` as a STRUCT where no lower-case key spelling is seen; the JSON
+    path (every field extracted from the args text) gives the same tables."""
+    import advisor.ingest.kineto as kineto
+
+    scans = []
+    real = kineto._events_sql
+    monkeypatch.setattr(kineto, "_events_sql", lambda u, struct=False: scans.append(struct) or real(u, struct))
+    as_struct = _tables(path)
+    assert scans and all(scans)
+    scans.clear()
+    monkeypatch.setattr(kineto, "LOWER_CASE_KEYS", (b'"ph"',))  # found in every file: the JSON path
+    assert _tables(path) == as_struct
+    assert scans and not any(scans)
+
+
+def test_old_schema_spellings_are_read_by_the_json_path(samples: Path) -> None:
+    """The old schema writes ``"Input dims"`` / ``"external id"``: those files are read with the JSON
+    path, so their shapes and external ids are kept (counted here from the raw JSON)."""
+    path = samples / "kineto_resnet50_num_workers_0" / "worker0.pt.trace.json.gz"
+    doc = raw_events(path)
+    dims = sum(1 for e in doc["traceEvents"] if e.get("ph") == "X" and "Input dims" in (e.get("args") or {}))
+    ext = sum(1 for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("dur") is not None
+              and ({"External id", "external id"} & set(e.get("args") or {})))
+    con = load_profile(path).con
+    assert dims > 0 and con.execute("SELECT count(*) FROM events WHERE shapes IS NOT NULL").fetchone()[0] == dims
+    assert ext > 0 and con.execute("SELECT count(*) FROM events WHERE ext_id IS NOT NULL").fetchone()[0] == ext
+
+
+def test_args_that_do_not_fit_the_struct_fall_back_to_the_json_path(tmp_path: Path, samples: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An event whose args is not an object fails the STRUCT scan: the files are read again with the
+    JSON path, and every event (the odd one too) is kept with its fields."""
+    import shutil
+
+    for f in (samples / "kineto_two_ranks").iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    want = _tables(tmp_path)
+    odd = {"ph": "X", "cat": "cpu_op", "name": "odd_args", "pid": 1, "tid": 1, "ts": 1, "dur": 1, "args": [1, 2]}
+    (tmp_path / "rank-2.json").write_text(json.dumps({"distributedInfo": {"rank": 2}, "traceEvents": [
+        odd, {**odd, "name": "ok_args", "ts": 3, "args": {"External id": 77, "correlation": 78}}]}))
+    import advisor.ingest.kineto as kineto
+
+    scans = []
+    real = kineto._events_sql
+    monkeypatch.setattr(kineto, "_events_sql", lambda u, struct=False: scans.append(struct) or real(u, struct))
+    got = _tables(tmp_path)
+    assert scans[:2] == [True, False]  # the STRUCT scan failed, the JSON one read the batch
+    assert not [w for w in got["warnings"] if "rank-2" in w[1]]
+    assert [r for r in got["events"] if r[0] < 2] == want["events"]
+    con = load_profile(tmp_path).con
+    assert con.execute("SELECT name, ext_id, corr FROM events WHERE rank = 2 ORDER BY name").fetchall() == \
+        [("odd_args", None, None), ("ok_args", 77, 78)]

@@ -82,7 +82,7 @@ def test_spilled_events_are_read_by_path_and_removed(tmp_path: Path, samples: Pa
     tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     made = []
-    monkeypatch.setattr(kineto, "SpilledEvents", lambda p: made.append(p) or SpilledEvents(p))
+    monkeypatch.setattr(kineto, "SpilledEvents", lambda p, **k: made.append(p) or SpilledEvents(p, **k))
     monkeypatch.setattr(kineto, "STREAM_ABOVE_BYTES", 0)
     ctx = load_profile(samples / "kineto_two_ranks")
     assert len(made) == 2 and ctx.ranks == [0, 1]

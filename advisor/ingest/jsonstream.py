@@ -38,7 +38,7 @@ class LayoutError(Exception):
 class EventsStream(io.RawIOBase):
     """Raw, non-seekable stream of the ``traceEvents`` array's bytes."""
 
-    def __init__(self, path: Path, max_ratio: int = MAX_GZIP_RATIO) -> None:
+    def __init__(self, path: Path, max_ratio: int = MAX_GZIP_RATIO, probe: tuple[bytes, ...] = ()) -> None:
         super().__init__()
         self._raw = path.open("rb")
         magic = self._raw.read(2)
@@ -60,6 +60,7 @@ class EventsStream(io.RawIOBase):
             self.close()
             raise LayoutError("no traceEvents list near the start")
         self.head_bytes = head[:key]
+        self.found = _probe(head, bracket, probe)
         self.trailer: dict[str, Any] = {}
         self._buf = bytearray(head[bracket:])
         self._eof = False
@@ -129,18 +130,19 @@ class SpilledEvents:
     DuckDB keeps every byte it reads from a Python file object or a pipe in memory (a 500 MB
     trace cost 500 MB more), but reads a file path in bounded buffers, several threads at once.
     So the array is copied (gzip decompressed on the way) into the system temporary directory,
-    read by path, and deleted when done. ``head_bytes`` / ``trailer`` as in :class:`EventsStream`.
+    read by path, and deleted when done. ``head_bytes`` / ``trailer`` as in :class:`EventsStream`;
+    ``found``: the byte strings of ``probe`` that occur in the list's first MiBs (:data:`HEAD`).
     Raises LayoutError (layout not recognised) or OSError (no room to write the copy).
     """
 
-    def __init__(self, path: Path, tmp_dir: str | None = None) -> None:
+    def __init__(self, path: Path, tmp_dir: str | None = None, probe: tuple[bytes, ...] = ()) -> None:
         import shutil
         import tempfile
 
         with path.open("rb") as fh:
             gz = fh.read(2) == b"\x1f\x8b"
         if gz:
-            stream = EventsStream(path)
+            stream = EventsStream(path, probe=probe)
         fd, name = tempfile.mkstemp(prefix="advisor-events-", suffix=".json", dir=tmp_dir)
         self.path = Path(name)
         try:
@@ -148,15 +150,15 @@ class SpilledEvents:
                 if gz:  # decompressed on the way
                     with stream:
                         shutil.copyfileobj(stream, out, CHUNK)  # type: ignore[misc]
-                    self.head_bytes, self.trailer = stream.head_bytes, stream.trailer
+                    self.head_bytes, self.trailer, self.found = stream.head_bytes, stream.trailer, stream.found
                 else:  # the byte range of the list, copied by the kernel
-                    self.head_bytes, self.trailer = self._copy_plain(path, out)
+                    self.head_bytes, self.trailer, self.found = self._copy_plain(path, out, probe)
         except BaseException:
             self.close()
             raise
 
     @staticmethod
-    def _copy_plain(path: Path, out: Any) -> tuple[bytes, dict[str, Any]]:
+    def _copy_plain(path: Path, out: Any, probe: tuple[bytes, ...]) -> tuple[bytes, dict[str, Any], frozenset[bytes]]:
         size = path.stat().st_size
         with path.open("rb") as fh:
             head = fh.read(HEAD)
@@ -169,7 +171,7 @@ class SpilledEvents:
             pos, trailer = find_close(fh.read())
             out.flush()
             _copy_range(fh, out, bracket, tail_start + pos + 1)
-        return head[:key], trailer
+        return head[:key], trailer, _probe(head, bracket, probe)
 
     def close(self) -> None:
         """Delete the copy."""
@@ -183,6 +185,11 @@ class SpilledEvents:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _probe(head: bytes, start: int, probe: tuple[bytes, ...]) -> frozenset[bytes]:
+    """The byte strings of ``probe`` found in ``head`` from ``start`` on."""
+    return frozenset(p for p in probe if head.find(p, start) >= 0)
 
 
 def find_close(tail: bytes) -> tuple[int, dict[str, Any]]:
