@@ -516,9 +516,23 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None,
                 if not struct:
                     raise
         release_memory()  # the JSON reader's buffers
+        _compress(cur)
         return _finish_part(cur, part, kf, files, bases, lctx)
     finally:
         cur.execute(f"DROP TABLE IF EXISTS {kf}")
+
+
+def _compress(cur: Any) -> None:
+    """Compress the freshly scanned part before it is worked on: the statements that follow
+    (deletes, the step UPDATE, kernels / comm_ops) read it compressed and only what they change
+    is rewritten at the next checkpoint; compressing after them cost the same time at a higher
+    peak (32 ranks x 10 MB: 610 -> 490 MB; 500 MB: 830 -> 680 MB). Best effort: DuckDB refuses a
+    checkpoint while another file's load writes (the final one then compresses)."""
+    try:
+        cur.execute("CHECKPOINT")
+    except duckdb.Error:
+        return
+    release_memory()
 
 
 # events columns of a part that are not taken as they are from _events_sql (the rest are)
