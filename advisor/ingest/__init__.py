@@ -26,6 +26,7 @@ from advisor.ingest.base import (
     LoadContext,
     ParseError,
     Unit,
+    checkpoint,
     one_line,
     overlapping_files,
     release_memory,
@@ -83,7 +84,7 @@ class Connection:
 
     def compress(self) -> None:
         """Compress the loaded tables (after bulk loading; later changes stay uncompressed)."""
-        self._raw.execute(f"CHECKPOINT {DB}")
+        checkpoint(self._raw, DB)
         release_memory()
 
     def __getattr__(self, name: str) -> Any:
@@ -262,7 +263,7 @@ def _adopt_events_parts(con: Any, parts: list[str]) -> None:
         cur.execute(f"INSERT INTO events SELECT * FROM {part}")
         cur.execute(f"DROP TABLE {part}")
         if pending >= COMPRESS_EVERY_ROWS:  # big inputs: compress as they are appended (bounded memory)
-            cur.execute(f"CHECKPOINT {DB}")
+            checkpoint(cur, DB)
             release_memory()
             pending = 0
 

@@ -106,6 +106,21 @@ class LoadContext:
 
 
 _PURGE: Any = None
+_CHECKPOINT_LOCK = threading.Lock()
+
+
+def checkpoint(cur: Any, db: str = "") -> None:
+    """``CHECKPOINT`` (compress the in-memory tables), with one DuckDB thread more than usual
+    while it runs: with the default (one thread per core) the checkpoint often ran on one core
+    only (32 ranks x 10 MB: 0.44 s in 3 runs of 4, 0.23 s in the other; always 0.23 s with the
+    extra thread). Queries are not changed: the setting is put back. Raises duckdb errors."""
+    with _CHECKPOINT_LOCK:  # the setting is the database's: one checkpoint at a time changes it
+        threads = int(cur.execute("SELECT current_setting('threads')").fetchone()[0])
+        cur.execute(f"SET threads = {threads + 1}")
+        try:
+            cur.execute(f"CHECKPOINT {db}".rstrip())
+        finally:
+            cur.execute(f"SET threads = {threads}")
 
 
 def release_memory() -> None:

@@ -36,6 +36,7 @@ from advisor.ingest.base import (
     LoadContext,
     ParseError,
     Unit,
+    checkpoint,
     is_gzip,
     one_line,
     overlapping_files,
@@ -529,7 +530,7 @@ def _compress(cur: Any) -> None:
     peak (32 ranks x 10 MB: 610 -> 490 MB; 500 MB: 830 -> 680 MB). Best effort: DuckDB refuses a
     checkpoint while another file's load writes (the final one then compresses)."""
     try:
-        cur.execute("CHECKPOINT")
+        checkpoint(cur)
     except duckdb.Error:
         return
     release_memory()
