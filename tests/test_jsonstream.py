@@ -95,3 +95,18 @@ def test_empty_event_list_with_keys_after_it(tmp_path: Path) -> None:
     with SpilledEvents(p, tmp_dir=str(tmp_path)) as spilled:
         assert json.loads(spilled.path.read_bytes()) == []
         assert spilled.trailer == {"deviceProperties": [], "traceName": "x"}
+
+
+def test_spilled_events_probe_looks_at_the_first_bytes_of_the_list(tmp_path: Path) -> None:
+    """``found`` holds the probed strings present in the event list's first PROBE bytes, not later ones."""
+    from advisor.ingest.jsonstream import PROBE
+
+    early = {"ph": "X", "name": "a", "args": {"external id": 1}}
+    filler = {"ph": "X", "name": "f" * 100, "args": {"External id": 2}}
+    late = {"ph": "X", "name": "b", "args": {"Input dims": [[1]]}}
+    n = PROBE // len(json.dumps(filler)) + 10
+    body = json.dumps({"schemaVersion": 1, "traceEvents": [early] + [filler] * n + [late]}).encode()
+    for name, data in (("t.json", body), ("t.json.gz", gzip.compress(body))):
+        (tmp_path / name).write_bytes(data)
+        with SpilledEvents(tmp_path / name, probe=(b'"external id"', b'"Input dims"', b'"nowhere"')) as sp:
+            assert sp.found == {b'"external id"'}

@@ -26,6 +26,7 @@ from typing import Any
 HEAD = 4 << 20  # the traceEvents key must appear within the first 4 MiB
 TAIL = 1 << 20  # trailing header keys after the events fit in 1 MiB
 TRAILER_MAX = 64 << 10  # header keys written after the events (traceName, baseTimeNanoseconds ...)
+PROBE = 1 << 20  # bytes of the event list searched for the strings a caller asks about (a few thousand events)
 CHUNK = 4 << 20  # bytes decompressed / handed to DuckDB per read
 MAX_GZIP_RATIO = 100  # Kineto JSON compresses 10-20x; 100x leaves room and stops bombs (1000x+)
 MIN_LIMIT = 256 << 20
@@ -131,7 +132,7 @@ class SpilledEvents:
     trace cost 500 MB more), but reads a file path in bounded buffers, several threads at once.
     So the array is copied (gzip decompressed on the way) into the system temporary directory,
     read by path, and deleted when done. ``head_bytes`` / ``trailer`` as in :class:`EventsStream`;
-    ``found``: the byte strings of ``probe`` that occur in the list's first MiBs (:data:`HEAD`).
+    ``found``: the byte strings of ``probe`` that occur in the list's first bytes (:data:`PROBE`).
     Raises LayoutError (layout not recognised) or OSError (no room to write the copy).
     """
 
@@ -188,8 +189,8 @@ class SpilledEvents:
 
 
 def _probe(head: bytes, start: int, probe: tuple[bytes, ...]) -> frozenset[bytes]:
-    """The byte strings of ``probe`` found in ``head`` from ``start`` on."""
-    return frozenset(p for p in probe if head.find(p, start) >= 0)
+    """The byte strings of ``probe`` found in the :data:`PROBE` bytes of ``head`` from ``start`` on."""
+    return frozenset(p for p in probe if head.find(p, start, start + PROBE) >= 0)
 
 
 def find_close(tail: bytes) -> tuple[int, dict[str, Any]]:

@@ -80,7 +80,7 @@ _ARG_INDEX = {k: i + 1 for i, k in enumerate(_ARGS)}  # 1-based, as SQL lists ar
 # the same fields read as a STRUCT by the JSON reader itself (no second parse of ``args``: ~0.3 s
 # less per GB). Struct fields are matched case-sensitively but cannot differ only by case, so a
 # file whose events spell a key in lower case (``"external id"``, ``"Input dims"``: the old
-# schema) is read with the JSON path above (:data:`LOWER_CASE_KEYS`, looked for in its first MiBs)
+# schema) is read with the JSON path above (:data:`LOWER_CASE_KEYS`, looked for in its first MiB of events)
 _ARG_KEYS = {k: p[2:].strip('"') for k, p in _ARGS.items()}
 _STRUCT_KEYS = [key for k, key in _ARG_KEYS.items() if not k.endswith("_lower")]
 ARGS_STRUCT = "STRUCT(" + ", ".join(f'"{key}" VARCHAR' for key in _STRUCT_KEYS) + ")"
