@@ -378,3 +378,36 @@ def test_args_that_do_not_fit_the_struct_fall_back_to_the_json_path(tmp_path: Pa
     con = load_profile(tmp_path).con
     assert con.execute("SELECT name, ext_id, corr FROM events WHERE rank = 2 ORDER BY name").fetchall() == \
         [("odd_args", None, None), ("ok_args", 77, 78)]
+
+
+def test_a_failed_group_of_a_batch_leaves_the_other_group_loaded_once(tmp_path: Path, samples: Path) -> None:
+    """A batch is scanned in two groups (args as STRUCT, and the JSON path for lower-case key
+    spellings); when the second group's scan fails its file is read on its own and reported, and
+    the first group's files are in the tables once (found by fuzzing: the retry used to read them
+    again over their own part)."""
+    import shutil
+
+    for f in (samples / "kineto_two_ranks").iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    want = _tables(tmp_path)
+    # laid out as a trace (its event list is copied for the scan), invalid JSON inside the list
+    (tmp_path / "rank-5.json").write_text(
+        '{"distributedInfo": {"rank": 5}, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 1, '
+        '"args": {"external id": 1}}, {"ph": "X", "ts": 2, "dur": tru}]}')
+    got = _tables(tmp_path)
+    got.pop("warnings")
+    ctx = load_profile(tmp_path)
+    assert ctx.ranks == [0, 1]
+    assert any(w.path and w.path.endswith("rank-5.json") for w in ctx.warnings)
+    want.pop("warnings")
+    assert {k: v for k, v in got.items() if k != "profile_files"} == {k: v for k, v in want.items() if k != "profile_files"}
+
+
+def test_a_base_time_out_of_range_is_ignored_with_a_warning(tmp_path: Path) -> None:
+    """baseTimeNanoseconds beyond what ns columns hold (fuzzing: 1e+300) is ignored, named in a warning."""
+    doc = {"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1,
+                            "ts": 0.0, "dur": 1.0, "args": {}}], "baseTimeNanoseconds": 1e300}
+    (tmp_path / "t.pt.trace.json").write_text(json.dumps(doc))
+    ctx = load_profile(tmp_path)
+    assert ctx.con.execute("SELECT start_ns, dur_ns FROM events").fetchall() == [(0, 1000)]
+    assert any("baseTimeNanoseconds" in w.message and "ignored" in w.message for w in ctx.warnings)

@@ -399,9 +399,10 @@ def _load_batch(batch: list[tuple[int, Unit, int]], lctx: LoadContext) -> dict[i
             # one scan per way of reading args (files in the old schema's spelling by the JSON path)
             for group in ([f for f in files if f.struct], [f for f in files if not f.struct]):
                 if group:
-                    results.update(_fill_part(cur, f"kpart_{group[0].fid}", group, None, lctx))
-        except duckdb.Error:  # one bad file fails the scan: every file of the batch is read on its own instead
-            return {}
+                    try:
+                        results.update(_fill_part(cur, f"kpart_{group[0].fid}", group, None, lctx))
+                    except duckdb.Error:  # one bad file fails the scan: the group's files are read on their own
+                        pass
         finally:
             cur.close()
     finally:
@@ -410,6 +411,8 @@ def _load_batch(batch: list[tuple[int, Unit, int]], lctx: LoadContext) -> dict[i
                 sp.close()
     out: dict[int, dict[str, Any] | None] = {}
     for (i, _u, _sp), f in zip(entries, files, strict=True):
+        if f.fid not in results:
+            continue  # its scan failed: load() reads it again and reports precisely
         res = results[f.fid]
         if isinstance(res, ParseError):
             lctx.warn(res.code, res.message, res.path)
@@ -474,10 +477,17 @@ def _base_ns(text: str | None, f: _File, lctx: LoadContext) -> int:
     if not text:
         return 0
     try:
-        return int(float(text)) if "." in text or "e" in text.lower() else int(text)
-    except ValueError:
+        base = int(float(text)) if "." in text or "e" in text.lower() else int(text)
+    except (ValueError, OverflowError):  # not a number, or inf
         lctx.warn("bad_value", f"baseTimeNanoseconds {text[:40]!r} is not a number; ignored", f.path)
         return 0
+    if not 0 <= base < BASE_MAX_NS:
+        lctx.warn("bad_value", f"baseTimeNanoseconds {text[:40]!r} is not a time since the epoch in ns; ignored", f.path)
+        return 0
+    return base
+
+
+BASE_MAX_NS = 1 << 62  # ~year 2116 in ns since the epoch; a larger base overflows the ns columns
 
 
 def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None,
@@ -518,7 +528,11 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None,
                     raise
         release_memory()  # the JSON reader's buffers
         _compress(cur)
-        return _finish_part(cur, part, kf, files, bases, lctx)
+        try:
+            return _finish_part(cur, part, kf, files, bases, lctx)
+        except duckdb.Error:
+            cur.execute(f"DROP TABLE IF EXISTS {part}")  # the files are read again on their own, under this name
+            raise
     finally:
         cur.execute(f"DROP TABLE IF EXISTS {kf}")
 
