@@ -81,22 +81,43 @@ def build_context(
     progress: Callable[[str, int, int], None] | None = None,
     max_events: int | None = None,
     memory_limit: str | None = None,
+    beside_rules: bool = False,
 ) -> AnalysisContext:
-    """Load and run the inter-operator stages (breakdown, critical path)."""
+    """Load and run the inter-operator stages (breakdown, critical path).
+
+    ``beside_rules``: the stages run in a thread while the caller goes on to the rules (which
+    wait for them only where they read a result): the rules' first queries use the cores the
+    stages leave idle. The context waits for the thread wherever a stage result is read.
+    """
     warm_imports()
     ctx = load_profile(path, progress=progress, max_events=max_events, memory_limit=memory_limit)
+    if progress:
+        progress("breakdown", 0, 1)
+
+    def stages() -> None:
+        _run_stages(ctx, rank, step, None if beside_rules else progress)
+
+    if beside_rules:
+        ctx.run_stages_beside(stages)
+    else:
+        stages()
+    return ctx
+
+
+def _run_stages(ctx: AnalysisContext, rank: int | None, step: int | None,
+                progress: Callable[[str, int, int], None] | None) -> None:
+    """Breakdown, focus (rank, step) and its critical path, and the warnings they give."""
     t0 = time.perf_counter()
     from advisor.stages import breakdown as breakdown_stage
 
-    if progress:
-        progress("breakdown", 0, 1)
-    ctx.breakdown = breakdown_stage.compute(ctx.con)
-    breakdown_stage.store(ctx.con, ctx.breakdown)
+    bd = breakdown_stage.compute(ctx.con)
+    breakdown_stage.store(ctx.con, bd)
+    ctx.breakdown = bd
     if rank is not None and rank not in ctx.ranks:
         ctx.warnings.append(Warning_("focus", f"--rank {rank} is not in this profile (ranks: {_short(ctx.ranks)})"))
         rank = None
-    if step is not None and ctx.breakdown is not None and step not in set(ctx.breakdown["step"]):
-        steps = sorted(set(int(s) for s in ctx.breakdown["step"]))
+    if step is not None and bd is not None and step not in set(bd["step"]):
+        steps = sorted(set(int(s) for s in bd["step"]))
         ctx.warnings.append(Warning_("focus", f"--step {step} is not in this profile (steps: {_short(steps)})"))
         step = None
     ctx.focus_rank, ctx.focus_step = choose_focus(ctx, rank, step)
@@ -112,7 +133,6 @@ def build_context(
                 "do not apply; the breakdown treats host operators as compute (see README)",
             )
         )
-    return ctx
 
 
 def _short(items: list[int]) -> str:
@@ -149,7 +169,8 @@ def analyze(
     """Everything ``advisor analyze`` does before rendering."""
     cfg = cfg or Config()
     t_start = time.perf_counter()
-    ctx = build_context(path, rank=rank, step=step, progress=progress, max_events=max_events, memory_limit=memory_limit)
+    ctx = build_context(path, rank=rank, step=step, progress=progress, max_events=max_events, memory_limit=memory_limit,
+                        beside_rules=True)
     if progress:
         progress("rules", 0, 1)
     return analyze_context(ctx, cfg, t_start, rank=rank, step=step, debug=debug)

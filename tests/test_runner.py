@@ -1,4 +1,4 @@
-"""The rule runner: rules run two at a time, yet outcomes and warnings come out in rule order."""
+"""The rule runner: rules run a few at a time (beside the stages), yet outcomes and warnings come out in rule order."""
 
 from __future__ import annotations
 
@@ -41,3 +41,45 @@ def test_outcomes_and_warnings_keep_rule_order_when_rules_finish_out_of_order() 
     assert messages[0].startswith(f"{first} ") and "finished last" in messages[0]
     assert messages[1].startswith(f"{second} ") and "planted failure" in messages[1]
     assert [o.rule for o in outcomes] == list(specs)
+
+
+def _report_without_timings(rep) -> dict:  # noqa: ANN001
+    from advisor.render.json import report_dict
+
+    d = report_dict(rep)
+    d["profile"].pop("parse_seconds", None)
+    d["profile"].pop("analyze_seconds", None)
+    for r in d["rules"]:
+        r.pop("seconds", None)
+    return d
+
+
+def test_stages_beside_the_rules_give_the_report_of_stages_before_them() -> None:
+    """analyze() runs the breakdown and critical path in a thread beside the rules; the report
+    (findings, warnings and their order, focus, critical path) is the one of running them first."""
+    from advisor.analyze import analyze, analyze_context, build_context
+    from tests.conftest import SAMPLES, TRACES
+
+    for path in (SAMPLES / "kineto_two_ranks", TRACES / "cpu_slow_dataloader"):
+        for focus in ({}, {"rank": 1, "step": 99}):
+            beside = analyze(path, **focus)
+            ctx = build_context(path, **focus)
+            assert ctx._stages is None and ctx.breakdown is not None
+            before = analyze_context(ctx, **focus)
+            assert _report_without_timings(beside) == _report_without_timings(before), (path, focus)
+
+
+def test_an_error_in_the_stages_thread_is_raised_not_lost(monkeypatch) -> None:  # noqa: ANN001
+    """A failing stage beside the rules surfaces as the analysis's error, as it did inline."""
+    import pytest
+
+    import advisor.stages.breakdown as breakdown_stage
+    from advisor.analyze import analyze
+    from tests.conftest import TRACES
+
+    def boom(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("planted stage failure")
+
+    monkeypatch.setattr(breakdown_stage, "compute", boom)
+    with pytest.raises(RuntimeError, match="planted stage failure"):
+        analyze(TRACES / "cpu_healthy")

@@ -21,6 +21,8 @@ _PARAM_RE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 def _derived_re(names: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
 
+_STAGE_TABLES = re.compile(r"\bbreakdown\b")  # tables the stages write
+
 CAPABILITIES: dict[str, str] = {
     "device": "device (accelerator) events on at least one rank",
     "multi_rank": "at least two ranks",
@@ -47,14 +49,73 @@ class AnalysisContext:
     sources: list[str]
     ranks: list[int]
     warnings: list[Warning_] = field(default_factory=list)
-    breakdown: pd.DataFrame | None = None
-    critical_path: dict[str, Any] | None = None
-    focus_rank: int | None = None
-    focus_step: int | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    _breakdown: pd.DataFrame | None = None
+    _critical_path: dict[str, Any] | None = None
+    _focus: tuple[int | None, int | None] = (None, None)
+    _stages: threading.Thread | None = None  # the stages' thread while it runs beside the rules
+    _stages_error: BaseException | None = None
     _counts: dict[str, int] = field(default_factory=dict)
     _derived: set[str] = field(default_factory=set)
     _building: dict[str, threading.Lock] = field(default_factory=dict)
+
+    # -- the inter-operator stages (breakdown, focus, critical path) -------------------------
+    # They may run in a thread beside the rules (:meth:`run_stages_beside`): reading any of their
+    # results, or SQL naming the ``breakdown`` table, waits for them.
+    def run_stages_beside(self, stages: Any) -> None:
+        """Run ``stages()`` (which sets the breakdown, focus and critical path) in a thread."""
+        def run() -> None:
+            try:
+                stages()
+            except BaseException as exc:  # re-raised where a result is read
+                self._stages_error = exc
+
+        self._stages = threading.Thread(target=run, name="advisor-stages", daemon=True)
+        self._stages.start()
+
+    def wait_stages(self) -> None:
+        """Wait for the stages' thread, if one runs; its error is raised here."""
+        t = self._stages
+        if t is not None and t is not threading.current_thread():
+            t.join()
+            if self._stages_error is not None:
+                raise self._stages_error
+
+    @property
+    def breakdown(self) -> pd.DataFrame | None:
+        self.wait_stages()
+        return self._breakdown
+
+    @breakdown.setter
+    def breakdown(self, value: pd.DataFrame | None) -> None:
+        self._breakdown = value
+
+    @property
+    def critical_path(self) -> dict[str, Any] | None:
+        self.wait_stages()
+        return self._critical_path
+
+    @critical_path.setter
+    def critical_path(self, value: dict[str, Any] | None) -> None:
+        self._critical_path = value
+
+    @property
+    def focus_rank(self) -> int | None:
+        self.wait_stages()
+        return self._focus[0]
+
+    @focus_rank.setter
+    def focus_rank(self, value: int | None) -> None:
+        self._focus = (value, self._focus[1])
+
+    @property
+    def focus_step(self) -> int | None:
+        self.wait_stages()
+        return self._focus[1]
+
+    @focus_step.setter
+    def focus_step(self, value: int | None) -> None:
+        self._focus = (self._focus[0], value)
 
     # -- SQL helpers -----------------------------------------------------------------------
     def prepare(self, sql: str) -> str:
@@ -64,6 +125,8 @@ class AnalysisContext:
         """
         from advisor.engine.derived import DERIVED  # numpy / pandas: imported once analysis starts
 
+        if self._stages is not None and _STAGE_TABLES.search(sql):
+            self.wait_stages()
         for name in sorted(set(_derived_re(tuple(DERIVED)).findall(sql)) - self._derived):
             with self._building.setdefault(name, threading.Lock()):
                 if name not in self._derived:

@@ -59,34 +59,40 @@ def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[l
     from advisor.engine.registry import LOAD_ERRORS
 
     specs = discover()
-    for err in LOAD_ERRORS:
-        ctx.warnings.append(Warning_("rule_error", f"rule not loaded: {err}"))
     chosen = selected(specs, cfg)
     thresholds = {rid: build_thresholds(rid, s.thresholds, cfg.overrides.get(rid, {})) for rid, s in chosen.items()}
-    findings: list[Finding] = []
-    outcomes: list[RuleOutcome] = []
-    skipped: dict[str, str] = {}
-    for rid, spec in chosen.items():
-        reasons = [r for r in (ctx.missing(req) for req in spec.requires) if r]
+
+    def run(rid: str) -> tuple[str, Any]:
+        """("skipped", reason) when a requirement is not met, else ("ran", _run_one's result).
+        Requirements are checked here, in the worker: one on the breakdown waits for the stages
+        (which may still run beside the rules) without holding up the rules that need nothing."""
+        reasons = [r for r in (ctx.missing(req) for req in chosen[rid].requires) if r]
         if reasons:
-            skipped[rid] = "; ".join(reasons)
-    runnable = [rid for rid in chosen if rid not in skipped]
+            return "skipped", "; ".join(reasons)
+        return "ran", _run_one(specs[rid], ctx, thresholds[rid], debug)
+
     # rules are independent; a few at a time keep the cores busy (their queries release the GIL),
     # and their outcomes and warnings are still recorded in rule order
     with ThreadPoolExecutor(max_workers=RULE_WORKERS) as pool:
-        done = dict(zip(runnable, pool.map(lambda rid: _run_one(specs[rid], ctx, thresholds[rid], debug), runnable),
-                        strict=True))
+        done = dict(zip(chosen, pool.map(run, chosen), strict=True))
+    ctx.wait_stages()  # their warnings come first, as when they run before the rules
+    for err in LOAD_ERRORS:
+        ctx.warnings.append(Warning_("rule_error", f"rule not loaded: {err}"))
+    findings: list[Finding] = []
+    outcomes: list[RuleOutcome] = []
     for rid, spec in specs.items():
         if rid not in chosen:
             outcomes.append(RuleOutcome(rid, "not_selected"))
-        elif rid in skipped:
-            outcomes.append(RuleOutcome(rid, "skipped", skipped[rid]))
-            ctx.warnings.append(Warning_("rule_skipped", f"{rid} ({spec.name}) not run: {skipped[rid]}"))
+            continue
+        status, got = done[rid]
+        if status == "skipped":
+            outcomes.append(RuleOutcome(rid, "skipped", got))
+            ctx.warnings.append(Warning_("rule_skipped", f"{rid} ({spec.name}) not run: {got}"))
         else:
-            outcome, got, warnings = done[rid]
+            outcome, rule_findings, warnings = got
             outcomes.append(outcome)
             ctx.warnings.extend(warnings)
-            findings.extend(got)
+            findings.extend(rule_findings)
     if len(ctx.ranks) >= 3:
         from advisor.engine.merge import merge_per_rank
 
