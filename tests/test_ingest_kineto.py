@@ -411,3 +411,23 @@ def test_a_base_time_out_of_range_is_ignored_with_a_warning(tmp_path: Path) -> N
     ctx = load_profile(tmp_path)
     assert ctx.con.execute("SELECT start_ns, dur_ns FROM events").fetchall() == [(0, 1000)]
     assert any("baseTimeNanoseconds" in w.message and "ignored" in w.message for w in ctx.warnings)
+
+
+def test_insert_and_update_rows_in_chunks_equal_executemany() -> None:
+    """The one-statement bulk INSERT / UPDATE helpers write what executemany wrote, NULLs and
+    chunk boundaries included."""
+    import duckdb
+
+    from advisor.ingest.base import insert_rows, update_rows
+
+    rows = [(1, None, "a"), (2, 5, None), (3, 6, "c'd"), (4, None, None), (5, 7, "e")]
+    ups = [(10, 2), (None, 3), (30, 5), (40, 99)]
+    got, want = duckdb.connect(), duckdb.connect()
+    for con in (got, want):
+        con.execute("CREATE TABLE t (k INTEGER, n BIGINT, s VARCHAR)")
+    insert_rows(got, "t", rows, chunk=2)
+    update_rows(got, "t", "n = v.value", "k", ups, chunk=3)
+    want.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+    want.executemany("UPDATE t SET n = ? WHERE k = ?", ups)
+    q = "SELECT * FROM t ORDER BY k"
+    assert got.execute(q).fetchall() == want.execute(q).fetchall()

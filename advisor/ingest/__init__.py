@@ -27,6 +27,7 @@ from advisor.ingest.base import (
     ParseError,
     Unit,
     checkpoint,
+    insert_rows,
     one_line,
     overlapping_files,
     release_memory,
@@ -338,7 +339,7 @@ def _write_ranks(con: Any, infos: dict[int, list[tuple[Unit, dict[str, Any]]]]) 
                 ";".join(str(f) for u in units for f in u.files),
             )
         )
-    con.executemany("INSERT INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    insert_rows(con, "ranks", rows)
     con.execute(
         """UPDATE ranks SET has_device = coalesce((SELECT bool_or(device AND kind IN ('kernel','comm','memcpy','memset'))
                                                    FROM events e WHERE e.rank = ranks.rank), false)"""

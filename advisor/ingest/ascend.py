@@ -53,7 +53,7 @@ from advisor.ingest.ascend_common import (
     short_error,
     warn_once,
 )
-from advisor.ingest.base import LoadContext, ParseError, Unit, read_head
+from advisor.ingest.base import LoadContext, ParseError, Unit, read_head, update_rows
 
 SOURCE = SOURCE_PT
 SOURCES = (SOURCE_PT, SOURCE_MS)
@@ -848,7 +848,7 @@ def _load_text(states: list[_State], lctx: LoadContext, cur: Any, p: str) -> Non
             if path is not None and stats is not None and path in st.fids:
                 updates.append((stats.get("events", 0), st.fids[path]))
     if updates:
-        cur.executemany("UPDATE profile_files SET events = ? WHERE file_id = ?", updates)
+        update_rows(cur, "profile_files", "events = v.value", "file_id", updates)
     no_marks = [st.unit.rank for st in states if st.loaded and not (st.info.get("trace_stats") or {}).get("steps")]
     if no_marks:
         _steps_from_vendor(cur, no_marks)

@@ -91,13 +91,16 @@ class LoadContext:
 
     def file_id(self, path: Path, rank: int, source: str) -> int:
         """Register a file and return its id (rows in ``events.file_id`` point at it)."""
+        return self.file_ids([(path, rank, source)])[0]
+
+    def file_ids(self, files: list[tuple[Path, int, str]]) -> list[int]:
+        """Register ``(path, rank, source)`` files with one statement; their ids, in order."""
         with self._lock:
-            fid = self._next_file_id
-            self._next_file_id += 1
-            self._con.cursor().execute(
-                "INSERT INTO profile_files VALUES (?, ?, ?, ?, 0)", [fid, rank, str(path), source]
-            )
-        return fid
+            first = self._next_file_id
+            self._next_file_id += len(files)
+            insert_rows(self._con.cursor(), "profile_files",
+                        [(first + i, rank, str(path), source, 0) for i, (path, rank, source) in enumerate(files)])
+        return list(range(first, first + len(files)))
 
     def warn(self, code: str, message: str, path: Path | str | None = None) -> None:
         """Record an input problem (shown in the report and on stderr)."""
@@ -106,6 +109,28 @@ class LoadContext:
 
 
 _PURGE: Any = None
+
+
+def insert_rows(cur: Any, table: str, rows: list[tuple[Any, ...]], chunk: int = 1000) -> None:
+    """``INSERT INTO table VALUES ...`` of many rows, ``chunk`` rows per statement (DuckDB's
+    executemany runs one statement per row: ~0.4 ms each, 0.1 s for a few tables of 32 ranks)."""
+    for a in range(0, len(rows), chunk):
+        part = rows[a:a + chunk]
+        marks = "(" + ", ".join("?" * len(part[0])) + ")"
+        cur.execute(f"INSERT INTO {table} VALUES " + ", ".join([marks] * len(part)),  # noqa: S608
+                    [v for row in part for v in row])
+
+
+def update_rows(cur: Any, table: str, set_sql: str, key: str, rows: list[tuple[Any, Any]], chunk: int = 1000) -> None:
+    """Many ``UPDATE table SET <set_sql using v.value> WHERE key = v.key`` in one statement per
+    ``chunk`` rows; ``rows`` are (value, key) pairs, as executemany took them."""
+    for a in range(0, len(rows), chunk):
+        part = rows[a:a + chunk]
+        values = ", ".join(["(?, ?)"] * len(part))
+        cur.execute(f"UPDATE {table} SET {set_sql} FROM (VALUES {values}) v(value, key) WHERE {table}.{key} = v.key",  # noqa: S608
+                    [v for row in part for v in row])
+
+
 _CHECKPOINT_LOCK = threading.Lock()
 
 

@@ -37,11 +37,13 @@ from advisor.ingest.base import (
     ParseError,
     Unit,
     checkpoint,
+    insert_rows,
     is_gzip,
     one_line,
     overlapping_files,
     read_head,
     release_memory,
+    update_rows,
 )
 from advisor.ingest.jsonstream import LayoutError, SpilledEvents, header_value
 from advisor.ingest.steps import build_steps, drop_window_lookup, step_of, window_lookup
@@ -325,11 +327,16 @@ class _File:
 
 
 def _fid(unit: Unit, lctx: LoadContext) -> int:
-    fid = unit.info.get("fid")
-    if fid is None:
-        fid = lctx.file_id(unit.files[0], unit.rank, SOURCE)
-        unit.info["fid"] = fid  # a unit read again on its own keeps its id
-    return fid
+    return _fids([unit], lctx)[0]
+
+
+def _fids(units: list[Unit], lctx: LoadContext) -> list[int]:
+    """The units' file ids, registering those without one (one statement for all)."""
+    new = [u for u in units if u.info.get("fid") is None]
+    if new:
+        for u, fid in zip(new, lctx.file_ids([(u.files[0], u.rank, SOURCE) for u in new]), strict=True):
+            u.info["fid"] = fid  # a unit read again on its own keeps its id
+    return [u.info["fid"] for u in units]
 
 
 def load_many(units: list[Unit], lctx: LoadContext) -> dict[int, dict[str, Any] | None]:
@@ -390,9 +397,10 @@ def _load_batch(batch: list[tuple[int, Unit, int]], lctx: LoadContext) -> dict[i
                    if sp is not None or u.info.get("form") == "array"]
         if len(entries) < 2:
             return {}
-        files = [_File(u, _fid(u, lctx), None if sp is None else _header(sp.head_bytes, sp.trailer),
+        fids = _fids([u for _i, u, _sp in entries], lctx)
+        files = [_File(u, fid, None if sp is None else _header(sp.head_bytes, sp.trailer),
                        str(u.files[0] if sp is None else sp.path), struct=sp is not None and not sp.found)
-                 for _i, u, sp in entries]
+                 for (_i, u, sp), fid in zip(entries, fids, strict=True)]
         results: dict[int, dict[str, Any] | ParseError] = {}
         cur = lctx.cursor()
         try:
@@ -508,7 +516,7 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None,
     kf = f"{part}_f"
     bases = {f.fid: _base_ns((f.header or (None, None, None, None))[2], f, lctx) for f in files}
     cur.execute(f"CREATE OR REPLACE TEMP TABLE {kf} (fname VARCHAR, fid INTEGER, rank INTEGER, base_ns BIGINT, path VARCHAR, n BIGINT)")
-    cur.executemany(f"INSERT INTO {kf} VALUES (?, ?, ?, ?, ?, 0)", [(f.src, f.fid, f.rank, bases[f.fid], str(f.path)) for f in files])
+    insert_rows(cur, kf, [(f.src, f.fid, f.rank, bases[f.fid], str(f.path), 0) for f in files])
     try:
         # typed as the schema says: the part may become ``events`` itself (renamed, not copied)
         cols = ", ".join(f"CAST({_PART_COLUMNS.get(c.name, c.name)} AS {c.sql_type}) AS {c.name}" for c in TABLES["events"].columns)
@@ -594,13 +602,13 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
             results[f.fid] = _info(devprops_json, dist_json, total)
             ok.append((total, f.fid))
     if shift:
-        cur.executemany(f"UPDATE {part} SET start_ns = start_ns + ? WHERE file_id = ?", shift)
+        update_rows(cur, part, "start_ns = start_ns + v.value", "file_id", shift)
     gone_sql = ", ".join(map(str, gone)) or "NULL"
     if not ok:
         cur.execute(f"DROP TABLE {part}")
         return results
     cur.execute(f"DELETE FROM {kf} WHERE fid IN ({gone_sql})")
-    cur.executemany(f"UPDATE {kf} SET n = ? WHERE fid = ?", ok)
+    update_rows(cur, kf, "n = v.value", "fid", ok)
     # tracks before the metadata and untimed rows go
     cur.execute(
         f"""INSERT INTO tracks
@@ -648,7 +656,7 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
             cur.execute(f"UPDATE {part} t SET step = s.step FROM {lookup} s WHERE t.rank IN ({ranks_sql}) AND {win.match}")
     finally:
         drop_window_lookup(cur, lookup)
-    cur.executemany("UPDATE profile_files SET events = ? WHERE file_id = ?", ok)
+    update_rows(cur, "profile_files", "events = v.value", "file_id", ok)
     lctx.mark_stepped(stepped)
     lctx.add_events_part(part)
     return results
