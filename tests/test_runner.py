@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import time
+from typing import Any
+
+import pytest
 
 from advisor.config import Config
 from advisor.engine.registry import discover
 from advisor.engine.runner import run_rules
+from advisor.model import Report
 from advisor.testing import context_from_tables
 
 
@@ -43,7 +47,7 @@ def test_outcomes_and_warnings_keep_rule_order_when_rules_finish_out_of_order() 
     assert [o.rule for o in outcomes] == list(specs)
 
 
-def _report_without_timings(rep) -> dict:  # noqa: ANN001
+def _report_without_timings(rep: Report) -> dict[str, Any]:
     from advisor.render.json import report_dict
 
     d = report_dict(rep)
@@ -69,15 +73,13 @@ def test_stages_beside_the_rules_give_the_report_of_stages_before_them() -> None
             assert _report_without_timings(beside) == _report_without_timings(before), (path, focus)
 
 
-def test_an_error_in_the_stages_thread_is_raised_not_lost(monkeypatch) -> None:  # noqa: ANN001
+def test_an_error_in_the_stages_thread_is_raised_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     """A failing stage beside the rules surfaces as the analysis's error, as it did inline."""
-    import pytest
-
     import advisor.stages.breakdown as breakdown_stage
     from advisor.analyze import analyze
     from tests.conftest import TRACES
 
-    def boom(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+    def boom(*_a: object, **_k: object) -> None:
         raise RuntimeError("planted stage failure")
 
     monkeypatch.setattr(breakdown_stage, "compute", boom)

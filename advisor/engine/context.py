@@ -67,7 +67,7 @@ class AnalysisContext:
         def run() -> None:
             try:
                 stages()
-            except BaseException as exc:  # re-raised where a result is read
+            except BaseException as exc:  # noqa: BLE001 -- re-raised where a result is read
                 self._stages_error = exc
 
         self._stages = threading.Thread(target=run, name="advisor-stages", daemon=True)

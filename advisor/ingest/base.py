@@ -117,7 +117,7 @@ def insert_rows(cur: Any, table: str, rows: list[tuple[Any, ...]], chunk: int = 
     for a in range(0, len(rows), chunk):
         part = rows[a:a + chunk]
         marks = "(" + ", ".join("?" * len(part[0])) + ")"
-        cur.execute(f"INSERT INTO {table} VALUES " + ", ".join([marks] * len(part)),  # noqa: S608
+        cur.execute(f"INSERT INTO {table} VALUES " + ", ".join([marks] * len(part)),
                     [v for row in part for v in row])
 
 
@@ -127,7 +127,7 @@ def update_rows(cur: Any, table: str, set_sql: str, key: str, rows: list[tuple[A
     for a in range(0, len(rows), chunk):
         part = rows[a:a + chunk]
         values = ", ".join(["(?, ?)"] * len(part))
-        cur.execute(f"UPDATE {table} SET {set_sql} FROM (VALUES {values}) v(value, key) WHERE {table}.{key} = v.key",  # noqa: S608
+        cur.execute(f"UPDATE {table} SET {set_sql} FROM (VALUES {values}) v(value, key) WHERE {table}.{key} = v.key",
                     [v for row in part for v in row])
 
 
