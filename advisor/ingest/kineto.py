@@ -116,6 +116,10 @@ _KIND_SQL = f"""CASE
     ELSE 'other'
 END"""
 
+# what a failed DuckDB statement raises: its own errors, or UnicodeDecodeError when the Python
+# binding cannot decode an error message that quotes bytes of the input which are not UTF-8
+DUCKDB_ERRORS = (duckdb.Error, UnicodeDecodeError)
+
 STREAM_ABOVE_BYTES = 256 << 20  # estimated uncompressed size from which a file is read on its own, not batched
 EVENT_MAX_BYTES = 64 << 20  # one event larger than this is refused (bounds memory on hostile input)
 
@@ -409,7 +413,7 @@ def _load_batch(batch: list[tuple[int, Unit, int]], lctx: LoadContext) -> dict[i
                 if group:
                     try:
                         results.update(_fill_part(cur, f"kpart_{group[0].fid}", group, None, lctx))
-                    except duckdb.Error:  # one bad file fails the scan: the group's files are read on their own
+                    except DUCKDB_ERRORS:  # one bad file fails the scan: the group's files are read on their own
                         pass
         finally:
             cur.close()
@@ -457,8 +461,8 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
                 if header is None:
                     f.header = _header_from_whole(cur, path)
         res = _fill_part(cur, f"kpart_{fid}", [f], unnest, lctx)[fid]
-    except duckdb.Error as exc:  # duckdb raises its own error types for bad JSON / gzip / IO
-        msg = str(exc)
+    except DUCKDB_ERRORS as exc:  # duckdb raises its own error types for bad JSON / gzip / IO
+        msg = "invalid data (not UTF-8)" if isinstance(exc, UnicodeDecodeError) else str(exc)
         if spill is not None:  # name the user's file, not the copy (whose byte offsets mean nothing to them)
             msg = re.sub(r",? at byte \d+", "", msg.replace(str(spill.path), str(path)))
         raise ParseError(path, "not a readable Kineto trace: " + _short_duckdb_error(msg)) from None
@@ -530,7 +534,7 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None,
                     {"paths": [f.src for f in files]},
                 )
                 break
-            except duckdb.Error:
+            except DUCKDB_ERRORS:
                 cur.execute(f"DROP TABLE IF EXISTS {part}")
                 if not struct:
                     raise
@@ -538,7 +542,7 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None,
         _compress(cur)
         try:
             return _finish_part(cur, part, kf, files, bases, lctx)
-        except duckdb.Error:
+        except DUCKDB_ERRORS:
             cur.execute(f"DROP TABLE IF EXISTS {part}")  # the files are read again on their own, under this name
             raise
     finally:
