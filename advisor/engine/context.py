@@ -40,6 +40,23 @@ def bind(sql: str, params: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in params.items() if k in used}
 
 
+class _StageResult:
+    """An attribute of :class:`AnalysisContext` that the stages set (None until then); reading it
+    waits for the stages' thread when they run beside the rules."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.attr = "_" + name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        obj.wait_stages()
+        return obj.__dict__.get(self.attr)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self.attr] = value
+
+
 @dataclass
 class AnalysisContext:
     """A loaded profile and its derived views."""
@@ -50,9 +67,11 @@ class AnalysisContext:
     ranks: list[int]
     warnings: list[Warning_] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
-    _breakdown: pd.DataFrame | None = None
-    _critical_path: dict[str, Any] | None = None
-    _focus: tuple[int | None, int | None] = (None, None)
+    # set by the stages; not dataclass fields (no annotation), read through _StageResult
+    breakdown = _StageResult()  # pd.DataFrame | None: one row per (rank, step)
+    critical_path = _StageResult()  # dict | None: the critical path of the focus (rank, step)
+    focus_rank = _StageResult()  # int | None
+    focus_step = _StageResult()  # int | None
     _stages: threading.Thread | None = None  # the stages' thread while it runs beside the rules
     _stages_error: BaseException | None = None
     _counts: dict[str, int] = field(default_factory=dict)
@@ -80,42 +99,6 @@ class AnalysisContext:
             t.join()
             if self._stages_error is not None:
                 raise self._stages_error
-
-    @property
-    def breakdown(self) -> pd.DataFrame | None:
-        self.wait_stages()
-        return self._breakdown
-
-    @breakdown.setter
-    def breakdown(self, value: pd.DataFrame | None) -> None:
-        self._breakdown = value
-
-    @property
-    def critical_path(self) -> dict[str, Any] | None:
-        self.wait_stages()
-        return self._critical_path
-
-    @critical_path.setter
-    def critical_path(self, value: dict[str, Any] | None) -> None:
-        self._critical_path = value
-
-    @property
-    def focus_rank(self) -> int | None:
-        self.wait_stages()
-        return self._focus[0]
-
-    @focus_rank.setter
-    def focus_rank(self, value: int | None) -> None:
-        self._focus = (value, self._focus[1])
-
-    @property
-    def focus_step(self) -> int | None:
-        self.wait_stages()
-        return self._focus[1]
-
-    @focus_step.setter
-    def focus_step(self, value: int | None) -> None:
-        self._focus = (self._focus[0], value)
 
     # -- SQL helpers -----------------------------------------------------------------------
     def prepare(self, sql: str) -> str:

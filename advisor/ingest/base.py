@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from advisor.model import Warning_
 
 
@@ -109,6 +111,10 @@ class LoadContext:
 
 
 _PURGE: Any = None
+
+# what a failed DuckDB statement raises: its own errors, or UnicodeDecodeError when the Python
+# binding cannot decode an error message that quotes bytes of the input which are not UTF-8
+DUCKDB_ERRORS: tuple[type[BaseException], ...] = (duckdb.Error, UnicodeDecodeError)
 
 
 def insert_rows(cur: Any, table: str, rows: list[tuple[Any, ...]], chunk: int = 1000) -> None:

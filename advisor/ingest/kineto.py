@@ -33,6 +33,7 @@ from typing import Any
 import duckdb
 
 from advisor.ingest.base import (
+    DUCKDB_ERRORS,
     LoadContext,
     ParseError,
     Unit,
@@ -115,10 +116,6 @@ _KIND_SQL = f"""CASE
     WHEN lcat IN ('user_annotation') THEN 'annotation'
     ELSE 'other'
 END"""
-
-# what a failed DuckDB statement raises: its own errors, or UnicodeDecodeError when the Python
-# binding cannot decode an error message that quotes bytes of the input which are not UTF-8
-DUCKDB_ERRORS = (duckdb.Error, UnicodeDecodeError)
 
 STREAM_ABOVE_BYTES = 256 << 20  # estimated uncompressed size from which a file is read on its own, not batched
 EVENT_MAX_BYTES = 64 << 20  # one event larger than this is refused (bounds memory on hostile input)
