@@ -332,7 +332,7 @@ def test_args_read_as_a_struct_equal_the_json_path(path: Path, monkeypatch: pyte
 
     scans = []
     real = kineto._events_sql
-    monkeypatch.setattr(kineto, "_events_sql", lambda u, struct=False: scans.append(struct) or real(u, struct))
+    monkeypatch.setattr(kineto, "_events_sql", lambda u, struct=False, numeric=False: scans.append(struct) or real(u, struct, numeric))
     as_struct = _tables(path)
     assert scans and all(scans)
     scans.clear()
@@ -370,7 +370,7 @@ def test_args_that_do_not_fit_the_struct_fall_back_to_the_json_path(tmp_path: Pa
 
     scans = []
     real = kineto._events_sql
-    monkeypatch.setattr(kineto, "_events_sql", lambda u, struct=False: scans.append(struct) or real(u, struct))
+    monkeypatch.setattr(kineto, "_events_sql", lambda u, struct=False, numeric=False: scans.append(struct) or real(u, struct, numeric))
     got = _tables(tmp_path)
     assert scans[:2] == [True, False]  # the STRUCT scan failed, the JSON one read the batch
     assert not [w for w in got["warnings"] if "rank-2" in w[1]]
@@ -411,6 +411,39 @@ def test_a_base_time_out_of_range_is_ignored_with_a_warning(tmp_path: Path) -> N
     ctx = load_profile(tmp_path)
     assert ctx.con.execute("SELECT start_ns, dur_ns FROM events").fetchall() == [(0, 1000)]
     assert any("baseTimeNanoseconds" in w.message and "ignored" in w.message for w in ctx.warnings)
+
+
+def _one_rank_trace(tmp_path: Path, events: list[dict], name: str = "rank-0.json") -> Path:
+    (tmp_path / name).write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": events}))
+    return tmp_path
+
+
+def test_times_read_as_numbers_keep_every_ns_the_double_holds(tmp_path: Path) -> None:
+    """Absolute µs with a fraction (~1.7e15: beyond what ``round(ts * 1000)`` in a double keeps)
+    give the ns the parsed number holds: .25 and .5 are exact in a double, so the ns are too."""
+    ev = {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "args": {}}
+    path = _one_rank_trace(tmp_path, [{**ev, "ts": 1682725897235145.25, "dur": 2.5},
+                                      {**ev, "name": "b", "ts": 1682725897235146, "dur": 1}])
+    got = load_profile(path).con.execute("SELECT name, start_ns, dur_ns FROM events ORDER BY name").fetchall()
+    assert got == [("a", 1682725897235145250, 2500), ("b", 1682725897235146000, 1000)]
+
+
+def test_times_as_text_fall_back_to_the_tolerant_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ts / dur written as a JSON string fails the numeric scan; the tolerant one (times as
+    text) reads the file: numeric strings are kept, others dropped with a warning."""
+    import advisor.ingest.kineto as kineto
+
+    scans = []
+    real = kineto._events_sql
+    monkeypatch.setattr(kineto, "_events_sql", lambda u, struct=False, numeric=False: scans.append(numeric) or real(u, struct, numeric))
+    ev = {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "args": {}}
+    path = _one_rank_trace(tmp_path, [{**ev, "name": "a", "ts": "12.5", "dur": 3}, {**ev, "name": "b", "ts": 20, "dur": "x"},
+                                      {**ev, "name": "c", "ts": 30, "dur": 1}])
+    ctx = load_profile(path)
+    assert scans[:2] == [True, False]
+    assert ctx.con.execute("SELECT name, start_ns, dur_ns FROM events ORDER BY name").fetchall() == \
+        [("a", 12500, 3000), ("c", 30000, 1000)]
+    assert any("1 events without a usable ts/dur" in w.message for w in ctx.warnings)
 
 
 def test_insert_and_update_rows_in_chunks_equal_executemany() -> None:

@@ -255,18 +255,20 @@ def _arg_of(key: str, struct: bool = False) -> str:
     return "NULL::VARCHAR" if key.endswith("_lower") else f'a."{_ARG_KEYS[key]}"'
 
 
-def _event_type(struct: bool) -> str:
-    """The type of one event: ``args`` as JSON text, or (``struct``) as :data:`ARGS_STRUCT`."""
-    return EVENT_TYPE[:-2].replace("args JSON", f"args {ARGS_STRUCT}") if struct else EVENT_TYPE[:-2]
+def _event_type(struct: bool, numeric: bool = False) -> str:
+    """The type of one event: ``args`` as JSON text, or (``struct``) as :data:`ARGS_STRUCT`;
+    ``ts`` / ``dur`` as text, or (``numeric``) as DOUBLE (see :func:`_to_ns`)."""
+    t = EVENT_TYPE[:-2].replace("args JSON", f"args {ARGS_STRUCT}") if struct else EVENT_TYPE[:-2]
+    return t.replace("ts VARCHAR, dur VARCHAR", "ts DOUBLE, dur DOUBLE") if numeric else t
 
 
-def _events_sql(unnest: str, struct: bool = False) -> str:
+def _events_sql(unnest: str, struct: bool = False, numeric: bool = False) -> str:
     """SELECT turning raw events into rows with the ``events`` columns (times in ns relative to
     the file's base, no rank or step yet) plus the fields other tables need: ``x_extra``, the
     process / thread name of a metadata row (``kind = 'meta'``) or the grid of a kernel, and
     ``x_group``, a kernel's process group. ``ph`` X and M only; one JSON parse of ``args`` per
     event. ``unnest`` yields ``fid`` and ``e`` (the event struct; ``struct``: its ``args`` typed
-    :data:`ARGS_STRUCT`, else JSON)."""
+    :data:`ARGS_STRUCT`, else JSON; ``numeric``: ``ts`` / ``dur`` DOUBLE, else text)."""
     def _arg(key: str) -> str:
         return _arg_of(key, struct)
 
@@ -283,7 +285,7 @@ def _events_sql(unnest: str, struct: bool = False) -> str:
            CASE WHEN lcat = 'kernel' THEN coalesce({_arg("pg_name")}, {_arg("pg_desc")}) END AS x_group
     FROM (
         SELECT fid, e.ph AS ph, e.cat AS cat, lower(coalesce(e.cat, '')) AS lcat, e.name AS name, e.pid AS pid,
-               e.tid AS tid, {_to_ns('e.ts')} AS ts_ns, {_to_ns('e.dur')} AS dur_ns,
+               e.tid AS tid, {_to_ns('e.ts', numeric)} AS ts_ns, {_to_ns('e.dur', numeric)} AS dur_ns,
                {"e.args" if struct else f"CASE WHEN e.args IS NULL THEN NULL ELSE json_extract_string(e.args, {_paths_sql()}) END"} AS a
         FROM ({unnest})
         WHERE e.ph IN ('X', 'M')
@@ -294,11 +296,19 @@ def _sql_str(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _to_ns(x: str) -> str:
-    """SQL: text (JSON number or string) in µs -> integer ns, exact. Short text (at most 15
-    characters: ~15 significant digits, all a double holds exactly, so ``round(x * 1000)`` is
-    exact) goes through DOUBLE, the fastest parse; longer integers through HUGEINT; longer
-    decimals (absolute µs with a fraction) through DECIMAL."""
+def _to_ns(x: str, numeric: bool = False) -> str:
+    """SQL: µs -> integer ns, from ``x``: a DOUBLE (``numeric``) or the text of a JSON number or
+    string. DuckDB's JSON reader parses every JSON number to a double first (the text of
+    ``1682725897235145.123`` read as VARCHAR is ``1682725897235145.0``), so the double is all
+    there is to convert. A DOUBLE is split into whole µs and fraction (both exact in a double)
+    and each scaled as an integer: ``round(x * 1000)`` alone would round absolute times
+    (~1.7e18 ns, beyond 2^53) to multiples of 256 ns. Text: short text (at most 15 characters:
+    ~15 significant digits, all a double holds exactly, so ``round(x * 1000)`` is exact) goes
+    through DOUBLE, longer integers through HUGEINT, longer decimals through DECIMAL. Beyond
+    ~285 years (no BIGINT of ns), NaN or not a number: NULL."""
+    if numeric:
+        return (f"CASE WHEN abs({x}) < 9e15 THEN CAST(floor({x}) AS BIGINT) * 1000 "
+                f"+ CAST(round(({x} - floor({x})) * 1000) AS BIGINT) END")
     return (
         f"CASE WHEN length({x}) <= 15 THEN TRY_CAST(round(TRY_CAST({x} AS DOUBLE) * 1000) AS BIGINT) "
         f"WHEN contains({x}, '.') OR contains({x}, 'e') OR contains({x}, 'E') THEN {_US_TO_NS.format(x=x)} "
@@ -306,10 +316,10 @@ def _to_ns(x: str) -> str:
     )
 
 
-def _array_scan(kf: str, struct: bool = False) -> str:
+def _array_scan(kf: str, struct: bool = False, numeric: bool = False) -> str:
     """SQL yielding ``fid``, ``e`` for the top-level event arrays listed in ``$paths`` (file
-    names mapped to file ids by the table ``kf``; ``struct``: see :func:`_event_type`)."""
-    etype = _event_type(struct).replace("'", "''")
+    names mapped to file ids by the table ``kf``; ``struct``, ``numeric``: see :func:`_event_type`)."""
+    etype = _event_type(struct, numeric).replace("'", "''")
     return (f"SELECT f.fid AS fid, t.json AS e FROM read_json($paths, format='array', records=false, "
             f"columns={{'json': '{etype}'}}, maximum_object_size={EVENT_MAX_BYTES}, filename=true) t "
             f"JOIN {kf} f ON f.fname = t.filename")
@@ -521,19 +531,23 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None,
     try:
         # typed as the schema says: the part may become ``events`` itself (renamed, not copied)
         cols = ", ".join(f"CAST({_PART_COLUMNS.get(c.name, c.name)} AS {c.sql_type}) AS {c.name}" for c in TABLES["events"].columns)
-        # args as a STRUCT when every file allows it; a file it does not fit (an args that is not
-        # an object ...) fails that scan, and the JSON path then reads it or reports the error
-        for struct in ((True, False) if unnest is None and all(f.struct for f in files) else (False,)):
+        # args as a STRUCT when every file allows it, ts / dur as numbers: a file that does not
+        # fit (an args that is not an object, a ts that is not a number ...) fails that scan, and
+        # the most tolerant one (args as JSON, times as text) then reads it or reports the error
+        tolerant = (False, False)
+        tries = [(all(f.struct for f in files), True), tolerant] if unnest is None else [tolerant]
+        for struct, numeric in tries:
             try:
+                scan = unnest or _array_scan(kf, struct, numeric)
                 cur.execute(
                     f"CREATE TABLE {part} AS SELECT {cols}, x_extra, x_group "
-                    f"FROM ({_events_sql(unnest or _array_scan(kf, struct), struct)}) JOIN {kf} f USING (fid)",
+                    f"FROM ({_events_sql(scan, struct, numeric)}) JOIN {kf} f USING (fid)",
                     {"paths": [f.src for f in files]},
                 )
                 break
             except DUCKDB_ERRORS:
                 cur.execute(f"DROP TABLE IF EXISTS {part}")
-                if not struct:
+                if (struct, numeric) == tolerant:
                     raise
         release_memory()  # the JSON reader's buffers
         _compress(cur)
