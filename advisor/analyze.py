@@ -25,11 +25,15 @@ def _import_analysis_modules() -> None:
 
     for name in _ANALYSIS_MODULES:
         importlib.import_module(name)
+    from advisor.engine.registry import discover
+
+    discover()  # the rule modules (and their entry points) too
 
 
 def warm_imports() -> threading.Thread:
-    """Import the analysis modules in a background thread while the profile loads (DuckDB
-    releases the GIL while it parses, so the import costs no wall time there)."""
+    """Import the analysis modules and discover the rules in a background thread while the
+    profile loads (DuckDB releases the GIL while it parses, so the import costs less wall time
+    there)."""
     t = threading.Thread(target=_import_analysis_modules, name="advisor-imports", daemon=True)
     t.start()
     return t

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+import threading
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -13,6 +14,7 @@ from advisor.engine.rule import DOC_SECTIONS, RULE_ID_RE, RuleSpec, registered
 from advisor.schema import TABLES
 
 _DISCOVERED = False
+_DISCOVER_LOCK = threading.Lock()  # discovery may run in the import thread while the profile loads
 LOAD_ERRORS: list[str] = []  # rule modules that failed to import: reported, the others still run
 
 
@@ -44,6 +46,11 @@ def validate(spec: RuleSpec[Any]) -> None:
 
 def discover() -> dict[str, RuleSpec[Any]]:
     """Import all rule modules once and return the registry, sorted by id."""
+    with _DISCOVER_LOCK:
+        return _discover()
+
+
+def _discover() -> dict[str, RuleSpec[Any]]:
     global _DISCOVERED
     if not _DISCOVERED:
         import rules
