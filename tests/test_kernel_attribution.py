@@ -80,7 +80,8 @@ def test_kernel_ops_names_top_level_flops_and_conversion_operators() -> None:
 
 # --------------------------------------------------------------------------- real samples
 def _load(path: Path) -> list[dict]:
-    raw = (gzip.open(path) if path.suffix == ".gz" else path.open("rb")).read()
+    with gzip.open(path) if path.suffix == ".gz" else path.open("rb") as fh:
+        raw = fh.read()
     data = json.loads(raw, parse_float=Decimal)  # exact: absolute µs times do not fit a double
     return data["traceEvents"] if isinstance(data, dict) else data
 
@@ -167,4 +168,6 @@ def test_rules_say_when_kernel_time_cannot_be_tied_to_operators() -> None:
     assert notes(tables) == []  # every kernel's launch sits inside its operator
     tables["events"] = [e for e in tables["events"] if e["kind"] != "runtime"]  # no launches recorded
     got = notes(tables)
-    assert len(got) == 2 and all("rank(s) 0 " in m and "only 0%" in m for m in got), got
+    # one warning for both rules that read the operator times
+    assert len(got) == 1 and got[0].startswith("CMP003 (compute.affinity-api), CMP004 (compute.format-conversion): ")
+    assert "rank(s) 0 " in got[0] and "only 0%" in got[0], got

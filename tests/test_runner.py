@@ -85,3 +85,50 @@ def test_an_error_in_the_stages_thread_is_raised_not_lost(monkeypatch: pytest.Mo
     monkeypatch.setattr(breakdown_stage, "compute", boom)
     with pytest.raises(RuntimeError, match="planted stage failure"):
         analyze(TRACES / "cpu_healthy")
+
+
+def test_rank_runs_and_merged_rank_notes() -> None:
+    from advisor.engine.merge import merge_rank_notes, rank_runs
+
+    assert rank_runs([3, 0, 1, 2, 7, 9, 10, 9]) == "0–3, 7, 9–10"
+    notes = ["rank 0: device unknown", "rank 1: device unknown", "no group names", "rank 3: device unknown",
+             "rank 2: 5 µs undecided", "rank 4: 6 µs undecided", "rank 5: once"]
+    assert merge_rank_notes(notes) == ["ranks 0–1, 3: device unknown", "no group names", "rank 2: 5 µs undecided",
+                                       "rank 4: 6 µs undecided", "rank 5: once"]
+
+
+def test_the_same_note_from_several_rules_or_ranks_is_one_warning() -> None:
+    """A per-rank note repeated on every rank is one warning naming the ranks; a note several rules
+    give (kernel time not tied to operators ...) is one warning naming the rules, where the first was."""
+    ctx = context_from_tables({"events": [
+        {"rank": 0, "kind": "step", "name": "ProfilerStep#1", "start_ns": 0, "dur_ns": 100},
+        {"rank": 0, "kind": "host_op", "name": "aten::mm", "start_ns": 10, "dur_ns": 50},
+    ]})
+    specs = discover()
+    ids = ["CPU001", "CPU002", "CPU003"]
+
+    def shared(rctx):  # noqa: ANN001, ANN202
+        rctx.warn("kernel time not tied")
+        for rank in (0, 1, 2, 5):
+            rctx.warn(f"rank {rank}: device unknown")
+        return []
+
+    def own(rctx):  # noqa: ANN001, ANN202
+        rctx.warn("a note of its own")
+        rctx.warn("kernel time not tied")
+        return []
+
+    originals = {rid: specs[rid].func for rid in ids}
+    for rid, func in zip(ids, (shared, own, shared), strict=True):
+        object.__setattr__(specs[rid], "func", func)
+    try:
+        run_rules(ctx, Config(select=ids))
+    finally:
+        for rid, func in originals.items():
+            object.__setattr__(specs[rid], "func", func)
+    names = {rid: f"{rid} ({specs[rid].name})" for rid in ids}
+    assert [w.message for w in ctx.warnings if w.code == "rule_undecided"] == [
+        f"{names['CPU001']}, {names['CPU002']}, {names['CPU003']}: kernel time not tied",
+        f"{names['CPU001']}, {names['CPU003']}: ranks 0–2, 5: device unknown",
+        f"{names['CPU002']}: a note of its own",
+    ]

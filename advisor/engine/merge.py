@@ -1,4 +1,4 @@
-"""Merge the same finding repeated rank by rank into one finding that names every rank.
+"""Merge the same finding (or rule note) repeated rank by rank into one that names every rank.
 
 Rules decide per rank; on a cluster the same cause often fires identically on many ranks (an AI
 CPU operator, an unfused pattern), which would bury the report under copies. Findings of one
@@ -60,4 +60,44 @@ def merge_per_rank(findings: list[Finding]) -> list[Finding]:
                 severity=max(f.severity for f in items),
             )
         )
+    return out
+
+
+def rank_runs(ranks: list[int]) -> str:
+    """Every rank, consecutive ones as a run: ``0–3, 7, 9–31``."""
+    ranks = sorted(set(ranks))
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in runs)
+
+
+_RANK_NOTE = re.compile(r"rank (-?\d+): (.+)", re.S)
+
+
+def merge_rank_notes(notes: list[str]) -> list[str]:
+    """A rule's notes that differ only in a leading ``rank N:`` become one ``ranks ...:`` note,
+    in the place of the first (a device unknown on 32 ranks is one warning, not 32)."""
+    ranks: dict[str, list[int]] = {}
+    order: list[str | tuple[str]] = []
+    for note in notes:
+        m = _RANK_NOTE.fullmatch(note)
+        if m is None:
+            order.append(note)
+            continue
+        text = m.group(2)
+        if text not in ranks:
+            ranks[text] = []
+            order.append((text,))
+        ranks[text].append(int(m.group(1)))
+    out = []
+    for item in order:
+        if isinstance(item, str):
+            out.append(item)
+        else:
+            rs = ranks[item[0]]
+            out.append(f"rank {rs[0]}: {item[0]}" if len(set(rs)) == 1 else f"ranks {rank_runs(rs)}: {item[0]}")
     return out

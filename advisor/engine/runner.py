@@ -50,7 +50,9 @@ def _run_one(spec: RuleSpec[Any], ctx: AnalysisContext, thresholds: Any,
             traceback.print_exc()
         msg = f"{rid} ({spec.name}) failed: {type(exc).__name__}: {exc}"
         return RuleOutcome(rid, "error", msg, seconds=time.perf_counter() - t0), [], [Warning_("rule_error", msg)]
-    notes = [Warning_("rule_undecided", f"{rid} ({spec.name}): {note}") for note in rctx.notes]
+    from advisor.engine.merge import merge_rank_notes
+
+    notes = [Warning_("rule_undecided", f"{rid} ({spec.name}): {note}") for note in merge_rank_notes(rctx.notes)]
     return RuleOutcome(rid, "ran", findings=len(got), seconds=time.perf_counter() - t0), got, notes
 
 
@@ -80,6 +82,7 @@ def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[l
         ctx.warnings.append(Warning_("rule_error", f"rule not loaded: {err}"))
     findings: list[Finding] = []
     outcomes: list[RuleOutcome] = []
+    notes: dict[str, list[str]] = {}  # note text -> the rules that gave it, in rule order
     for rid, spec in specs.items():
         if rid not in chosen:
             outcomes.append(RuleOutcome(rid, "not_selected"))
@@ -91,8 +94,21 @@ def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[l
         else:
             outcome, rule_findings, warnings = got
             outcomes.append(outcome)
-            ctx.warnings.extend(warnings)
+            for w in warnings:
+                if w.code != "rule_undecided":
+                    ctx.warnings.append(w)
+                elif (text := w.message.split(": ", 1)[1]) in notes:
+                    if f"{rid} ({spec.name})" not in notes[text]:
+                        notes[text].append(f"{rid} ({spec.name})")
+                else:
+                    notes[text] = [f"{rid} ({spec.name})"]
+                    ctx.warnings.append(w)
             findings.extend(rule_findings)
+    # the same note from several rules (e.g. kernel time not tied to operators, read by three
+    # compute rules) is one warning naming them all, in the place of the first
+    for i, w in enumerate(ctx.warnings):
+        if w.code == "rule_undecided" and len(by := notes.get(w.message.split(": ", 1)[1], [])) > 1:
+            ctx.warnings[i] = Warning_(w.code, f"{', '.join(by)}: {w.message.split(': ', 1)[1]}", w.path)
     if len(ctx.ranks) >= 3:
         from advisor.engine.merge import merge_per_rank
 

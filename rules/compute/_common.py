@@ -77,6 +77,11 @@ def rank_devices(ctx: Any) -> dict[int, tuple[str | None, Device | None]]:
     return {int(r["rank"]): (r["device_name"], match_device(r["device_name"])) for r in rows}
 
 
+def device_label(name: str | None) -> str:
+    """A device as named in a note: its exported name, or that the export names none."""
+    return repr(name) if name else "(unnamed in the export)"
+
+
 def meta_number(ctx: Any, rank: int, keys: tuple[str, ...]) -> float | None:
     """A numeric ``meta`` value for the rank (or profile-wide) under the first key present."""
     return meta_numbers(ctx, keys)(rank)

@@ -51,7 +51,15 @@ from typing import Any
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
-from rules.compute._common import KERNEL_OPS, Device, kernel_tie_note, dtype_class, rank_devices, tensor_bytes
+from rules.compute._common import (
+    KERNEL_OPS,
+    Device,
+    device_label,
+    dtype_class,
+    kernel_tie_note,
+    rank_devices,
+    tensor_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -201,7 +209,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     for rank, ops in sorted(by_rank.items()):
         name, dev = devices.get(rank, (None, None))
         if dev is None and not (t.peak_tflops > 0 and t.peak_gbps > 0):
-            ctx.warn(f"rank {rank}: device {name!r} is not in rules/compute/devices.toml; no roofline without its "
+            ctx.warn(f"rank {rank}: device {device_label(name)} is not in rules/compute/devices.toml; no roofline without its "
                      "peaks (set CMP001.peak_tflops and CMP001.peak_gbps)")
             continue
         total_ns = float(sum(float(o["dur_ns"]) for o in ops))

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding, Severity
-from rules.compute._common import rank_devices
+from rules.compute._common import device_label, rank_devices
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             nominal, basis = float(dev.nominal_mhz), f"devices.toml {dev.id}"
         else:
             nominal, basis = fleet_max, "highest sampled clock"
-            ctx.warn(f"rank {rank}: nominal clock of device {name!r} unknown; compared with the highest sampled "
+            ctx.warn(f"rank {rank}: nominal clock of device {device_label(name)} unknown; compared with the highest sampled "
                      f"clock ({fleet_max:.0f} MHz) - set CMP005.nominal_mhz")
         mean = float(r["mean_mhz"])
         drop = 1.0 - mean / nominal

@@ -33,7 +33,7 @@ from typing import Any
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
-from rules.compute._common import meta_numbers, rank_devices
+from rules.compute._common import device_label, meta_numbers, rank_devices
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         cube, vec = _counts(ctx, rank, dev, cube_meta, vec_meta)
         if cube is None:
             if rank in with_kernels:
-                ctx.warn(f"rank {rank}: core count of device {name!r} unknown (not in rules/compute/devices.toml, no "
+                ctx.warn(f"rank {rank}: core count of device {device_label(name)} unknown (not in rules/compute/devices.toml, no "
                          "ai_core_num in the export); set CMP006.cores / CMP006.vector_cores")
             continue
         rows = ctx.query(SQL, {"rank": rank, "sm": cube})
