@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -121,7 +122,7 @@ def _run_stages(ctx: AnalysisContext, rank: int | None, step: int | None,
         ctx.warnings.append(Warning_("focus", f"--rank {rank} is not in this profile (ranks: {_short(ctx.ranks)})"))
         rank = None
     if step is not None and bd is not None and step not in set(bd["step"]):
-        steps = sorted(set(int(s) for s in bd["step"]))
+        steps = sorted({int(s) for s in bd["step"]})
         ctx.warnings.append(Warning_("focus", f"--step {step} is not in this profile (steps: {_short(steps)})"))
         step = None
     ctx.focus_rank, ctx.focus_step = choose_focus(ctx, rank, step)
@@ -211,7 +212,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
             row["step"] = None if int(row["step"]) == NO_STEP else int(row["step"])
             for k, v in row.items():
                 if k not in ("rank", "step") and v is not None:
-                    row[k] = None if v != v else round(float(v), 3)  # NaN -> None
+                    row[k] = None if math.isnan(v) else round(float(v), 3)  # NaN -> None
             rows.append(row)
     meta = ctx.query("SELECT rank, world_size, device_name, backend, has_device FROM ranks ORDER BY rank")
     world = next((m["world_size"] for m in meta if m["world_size"]), None)
@@ -237,7 +238,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
             step_stats.append(
                 {
                     "rank": int(r),
-                    "steps": int(len(s)),
+                    "steps": len(s),
                     "mean_us": round(float(s.mean()), 3),
                     "median_us": round(float(s.median()), 3),
                     "min_us": round(float(s.min()), 3),

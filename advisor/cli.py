@@ -125,7 +125,7 @@ def analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: i
         _fail("interrupted", 130)
     except MemoryError:
         _fail(f"{profile}: out of memory (try --max-events or --memory-limit)")
-    except Exception as exc:  # never a traceback for the user
+    except Exception as exc:  # noqa: BLE001 - never a traceback for the user
         if debug:
             traceback.print_exc()
         _fail(f"{profile}: internal error: {type(exc).__name__}: {exc} (rerun with --debug for details)")

@@ -33,7 +33,7 @@ def context_from_tables(tables: dict[str, list[dict[str, Any]]], *, run_stages: 
             base = EVENT_DEFAULTS if name == "events" else {}
             vals = [row.get(c, base.get(c)) for c in cols]
             placeholders = ", ".join("?" for _ in cols)
-            con.execute(f"INSERT INTO {name} VALUES ({placeholders})", vals)  # noqa: S608
+            con.execute(f"INSERT INTO {name} VALUES ({placeholders})", vals)
     if "ranks" not in tables:
         con.execute(
             """INSERT INTO ranks (rank, source, has_device, rank_source, files)

@@ -170,7 +170,7 @@ def _tables(path: Path) -> dict[str, list]:
 @pytest.mark.parametrize("path", MULTI_FILE, ids=lambda p: p.name)
 def test_one_scan_for_many_files_equals_one_by_one(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Small files of a directory are read in one scan; reading them one by one gives the same tables."""
-    import advisor.ingest.kineto as kineto
+    from advisor.ingest import kineto
 
     calls = []
     real = kineto._load_batch
@@ -216,7 +216,7 @@ def test_batch_with_a_broken_file_falls_back_to_one_by_one(tmp_path: Path, sampl
 @pytest.mark.parametrize("path", [SAMPLES / "kineto_two_ranks", SAMPLES / "kineto_resnet50_num_workers_0"], ids=lambda p: p.name)
 def test_whole_object_reader_gives_the_same_tables(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Event lists are read from a spilled copy; where that fails the whole-object reader gives the same tables."""
-    import advisor.ingest.kineto as kineto
+    from advisor.ingest import kineto
     from advisor.ingest.jsonstream import LayoutError
 
     spilled = _tables(path)
@@ -230,7 +230,7 @@ def test_whole_object_reader_gives_the_same_tables(path: Path, monkeypatch: pyte
 
 def test_base_time_after_the_events_is_found_in_one_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A trace whose baseTimeNanoseconds follows traceEvents: its relative timestamps still get the base."""
-    import advisor.ingest.kineto as kineto
+    from advisor.ingest import kineto
 
     doc = raw_events(next((TRACES / "cpu_healthy").glob("*.json.gz")))
     base = int(doc["baseTimeNanoseconds"])
@@ -260,7 +260,7 @@ def test_release_memory_is_best_effort(monkeypatch: pytest.MonkeyPatch) -> None:
     """Purging freed memory works where DuckDB's allocator exposes it and is a no-op elsewhere."""
     import ctypes
 
-    import advisor.ingest.base as base
+    from advisor.ingest import base
 
     monkeypatch.setattr(base, "_PURGE", None)
     base.release_memory()  # this wheel: found or not, no error
@@ -277,8 +277,8 @@ def test_release_memory_is_best_effort(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_parts_compressed_as_appended_give_the_same_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     """Files read one by one each hand over a part; big inputs compress them as they are appended: same tables."""
-    import advisor.ingest as ingest
-    import advisor.ingest.kineto as kineto
+    from advisor import ingest
+    from advisor.ingest import kineto
 
     path = TRACES / "gloo_slow_rank"
     monkeypatch.delattr(kineto, "load_many")
@@ -293,7 +293,7 @@ def test_a_copy_of_a_rank_file_is_dropped(tmp_path: Path, samples: Path, batched
     """Two files claiming one rank for the same time range: one is used, the other named in a warning."""
     import shutil
 
-    import advisor.ingest.kineto as kineto
+    from advisor.ingest import kineto
 
     src = samples / "kineto_two_ranks"
     for f in src.iterdir():
@@ -328,7 +328,7 @@ def test_events_adopted_from_a_part_keep_the_schema_types(path: Path) -> None:
 def test_args_read_as_a_struct_equal_the_json_path(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reader types ``args`` as a STRUCT where no lower-case key spelling is seen; the JSON
     path (every field extracted from the args text) gives the same tables."""
-    import advisor.ingest.kineto as kineto
+    from advisor.ingest import kineto
 
     scans = []
     real = kineto._events_sql
@@ -366,7 +366,7 @@ def test_args_that_do_not_fit_the_struct_fall_back_to_the_json_path(tmp_path: Pa
     odd = {"ph": "X", "cat": "cpu_op", "name": "odd_args", "pid": 1, "tid": 1, "ts": 1, "dur": 1, "args": [1, 2]}
     (tmp_path / "rank-2.json").write_text(json.dumps({"distributedInfo": {"rank": 2}, "traceEvents": [
         odd, {**odd, "name": "ok_args", "ts": 3, "args": {"External id": 77, "correlation": 78}}]}))
-    import advisor.ingest.kineto as kineto
+    from advisor.ingest import kineto
 
     scans = []
     real = kineto._events_sql
@@ -431,7 +431,7 @@ def test_times_read_as_numbers_keep_every_ns_the_double_holds(tmp_path: Path) ->
 def test_times_as_text_fall_back_to_the_tolerant_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A ts / dur written as a JSON string fails the numeric scan; the tolerant one (times as
     text) reads the file: numeric strings are kept, others dropped with a warning."""
-    import advisor.ingest.kineto as kineto
+    from advisor.ingest import kineto
 
     scans = []
     real = kineto._events_sql

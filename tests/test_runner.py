@@ -22,12 +22,12 @@ def test_outcomes_and_warnings_keep_rule_order_when_rules_finish_out_of_order() 
     specs = discover()
     first, second = "CPU001", "CPU002"  # consecutive: the pool runs them at the same time
 
-    def slow(rctx):  # noqa: ANN001, ANN202
+    def slow(rctx):
         time.sleep(0.3)
         rctx.warn("finished last")
         return []
 
-    def fast(rctx):  # noqa: ANN001, ANN202
+    def fast(rctx):
         rctx.warn("finished first")
         raise RuntimeError("planted failure")
 
@@ -107,13 +107,13 @@ def test_the_same_note_from_several_rules_or_ranks_is_one_warning() -> None:
     specs = discover()
     ids = ["CPU001", "CPU002", "CPU003"]
 
-    def shared(rctx):  # noqa: ANN001, ANN202
+    def shared(rctx):
         rctx.warn("kernel time not tied")
         for rank in (0, 1, 2, 5):
             rctx.warn(f"rank {rank}: device unknown")
         return []
 
-    def own(rctx):  # noqa: ANN001, ANN202
+    def own(rctx):
         rctx.warn("a note of its own")
         rctx.warn("kernel time not tied")
         return []

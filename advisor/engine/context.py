@@ -145,7 +145,7 @@ class AnalysisContext:
         if table == "breakdown":
             return 0 if self.breakdown is None else len(self.breakdown)
         if table not in self._counts:
-            self._counts[table] = int(self.scalar(f"SELECT count(*) FROM {table}")) if table in TABLES else 0  # noqa: S608
+            self._counts[table] = int(self.scalar(f"SELECT count(*) FROM {table}")) if table in TABLES else 0
         return self._counts[table]
 
     @property

@@ -101,7 +101,7 @@ def annotate(findings: Sequence[Finding], min_share: float = 0.25,
             ev = dict(f.evidence)
             ev["explained_by"] = ", ".join(ids)
             changes["evidence"] = ev
-            rules = sorted({items[j].rule for j, g in enumerate(items) if g.id in ids})
+            rules = sorted({g.rule for g in items if g.id in ids})
             note = "Explained by this rank's own findings: " + ", ".join(rules) + "."
             changes["detail"] = (f.detail + " " + note).strip()
         out.append(dataclasses.replace(f, **changes) if changes else f)

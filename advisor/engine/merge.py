@@ -75,7 +75,7 @@ def rank_runs(ranks: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in runs)
 
 
-_RANK_NOTE = re.compile(r"rank (-?\d+): (.+)", re.S)
+_RANK_NOTE = re.compile(r"rank (-?\d+): (.+)", re.DOTALL)
 
 
 def merge_rank_notes(notes: list[str]) -> list[str]:

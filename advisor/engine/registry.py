@@ -60,12 +60,12 @@ def _discover() -> dict[str, RuleSpec[Any]]:
                 continue
             try:
                 importlib.import_module(mod.name)
-            except Exception as exc:  # a broken rule module must not take the others down
+            except Exception as exc:  # noqa: BLE001 - a broken rule module must not take the others down
                 LOAD_ERRORS.append(f"{mod.name}: {type(exc).__name__}: {exc}")
         for ep in entry_points(group="advisor.rules"):
             try:
                 ep.load()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - nor a broken plug-in
                 LOAD_ERRORS.append(f"entry point {ep.name}: {type(exc).__name__}: {exc}")
         for rid, spec in list(registered().items()):
             try:

@@ -37,7 +37,7 @@ RULE_ID_RE = re.compile(r"^[A-Z]{2,4}\d{3}$")
 DOC_SECTIONS = ("Why it matters", "How it is detected", "What to do")
 
 
-def knob(default: Any, help: str, source: str = "") -> Any:  # noqa: A002 - mirrors argparse
+def knob(default: Any, help: str, source: str = "") -> Any:
     """Declare a threshold field with its default, help text and the source of the number."""
     return field(default=default, metadata={"help": help, "source": source})
 
@@ -113,7 +113,7 @@ def registered() -> dict[str, RuleSpec[Any]]:
 
 
 def rule(
-    id: str,  # noqa: A002
+    id: str,
     name: str,
     *,
     cause: str,

@@ -45,7 +45,7 @@ def _run_one(spec: RuleSpec[Any], ctx: AnalysisContext, thresholds: Any,
     t0 = time.perf_counter()
     try:
         got = list(iter_findings(spec.func(rctx)))
-    except Exception as exc:  # a broken rule must not take the others down
+    except Exception as exc:  # noqa: BLE001 - a broken rule must not take the others down
         if debug:
             traceback.print_exc()
         msg = f"{rid} ({spec.name}) failed: {type(exc).__name__}: {exc}"
@@ -119,7 +119,7 @@ def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[l
         steps_by_rank = {int(r): {int(s) for s in g["step"] if int(s) >= 0} for r, g in ctx.breakdown.groupby("rank")}
         try:
             findings = annotate(findings, steps_by_rank=steps_by_rank)
-        except Exception as exc:  # cross-referencing is a nicety; never lose the findings over it
+        except Exception as exc:  # noqa: BLE001 - cross-referencing is a nicety; never lose the findings over it
             ctx.warnings.append(Warning_("rule_error", f"cross-referencing findings failed: {type(exc).__name__}: {exc}"))
     findings.sort(key=lambda f: (f.estimated_saving_us is None, -(f.estimated_saving_us or 0), -f.severity, f.rule))
     return findings, outcomes

@@ -365,7 +365,7 @@ def _make_unit(root: Path, g: dict[str, Any], warn: Any) -> Unit | None:
     info_doc = meta_doc = None
     if roles.get("info"):
         try:
-            info_doc = read_small_json(sorted(roles["info"])[0])
+            info_doc = read_small_json(min(roles["info"]))
         except ParseError as exc:
             warn(exc.code, exc.message, exc.path)
     if roles.get("metadata"):
@@ -540,7 +540,7 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
             if b.results is None:
                 try:
                     b.results = {id(u): r for u, r in zip(b.units, load_batch(b.units, lctx), strict=True)}
-                except Exception as exc:  # never re-run a half-loaded batch: every unit reports this failure
+                except Exception as exc:  # noqa: BLE001 - never re-run a half-loaded batch: every unit reports this failure
                     b.results = {id(u): exc for u in b.units}
             res = b.results[id(unit)]
         with _BATCHES_LOCK:

@@ -16,9 +16,8 @@ References: ``../shared/docs/ascend-formats.md`` (format doc), sections given pe
 
 from __future__ import annotations
 
-import contextvars
-
 import contextlib
+import contextvars
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -190,7 +189,7 @@ def load_traces(cur: Any, jobs: list[Job], p: str, max_events: int | None = None
                 JOIN {files} f ON f.filename = r.filename""",
                 {"paths": [str(j.path) for j in jobs]},
             )
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - duckdb or binding error alike: a batch retries file by file
             _fail_or_raise(
                 jobs,
                 jobs[0].path,
@@ -520,7 +519,7 @@ def csv_groups(
                 FROM read_csv($paths, delim={sql_str(delim)}, {_CSV_OPTS}) r JOIN {files} f ON f.filename = r.filename""",
                 {"paths": [str(j.path) for j in gjobs]},
             )
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - duckdb or binding error alike: a batch retries file by file
             _drop(cur, files)
             _fail_or_raise(jobs, gjobs[0].path, "not a readable CSV file: " + short_error(exc), "bad_csv")
         _drop(cur, files)
@@ -936,7 +935,7 @@ def _stage_ops(cur: Any, jobs: list[Job], stage: str) -> dict[int, ParseError]:
                 FROM read_text($paths) r JOIN {files} f ON f.filename = r.filename""",
                 {"paths": [str(j.path) for j in jobs]},
             )
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - duckdb or binding error alike: a batch retries file by file
             _fail_or_raise(jobs, jobs[0].path, "cannot read: " + short_error(exc), "unreadable")
         errors: dict[int, ParseError] = {}
         kinds = dict(cur.execute(f"SELECT fno, coalesce(json_type(j), 'INVALID') FROM {doc}").fetchall())
@@ -973,7 +972,7 @@ def load_communications(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str
     ops, bw = f"{p}_co", f"{p}_cb"
     try:
         errors = _stage_ops(cur, jobs, ops)
-        ti = lambda k: f"v->>'$.{_TIME_INFO}.\"{k}\"'"  # noqa: E731
+        ti = lambda k: f"v->>'$.{_TIME_INFO}.\"{k}\"'"
         cur.execute(
             f"""CREATE TEMP TABLE {bw} AS
             SELECT o.fno, o.rank, o.step_key, o.op_key, b.key AS transport, {_B_BYTES} AS bytes, {_B_TIME} AS transit_ns,

@@ -77,7 +77,7 @@ class EventsStream(io.RawIOBase):
             n -= len(chunk)
         return b"".join(parts)
 
-    def readable(self) -> bool:  # noqa: D102
+    def readable(self) -> bool:
         return True
 
     def _fill(self, want: int) -> None:
@@ -102,7 +102,7 @@ class EventsStream(io.RawIOBase):
         pos, self.trailer = find_close(tail)
         del self._buf[base + pos + 1 :]
 
-    def readinto(self, b: Any) -> int:  # noqa: D102
+    def readinto(self, b: Any) -> int:
         if self._done:
             return 0
         n = min(len(b), CHUNK)  # a raw stream may return less than asked: keeps our buffer bounded
@@ -116,7 +116,7 @@ class EventsStream(io.RawIOBase):
         del self._buf[:take]
         return take
 
-    def close(self) -> None:  # noqa: D102
+    def close(self) -> None:
         try:
             if self._src is not self._raw:
                 self._src.close()
@@ -181,7 +181,7 @@ class SpilledEvents:
         except OSError:
             pass
 
-    def __enter__(self) -> SpilledEvents:
+    def __enter__(self) -> SpilledEvents:  # noqa: PYI034 - typing.Self needs Python 3.11; we support 3.10
         return self
 
     def __exit__(self, *exc: object) -> None:

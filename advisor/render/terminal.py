@@ -46,7 +46,7 @@ class _Console(Console):
     """rich's Console, except that a reader gone away (``advisor analyze ... | head``) raises
     BrokenPipeError for the caller to decide the exit code (rich itself exits with 1)."""
 
-    def on_broken_pipe(self) -> None:  # noqa: D102
+    def on_broken_pipe(self) -> None:
         self.quiet = True
         raise BrokenPipeError
 

@@ -130,7 +130,7 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
     tracks = {t: _flatten(ix, start, end) for t, ix in by_thread.items()}
     # outermost framework op enclosing each host event (for crediting time)
     owner = list(range(n))
-    for _t, ix in by_thread.items():
+    for ix in by_thread.values():
         stack: list[int] = []
         for i in ix:
             while stack and end[stack[-1]] <= start[i]:

@@ -96,8 +96,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                                  else "data loading runs inside the training step")
         else:
             cause, stage, why = ("io.slow_data_reading", "reading or processing in workers",
-                                 "worker processes cannot keep the queue filled (a trace alone cannot tell reading from "
-                                 "processing inside workers)")
+                                 ("worker processes cannot keep the queue filled (a trace alone cannot tell reading from "
+                                  "processing inside workers)"))
         saving = float(waiting.median())
         step_us = float(g["step_us"].median())
         yield ctx.finding(
@@ -112,7 +112,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 "iterator": "single-process (num_workers=0)" if single else ("multi-process" if multi else "unknown"),
                 "ops_inside_next_share": round(ops_share, 4),
                 "stage": stage,
-                "steps": int(len(g)),
+                "steps": len(g),
             },
             saving_us=saving,
             step_us=step_us,

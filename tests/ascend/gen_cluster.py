@@ -1079,7 +1079,7 @@ def _kd_rows(rm: RankModel) -> list[list[Any]]:
             k: Kernel = x
             wait = 0 if prev_end is None else max(k.start - prev_end, 0)
             prev_end = k.start + k.dur
-            q = lambda s: '"' + s + '"'  # noqa: E731
+            q = lambda s: '"' + s + '"'
             oshape = k.shapes.split(";")[0]
             if k.core == "AI_CPU":
                 pmu = ["N/A"] * 14
@@ -1418,7 +1418,7 @@ def write_rank_db(cl: Cluster, rm: RankModel, d: Path) -> list[Path]:
     for t, cols in DB_SCHEMA.items():
         con.execute(f"CREATE TABLE {t} ({cols})")
     pid = cl.host_pid[r]
-    gtid = lambda tid: (pid << 32) | tid  # noqa: E731
+    gtid = lambda tid: (pid << 32) | tid
     api_types = [
         (10000, "node"),
         (5000, "runtime"),

@@ -39,7 +39,7 @@ def test_rule_has_firing_and_quiet_cases_and_docs(rule_id: str) -> None:
 
 def test_every_contract_cause_has_a_rule_and_optimizations() -> None:
     text = (SHARED / "contract" / "CAUSES.md").read_text()
-    contract = re.findall(r"^\| ([a-z]+\.[a-z0-9_]+) \|", text, re.M)
+    contract = re.findall(r"^\| ([a-z]+\.[a-z0-9_]+) \|", text, re.MULTILINE)
     assert len(contract) >= 29
     covered = {c for spec in discover().values() for c in spec.all_causes}
     assert not [c for c in contract if c not in covered]

@@ -33,7 +33,7 @@ import time
 from collections import Counter, defaultdict
 
 import torch
-import torch.nn as nn
+from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
