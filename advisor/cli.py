@@ -74,9 +74,9 @@ def render(report: Any, fmt: str, verbose: bool = False) -> str:
     if fmt == "json":
         from advisor.render.json import render as r
     elif fmt == "html":
-        from advisor.render.html import render as r  # type: ignore[no-redef]
+        from advisor.render.html import render as r
     elif fmt == "md":
-        from advisor.render.markdown import render as r  # type: ignore[no-redef]
+        from advisor.render.markdown import render as r
     else:
         from advisor.render.terminal import render_text
 

@@ -6,7 +6,7 @@ import functools
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from advisor.model import Warning_
 from advisor.schema import TABLES
@@ -131,7 +131,7 @@ class AnalysisContext:
         """Run SQL and return a DataFrame."""
         self.prepare(sql)
         cur = self.con.cursor()
-        return cur.execute(sql, bind(sql, params)).df()
+        return cast("pd.DataFrame", cur.execute(sql, bind(sql, params)).df())
 
     def scalar(self, sql: str, params: dict[str, Any] | None = None) -> Any:
         """First column of the first row (None when there is no row)."""

@@ -128,7 +128,7 @@ def rule(
         import sys
 
         module = sys.modules[func.__module__]
-        spec = RuleSpec(
+        spec: RuleSpec[Any] = RuleSpec(
             id=id,
             name=name,
             cause=cause,

@@ -36,7 +36,7 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 from advisor.ingest import ascend_text
@@ -562,7 +562,7 @@ class _State:
 
     @property
     def roles(self) -> dict[str, list[Path]]:
-        return self.unit.info.get("roles", {})
+        return cast(dict[str, list[Path]], self.unit.info.get("roles", {}))
 
     def first(self, role: str) -> Path | None:
         paths = self.roles.get(role) or []

@@ -21,7 +21,7 @@ import sqlite3
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -448,7 +448,7 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
         WHERE k.start IS NOT NULL AND k.end_ IS NOT NULL""",
         {"rank": rank, "fid": fid},
     )
-    n = cur.execute(f"SELECT count(*) FROM {ktask} WHERE start IS NOT NULL AND end_ IS NOT NULL").fetchone()[0]
+    n: int = cur.execute(f"SELECT count(*) FROM {ktask} WHERE start IS NOT NULL AND end_ IS NOT NULL").fetchone()[0]
     # wait before each task on its stream: the kernel_details 'Wait Time(us)' definition (gap since the previous task)
     cur.execute(
         f"""INSERT INTO kernels
@@ -616,7 +616,8 @@ def _cann_api(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, api_t: st
         WHERE c.start IS NOT NULL AND c.end_ IS NOT NULL""",
         {"rank": rank, "fid": fid},
     )
-    return cur.execute(f"SELECT count(*) FROM {cann} WHERE start IS NOT NULL AND end_ IS NOT NULL").fetchone()[0]
+    return cast(int, cur.execute(
+        f"SELECT count(*) FROM {cann} WHERE start IS NOT NULL AND end_ IS NOT NULL").fetchone()[0])
 
 
 def _pytorch_stage(cur: Any, db: Db, p: str) -> None:

@@ -20,6 +20,7 @@ import contextlib
 import contextvars
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -972,7 +973,7 @@ def load_communications(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str
     ops, bw = f"{p}_co", f"{p}_cb"
     try:
         errors = _stage_ops(cur, jobs, ops)
-        ti = lambda k: f"v->>'$.{_TIME_INFO}.\"{k}\"'"
+        ti: Callable[[str], str] = lambda k: f"v->>'$.{_TIME_INFO}.\"{k}\"'"
         cur.execute(
             f"""CREATE TEMP TABLE {bw} AS
             SELECT o.fno, o.rank, o.step_key, o.op_key, b.key AS transport, {_B_BYTES} AS bytes, {_B_TIME} AS transit_ns,

@@ -150,7 +150,7 @@ class SpilledEvents:
             with os.fdopen(fd, "wb") as out:
                 if gz:  # decompressed on the way
                     with stream:
-                        shutil.copyfileobj(stream, out, CHUNK)  # type: ignore[misc]
+                        shutil.copyfileobj(stream, out, CHUNK)
                     self.head_bytes, self.trailer, self.found = stream.head_bytes, stream.trailer, stream.found
                 else:  # the byte range of the list, copied by the kernel
                     self.head_bytes, self.trailer, self.found = self._copy_plain(path, out, probe)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import duckdb
 
@@ -212,11 +212,11 @@ def _header_from_head(path: Path) -> tuple[Any, ...] | None:
 
 def _header_from_whole(cur: Any, path: Path) -> tuple[Any, ...]:
     """The header keys wherever they are in the file (a second full parse: only when needed)."""
-    return cur.execute(
+    return cast(tuple[Any, ...], cur.execute(
         f"SELECT distributedInfo::VARCHAR, deviceProperties::VARCHAR, baseTimeNanoseconds, displayTimeUnit "
         f"FROM read_json($path, columns={COLUMNS}, format='auto', maximum_object_size={_max_object_size(path)})",
         {"path": str(path)},
-    ).fetchall()[0]
+    ).fetchall()[0])
 
 
 def _distributed_info(head: bytes) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from advisor.render.view import PHASE_LABEL, PHASES, busiest_rank, fmt_ratio, fmt_us, per_rank_means, truncate
 
@@ -270,7 +270,7 @@ ROOF_BW_KEYS = ("peak_bandwidth_tbps", "peak_bandwidth_gbps", "peak_bw_gbps")
 
 def roofline(findings: list[Mapping[str, Any]]) -> dict[str, Any] | None:
     """Operators by arithmetic intensity (FLOP/byte) and achieved TFLOP/s, log-log, with roofs if known."""
-    pts = []
+    pts: list[dict[str, Any]] = []
     peak = bw_tbps = None
     thresholds: list[tuple[str, float]] = []
     for f in findings:
@@ -315,7 +315,7 @@ def roofline(findings: list[Mapping[str, Any]]) -> dict[str, Any] | None:
         return round(top + plot_h * (1 - (math.log10(v) - ly0) / (ly1 - ly0)), 2)
 
     def clampy(v: float) -> float:
-        return min(max(v, 10**ly0), 10**ly1)
+        return cast(float, min(max(v, 10**ly0), 10**ly1))  # int ** int is typed Any
 
     roofs = []
     if peak and bw_tbps and ridge:

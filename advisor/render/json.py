@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, cast
 
 from advisor.model import SCHEMA_ID, Finding, Report
 
@@ -67,7 +67,7 @@ def report_dict(report: Report) -> dict[str, Any]:
         "step_times": report.step_times,
     }
     out.update(report.extras)
-    return clean(out)
+    return cast(dict[str, Any], clean(out))
 
 
 def render(report: Report) -> str:

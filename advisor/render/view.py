@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from advisor.model import Report
 
@@ -146,7 +146,7 @@ def per_rank_means(breakdown: list[dict[str, Any]]) -> dict[int, dict[str, float
         n = len(rows)
         m = {k: sum(float(x.get(k) or 0.0) for x in rows) / n for k in ("step_us", *PHASES)}
         m["steps"] = float(n)
-        ov = [x.get("overlap_ratio") for x in rows if x.get("overlap_ratio") is not None]
+        ov = cast(list[float], [x.get("overlap_ratio") for x in rows if x.get("overlap_ratio") is not None])
         m["overlap_ratio"] = sum(ov) / len(ov) if ov else float("nan")
         out[rank] = m
     return out

@@ -188,7 +188,7 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
     if end[last] < t:
         add(int(end[last]), t, "idle (after last operator)", "idle")
         t = int(end[last])
-    mode = ("dev", last) if device[last] else ("host", tid[last])
+    mode: tuple[str, Any] = ("dev", last) if device[last] else ("host", tid[last])
     guard = 0
     while t > start_ns and guard < 4 * n + 1000:
         guard += 1
@@ -209,13 +209,13 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
             prev_end = int(end[prev]) if prev is not None else None
             launch = launch_of.get(corr[v]) if corr[v] is not None else None
             launch_t = min(int(end[launch]), t) if launch is not None else None
-            if launch_t is not None and (prev_end is None or launch_t >= prev_end):
+            if launch is not None and launch_t is not None and (prev_end is None or launch_t >= prev_end):
                 add(launch_t, t, "idle (launch latency)", "idle")
                 t = launch_t
                 mode = ("host", tid[launch])
-            elif prev is not None:
+            elif prev is not None and prev_end is not None:
                 add(prev_end, t, "idle (device waiting)", "idle")
-                t = prev_end  # type: ignore[assignment]
+                t = prev_end
                 mode = ("dev", prev)
             else:
                 # nothing earlier on this stream and no known launch: fall back to the main thread
@@ -257,7 +257,7 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
         add(start_ns, t, "idle", "idle")
 
     total = sum(v[0] for v in credit.values())
-    ops = sorted(
+    ops: list[dict[str, Any]] = sorted(
         ({"name": k[0], "kind": k[1], "total_us": round(v[0], 3), "count": int(v[1])} for k, v in credit.items()),
         key=lambda o: -o["total_us"],
     )

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from advisor.engine.derived import register
 
@@ -349,4 +349,4 @@ def kernel_tie_note(ctx: Any) -> str | None:
                     "open on that thread): per-operator device times there are lower bounds (were runtime events "
                     "recorded?)")
         cache["kernel_tie_note"] = note
-    return cache["kernel_tie_note"]
+    return cast("str | None", cache["kernel_tie_note"])

@@ -222,7 +222,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 undecided_ns += float(o["dur_ns"])
                 continue
             if o["bytes_known"] and o["mem_bytes"] is not None:
-                nbytes = float(o["mem_bytes"])
+                nbytes: float | None = float(o["mem_bytes"])
             else:
                 per_exec = tensor_bytes(o["shapes"], o["dtypes"])
                 out_b = tensor_bytes(o["output_shapes"], o["output_dtypes"]) if o["output_shapes"] else None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
@@ -70,7 +71,7 @@ ORDER BY o.rank, o.dur_ns DESC
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank with AI CPU operators above the duration floor."""
     rows = ctx.query(SQL)
-    by_rank: dict[int, list[dict]] = {}
+    by_rank: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
         by_rank.setdefault(int(r["rank"]), []).append(r)
     for rank, ops in by_rank.items():

@@ -196,6 +196,7 @@ def _optimizer_stats(df: pd.DataFrame) -> dict[int, dict[str, float]]:
     """Per rank with per-parameter or multi-tensor optimizer operators: their count, time and wait."""
     out: dict[int, dict[str, float]] = {}
     opt = df[df["tok"] == "optel"]
+    rank: Any  # groupby / value_counts keys: values of the rank column (numpy integers)
     for rank, g in opt.groupby("rank"):
         out[int(rank)] = {"ops": float(len(g)), "time_ns": float(g["dur_ns"].sum()), "wait_ns": float(g["wait_ns"].sum()),
                           "multi": 0.0}

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
@@ -122,7 +123,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         rows, source = ctx.query(KINETO_SQL), "kineto"
         if note := kernel_tie_note(ctx):
             ctx.warn(note)
-    by_rank: dict[int, list[dict]] = {}
+    by_rank: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
         by_rank.setdefault(int(r["rank"]), []).append(r)
     for rank, ops in by_rank.items():

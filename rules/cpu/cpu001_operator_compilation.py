@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, SupportsInt, cast
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding, Severity
@@ -115,7 +115,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     shapes = ctx.df(SHAPES_SQL)
     bd = step_table(ctx)
     has_shapes = not shapes.empty
-    bd_of, comp_of, shapes_of = ({int(r): g for r, g in frame.groupby("rank")} for frame in (bd, comp, shapes))
+    bd_of, comp_of, shapes_of = ({int(cast(SupportsInt, r)): g for r, g in frame.groupby("rank")}
+                                 for frame in (bd, comp, shapes))
     for rank in sorted(int(r) for r in set(bd["rank"]) | set(comp["rank"])):
         steps_r = bd_of.get(rank)
         if steps_r is None:

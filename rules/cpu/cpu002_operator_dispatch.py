@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import SupportsInt, cast
 
 import pandas as pd
 
@@ -142,7 +143,7 @@ def _device(ctx: RuleContext[Thresholds], df: pd.DataFrame) -> Iterator[Finding]
             },
             saving_us=saving, step_us=step_us,
             saving_basis="median per-step device idle time in gaps shorter than max_gap_us between kernels",
-            ranks=[int(rank)], steps=[int(s) for s in g["step"]],
+            ranks=[int(cast(SupportsInt, rank))], steps=[int(s) for s in g["step"]],
         )
 
 
@@ -172,5 +173,5 @@ def _cpu_only(ctx: RuleContext[Thresholds], df: pd.DataFrame) -> Iterator[Findin
             saving_us=saving, step_us=step_us,
             saving_basis="median per-step time in operators shorter than short_op_us plus gaps shorter than max_gap_us "
             "between top-level operators (CPU-only trace)",
-            ranks=[int(rank)], steps=[int(s) for s in g["step"]],
+            ranks=[int(cast(SupportsInt, rank))], steps=[int(s) for s in g["step"]],
         )

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, SupportsInt, cast
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding, Severity
@@ -122,7 +122,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     bd = step_table(ctx)
     dev_ranks = {int(r["rank"]) for r in ctx.query("SELECT rank FROM ranks WHERE has_device")}
     quiet = _quiet_ranks(ctx, df, bd, dev_ranks)
-    bd_of = {int(r): g for r, g in bd.groupby("rank")}
+    bd_of = {int(cast(SupportsInt, r)): g for r, g in bd.groupby("rank")}
     for rank, g in df.groupby("rank"):
         rank = int(rank)
         steps_r = bd_of.get(rank)

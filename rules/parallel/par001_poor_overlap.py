@@ -110,7 +110,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     per_rank.sort(key=lambda x: -x["saving_us"])
 
     def med(key: str) -> float:
-        vals = sorted(x[key] for x in per_rank)
+        vals: list[float] = sorted(x[key] for x in per_rank)
         n = len(vals)
         return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
 
