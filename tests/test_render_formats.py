@@ -206,3 +206,34 @@ def test_optional_charts_render() -> None:
     assert "<img src=x>" not in page and "&lt;img src=x&gt;" in page
     assert_self_contained(page)
     report_json(r2)
+
+
+def test_terminal_breakdown_fits_a_piped_width_and_shows_the_busiest_rank(samples: Path) -> None:
+    """Piped output is 120 columns wide: no breakdown cell is cut ("…"). Of more than 16 ranks the
+    slowest are shown, and the busiest rank (most busy time) always is, even when it is not among them."""
+    import io
+
+    from advisor.render.json import report_dict
+    from advisor.render.terminal import print_report
+    from advisor.render.view import busiest_rank
+
+    d = report_dict(_report(samples / "kineto_two_ranks"))
+    base = d["breakdown"][0]
+    rows = []
+    for rank in range(20):  # rank 7: the shortest step but the most busy time (no exposed comm, no idle)
+        slow = 1.0 + rank / 100
+        rows.append({**base, "rank": rank, "step": 1, "step_us": base["step_us"] * slow,
+                     "comm_only_us": 0.0 if rank == 7 else base["comm_only_us"],
+                     "free_us": 0.0 if rank == 7 else base["free_us"] * slow})
+    rows[7]["step_us"] = base["step_us"] * 0.9
+    d["breakdown"] = rows
+    assert busiest_rank(rows) == 7
+    out = io.StringIO()
+    print_report(d, color=False, file=out)
+    text = out.getvalue()
+    table = text[text.index("Step breakdown"):text.index("busiest rank")]
+    assert "…" not in table
+    shown = [int(m) for m in re.findall(r"^\s+(\d+)(?: \*)? │", table, re.MULTILINE)]
+    assert sorted(shown) == list(range(4, 20))  # the 15 slowest (4-6, 8-19) and the busiest, 7
+    assert re.search(r"^\s+7 \* │", table, re.MULTILINE)
+    assert "15 slowest of 20 ranks and the busiest shown" in text

@@ -104,21 +104,28 @@ def _breakdown(console: Console, d: dict[str, Any]) -> None:
 
     def row(label: str, n: str, m: dict[str, float]) -> list[str]:
         s = m["step_us"]
-        return [label, n, _us(s), *(f"{_us(m[k])} ({_pct(m[k], s)})" for k in view.PHASES)]
+        # "158.88 ms 25.7%": no parentheses, so that the table fits 120 columns (a piped report's width)
+        return [label, n, _us(s), *(f"{_us(m[k])} {_pct(m[k], s)}" for k in view.PHASES)]
 
+    busiest = view.busiest_rank(d.get("breakdown") or [])
     shown = sorted(pr.items())
-    if len(shown) > 16:
-        shown = sorted(shown, key=lambda kv: -kv[1]["step_us"])[:16]
+    if len(shown) > 16:  # the slowest ranks, and always the busiest one
+        slowest = sorted(shown, key=lambda kv: -kv[1]["step_us"])
+        keep = {r for r, _m in slowest[:16]}
+        if busiest is not None and busiest in pr and busiest not in keep:
+            keep = {r for r, _m in slowest[:15]} | {busiest}
+        shown = [kv for kv in slowest if kv[0] in keep]
     if len(pr) > 1:
         overall = view.overall_means(d["breakdown"]) or {}
         t.add_row(*row("all", str(len(d["breakdown"])), overall), style="bold")
-    busiest = view.busiest_rank(d.get("breakdown") or [])
     for rank, m in shown:
         t.add_row(*row(str(rank) + (" *" if rank == busiest else ""), str(int(m["steps"])), m))
     console.print(t)
     notes = []
     if len(pr) > 16:
-        notes.append(f"16 slowest of {len(pr)} ranks shown")
+        extra = busiest is not None and busiest in dict(shown) and \
+            busiest not in {r for r, _m in sorted(pr.items(), key=lambda kv: -kv[1]["step_us"])[:16]}
+        notes.append(f"15 slowest of {len(pr)} ranks and the busiest shown" if extra else f"16 slowest of {len(pr)} ranks shown")
     if busiest is not None:
         notes.append(f"* busiest rank (the one others wait for): {busiest}")
     if outl:
