@@ -305,7 +305,9 @@ def _to_ns(x: str, numeric: bool = False) -> str:
     (~1.7e18 ns, beyond 2^53) to multiples of 256 ns. Text: short text (at most 15 characters:
     ~15 significant digits, all a double holds exactly, so ``round(x * 1000)`` is exact) goes
     through DOUBLE, longer integers through HUGEINT, longer decimals through DECIMAL. Beyond
-    ~285 years (no BIGINT of ns), NaN or not a number: NULL."""
+    ~285 years (no BIGINT of ns), NaN or not a number: NULL. One difference between the two: the
+    numeric scan reads a JSON ``true`` / ``false`` as 1 / 0 (no exporter writes one; the text
+    path drops such an event with a warning)."""
     if numeric:
         return (f"CASE WHEN abs({x}) < 9e15 THEN CAST(floor({x}) AS BIGINT) * 1000 "
                 f"+ CAST(round(({x} - floor({x})) * 1000) AS BIGINT) END")
