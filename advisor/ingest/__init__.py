@@ -140,8 +140,13 @@ def load_profile(
     max_events: int | None = None,
     workers: int | None = None,
     memory_limit: str | None = None,
+    on_scan: Callable[[], object] | None = None,
 ) -> AnalysisContext:
-    """Read everything recognisable under ``path`` into a fresh DuckDB connection."""
+    """Read everything recognisable under ``path`` into a fresh DuckDB connection.
+
+    ``on_scan`` is called once, when the first bulk scan is about to start (see
+    :meth:`LoadContext.scan_starting`), and at the latest before files are read one by one.
+    """
     t0 = time.perf_counter()
     root = Path(path)
     warnings: list[Warning_] = []
@@ -179,7 +184,7 @@ def load_profile(
 
     con = connect(memory_limit=memory_limit)
     create_all(con)
-    lctx = LoadContext(con, warnings, max_events=max_events)
+    lctx = LoadContext(con, warnings, max_events=max_events, on_scan=on_scan)
     for u in units:
         lctx.units_per_rank[u.rank] = lctx.units_per_rank.get(u.rank, 0) + 1
     modules = {src: r for r in readers() for src in getattr(r, "SOURCES", (r.SOURCE,))}
@@ -217,6 +222,7 @@ def load_profile(
             lctx.warn("bad_file", f"cannot read: {type(exc).__name__}: {exc}", unit.label)
         return unit, None
 
+    lctx.scan_starting()  # if no batched scan did
     n_workers = workers or min(4, max(1, os.cpu_count() or 1), max(1, len(pending)))
     if n_workers > 1:
         with ThreadPoolExecutor(max_workers=n_workers) as pool:

@@ -7,7 +7,7 @@ import os
 import stat
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,8 +62,10 @@ class Unit:
 class LoadContext:
     """Passed to a reader's ``load``: a cursor, file ids and a thread-safe warning sink."""
 
-    def __init__(self, con: Any, warnings: list[Warning_], max_events: int | None = None) -> None:
+    def __init__(self, con: Any, warnings: list[Warning_], max_events: int | None = None,
+                 on_scan: Callable[[], object] | None = None) -> None:
         self._con = con
+        self._on_scan = on_scan
         self._warnings = warnings
         self._lock = threading.Lock()
         self._next_file_id = 0
@@ -72,6 +74,16 @@ class LoadContext:
         self.stepped: set[int] = set()  # ranks whose events got their step on insert
         self.steps_lock = threading.Lock()
         self.events_parts: list[str] = []  # tables of finished events rows, made part of events after loading
+
+    def scan_starting(self) -> None:
+        """A reader is about to start a bulk scan: DuckDB will parse on every core without the
+        GIL, so Python work beside it (the analysis imports) costs the least there, while
+        before it the readers' own Python work (finding the event lists, copying them) would
+        wait for the GIL behind it. Runs the loader's ``on_scan`` callback, once."""
+        with self._lock:
+            callback, self._on_scan = self._on_scan, None
+        if callback is not None:
+            callback()
 
     def add_events_part(self, table: str) -> None:
         """Hand over a table with exactly the ``events`` columns (see ``adopt_events_parts``)."""

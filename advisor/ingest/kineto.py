@@ -405,6 +405,7 @@ def _spill(units: list[Unit]) -> list[SpilledEvents | None]:
 def _load_batch(batch: list[tuple[int, Unit, int]], lctx: LoadContext) -> dict[int, dict[str, Any] | None]:
     """Read the files of ``batch`` with one ``read_json`` scan (see :func:`_fill_part`)."""
     spills = _spill([u for _i, u, _s in batch])
+    lctx.scan_starting()
     try:
         entries = [(i, u, sp) for (i, u, _s), sp in zip(batch, spills, strict=True)
                    if sp is not None or u.info.get("form") == "array"]
