@@ -464,3 +464,22 @@ def test_insert_and_update_rows_in_chunks_equal_executemany() -> None:
     want.executemany("UPDATE t SET n = ? WHERE k = ?", ups)
     q = "SELECT * FROM t ORDER BY k"
     assert got.execute(q).fetchall() == want.execute(q).fetchall()
+
+
+def test_an_event_at_an_absurd_time_gets_no_step_and_spoils_nothing(tmp_path: Path) -> None:
+    """One event ~285 years before the others (its distance to the step windows does not fit a
+    BIGINT of ns: found by fuzzing an Ascend export) is kept without a step; the file loads."""
+    ev = {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "args": {}}
+    mark = {**ev, "cat": "user_annotation"}
+    path = _one_rank_trace(tmp_path, [
+        {**mark, "name": "ProfilerStep#1", "ts": 1682725897235145, "dur": 100},
+        {**mark, "name": "ProfilerStep#2", "ts": 1682725897235245, "dur": 100},
+        {**ev, "name": "a", "ts": 1682725897235150, "dur": 10},
+        {**ev, "name": "far", "ts": -8.9e15, "dur": 1},
+        {"ph": "X", "cat": "kernel", "name": "far_kernel", "pid": 0, "tid": 7, "ts": -8.9e15, "dur": 1,
+         "args": {"grid": [1, 1, 1]}},  # kernels are assigned their step by an outer join: every row's key is computed
+    ])
+    ctx = load_profile(path)
+    assert ctx.con.execute("SELECT name, step FROM events WHERE kind IN ('host_op', 'kernel') ORDER BY name").fetchall() == \
+        [("a", 1), ("far", None), ("far_kernel", None)]
+    assert not [w for w in ctx.warnings if w.code in ("bad_file", "bad_trace")]

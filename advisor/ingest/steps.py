@@ -109,20 +109,28 @@ def window_lookup(con: Any, name: str, ranks: str | None = None) -> WindowLookup
     )
     # ranks of one job share their time span; when they do not (different runs), the buckets
     # are wide and a bucket lists more windows: slower, never wrong
-    origin, width = con.execute(
-        f"""SELECT coalesce(min(start_ns), 0),
-                   coalesce(greatest(1, (max(end_ns) - min(start_ns)) // (4 * count(*) + 64)), 1)
+    origin, end, width, wide = con.execute(
+        f"""SELECT coalesce(min(start_ns), 0), coalesce(max(end_ns), 0),
+                   coalesce(greatest(1, (max(end_ns)::HUGEINT - min(start_ns)) // (4 * count(*) + 64)), 1)::BIGINT,
+                   coalesce(max(end_ns)::HUGEINT - min(start_ns) >= {1 << 62}, false)
             FROM {name}_w"""
     ).fetchall()[0]
+    origin, end, width = int(origin), int(end), int(width)
+
+    def bucket(x: str) -> str:
+        # a span beyond BIGINT (garbage times, seen in fuzzing) is bucketed in HUGEINT
+        return f"(({x})::HUGEINT - {origin}) // {width}" if wide else f"({x} - {origin}) // {width}"
+
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE {name} AS
-        SELECT rank, unnest(range((start_ns - {origin}) // {width}, (end_ns - 1 - {origin}) // {width} + 1)) AS bucket,
+        SELECT rank, unnest(range(({bucket("start_ns")})::BIGINT, ({bucket("end_ns - 1")})::BIGINT + 1)) AS bucket,
                step, start_ns, end_ns
         FROM {name}_w WHERE end_ns > start_ns"""
     )
     con.execute(f"DROP TABLE {name}_w")
-    match = (f"s.rank = t.rank AND s.bucket = (t.start_ns - {int(origin)}) // {int(width)} "
-             "AND t.start_ns >= s.start_ns AND t.start_ns < s.end_ns")
+    # an event outside every window has no bucket (its distance to the origin may not fit a BIGINT)
+    match = (f"s.rank = t.rank AND s.bucket = CASE WHEN t.start_ns >= {origin} AND t.start_ns < {end} "
+             f"THEN {bucket('t.start_ns')} END AND t.start_ns >= s.start_ns AND t.start_ns < s.end_ns")
     return WindowLookup(f"LEFT JOIN {name} s ON {match}", match)
 
 
