@@ -466,9 +466,10 @@ def test_insert_and_update_rows_in_chunks_equal_executemany() -> None:
     assert got.execute(q).fetchall() == want.execute(q).fetchall()
 
 
-def test_an_event_at_an_absurd_time_gets_no_step_and_spoils_nothing(tmp_path: Path) -> None:
-    """One event ~285 years before the others (its distance to the step windows does not fit a
-    BIGINT of ns: found by fuzzing an Ascend export) is kept without a step; the file loads."""
+def test_events_at_absurd_times_are_dropped_with_a_warning_and_spoil_nothing(tmp_path: Path) -> None:
+    """Events ~280 years before the epoch (their distance to the step windows does not fit a BIGINT
+    of ns: found by fuzzing an Ascend export; the old code rejected the whole file) are dropped with
+    a warning, and the rest of the file loads."""
     ev = {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "args": {}}
     mark = {**ev, "cat": "user_annotation"}
     path = _one_rank_trace(tmp_path, [
@@ -481,5 +482,22 @@ def test_an_event_at_an_absurd_time_gets_no_step_and_spoils_nothing(tmp_path: Pa
     ])
     ctx = load_profile(path)
     assert ctx.con.execute("SELECT name, step FROM events WHERE kind IN ('host_op', 'kernel') ORDER BY name").fetchall() == \
-        [("a", 1), ("far", None), ("far_kernel", None)]
-    assert not [w for w in ctx.warnings if w.code in ("bad_file", "bad_trace")]
+        [("a", 1)]
+    assert [w.message for w in ctx.warnings if w.code == "bad_events"] == \
+        ["2 events with a time or duration beyond ±146 years of the epoch were dropped"]
+
+
+def test_an_event_whose_end_does_not_fit_is_dropped_not_an_internal_error(tmp_path: Path) -> None:
+    """ts + dur beyond what a BIGINT of ns holds (8e15 µs + 2e15 µs) stopped the breakdown with an
+    overflow; the event is dropped with a warning and the step is analysed."""
+    ev = {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "args": {}}
+    path = _one_rank_trace(tmp_path, [
+        {**ev, "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 1682725897235145, "dur": 100},
+        {**ev, "name": "a", "ts": 1682725897235150, "dur": 10},
+        {**ev, "name": "big", "ts": 8e15, "dur": 2e15},
+    ])
+    from advisor.analyze import analyze
+
+    rep = analyze(path)
+    assert [(r["rank"], r["step"], r["step_us"]) for r in rep.breakdown] == [(0, 1, 100.0)]
+    assert any(w.code == "bad_events" and "beyond ±146 years" in w.message for w in rep.warnings)

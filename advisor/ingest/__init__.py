@@ -22,6 +22,8 @@ import duckdb
 
 from advisor.engine.context import AnalysisContext
 from advisor.ingest.base import (
+    FAR_TIMES_SQL,
+    FAR_TIMES_WARNING,
     InputError,
     LoadContext,
     ParseError,
@@ -247,6 +249,7 @@ def load_profile(
         raise InputError(f"{one_line(where)}: {first}")
 
     _adopt_events_parts(con, lctx.events_parts)
+    _drop_far_times(con, warn)
     _drop_duplicate_files(con, warn)
     _merge_tracks(con)
     _write_ranks(con, infos)
@@ -278,6 +281,24 @@ def _adopt_events_parts(con: Any, parts: list[str]) -> None:
             checkpoint(cur, DB)
             release_memory()
             pending = 0
+
+
+def _drop_far_times(con: Any, warn: Callable[..., None]) -> None:
+    """Drop events whose times no BIGINT sum can take (see :data:`FAR_TIMES_SQL`), per file with
+    a warning; the Kineto reader drops its own before building steps, the others' go here."""
+    cur = con.cursor()
+    dropped: dict[str | None, int] = {}
+    for table in ("events", "kernels", "comm_ops"):  # a kernel row mirrors its event: the larger count is said
+        rows = cur.execute(
+            f"""SELECT p.path, count(*) FROM {table} e LEFT JOIN profile_files p USING (file_id)
+            WHERE {FAR_TIMES_SQL} GROUP BY ALL"""
+        ).fetchall()
+        if rows:
+            cur.execute(f"DELETE FROM {table} WHERE {FAR_TIMES_SQL}")
+            for path, n in rows:
+                dropped[path] = max(dropped.get(path, 0), int(n))
+    for path, n in sorted(dropped.items(), key=lambda kv: str(kv[0])):
+        warn("bad_events", FAR_TIMES_WARNING.format(n=n), path)
 
 
 def _drop_duplicate_files(con: Any, warn: Callable[..., None]) -> None:

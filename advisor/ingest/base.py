@@ -59,6 +59,15 @@ class Unit:
         return str(self.root)
 
 
+# Times are kept within +-2^62 ns of the epoch (~1830 to ~2116) and durations under 2^62 ns: then
+# every start + duration and every difference of two starts fits a BIGINT. An event beyond (only
+# garbage or hostile input has one) is dropped with a warning; left in, the first sum over it
+# would stop the analysis with an overflow.
+TIME_LIMIT_NS = 1 << 62
+FAR_TIMES_SQL = f"(start_ns < -{TIME_LIMIT_NS} OR start_ns >= {TIME_LIMIT_NS} OR dur_ns >= {TIME_LIMIT_NS})"
+FAR_TIMES_WARNING = "{n} events with a time or duration beyond ±146 years of the epoch were dropped"
+
+
 class LoadContext:
     """Passed to a reader's ``load``: a cursor, file ids and a thread-safe warning sink."""
 

@@ -34,6 +34,8 @@ import duckdb
 
 from advisor.ingest.base import (
     DUCKDB_ERRORS,
+    FAR_TIMES_SQL,
+    FAR_TIMES_WARNING,
     LoadContext,
     ParseError,
     Unit,
@@ -588,14 +590,15 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
             f"""SELECT file_id, median(start_ns) FILTER (WHERE kind <> 'meta'),
                    count(*) FILTER (WHERE kind <> 'meta' AND (start_ns IS NULL OR dur_ns IS NULL)),
                    count(*) FILTER (WHERE kind <> 'meta' AND dur_ns < 0),
-                   count(*) FILTER (WHERE kind <> 'meta' AND start_ns IS NOT NULL AND dur_ns >= 0)
+                   count(*) FILTER (WHERE kind <> 'meta' AND dur_ns >= 0 AND {FAR_TIMES_SQL}),
+                   count(*) FILTER (WHERE kind <> 'meta' AND start_ns IS NOT NULL AND dur_ns >= 0 AND NOT {FAR_TIMES_SQL})
             FROM {part} GROUP BY file_id"""
         ).fetchall()
     }
     results: dict[int, dict[str, Any] | ParseError] = {}
     ok, gone, shift = [], [], []
     for f in files:
-        med, n_null, n_neg, total = stats.get(f.fid, (None, 0, 0, 0))
+        med, n_null, n_neg, n_far, total = stats.get(f.fid, (None, 0, 0, 0, 0))
         base = bases[f.fid]
         if f.reread_header and f.header is not None and f.header[2] is None and med is not None and med < 10**17:
             # relative timestamps but no base before the events: it may follow them
@@ -610,6 +613,8 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
             lctx.warn("bad_events", f"{n_null} events without a usable ts/dur were dropped", f.path)
         if n_neg:
             lctx.warn("bad_events", f"{n_neg} events with a negative duration were dropped", f.path)
+        if n_far:
+            lctx.warn("bad_events", FAR_TIMES_WARNING.format(n=n_far), f.path)
         if not total:
             results[f.fid] = ParseError(f.path, "the trace holds no timed events (traceEvents missing or empty)", code="empty_trace")
             gone.append(f.fid)
@@ -639,7 +644,7 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
         ) WHERE rank IN (SELECT rank FROM {kf}) GROUP BY rank, pid, tid"""
     )
     cur.execute(
-        f"""DELETE FROM {part} WHERE kind = 'meta' OR start_ns IS NULL OR dur_ns IS NULL OR dur_ns < 0
+        f"""DELETE FROM {part} WHERE kind = 'meta' OR start_ns IS NULL OR dur_ns IS NULL OR dur_ns < 0 OR {FAR_TIMES_SQL}
             OR lower(coalesce(cat, '')) IN ('trace', 'ac2g', 'flow') OR file_id IN ({gone_sql})"""
     )
     _comm_kernels(cur, part)
