@@ -501,3 +501,26 @@ def test_an_event_whose_end_does_not_fit_is_dropped_not_an_internal_error(tmp_pa
     rep = analyze(path)
     assert [(r["rank"], r["step"], r["step_us"]) for r in rep.breakdown] == [(0, 1, 100.0)]
     assert any(w.code == "bad_events" and "beyond ±146 years" in w.message for w in rep.warnings)
+
+
+def test_step_windows_spanning_beyond_bigint_still_assign_steps() -> None:
+    """Vendor step windows are not bounded like events: a window at -7.5e18 ns beside one at
+    1.7e18 ns (a fuzzed Ascend export) spans more than a BIGINT. The lookup buckets such a span in
+    HUGEINT, and an event outside every window gets no bucket instead of an overflow."""
+    import duckdb
+
+    from advisor.ingest.steps import drop_window_lookup, step_of, window_lookup
+    from advisor.schema import TABLES
+
+    con = duckdb.connect()
+    con.execute(TABLES["steps"].ddl())
+    con.execute("INSERT INTO steps VALUES (0, 1, -7500000000000000000, -7499999999999999000, NULL, NULL), "
+                "(0, 2, 1700000000000000000, 1700000000000001000, NULL, NULL)")
+    con.execute("CREATE TABLE ev (rank INTEGER, start_ns BIGINT)")
+    con.execute("INSERT INTO ev VALUES (0, -7499999999999999500), (0, 1700000000000000500), (0, 4000000000000000000), "
+                "(0, -9000000000000000000)")
+    win = window_lookup(con, "w")
+    got = con.execute(f"SELECT t.start_ns, {step_of('t.start_ns')} FROM ev t {win.join} ORDER BY 1").fetchall()
+    drop_window_lookup(con, "w")
+    assert got == [(-9000000000000000000, None), (-7499999999999999500, 1), (1700000000000000500, 2),
+                   (4000000000000000000, None)]

@@ -38,8 +38,9 @@ RULE_WORKERS = 3
 
 
 def _run_one(spec: RuleSpec[Any], ctx: AnalysisContext, thresholds: Any,
-             debug: bool) -> tuple[RuleOutcome, list[Finding], list[Warning_]]:
-    """Run one rule: its outcome, findings and warnings (a crash is an outcome, not an exception)."""
+             debug: bool) -> tuple[RuleOutcome, list[Finding], list[Warning_], list[str]]:
+    """Run one rule: its outcome, findings, error warning (a crash is an outcome, not an
+    exception) and notes (per-rank repeats merged)."""
     rid = spec.id
     rctx: RuleContext[Any] = RuleContext(spec, ctx, thresholds)
     t0 = time.perf_counter()
@@ -49,11 +50,10 @@ def _run_one(spec: RuleSpec[Any], ctx: AnalysisContext, thresholds: Any,
         if debug:
             traceback.print_exc()
         msg = f"{rid} ({spec.name}) failed: {type(exc).__name__}: {exc}"
-        return RuleOutcome(rid, "error", msg, seconds=time.perf_counter() - t0), [], [Warning_("rule_error", msg)]
+        return RuleOutcome(rid, "error", msg, seconds=time.perf_counter() - t0), [], [Warning_("rule_error", msg)], []
     from advisor.engine.merge import merge_rank_notes
 
-    notes = [Warning_("rule_undecided", f"{rid} ({spec.name}): {note}") for note in merge_rank_notes(rctx.notes)]
-    return RuleOutcome(rid, "ran", findings=len(got), seconds=time.perf_counter() - t0), got, notes
+    return RuleOutcome(rid, "ran", findings=len(got), seconds=time.perf_counter() - t0), got, [], merge_rank_notes(rctx.notes)
 
 
 def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[list[Finding], list[RuleOutcome]]:
@@ -82,7 +82,10 @@ def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[l
         ctx.warnings.append(Warning_("rule_error", f"rule not loaded: {err}"))
     findings: list[Finding] = []
     outcomes: list[RuleOutcome] = []
-    notes: dict[str, list[str]] = {}  # note text -> the rules that gave it, in rule order
+    # a note several rules give (e.g. kernel time not tied to operators, read by three compute
+    # rules) is one warning naming them all, in the place of the first
+    note_rules: dict[str, list[str]] = {}  # note -> the rules that gave it, in rule order
+    note_at: dict[str, int] = {}  # note -> index of its warning
     for rid, spec in specs.items():
         if rid not in chosen:
             outcomes.append(RuleOutcome(rid, "not_selected"))
@@ -92,23 +95,17 @@ def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[l
             outcomes.append(RuleOutcome(rid, "skipped", got))
             ctx.warnings.append(Warning_("rule_skipped", f"{rid} ({spec.name}) not run: {got}"))
         else:
-            outcome, rule_findings, warnings = got
+            outcome, rule_findings, errors, rule_notes = got
             outcomes.append(outcome)
-            for w in warnings:
-                if w.code != "rule_undecided":
-                    ctx.warnings.append(w)
-                elif (text := w.message.split(": ", 1)[1]) in notes:
-                    if f"{rid} ({spec.name})" not in notes[text]:
-                        notes[text].append(f"{rid} ({spec.name})")
-                else:
-                    notes[text] = [f"{rid} ({spec.name})"]
-                    ctx.warnings.append(w)
+            ctx.warnings.extend(errors)
+            for text in dict.fromkeys(rule_notes):
+                if text not in note_rules:
+                    note_rules[text], note_at[text] = [], len(ctx.warnings)
+                    ctx.warnings.append(Warning_("rule_undecided", ""))  # its message is set below
+                note_rules[text].append(f"{rid} ({spec.name})")
             findings.extend(rule_findings)
-    # the same note from several rules (e.g. kernel time not tied to operators, read by three
-    # compute rules) is one warning naming them all, in the place of the first
-    for i, w in enumerate(ctx.warnings):
-        if w.code == "rule_undecided" and len(by := notes.get(w.message.split(": ", 1)[1], [])) > 1:
-            ctx.warnings[i] = Warning_(w.code, f"{', '.join(by)}: {w.message.split(': ', 1)[1]}", w.path)
+    for text, by in note_rules.items():
+        ctx.warnings[note_at[text]] = Warning_("rule_undecided", f"{', '.join(by)}: {text}")
     if len(ctx.ranks) >= 3:
         from advisor.engine.merge import merge_per_rank
 

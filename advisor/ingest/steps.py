@@ -118,7 +118,8 @@ def window_lookup(con: Any, name: str, ranks: str | None = None) -> WindowLookup
     origin, end, width = int(origin), int(end), int(width)
 
     def bucket(x: str) -> str:
-        # a span beyond BIGINT (garbage times, seen in fuzzing) is bucketed in HUGEINT
+        # a span beyond BIGINT (vendor step windows at garbage times: events are bounded, windows
+        # read from a vendor file are not) is bucketed in HUGEINT
         return f"(({x})::HUGEINT - {origin}) // {width}" if wide else f"({x} - {origin}) // {width}"
 
     con.execute(
