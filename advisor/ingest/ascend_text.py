@@ -553,7 +553,8 @@ def _check_rows(cur: Any, table: str, jobs: list[Job], delim: str) -> None:
             if j.path.stat().st_size > _ROW_CHECK_MAX_BYTES:
                 continue
             with j.path.open(encoding="utf-8", errors="replace", newline="") as fh:
-                rows = csv.reader(fh, delimiter=delim)
+                # NULs dropped: Python 3.10's csv.reader raises on them ("line contains NUL"), 3.11+ reads them
+                rows = csv.reader((line.replace("\0", "") for line in fh), delimiter=delim)
                 width = len(next(rows, []))
                 bad = sum(1 for r in rows if r and len(r) != width)
         except (OSError, csv.Error):

@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,9 @@ def kd_rows() -> tuple[list[str], list[list[str]]]:
 
 def write_csv(header: list[str], rows: list[list[str]], delim: str = ",", eol: str = "\r\n") -> str:
     buf = io.StringIO()
-    csv.writer(buf, delimiter=delim, lineterminator=eol).writerows([header, *rows])
+    # Python 3.10 refuses a NUL cell unless an escapechar is set (3.11+ writes it as is)
+    esc = {"escapechar": "\\"} if sys.version_info < (3, 11) else {}
+    csv.writer(buf, delimiter=delim, lineterminator=eol, **esc).writerows([header, *rows])
     return buf.getvalue()
 
 

@@ -19,6 +19,7 @@ import importlib.util
 import io
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -216,7 +217,9 @@ def ascend_csv(draw: Any) -> dict[str, bytes]:
         header.append(draw(st.text(max_size=10)))
     buf = io.StringIO()
     w = csv.writer(buf, delimiter=draw(st.sampled_from([",", ",", ",", ";", "\t"])),
-                   lineterminator=draw(st.sampled_from(["\n", "\r\n"])))
+                   lineterminator=draw(st.sampled_from(["\n", "\r\n"])),
+                   # Python 3.10 refuses a NUL cell unless an escapechar is set (3.11+ writes it as is)
+                   **({"escapechar": "\\"} if sys.version_info < (3, 11) else {}))
     w.writerows([header, *picked])
     data = draw(damaged_bytes(buf.getvalue().encode("utf-8", "surrogatepass")))
     return {f"{ASCEND_DIR}/ASCEND_PROFILER_OUTPUT/kernel_details.csv": data}
