@@ -26,9 +26,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# a child's own peak RSS: its VmHWM. ``ru_maxrss`` is not: Linux keeps the parent's high-water
+# mark across the vfork + exec with which subprocess starts a child
+PEAK = """
+def peak_rss_mb():
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+"""
+
 CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[2])
+{PEAK}
 from advisor.ingest import load_profile
 t0 = time.perf_counter()
 ctx = load_profile(sys.argv[1])
@@ -40,17 +55,20 @@ mem = con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memor
 tables_bytes = con.execute(
     "SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'").fetchone()[0]
 print(json.dumps({"seconds": dt, "ranks": len(ctx.ranks), "rows": rows, "warnings": len(ctx.warnings),
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "peak_rss_mb": peak_rss_mb(),
                   "duckdb_mb": mem / 2**20, "tables_mb": tables_bytes / 2**20}))
 """
 
 BASELINE = r"""
 import json, resource, sys
 sys.path.insert(0, sys.argv[1])
+{PEAK}
 import duckdb, pandas, pyarrow  # noqa: F401
 import advisor.ingest, advisor.ingest.ascend  # noqa: F401
-print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+print(json.dumps({"peak_rss_mb": peak_rss_mb()}))
 """
+CHILD = CHILD.replace("{PEAK}", PEAK)
+BASELINE = BASELINE.replace("{PEAK}", PEAK)
 
 
 def _run(code: str, *args: str) -> dict:

@@ -24,9 +24,11 @@ under 1 GiB run advisor and the bare DuckDB load ``--repeat`` times each (defaul
 and the table gives the median wall time (every run is logged) and the highest peak RSS; HTA
 runs once (its minutes dwarf the spread). Bigger inputs run every tool once.
 
-Wall time is measured around the subprocess; peak RSS is the highest summed RSS of the process
-tree (polled every 0.1 s with psutil; HTA forks parser processes for several ranks), falling back
-to ``os.wait4``'s ``ru_maxrss`` (largest single process) without psutil.
+Wall time is measured around the subprocess. Peak RSS is the larger of the main process's own
+high-water mark (``VmHWM``, exact however short the peak) and the highest summed RSS of the
+process tree (polled every 0.1 s with psutil; HTA forks parser processes for several ranks).
+``os.wait4``'s ``ru_maxrss`` is not used while either can be read: Linux carries the parent's
+high-water mark across the vfork + exec that starts the child, so it may be this script's.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -233,6 +236,18 @@ def build_inputs(sizes: list[int], ranks: int, rank_bytes: int, log) -> list[dic
 
 
 # ----------------------------------------------------------------------------- measuring
+def _vm_hwm(pid: int) -> int:
+    """The peak RSS (bytes) of process ``pid`` so far (``VmHWM``; 0 when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def run_measured(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
     """Run ``cmd``; return wall seconds, peak RSS (bytes), exit code, timed_out, stderr tail."""
     try:
@@ -242,29 +257,29 @@ def run_measured(cmd: list[str], timeout: float, env: dict | None = None) -> dic
     err = tempfile.TemporaryFile()  # noqa: SIM115 - closed below, after wait4
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=ROOT, start_new_session=True)
-    peak = [0]
+    peak, hwm = [0], [0]  # summed RSS of the process tree, and the main process's own high-water mark
     stop = threading.Event()
 
     def poll() -> None:
-        if psutil is None:
-            return
+        while not stop.is_set():
+            hwm[0] = max(hwm[0], _vm_hwm(proc.pid))
+            if psutil is not None:
+                tree(psutil)
+            stop.wait(0.1)
+
+    def tree(psutil: Any) -> None:
         try:
             p = psutil.Process(proc.pid)
+            procs = [p, *p.children(recursive=True)]
         except psutil.Error:
             return
-        while not stop.is_set():
+        rss = 0
+        for q in procs:
             try:
-                procs = [p, *p.children(recursive=True)]
-                rss = 0
-                for q in procs:
-                    try:
-                        rss += q.memory_info().rss
-                    except psutil.Error:
-                        pass
-                peak[0] = max(peak[0], rss)
+                rss += q.memory_info().rss
             except psutil.Error:
-                break
-            stop.wait(0.1)
+                pass
+        peak[0] = max(peak[0], rss)
 
     th = threading.Thread(target=poll, daemon=True)
     th.start()
@@ -291,7 +306,9 @@ def run_measured(cmd: list[str], timeout: float, env: dict | None = None) -> dic
     err.close()
     return {
         "seconds": wall,
-        "rss": max(peak[0], usage.ru_maxrss * 1024),
+        # ru_maxrss only when nothing could be polled: Linux carries the parent's high-water mark
+        # across the vfork + exec that starts the child, so it may be this script's own peak
+        "rss": max(peak[0], hwm[0]) or usage.ru_maxrss * 1024,
         "rc": proc.returncode,
         "timed_out": timed_out,
         "stderr": tail,

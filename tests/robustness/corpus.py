@@ -26,6 +26,7 @@ case; ``scripts/fuzz_long.py`` adds the crashes it finds under ``tests/robustnes
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gzip
 import json
@@ -530,6 +531,16 @@ def csv_ragged(d: Path) -> None:
     ascend_export(d, _csv_text(rows))
 
 
+def csv_ragged_nul(d: Path) -> None:
+    """Ragged rows, and a NUL inside one operator name: Python 3.10's csv module refuses NULs
+    (3.11+ reads them); the ragged rows must be reported either way."""
+    rows = _csv_rows()
+    for i in range(5, len(rows), 17):
+        rows[i] = rows[i][: len(rows[i]) // 2]
+    rows[3][0] = "nul" + "\x01" + "name"  # placeholder: csv.writer on 3.10 refuses a NUL cell
+    ascend_export(d, _csv_text(rows).replace("\x01", "\x00"))
+
+
 def csv_semicolon(d: Path) -> None:
     ascend_export(d, _csv_text(_csv_rows(), delimiter=";"))
 
@@ -969,6 +980,8 @@ CASES: list[Case] = [
     Case("ascend_csv_extra_columns", alone(csv_extra_columns), "ok", sources=("ascend_pt",), needs=("ascend",)),
     Case("ascend_csv_ragged_rows", alone(csv_ragged), "partial", names=("kernel_details.csv",), sources=("ascend_pt",),
          needs=("ascend",)),
+    Case("ascend_csv_ragged_rows_nul", alone(csv_ragged_nul), "partial", names=("kernel_details.csv",),
+         sources=("ascend_pt",), needs=("ascend",), note="ragged rows reported although a cell holds a NUL"),
     Case("ascend_csv_semicolon", alone(csv_semicolon), "tolerated", names=("kernel_details.csv",), needs=("ascend",)),
     Case("ascend_csv_tab", alone(csv_tab), "tolerated", names=("kernel_details.csv",), needs=("ascend",)),
     Case("ascend_csv_crlf", alone(csv_crlf), "ok", sources=("ascend_pt",), needs=("ascend",)),
@@ -1041,8 +1054,10 @@ class Run:
 def run_cli(args: list[str], *, cwd: Path, env_dirs: dict[str, Path], timeout: float) -> Run:
     """Run ``python -m advisor.cli ARGS`` in ``cwd`` with HOME/TMPDIR pointed at ``env_dirs``.
 
-    The child runs in its own session so a hang can be killed with its children; its peak RSS is
-    read from ``wait4``'s rusage (``ru_maxrss``, kB on Linux).
+    The child runs in its own session so a hang can be killed with its children. Its peak RSS is
+    its own ``VmHWM``, polled while it runs: ``wait4``'s ``ru_maxrss`` is at least the *parent's*
+    high-water mark (Linux keeps it across the spawn's exec), i.e. whatever pytest peaked at
+    earlier. ``ru_maxrss`` is only the fallback for a child too short-lived to be polled.
     """
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -1069,7 +1084,10 @@ def run_cli(args: list[str], *, cwd: Path, env_dirs: dict[str, Path], timeout: f
     timed_out = False
     status = None
     rusage = None
+    hwm_kb = 0
     while True:
+        with contextlib.suppress(OSError, IndexError, ValueError), open(f"/proc/{proc.pid}/status", encoding="ascii") as fh:
+            hwm_kb = max(hwm_kb, int(fh.read().split("VmHWM:")[1].split()[0]))
         pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
         if pid == proc.pid:
             break
@@ -1090,7 +1108,7 @@ def run_cli(args: list[str], *, cwd: Path, env_dirs: dict[str, Path], timeout: f
         stdout=bufs.get("out", b"").decode("utf-8", "replace"),
         stderr=bufs.get("err", b"").decode("utf-8", "replace"),
         seconds=time.monotonic() - t0,
-        peak_rss_mb=(rusage.ru_maxrss / 1024.0) if rusage else 0.0,
+        peak_rss_mb=(hwm_kb or (rusage.ru_maxrss if rusage else 0)) / 1024.0,
         timed_out=timed_out,
         command=cmd,
     )
