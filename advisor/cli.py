@@ -7,6 +7,7 @@ input error (one line on stderr, never a traceback unless ``--debug``).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import tempfile
@@ -239,6 +240,23 @@ def explain(rule_id: str) -> None:
         sys.stdout.flush()
 
 
+def _tune_process() -> None:
+    """Settings for a one-shot run, made by the console entry point only (a program that imports
+    advisor keeps its own):
+
+    * NumPy's OpenBLAS starts a worker thread per core that spins for a while after the import,
+      which comes beside the profile's scan; advisor does no linear algebra, so one thread (the
+      caller's) does, unless the user chose otherwise (``OPENBLAS_NUM_THREADS`` set).
+    * The cyclic garbage collector runs every 700 net allocations by default and walks every
+      young object each time; importing pandas alone triggers ~150 collections. Less often
+      (every 20,000) it still collects cycles, at a fraction of the cost.
+
+    32 ranks x 10 MB: -0.12 CPU-s, -0.05 s wall (10 alternating runs).
+    """
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    gc.set_threshold(20_000, 10, 10)
+
+
 def run() -> None:
     """Console entry point (``advisor``, ``python -m advisor.cli``): ``main`` then a quick exit.
 
@@ -246,6 +264,7 @@ def run() -> None:
     the in-memory database after that only frees memory (~0.2 s on a 1 GB profile), so the
     process ends at once. Tests call ``main`` itself (in-process), which exits normally.
     """
+    _tune_process()
     try:
         main()
         code = 0
