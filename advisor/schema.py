@@ -119,6 +119,9 @@ TABLES: dict[str, Table] = {
             ("flops", "DOUBLE", "floating-point operations where exported (Kineto with_flops)"),
             ("stack", "VARCHAR", "call stack where recorded (newline separated)"),
             ("file_id", "INTEGER", "index into profile_files"),
+            ("block_dim", "INTEGER", ("launch grid size of a device kernel where the trace records it (Kineto: product "
+                                      "of the grid dims, the GPU analogue of Ascend's block dim; Ascend's own is in "
+                                      "kernels), else NULL")),
             required=True,
         ),
         _t(
@@ -173,7 +176,8 @@ TABLES: dict[str, Table] = {
         ),
         _t(
             "kernels",
-            "per-kernel detail where the export has it (Ascend kernel_details / op_summary; Kineto kernel args)",
+            "per-kernel detail from a vendor export (Ascend kernel_details / op_summary; Kineto's launch grids are in "
+            "events.block_dim)",
             ("rank", "INTEGER", "global rank"),
             ("step", "INTEGER", "step (NULL when unknown)"),
             ("name", "VARCHAR", "kernel / op name"),
@@ -182,7 +186,7 @@ TABLES: dict[str, Table] = {
             ("start_ns", "BIGINT", "start, ns"),
             ("dur_ns", "BIGINT", "duration, ns"),
             ("wait_ns", "BIGINT", "wait time before the task, ns"),
-            ("block_dim", "INTEGER", "block dim (Ascend) / grid size (CUDA)"),
+            ("block_dim", "INTEGER", "block dim (Ascend)"),
             ("mix_block_dim", "INTEGER", "mix block dim (Ascend)"),
             ("input_shapes", "VARCHAR", "input shapes"),
             ("input_dtypes", "VARCHAR", "input data types"),
@@ -193,8 +197,8 @@ TABLES: dict[str, Table] = {
             ("flops", "DOUBLE", "floating-point operations, where known"),
             ("mem_bytes", "DOUBLE", "bytes read+written from device memory, where known"),
             ("pmu", "JSON", ("Ascend PMU figures as a JSON object (aic_mac_ratio, aiv_vec_ratio, aic_mte2_ratio, ...); "
-                             "NULL for Kineto GPU kernels (their launch geometry gives block_dim)")),
-            ("file_id", "INTEGER", "index into profile_files where the row comes from one trace file (Kineto), else NULL"),
+                             "NULL where the export has none")),
+            ("file_id", "INTEGER", "index into profile_files where the row comes from one file, else NULL"),
         ),
         _t(
             "comm_ops",
@@ -338,6 +342,9 @@ TABLES: dict[str, Table] = {
 
 
 # the ENUM behind events.kind: KINDS, plus 'meta' (metadata rows, only inside a reader before they are deleted)
+# ``INSERT INTO`` target for readers that write every events column but the Kineto-only ``block_dim``
+EVENTS_INSERT = "events (" + ", ".join(c for c in TABLES["events"].column_names if c != "block_dim") + ")"
+
 KIND_TYPE_DDL = "CREATE TYPE IF NOT EXISTS event_kind AS ENUM (" + ", ".join(f"'{k}'" for k in (*KINDS, "meta")) + ")"
 
 

@@ -524,3 +524,42 @@ def test_step_windows_spanning_beyond_bigint_still_assign_steps() -> None:
     drop_window_lookup(con, "w")
     assert got == [(-9000000000000000000, None), (-7499999999999999500, 1), (1700000000000000500, 2),
                    (4000000000000000000, None)]
+
+
+@pytest.mark.parametrize("lower_case_keys", [False, True], ids=["args_struct", "args_json"])
+def test_kernel_launch_grid_is_the_events_block_dim_and_feeds_cmp006(tmp_path: Path, lower_case_keys: bool) -> None:
+    """A kernel's ``grid`` arg becomes its ``events.block_dim`` (product of the dims) in both ways
+    of reading args, NCCL kernels included, other events NULL; CMP006 compares it with the SM count
+    of the named device (A100: 108 SMs in rules/compute/devices.toml): 40 blocks on 108 SMs for
+    1000 us per step -> 1000 x (1 - 40/108) = 629.63 us of saving."""
+    host = {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "args": {}}
+    kern = {"ph": "X", "cat": "kernel", "pid": 0, "tid": 7}
+    events = []
+    for s in (1, 2):
+        t0 = 1682725897000000 + s * 10_000
+        events += [
+            {**host, "cat": "user_annotation", "name": f"ProfilerStep#{s}", "ts": t0, "dur": 5000},
+            {**kern, "name": "small_grid_kernel", "ts": t0 + 100, "dur": 1000, "args": {"grid": [20, 2, 1]}},
+            {**kern, "name": "big_grid_kernel", "ts": t0 + 1200, "dur": 500, "args": {"grid": [216, 1, 1]}},
+            {**kern, "name": "ncclKernel_AllReduce_RING_LL_Sum_float", "ts": t0 + 1800, "dur": 100,
+             "args": {"grid": [2, 1, 1]}},
+            {**host, "name": "aten::mm", "ts": t0 + 50, "dur": 20},
+        ]
+    if lower_case_keys:  # the old schema's spelling sends args through the JSON path
+        events[-1]["args"] = {"Input dims": [[2, 2]]}
+    (tmp_path / "rank-0.json").write_text(json.dumps({
+        "distributedInfo": {"rank": 0}, "deviceProperties": [{"name": "NVIDIA A100-SXM4-80GB"}], "traceEvents": events}))
+    ctx = load_profile(tmp_path)
+    got = ctx.con.execute("SELECT DISTINCT kind, name, block_dim FROM events WHERE kind <> 'step' ORDER BY name").fetchall()
+    assert got == [("host_op", "aten::mm", None), ("kernel", "big_grid_kernel", 216),
+                   ("comm", "ncclKernel_AllReduce_RING_LL_Sum_float", 2), ("kernel", "small_grid_kernel", 40)]
+    assert ctx.con.execute("SELECT count(*) FROM kernels").fetchall() == [(0,)]  # no second copy of the kernel rows
+    from advisor.analyze import analyze_context
+    from advisor.config import Config
+
+    rep = analyze_context(ctx, Config())
+    found = [f for f in rep.findings if f.rule == "CMP006"]
+    assert len(found) == 1
+    ev = found[0].evidence
+    assert (ev["top_block_dim"], ev["top_core_count"], ev["kernels"], ev["steps"]) == (40, 108, 2, 2)
+    assert found[0].estimated_saving_us == pytest.approx(1000 * (1 - 40 / 108), abs=0.01)

@@ -27,6 +27,7 @@ CAPABILITIES: dict[str, str] = {
     "device": "device (accelerator) events on at least one rank",
     "multi_rank": "at least two ranks",
     "multi_step": "at least two steps on some rank",
+    "kernel_detail": "per-kernel detail: kernels rows (Ascend) or kernel launch grids (Kineto events.block_dim)",
     "breakdown": "the per-(rank, step) breakdown",
     "critical_path": "the critical path of the analysed step",
 }
@@ -176,6 +177,10 @@ class AnalysisContext:
         if requirement == "multi_step":
             n = self.scalar("SELECT max(c) FROM (SELECT count(*) c FROM steps WHERE step >= 0 GROUP BY rank)")
             return None if (n or 0) >= 2 else "fewer than two steps"
+        if requirement == "kernel_detail":
+            grids = self.scalar("SELECT count(*) FROM (SELECT 1 FROM events WHERE block_dim IS NOT NULL LIMIT 1)")
+            return None if self.rows("kernels") > 0 or grids else (
+                "no per-kernel detail in this profile (Ascend kernel_details / op_summary, Kineto kernel launch grids)")
         if requirement == "breakdown":
             return None if self.breakdown is not None and len(self.breakdown) else "no breakdown"
         if requirement == "critical_path":

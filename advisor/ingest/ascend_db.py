@@ -39,6 +39,7 @@ from advisor.ingest.ascend_common import (
     sql_str,
 )
 from advisor.ingest.base import LoadContext, ParseError, Unit
+from advisor.schema import EVENTS_INSERT
 
 CHUNK_ROWS = 250_000
 _EXT_BASE = 1 << 62
@@ -437,7 +438,7 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
     # (Level0) the launching torch op's id instead. ext_id: the torch op's id (format doc §17.1).
     corr = "NULLIF(k.conn, 4294967295)" if has_cann else "x.ext"
     cur.execute(
-        f"""INSERT INTO events
+        f"""INSERT INTO {EVENTS_INSERT}
         SELECT $rank, NULL, {kind}, coalesce(sn.value, st.value, 'task'), coalesce(sc.value, st.value, 'Ascend Hardware'),
                'NPU ' || coalesce(k.dev::VARCHAR, '?'), 'Stream ' || coalesce(k.stream::VARCHAR, '?'), true, k.stream,
                k.start, greatest(k.end_ - k.start, 0), {corr}, x.ext, NULL,
@@ -502,7 +503,7 @@ def _comm(
         )
         bytes_sql = f"o.cnt * ({HCCL_DTYPE_BYTES_SQL.format(d='dt.value')})"
         cur.execute(
-            f"""INSERT INTO events
+            f"""INSERT INTO {EVENTS_INSERT}
             SELECT $rank, NULL, 'comm', coalesce(sn.value, 'hcom'), 'HCCL', 'HCCL',
                    'Group ' || coalesce(sg.value, '?') || ' Communication', true, NULL,
                    o.start, greatest(o.end_ - o.start, 0), NULLIF(o.conn, 4294967295), NULL, {bytes_sql}, NULL, dt.value, NULL, NULL, $fid
@@ -608,7 +609,7 @@ def _cann_api(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, api_t: st
         "_chunk",
     )
     cur.execute(
-        f"""INSERT INTO events
+        f"""INSERT INTO {EVENTS_INSERT}
         SELECT $rank, NULL, CASE WHEN regexp_matches(coalesce(sn.value, ''), {sql_str(SYNC_RE)}) THEN 'sync' ELSE 'runtime' END,
                coalesce(ap.value || '@', '') || coalesce(sn.value, ''), 'CANN', (c.gtid >> 32)::VARCHAR, (c.gtid & 4294967295)::VARCHAR,
                false, NULL, c.start, greatest(c.end_ - c.start, 0), NULLIF(c.conn, 4294967295), x.ext, NULL, NULL, NULL, NULL, NULL, $fid
@@ -687,7 +688,7 @@ def _pytorch_insert(
                     WHEN lower(sn.value) LIKE '%dataloader%' THEN 'dataloader' ELSE 'host_op' END"""
     corr = "NULL" if has_cann else f"CASE WHEN h.conn IN (SELECT id FROM {conn}) THEN {_EXT_BASE} + h.rid END"
     cur.execute(
-        f"""INSERT INTO events
+        f"""INSERT INTO {EVENTS_INSERT}
         SELECT $rank, NULL, {kind}, coalesce(sn.value, ''), CASE WHEN {typ} = 'op' THEN 'cpu_op' ELSE {typ} END,
                (h.gtid >> 32)::VARCHAR, (h.gtid & 4294967295)::VARCHAR, false, NULL, h.start, greatest(h.end_ - h.start, 0),
                {corr}, {_EXT_BASE} + h.rid, NULL, si.value, sd.value, NULL, h.stack, $fid
@@ -712,7 +713,7 @@ def _gc_mstx(cur: Any, db: Db, rank: int, fid: int, sid: str) -> int:
             db,
             f"SELECT {g('startNs')}, {g('endNs')}, {g('globalTid')} FROM GC_RECORD",
             [("start", _I64), ("end_", _I64), ("gtid", _I64)],
-            """INSERT INTO events SELECT $rank, NULL, 'python', 'GC', 'GC', (gtid >> 32)::VARCHAR, (gtid & 4294967295)::VARCHAR,
+            f"""INSERT INTO {EVENTS_INSERT} SELECT $rank, NULL, 'python', 'GC', 'GC', (gtid >> 32)::VARCHAR, (gtid & 4294967295)::VARCHAR,
                    false, NULL, start, greatest(end_ - start, 0), NULL, NULL, NULL, NULL, NULL, NULL, NULL, $fid
                FROM _chunk WHERE start IS NOT NULL AND end_ IS NOT NULL""",
             {"rank": rank, "fid": fid},
@@ -725,7 +726,7 @@ def _gc_mstx(cur: Any, db: Db, rank: int, fid: int, sid: str) -> int:
             db,
             f"SELECT {m('startNs')}, {m('endNs')}, {m('message')}, {m('globalTid')}, {m('eventType')} FROM MSTX_EVENTS",
             [("start", _I64), ("end_", _I64), ("msg", _I64), ("gtid", _I64), ("etype", _I64)],
-            f"""INSERT INTO events SELECT $rank, NULL, 'annotation', coalesce(s.value, 'mstx'), 'mstx',
+            f"""INSERT INTO {EVENTS_INSERT} SELECT $rank, NULL, 'annotation', coalesce(s.value, 'mstx'), 'mstx',
                    (c.gtid >> 32)::VARCHAR, (c.gtid & 4294967295)::VARCHAR, false, NULL, c.start, greatest(c.end_ - c.start, 0),
                    NULL, NULL, NULL, NULL, NULL, NULL, NULL, $fid
                FROM _chunk c LEFT JOIN {sid} s ON s.id = c.msg WHERE c.start IS NOT NULL AND c.end_ IS NOT NULL""",

@@ -39,6 +39,7 @@ from advisor.ingest.ascend_common import (
     sql_str,
 )
 from advisor.ingest.base import ParseError, read_head
+from advisor.schema import EVENTS_INSERT
 
 
 @dataclass
@@ -303,7 +304,7 @@ def _traces_from_stage(
     # -- events
     stream = "TRY_CAST(coalesce(x.stream_id, x.phys_stream_id, x.lc_stream_id, regexp_extract(x.tname, 'Stream\\s+(\\d+)', 1)) AS BIGINT)"
     cur.execute(
-        f"""INSERT INTO events
+        f"""INSERT INTO {EVENTS_INSERT}
         SELECT x.rank, NULL, x.kind, coalesce(x.name, ''), coalesce(x.cat, x.pname), x.pid, x.tid,
                x.layer IN ('hw', 'hccl') OR (x.layer = 'other' AND x.plabels LIKE 'NPU%') AS device,
                CASE WHEN x.layer = 'hw' THEN {stream} END AS stream,
@@ -727,7 +728,7 @@ def _kernel_group(cur: Any, stage: str, cols: dict[str, str], jobs: list[Job], t
             FROM {typed} WHERE crow AND core = 'HCCL' AND {ok}"""
         )
         cur.execute(
-            f"""INSERT INTO events
+            f"""INSERT INTO {EVENTS_INSERT}
             SELECT rank, NULL,
                    CASE WHEN core = 'HCCL' OR starts_with(name, 'hcom_') THEN 'comm'
                         WHEN core LIKE '%MEMCPY%' OR upper(name) LIKE 'MEMCPY%' THEN 'memcpy'

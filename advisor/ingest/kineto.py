@@ -15,8 +15,9 @@ size on one thread. Files DuckDB cannot read that way fall back to the whole-obj
 * small files (the usual one-per-rank cluster export) are read together, one ``read_json`` scan
   per ~1 GiB of them (:func:`load_many`); the others one by one (:func:`load`);
 * a scan writes one table with the ``events`` columns plus the one field another table needs
-  (:func:`_fill_part`); steps are built from it and assigned in place, ``tracks`` / ``kernels``
-  / ``comm_ops`` filled from it, and the table becomes (part of) ``events``: no staged copy.
+  (:func:`_fill_part`); steps are built from it and assigned in place, ``tracks`` / ``comm_ops``
+  filled from it, and the table becomes (part of) ``events``: no staged copy. A kernel's launch
+  grid is its ``events.block_dim``: no second table repeats the kernel rows (their long names).
 
 Time: Chrome-trace ``ts``/``dur`` are microseconds whatever ``displayTimeUnit`` says (that key
 only sets the viewer's display unit). When ``baseTimeNanoseconds`` is present, ``ts`` is relative
@@ -267,8 +268,8 @@ def _event_type(struct: bool, numeric: bool = False) -> str:
 def _events_sql(unnest: str, struct: bool = False, numeric: bool = False) -> str:
     """SELECT turning raw events into rows with the ``events`` columns (times in ns relative to
     the file's base, no rank or step yet) plus the fields other tables need: ``x_extra``, the
-    process / thread name of a metadata row (``kind = 'meta'``) or the grid of a kernel, and
-    ``x_group``, a kernel's process group. ``ph`` X and M only; one JSON parse of ``args`` per
+    process / thread name of a metadata row (``kind = 'meta'``), and ``x_group``, a kernel's
+    process group. ``ph`` X and M only; one JSON parse of ``args`` per
     event. ``unnest`` yields ``fid`` and ``e`` (the event struct; ``struct``: its ``args`` typed
     :data:`ARGS_STRUCT`, else JSON; ``numeric``: ``ts`` / ``dur`` DOUBLE, else text)."""
     def _arg(key: str) -> str:
@@ -283,7 +284,9 @@ def _events_sql(unnest: str, struct: bool = False, numeric: bool = False) -> str
            coalesce(TRY_CAST({_arg("bytes")} AS BIGINT), TRY_CAST({_arg("nelems")} AS BIGINT) * ({dtype})) AS bytes,
            coalesce({_arg("dims")}, {_arg("dims_lower")}) AS shapes, {_arg("types")} AS dtypes,
            TRY_CAST({_arg("flops")} AS DOUBLE) AS flops, {_arg("stack")} AS stack,
-           CASE WHEN ph = 'M' THEN {_arg("meta_name")} WHEN lcat = 'kernel' THEN {_arg("grid")} END AS x_extra,
+           CASE WHEN ph = 'M' THEN {_arg("meta_name")} END AS x_extra,
+           CASE WHEN lcat = 'kernel' THEN TRY_CAST(list_aggregate(TRY_CAST({_arg("grid")} AS BIGINT[]), 'product') AS INTEGER)
+           END AS block_dim,
            CASE WHEN lcat = 'kernel' THEN coalesce({_arg("pg_name")}, {_arg("pg_desc")}) END AS x_group
     FROM (
         SELECT fid, e.ph AS ph, e.cat AS cat, lower(coalesce(e.cat, '')) AS lcat, e.name AS name, e.pid AS pid,
@@ -523,7 +526,7 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None,
     costs ~10x its size on one thread, hence the spilled copies). The scan writes the ``events``
     columns plus the one extra field the other tables need; then per file the base time is
     settled and bad rows counted, tracks filled, metadata and untimed rows deleted, steps built
-    and assigned in place (an UPDATE of one column), kernels and comm_ops filled from the part,
+    and assigned in place (an UPDATE of one column), comm_ops filled from the part,
     the extra column dropped and the part handed to the loader. No row is copied twice.
     Raises duckdb.Error when the scan fails (the part is dropped then).
     """
@@ -567,7 +570,7 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None,
 
 def _compress(cur: Any) -> None:
     """Compress the freshly scanned part before it is worked on: the statements that follow
-    (deletes, the step UPDATE, kernels / comm_ops) read it compressed and only what they change
+    (deletes, the step UPDATE, comm_ops) read it compressed and only what they change
     is rewritten at the next checkpoint; compressing after them cost the same time at a higher
     peak (32 ranks x 10 MB: 610 -> 490 MB; 500 MB: 830 -> 680 MB). Best effort: DuckDB refuses a
     checkpoint while another file's load writes (the final one then compresses)."""
@@ -651,20 +654,13 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
     marks = f"(SELECT rank, kind = 'step' AS is_mark, device, name, start_ns, dur_ns, corr, file_id AS fid FROM {part})"
     stepped = _steps_from_part(cur, marks, kf, files, lctx,
                                on_drop=lambda ids: cur.execute(f"DELETE FROM {part} WHERE file_id IN ({ids})"))
-    # kernels and comm_ops first, their steps by the window join (the part is still unchanged),
-    # then the part's own steps by one UPDATE
+    # comm_ops first, their steps by the window join (the part is still unchanged), then the
+    # part's own steps by one UPDATE
     ranks_sql = ", ".join(map(str, sorted(stepped))) or "NULL"
     lookup = f"{part}_sw"
     win = window_lookup(cur, lookup, ranks_sql)
     try:
         step = f"CASE WHEN t.rank IN ({ranks_sql}) THEN {step_of('t.start_ns')} END"
-        # kernels with a launch grid (current schema): block_dim = grid size, the GPU analogue of Ascend's block dim
-        cur.execute(
-            f"""INSERT INTO kernels (rank, step, name, op_type, core_type, start_ns, dur_ns, block_dim, pmu, file_id)
-            SELECT t.rank, {step}, t.name, NULL, 'GPU', t.start_ns, t.dur_ns,
-                   TRY_CAST(list_aggregate(TRY_CAST(t.x_extra AS BIGINT[]), 'product') AS INTEGER), NULL, t.file_id
-            FROM {part} t {win.join} WHERE t.kind = 'kernel' AND t.x_extra IS NOT NULL"""
-        )
         cur.execute(
             f"""INSERT INTO comm_ops
             SELECT t.rank, {step}, t.name,

@@ -9,10 +9,11 @@ block-dim check). On a GPU the analogue is a grid of fewer blocks than SMs (``bl
 below 1 in the Kineto kernel arguments).
 
 ## How it is detected
-From ``kernels``: kernels of at least ``min_duration_us`` whose ``block_dim`` is below the core
-count of the engine they ran on - AI Cores for ``AI_CORE`` / ``MIX_AIC`` tasks, AI Vector cores for
+From ``kernels`` (Ascend) and the Kineto kernel events with a launch grid (``events.block_dim``):
+kernels of at least ``min_duration_us`` whose ``block_dim`` is below the core count of the
+engine they ran on - AI Cores for ``AI_CORE`` / ``MIX_AIC`` tasks, AI Vector cores for
 ``AI_VECTOR_CORE`` / ``MIX_AIV`` tasks, SMs (CUs) for GPU kernels (``block_dim`` = grid size, or
-``blocks per SM`` x SMs from the kernel arguments). Core counts come from ``cores`` /
+``blocks per SM`` x SMs where a ``pmu`` object carries it). Core counts come from ``cores`` /
 ``vector_cores`` when set, else the exporter's ``meta`` (``ai_core_num`` / ``aiv_num``), else
 ``rules/compute/devices.toml``; an unknown device is reported in a warning, not guessed.
 
@@ -47,17 +48,25 @@ class Thresholds:
     top_n: int = knob(10, "operators listed per finding")
 
 
-SQL = """
+# the kernels of a rank: Ascend's kernels rows, and Kineto kernels with their launch grid (events.block_dim)
+KERNELS = """(
+    SELECT rank, step, name, op_type, core_type, dur_ns, block_dim, pmu, input_shapes FROM kernels
+    UNION ALL
+    SELECT rank, step, name, NULL, 'GPU', dur_ns, block_dim, NULL, NULL FROM events
+    WHERE device AND kind = 'kernel' AND block_dim IS NOT NULL
+)"""
+
+SQL = f"""
 SELECT rank, step, name, coalesce(op_type, name) AS op_type, upper(coalesce(core_type, '')) AS core_type, dur_ns,
        coalesce(block_dim, TRY_CAST(json_extract_string(pmu, '$."blocks per SM"') AS DOUBLE) * $sm) AS blocks,
        input_shapes
-FROM kernels
+FROM {KERNELS}
 WHERE dur_ns >= $min_duration_us * 1000 AND rank = $rank
   AND upper(coalesce(core_type, '')) NOT IN ('HCCL', 'COMMUNICATION', 'AI_CPU', 'AICPU', 'DSA_SQE', 'SDMA_SQE',
                                               'WRITE_BACK', 'INVALID')
 """
 
-STEPS_SQL = "SELECT greatest(count(DISTINCT step) FILTER (WHERE step >= 0), 1) AS n FROM kernels WHERE rank = $rank"
+STEPS_SQL = f"SELECT greatest(count(DISTINCT step) FILTER (WHERE step >= 0), 1) AS n FROM {KERNELS} WHERE rank = $rank"
 
 VECTOR_KINDS = ("AI_VECTOR_CORE", "MIX_AIV")
 
@@ -73,13 +82,13 @@ def _counts(ctx: RuleContext[Thresholds], rank: int, dev: Any, cube_meta: Callab
     return (int(cube) if cube else None), (int(vec) if vec else None)
 
 
-@rule("CMP006", "compute.low-block-dim", cause="compute.low_block_dim", requires=("kernels", "device"),
+@rule("CMP006", "compute.low-block-dim", cause="compute.low_block_dim", requires=("kernel_detail", "device"),
       thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank with long kernels that leave cores idle."""
     cube_meta = meta_numbers(ctx, ("ai_core_num", "aicore_num", "sm_count", "multiProcessorCount"))
     vec_meta = meta_numbers(ctx, ("aiv_num", "vector_core_num"))
-    with_kernels = {r["rank"] for r in ctx.query("SELECT DISTINCT rank FROM kernels")}
+    with_kernels = {r["rank"] for r in ctx.query(f"SELECT DISTINCT rank FROM {KERNELS}")}
     for rank, (name, dev) in rank_devices(ctx).items():
         cube, vec = _counts(ctx, rank, dev, cube_meta, vec_meta)
         if cube is None:

@@ -189,9 +189,13 @@ def kineto_gpu_roofline_unknown_device() -> dict[str, list[dict[str, Any]]]:
 
 
 def kineto_gpu_casts_with_geometry() -> dict[str, list[dict[str, Any]]]:
-    """The casts profile plus the per-kernel launch geometry rows the Kineto reader writes to
-    ``kernels`` (core type GPU) for current-schema traces: still the Kineto path, not Ascend's."""
+    """The casts profile with each kernel's launch grid on its event (``events.block_dim``, as the
+    Kineto reader writes it), plus GPU rows in ``kernels`` (a tool of our own or an older advisor
+    may have written them): still the Kineto path, not Ascend's."""
     tables = kineto_gpu_casts()
+    for e in tables["events"]:
+        if e.get("device") and e.get("kind") == "kernel":
+            e["block_dim"] = 1024
     tables["kernels"] = [
         {"rank": e["rank"], "step": e.get("step"), "name": e["name"], "core_type": "GPU", "start_ns": e["start_ns"],
          "dur_ns": e["dur_ns"], "block_dim": 1024, "pmu": '{"grid": [32, 32, 1], "block": [256, 1, 1]}'}
@@ -263,14 +267,27 @@ def ascend_low_block_dim_unknown_device() -> dict[str, list[dict[str, Any]]]:
 # GPU analogue (NVIDIA A100-SXM4-80GB, 108 SMs), per step: a 1000 us kernel with a 40-block grid
 # (idle share 1 - 40/108 = 0.6296 -> 629.6 us) and a 500 us kernel with 216 blocks (2 per SM).
 def gpu_small_grid() -> dict[str, list[dict[str, Any]]]:
-    """Kineto-style kernels rows (core_type CUDA, block_dim = grid blocks, Kineto kernel args in pmu)."""
+    """Kineto kernels with their launch grid on the event (``events.block_dim`` = grid blocks, as
+    the Kineto reader writes it); no ``kernels`` rows."""
     ks = [
-        {"name": "void small_grid_kernel<float>(float*)", "core_type": "CUDA", "dur_ns": 1_000_000, "block_dim": 40,
-         "pmu": json.dumps({"grid": [40, 1, 1], "block": [256, 1, 1], "blocks per SM": 40 / 108,
-                            "est. achieved occupancy %": 9})},
-        {"name": "void big_grid_kernel<float>(float*)", "core_type": "CUDA", "dur_ns": 500_000, "block_dim": 216,
-         "pmu": json.dumps({"grid": [216, 1, 1], "block": [256, 1, 1], "blocks per SM": 2.0,
-                            "est. achieved occupancy %": 50})},
+        {"name": "void small_grid_kernel<float>(float*)", "dur_ns": 1_000_000, "block_dim": 40},
+        {"name": "void big_grid_kernel<float>(float*)", "dur_ns": 500_000, "block_dim": 216},
+    ]
+    tables = _device_steps(0, "NVIDIA A100-SXM4-80GB", ks, source="kineto")
+    for e in tables["events"]:
+        if e["kind"] == "kernel":
+            e["block_dim"] = next(k["block_dim"] for k in ks if k["name"] == e["name"])
+    tables["kernels"] = []
+    return tables
+
+
+def gpu_small_grid_blocks_per_sm() -> dict[str, list[dict[str, Any]]]:
+    """``kernels`` rows that give the grid only as ``blocks per SM`` in ``pmu`` (block_dim NULL)."""
+    ks = [
+        {"name": "void small_grid_kernel<float>(float*)", "core_type": "CUDA", "dur_ns": 1_000_000,
+         "pmu": json.dumps({"grid": [40, 1, 1], "block": [256, 1, 1], "blocks per SM": 40 / 108})},
+        {"name": "void big_grid_kernel<float>(float*)", "core_type": "CUDA", "dur_ns": 500_000,
+         "pmu": json.dumps({"grid": [216, 1, 1], "block": [256, 1, 1], "blocks per SM": 2.0})},
     ]
     return _device_steps(0, "NVIDIA A100-SXM4-80GB", ks, source="kineto")
 
