@@ -563,3 +563,38 @@ def test_kernel_launch_grid_is_the_events_block_dim_and_feeds_cmp006(tmp_path: P
     ev = found[0].evidence
     assert (ev["top_block_dim"], ev["top_core_count"], ev["kernels"], ev["steps"]) == (40, 108, 2, 2)
     assert found[0].estimated_saving_us == pytest.approx(1000 * (1 - 40 / 108), abs=0.01)
+
+
+@pytest.mark.parametrize("case", ["good", "one_truncated", "all_truncated"])
+def test_event_list_copies_started_early_are_all_deleted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         case: str) -> None:
+    """The copies of the event lists that the Kineto reader starts while the database is set up
+    (prefetch) are taken by the batched scan, or deleted when the load ends however it ends: a
+    file the scan cannot read (read again on its own), or no readable file at all."""
+    import shutil
+    import tempfile
+
+    from advisor.ingest import kineto
+
+    spill_dir = tmp_path / "tmp"
+    spill_dir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spill_dir))
+    started = []
+    real = kineto.prefetch
+    monkeypatch.setattr(kineto, "prefetch", lambda units: started.append(len(units)) or real(units))
+    prof = tmp_path / "prof"
+    prof.mkdir()
+    for r in (0, 1):
+        text = gzip.decompress((SAMPLES / "kineto_two_ranks" / f"rank-{r}.json.gz").read_bytes())
+        if case == "all_truncated" or (case == "one_truncated" and r == 1):
+            text = text[: len(text) // 2]  # cut inside the event list: the copy is refused or the scan fails
+        (prof / f"rank-{r}.json").write_bytes(text)
+    if case == "all_truncated":
+        with pytest.raises(InputError):
+            load_profile(prof)
+    else:
+        ctx = load_profile(prof)
+        assert ctx.ranks == ([0, 1] if case == "good" else [0])
+    assert started
+    assert list(spill_dir.iterdir()) == []
+    shutil.rmtree(prof)

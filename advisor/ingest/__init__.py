@@ -183,7 +183,20 @@ def load_profile(
             f"{one_line(root)}: no recognisable trace (Kineto *.json[.gz] or Ascend *_ascend_pt / *_ascend_ms export)" + detail
         )
     assign_ranks(units, warn)
+    # readers may start slow file work (Kineto: copying event lists) while the database is set up
+    cleanups = [r.prefetch(units) for r in readers() if hasattr(r, "prefetch")]
+    try:
+        return _load_units(root, units, warnings, warn, t0, progress=progress, max_events=max_events,
+                           workers=workers, memory_limit=memory_limit, on_scan=on_scan)
+    finally:
+        for cleanup in cleanups:
+            cleanup()
 
+
+def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: Callable[..., None], t0: float, *,
+                progress: Callable[[str, int, int], None] | None, max_events: int | None, workers: int | None,
+                memory_limit: str | None, on_scan: Callable[[], object] | None) -> AnalysisContext:
+    """The rest of :func:`load_profile`, once the units are claimed and their ranks assigned."""
     con = connect(memory_limit=memory_limit)
     create_all(con)
     lctx = LoadContext(con, warnings, max_events=max_events, on_scan=on_scan)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -357,6 +358,26 @@ def _fids(units: list[Unit], lctx: LoadContext) -> list[int]:
     return [u.info["fid"] for u in units]
 
 
+def _batches(units: list[Unit]) -> list[list[tuple[int, Unit, int]]]:
+    """The batched scans :func:`load_many` makes: lists of (index in units, unit, estimated
+    size), ~:data:`BATCH_BYTES` each; a batch of one unit is read on its own instead."""
+    batches: list[list[tuple[int, Unit, int]]] = []
+    total = BATCH_BYTES
+    for i, u in enumerate(units):
+        path = u.files[0]
+        if u.info.get("form", "object") == "array" and _GLOB_CHARS.search(str(path)):
+            continue  # read by its own name, which DuckDB would expand
+        size = _max_object_size(path)
+        if size >= STREAM_ABOVE_BYTES:
+            continue
+        if total + size > BATCH_BYTES:
+            batches.append([])
+            total = 0
+        batches[-1].append((i, u, size))
+        total += size
+    return [b for b in batches if len(b) >= 2]
+
+
 def load_many(units: list[Unit], lctx: LoadContext) -> dict[int, dict[str, Any] | None]:
     """Load many small Kineto files with one ``read_json`` scan per batch (DuckDB parses them in
     parallel); per-file statements cost more than the parse on clusters of small ranks.
@@ -365,46 +386,68 @@ def load_many(units: list[Unit], lctx: LoadContext) -> dict[int, dict[str, Any] 
     units left out (large, odd names, laid out unexpectedly, or in a batch whose scan failed)
     are loaded one by one with :func:`load`, which reports their problems precisely.
     """
-    cands = []
-    for i, u in enumerate(units):
-        path = u.files[0]
-        if u.info.get("form", "object") == "array" and _GLOB_CHARS.search(str(path)):
-            continue  # read by its own name, which DuckDB would expand
-        size = _max_object_size(path)
-        if size < STREAM_ABOVE_BYTES:
-            cands.append((i, u, size))
-    batches: list[list[tuple[int, Unit, int]]] = []
-    total = BATCH_BYTES
-    for c in cands:
-        if total + c[2] > BATCH_BYTES:
-            batches.append([])
-            total = 0
-        batches[-1].append(c)
-        total += c[2]
     done: dict[int, dict[str, Any] | None] = {}
-    for batch in batches:
-        if len(batch) >= 2:
-            done.update(_load_batch(batch, lctx))
+    for batch in _batches(units):
+        done.update(_load_batch(batch, lctx))
     return done
+
+
+_SPILL = "spill"  # Unit.info key: the Future of the unit's SpilledEvents, started by prefetch()
+
+
+def prefetch(units: list[Unit]) -> Callable[[], None]:
+    """Start copying the event lists of the files of :func:`load_many`'s first scan (see
+    :func:`_spill`; the next scans' copies are made when their turn comes, so that no more than
+    ~1 GiB is copied at a time) in background threads: the copies (kernel work, outside the
+    GIL) overlap the loader's set-up (database, tables, file ids). Returns a function to call
+    when the load is over: it waits for the copies and deletes those no scan took."""
+    batches = _batches([u for u in units if u.source == SOURCE])
+    mine = [u for _i, u, _s in batches[0] if u.info.get("form", "object") != "array"] if batches else []
+    if len(mine) < 2:
+        return lambda: None
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1))
+    for u in mine:
+        u.info[_SPILL] = pool.submit(_spill_one, u)
+    pool.shutdown(wait=False)
+
+    def cleanup() -> None:
+        for u in mine:
+            fut = u.info.pop(_SPILL, None)
+            sp = fut.result() if fut is not None else None
+            if sp is not None:
+                sp.close()
+
+    return cleanup
+
+
+def _spill_one(u: Unit) -> SpilledEvents | None:
+    """The unit's event list copied to a temporary file; None where the layout is not recognised
+    or the copy failed: that file is read on its own by :func:`load`, which reports precisely."""
+    if u.info.get("form", "object") == "array":
+        return None
+    try:
+        return SpilledEvents(u.files[0], probe=LOWER_CASE_KEYS)
+    except (LayoutError, OSError, EOFError, ValueError, zlib.error):
+        return None
 
 
 def _spill(units: list[Unit]) -> list[SpilledEvents | None]:
     """Each object-form file's event list copied to a temporary file (a few files at a time: the
-    copy is kernel work or gzip, both outside the GIL). None where the layout is not recognised
-    or the copy failed: that file is read on its own by :func:`load`, which reports precisely."""
+    copy is kernel work or gzip, both outside the GIL), or taken from :func:`prefetch`."""
     import os
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import Future, ThreadPoolExecutor
 
-    def one(u: Unit) -> SpilledEvents | None:
-        if u.info.get("form", "object") == "array":
-            return None
-        try:
-            return SpilledEvents(u.files[0], probe=LOWER_CASE_KEYS)
-        except (LayoutError, OSError, EOFError, ValueError, zlib.error):
-            return None
-
-    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-        return list(pool.map(one, units))
+    started: list[Future[SpilledEvents | None] | None] = [u.info.pop(_SPILL, None) for u in units]
+    todo = [u for u, f in zip(units, started, strict=True) if f is None]
+    fresh: list[SpilledEvents | None] = []
+    if todo:
+        with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+            fresh = list(pool.map(_spill_one, todo))
+    it = iter(fresh)
+    return [next(it) if f is None else f.result() for f in started]
 
 
 def _load_batch(batch: list[tuple[int, Unit, int]], lctx: LoadContext) -> dict[int, dict[str, Any] | None]:
@@ -461,7 +504,8 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
             f = _File(unit, fid, None, str(path))
         else:
             try:
-                spill = SpilledEvents(path, probe=LOWER_CASE_KEYS)
+                fut = unit.info.pop(_SPILL, None)  # copied by prefetch() (a failed copy is made again: its error)
+                spill = (fut.result() if fut is not None else None) or SpilledEvents(path, probe=LOWER_CASE_KEYS)
                 f = _File(unit, fid, _header(spill.head_bytes, spill.trailer), str(spill.path), struct=not spill.found)
             except ValueError as exc:  # a gzip bomb
                 raise ParseError(path, str(exc)) from None
