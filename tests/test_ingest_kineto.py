@@ -565,12 +565,13 @@ def test_kernel_launch_grid_is_the_events_block_dim_and_feeds_cmp006(tmp_path: P
     assert found[0].estimated_saving_us == pytest.approx(1000 * (1 - 40 / 108), abs=0.01)
 
 
-@pytest.mark.parametrize("case", ["good", "one_truncated", "all_truncated"])
+@pytest.mark.parametrize("case", ["good", "one_truncated", "all_truncated", "setup_fails"])
 def test_event_list_copies_started_early_are_all_deleted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          case: str) -> None:
     """The copies of the event lists that the Kineto reader starts while the database is set up
     (prefetch) are taken by the batched scan, or deleted when the load ends however it ends: a
-    file the scan cannot read (read again on its own), or no readable file at all."""
+    file the scan cannot read (read again on its own), no readable file at all, or a failure
+    before any scan (only the loader's clean-up can delete the copies then)."""
     import shutil
     import tempfile
 
@@ -589,7 +590,16 @@ def test_event_list_copies_started_early_are_all_deleted(tmp_path: Path, monkeyp
         if case == "all_truncated" or (case == "one_truncated" and r == 1):
             text = text[: len(text) // 2]  # cut inside the event list: the copy is refused or the scan fails
         (prof / f"rank-{r}.json").write_bytes(text)
-    if case == "all_truncated":
+    if case == "setup_fails":
+        from advisor import ingest
+
+        def broken(**_kw: object) -> None:
+            raise RuntimeError("no database")
+
+        monkeypatch.setattr(ingest, "connect", broken)
+        with pytest.raises(RuntimeError):
+            load_profile(prof)
+    elif case == "all_truncated":
         with pytest.raises(InputError):
             load_profile(prof)
     else:

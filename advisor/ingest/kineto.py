@@ -438,16 +438,11 @@ def _spill(units: list[Unit]) -> list[SpilledEvents | None]:
     """Each object-form file's event list copied to a temporary file (a few files at a time: the
     copy is kernel work or gzip, both outside the GIL), or taken from :func:`prefetch`."""
     import os
-    from concurrent.futures import Future, ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor
 
-    started: list[Future[SpilledEvents | None] | None] = [u.info.pop(_SPILL, None) for u in units]
-    todo = [u for u, f in zip(units, started, strict=True) if f is None]
-    fresh: list[SpilledEvents | None] = []
-    if todo:
-        with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-            fresh = list(pool.map(_spill_one, todo))
-    it = iter(fresh)
-    return [next(it) if f is None else f.result() for f in started]
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        futures = [u.info.pop(_SPILL, None) or pool.submit(_spill_one, u) for u in units]
+        return [f.result() for f in futures]
 
 
 def _load_batch(batch: list[tuple[int, Unit, int]], lctx: LoadContext) -> dict[int, dict[str, Any] | None]:
