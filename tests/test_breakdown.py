@@ -132,3 +132,32 @@ def test_report_breakdown_and_critical_path(path: Path):
     assert len(focus) == 1, (cp["rank"], cp["step"])
     assert cp["length_us"] == pytest.approx(focus[0]["step_us"], rel=1e-2)
     assert {o["kind"] for o in cp["ops"]} <= _cp_kinds()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_packed_sort_matches_the_general_sort(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep's packed-key sort (rank, time, flag and change in one int64) gives the sums of
+    the general argsort path, on random bounds with many equal times, nested and overlapping
+    events of every class, windows with equal starts and bounds on several ranks."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    n, ranks = 3000, 4
+    s = rng.integers(0, 400, n).astype(np.int64) * 5  # coarse grid: many equal times
+    ev = {"rank": rng.integers(0, ranks, n).astype(np.int32), "s": s, "e": s + rng.integers(1, 60, n) * 5,
+          "pair": rng.integers(0, len(breakdown_stage._PAIRS), n).astype(np.int32)}
+    ws = np.sort(rng.integers(0, 400, 40)).astype(np.int64) * 5
+    win = {"rank": np.repeat(np.arange(ranks, dtype=np.int32), 10), "step": np.tile(np.arange(10, dtype=np.int32), ranks),
+           "start_ns": ws, "end_ns": ws + rng.integers(0, 200, 40) * 5}
+    rk = {"rank": np.arange(ranks, dtype=np.int32), "dev": np.array([True, False, True, True])}
+    calls = []
+    real = breakdown_stage._sorted_packed
+    monkeypatch.setattr(breakdown_stage, "_sorted_packed", lambda *a: calls.append(1) or real(*a))
+    packed = breakdown_stage._sweep(win, rk, {k: v.copy() for k, v in ev.items()})
+    assert calls == [1]
+    monkeypatch.setattr(breakdown_stage, "_CHANGE_BITS", 64)  # never fits: the general path
+    general = breakdown_stage._sweep(win, rk, {k: v.copy() for k, v in ev.items()})
+    assert calls == [1]
+    assert packed.keys() == general.keys()
+    for k in packed:
+        np.testing.assert_array_equal(packed[k], general[k], err_msg=k)
