@@ -42,6 +42,38 @@ def test_innermost_open_interval() -> None:
     assert _enc(ops, points) == [1, 2, 4, 3, 0, 0, 0, -1, 5, -1, -1]
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_disjoint_and_nested_intervals_against_brute_force(seed: int) -> None:
+    """Random disjoint (top-level operators: the fast path) and nested call stacks, with touching
+    intervals and points on their bounds: the interval found is the innermost one holding the
+    point (the latest started among those holding it), checked pair by pair. (No zero-length
+    intervals: the callers leave them out.)"""
+    rng = np.random.default_rng(seed)
+    ops: list[tuple[int, int, int]] = []
+    for th in range(3):
+        t = 0
+        for _ in range(40):
+            t += int(rng.integers(0, 3)) * 5  # touching or apart
+            length = int(rng.integers(1, 6)) * 5
+            ops.append((th, t, t + length))
+            if seed % 2 and length >= 10:  # two children side by side, a grandchild in the first
+                half = length // 10 * 5
+                ops += [(th, t, t + half), (th, t + half, t + length), (th, t, t + 5)]
+            t += length
+    order = rng.permutation(len(ops))
+    ops = [ops[i] for i in order]
+    points = [(int(rng.integers(0, 4)), int(rng.integers(0, 60)) * 5) for _ in range(500)]
+    got = _enc(ops, points)
+    for (pth, pt), idx in zip(points, got, strict=True):
+        holding = [i for i, (th, s, e) in enumerate(ops) if th == pth and s <= pt < e]
+        if not holding:
+            assert idx == -1, (pth, pt)
+        else:
+            assert idx >= 0, (pth, pt)  # the innermost: latest start, then the shortest
+            best = max(holding, key=lambda i: (ops[i][1], -ops[i][2]))
+            assert ops[idx][1:] == ops[best][1:], (pth, pt)
+
+
 def test_input_order_does_not_matter_and_overlaps_are_not_guessed() -> None:
     ops = [(1, 10, 80), (1, 0, 100), (1, 20, 30)]  # unsorted
     assert _enc(ops, [(1, 40), (1, 25)]) == [0, 2]

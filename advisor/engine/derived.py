@@ -163,9 +163,17 @@ def enclosing_intervals(thr: np.ndarray, s: np.ndarray, e: np.ndarray, pthr: np.
     starts = skey[order]
     pkey = (pthr << tb) | kp
     started = np.searchsorted(starts, pkey, "right")  # intervals of the point's thread started up to it, + earlier threads'
+    ekey = ((thr << tb) | ke)[order]
+    if bool(np.all(ekey[:-1] <= starts[1:])):
+        # no interval overlaps the next one of its thread (top-level operators): the one started
+        # last up to a point is the only one that can hold it
+        i = started - 1
+        idx = order[np.maximum(i, 0)]
+        ok = (i >= 0) & (thr[idx] == pthr) & (s[idx] <= pt) & (pt < e[idx])
+        return np.where(ok, idx, -1)
     # a point inside no interval: the latest end among those started up to it is not after it
     # (thread bits lead the keys, so an earlier thread's end never is)
-    reach = np.maximum.accumulate(((thr << tb) | ke)[order])
+    reach = np.maximum.accumulate(ekey)
     inside = np.flatnonzero(started > 0)
     inside = inside[reach[started[inside] - 1] > pkey[inside]]
     pkey, started, pt, pthr = pkey[inside], started[inside], pt[inside], pthr[inside]

@@ -223,24 +223,28 @@ def tensor_bytes(shapes: str | None, dtypes: str | None) -> float | None:
 # "External id" is not used: real exports have it pointing at the launch's own correlation
 # instead of an operator, or at a user annotation; the enclosing operators are there whatever
 # the exporter did.
-_LAUNCHES = """
-CREATE OR REPLACE TEMP TABLE _kop_launch AS
-SELECT k.rank, k.step, k.corr, k.start_ns, k.dur_ns, r.pid, r.tid, r.start_ns AS launch_ns
-FROM events k JOIN events r ON r.rank = k.rank AND r.corr = k.corr AND NOT r.device AND r.kind = 'runtime'
-WHERE k.device AND k.kind = 'kernel' AND k.corr IS NOT NULL AND r.start_ns IS NOT NULL
-"""
+# the launching threads: every host thread with a runtime call, numbered (a kernel's launch is one)
 _THREADS = """
 CREATE OR REPLACE TEMP TABLE _kop_thread AS
-SELECT rank, pid, tid, (row_number() OVER ())::INTEGER AS th FROM (SELECT DISTINCT rank, pid, tid FROM _kop_launch)
+SELECT rank, pid, tid, (row_number() OVER ())::INTEGER AS th
+FROM (SELECT DISTINCT rank, pid, tid FROM events WHERE NOT device AND kind = 'runtime' AND start_ns IS NOT NULL)
+"""
+# each kernel with its launch (the runtime call with its correlation id) and the launching thread
+_LAUNCHES = """
+SELECT k.rank, k.step, k.corr, k.start_ns, k.dur_ns, t.th, r.start_ns AS launch_ns
+FROM events k JOIN events r ON r.rank = k.rank AND r.corr = k.corr AND NOT r.device AND r.kind = 'runtime'
+JOIN _kop_thread t ON t.rank = r.rank AND t.pid = r.pid AND t.tid = r.tid
+WHERE k.device AND k.kind = 'kernel' AND k.corr IS NOT NULL AND r.start_ns IS NOT NULL
 """
 # operators holding a format / dtype conversion (CMP004); clone and contiguous only when they copied a tensor
 CONVERSION_OP_SQL = ("(name IN ('aten::_to_copy', 'aten::to') OR "
                      "(name IN ('aten::contiguous', 'aten::clone') AND coalesce(shapes, '') <> ''))")
 _HOST_OP = "NOT device AND kind = 'host_op'"
-# the operators with FLOPs and the conversions on launching threads (name, shapes, flops: the event's own)
+# the operators with FLOPs and the conversions on launching threads, with what kernel_ops shows of them
 _OPS = f"""
+CREATE OR REPLACE TEMP TABLE _kop_ops AS
 SELECT t.th, e.start_ns AS s, e.start_ns + e.dur_ns AS e, e.rowid AS oid, coalesce(flops > 0, false) AS has_flops,
-       coalesce({CONVERSION_OP_SQL}, false) AS conv
+       coalesce({CONVERSION_OP_SQL}, false) AS conv, e.name, e.flops, e.shapes, e.dtypes
 FROM events e JOIN _kop_thread t ON t.rank = e.rank AND t.pid = e.pid AND t.tid = e.tid
 WHERE {_HOST_OP} AND e.start_ns IS NOT NULL AND e.dur_ns > 0 AND (flops > 0 OR {CONVERSION_OP_SQL})
 """
@@ -250,16 +254,16 @@ SELECT t.th, h.start_ns AS s, h.start_ns + h.dur_ns AS e, h.oid FROM host_op_top
 JOIN _kop_thread t ON t.rank = h.rank AND t.pid = h.pid AND t.tid = h.tid
 WHERE h.start_ns IS NOT NULL AND h.dur_ns > 0
 """
-_ASSEMBLE = f"""
-CREATE OR REPLACE TABLE {{name}} AS
-SELECT l.*, r.* EXCLUDE (lid),
+# the launches and what was found for them (``_kop_res``: numbers only) joined with the names
+_ASSEMBLE = """
+CREATE OR REPLACE TABLE {name} AS
+SELECT r.rank::INTEGER AS rank, r.step::INTEGER AS step, r.corr, r.start_ns, r.dur_ns, t.pid, t.tid, r.launch_ns,
+       r.top_oid, r.top_start_ns, r.top_dur_ns, r.fop_oid, r.fop_start_ns, r.fop_dur_ns, r.conv_oid,
        f.name AS fop_name, f.flops AS fop_flops, f.shapes AS fop_shapes, f.dtypes AS fop_dtypes,
        c.name AS conv_name, c.shapes AS conv_shapes
-FROM _kop_launch l JOIN _kop_res r ON r.lid = l.rowid
-LEFT JOIN (SELECT rowid AS oid, name, flops, shapes, dtypes FROM events WHERE {_HOST_OP} AND flops > 0) f
-     ON f.oid = r.fop_oid
-LEFT JOIN (SELECT rowid AS oid, name, shapes FROM events WHERE {_HOST_OP} AND {CONVERSION_OP_SQL}) c
-     ON c.oid = r.conv_oid
+FROM _kop_res r JOIN _kop_thread t ON t.th = r.th
+LEFT JOIN (SELECT oid, name, flops, shapes, dtypes FROM _kop_ops WHERE has_flops) f ON f.oid = r.fop_oid
+LEFT JOIN (SELECT oid, name, shapes FROM _kop_ops WHERE conv) c ON c.oid = r.conv_oid
 """
 
 
@@ -271,14 +275,16 @@ def _build_kernel_ops(con: Any, name: str) -> None:
 
     cur = con.cursor()
     try:
-        cur.execute(_LAUNCHES)
         cur.execute(_THREADS)
-        la = cur.execute(
-            "SELECT t.th, l.launch_ns, l.rowid AS lid FROM _kop_launch l "
-            "JOIN _kop_thread t ON t.rank = l.rank AND t.pid = l.pid AND t.tid = l.tid"
-        ).fetchnumpy()
+        la = cur.execute(_LAUNCHES).fetchnumpy()
         lth, lt = np.ma.getdata(la["th"]), np.ma.getdata(la["launch_ns"])
-        cols: dict[str, Any] = {"lid": np.ma.getdata(la["lid"])}
+
+        def nullable(a: Any) -> Any:
+            if isinstance(a, np.ma.MaskedArray):
+                return pd.arrays.IntegerArray(np.ma.getdata(a.filled(0)).astype(np.int64), np.ma.getmaskarray(a))
+            return a
+
+        cols: dict[str, Any] = {c: nullable(la[c]) for c in ("rank", "step", "corr", "start_ns", "dur_ns", "th", "launch_ns")}
 
         def owner(role: str, ops: dict[str, Any], times: bool) -> None:
             """The innermost of ``ops`` open on the launching thread at each launch."""
@@ -297,7 +303,8 @@ def _build_kernel_ops(con: Any, name: str) -> None:
                 cols[f"{role}_start_ns"], cols[f"{role}_dur_ns"] = col(s), col(e - s)
 
         owner("top", cur.execute(_TOPS).fetchnumpy(), True)
-        ops = cur.execute(_OPS).fetchnumpy()
+        cur.execute(_OPS)
+        ops = cur.execute("SELECT th, s, e, oid, has_flops, conv FROM _kop_ops").fetchnumpy()
         for role, flag, times in (("fop", "has_flops", True), ("conv", "conv", False)):
             keep = np.ma.getdata(ops[flag]).astype(bool)
             owner(role, {c: np.ma.getdata(ops[c])[keep] for c in ("th", "s", "e", "oid")}, times)
@@ -305,7 +312,7 @@ def _build_kernel_ops(con: Any, name: str) -> None:
         cur.execute(_ASSEMBLE.format(name=name))
         cur.unregister("_kop_res")
     finally:
-        for t in ("_kop_launch", "_kop_thread"):
+        for t in ("_kop_ops", "_kop_thread"):
             cur.execute(f"DROP TABLE IF EXISTS {t}")
 
 

@@ -130,23 +130,60 @@ ops AS (  -- top-level operators (an operator nested in another one is part of i
     SELECT h.*, n.short, n.tok
     FROM host_op_top h JOIN names n USING (name)
     WHERE h.step IS NOT NULL
-),
-in_opt AS (  -- per-tensor update operators that run inside Optimizer.step
-    SELECT DISTINCT o.rank, o.start_ns, o.dur_ns
-    FROM ops o JOIN events a ON a.rank = o.rank AND NOT a.device AND a.kind = 'annotation'
-         AND a.name LIKE 'Optimizer.step#%' AND a.start_ns <= o.start_ns AND a.start_ns + a.dur_ns >= o.start_ns + o.dur_ns
-    WHERE o.tok = 'optel'
 )
 SELECT o.rank, o.step, o.pid || ':' || o.tid AS lane, o.start_ns,
        CASE WHEN d.has_dev THEN coalesce(w.dev_ns, 0) ELSE o.dur_ns END AS dur_ns, 0 AS wait_ns,
        CASE WHEN o.tok <> '_' THEN o.name END AS name,  -- only chain links are named in findings
-       CASE WHEN o.tok = 'optel' AND i.rank IS NULL THEN '_' ELSE o.tok END AS tok
+       o.tok,  -- host times (exact integers, NULL-free): a per-tensor update counts inside Optimizer.step only
+       coalesce(o.start_ns, 0) AS host_s, coalesce(o.start_ns + o.dur_ns, 0) AS host_e,
+       o.start_ns IS NOT NULL AND o.dur_ns IS NOT NULL AS timed
 FROM ops o JOIN dev d USING (rank)
 LEFT JOIN incl w ON w.oid = o.oid
-LEFT JOIN in_opt i ON i.rank = o.rank AND i.start_ns = o.start_ns AND i.dur_ns = o.dur_ns
 WHERE o.short NOT IN {VIEW_OPS}
 ORDER BY o.rank, o.step, lane, o.start_ns
 """
+# the Optimizer.step annotations a per-tensor update operator must run inside (Kineto)
+OPTIMIZER_SQL = """
+SELECT rank, start_ns AS s, start_ns + dur_ns AS e FROM events
+WHERE NOT device AND kind = 'annotation' AND name LIKE 'Optimizer.step#%' AND start_ns IS NOT NULL AND dur_ns IS NOT NULL
+"""
+
+
+def inside_windows(rank: np.ndarray, s: np.ndarray, e: np.ndarray, w_rank: np.ndarray, w_s: np.ndarray,
+                   w_e: np.ndarray) -> np.ndarray:
+    """Whether each interval (rank, s, e) lies inside some window of its rank (w.s <= s and
+    e <= w.e): among the windows started up to s, the latest end reaches e (no pair compared)."""
+    out = np.zeros(len(s), dtype=bool)
+    for r in np.unique(rank):
+        mine = np.flatnonzero(rank == r)
+        win = np.flatnonzero(w_rank == r)
+        if not len(win):
+            continue
+        order = win[np.argsort(w_s[win], kind="stable")]
+        reach = np.maximum.accumulate(w_e[order])
+        j = np.searchsorted(w_s[order], s[mine], "right") - 1
+        out[mine] = (j >= 0) & (reach[np.maximum(j, 0)] >= e[mine])
+    return out
+
+
+def _optimizer_inside(ctx: RuleContext[Any], df: pd.DataFrame) -> None:
+    """Per-tensor update operators (token ``optel``) outside every Optimizer.step become '_'."""
+    opt = (df["tok"] == "optel").to_numpy()
+    if not opt.any():
+        return
+    sel = df.loc[opt, ["rank", "host_s", "host_e", "timed"]]
+    known = sel["timed"].to_numpy(bool)
+    w = ctx.query(OPTIMIZER_SQL)
+    inside = np.zeros(len(sel), dtype=bool)
+    if known.any() and w:
+        k = sel[known]
+        inside[known] = inside_windows(
+            k["rank"].to_numpy(np.int64), k["host_s"].to_numpy(np.int64), k["host_e"].to_numpy(np.int64),
+            np.array([r["rank"] for r in w], np.int64), np.array([r["s"] for r in w], np.int64),
+            np.array([r["e"] for r in w], np.int64))
+    out = np.ones(len(df), dtype=bool)
+    out[np.flatnonzero(opt)[~inside]] = False
+    df["tok"] = df["tok"].where(out, "_")
 
 # Whether any operator name can give a token at all (each distinct name tested once): without one
 # no chain and no optimizer pattern can match, and the per-operator sequences need not be read.
@@ -216,8 +253,10 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     if not ctx.query(ASCEND_TOKENS_SQL if ascend else KINETO_TOKENS_SQL)[0]["n"]:
         return
     df = ctx.df(ASCEND_SQL if ascend else KINETO_SQL)
-    if not ascend and (note := kernel_tie_note(ctx)):
-        ctx.warn(note)
+    if not ascend:
+        _optimizer_inside(ctx, df)
+        if note := kernel_tie_note(ctx):
+            ctx.warn(note)
     if df.empty:
         return
     n_steps = df[df["step"] >= 0].groupby("rank")["step"].nunique().to_dict()
