@@ -608,3 +608,36 @@ def test_event_list_copies_started_early_are_all_deleted(tmp_path: Path, monkeyp
     assert started
     assert list(spill_dir.iterdir()) == []
     shutil.rmtree(prof)
+
+
+@pytest.mark.parametrize("odd_args", [{"correlation": "not a number", "External id": 5},
+                                      {"External id": 2**70, "correlation": 6}, {"grid": 5, "External id": 7},
+                                      {"flops": "many", "correlation": 8}],
+                         ids=["text_corr", "huge_ext", "grid_not_list", "text_flops"])
+def test_numeric_args_the_struct_cannot_take_fall_back_to_the_json_path(tmp_path: Path, samples: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       odd_args: dict) -> None:
+    """The STRUCT scan types correlation, External id, bytes, stream, flops, nelems and grid as
+    numbers; a value it cannot take fails that scan, and the JSON path reads the batch: that
+    value is NULL (TRY_CAST), the event's other fields and every other file are kept."""
+    import shutil
+
+    for f in (samples / "kineto_two_ranks").iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    want = _tables(tmp_path)
+    odd = {"ph": "X", "cat": "kernel", "name": "odd_args", "pid": 1, "tid": 1, "ts": 1, "dur": 1, "args": odd_args}
+    (tmp_path / "rank-2.json").write_text(json.dumps({"distributedInfo": {"rank": 2}, "traceEvents": [odd]}))
+    from advisor.ingest import kineto
+
+    scans = []
+    real = kineto._events_sql
+    monkeypatch.setattr(kineto, "_events_sql", lambda u, struct=False, numeric=False: scans.append(struct) or real(u, struct, numeric))
+    got = _tables(tmp_path)
+    assert scans[:2] == [True, False]  # the STRUCT scan failed, the JSON one read the batch
+    assert [r for r in got["events"] if r[0] < 2] == want["events"]
+    row = load_profile(tmp_path).con.execute(
+        "SELECT corr, ext_id, flops, block_dim FROM events WHERE rank = 2").fetchall()
+    column = {"correlation": 0, "External id": 1, "flops": 2, "grid": 3}
+    for key, value in odd_args.items():
+        ok = key != "grid" and isinstance(value, int) and value < 2**63  # a grid that is no list has no blocks
+        assert row[0][column[key]] == (value if ok else None), key
