@@ -99,6 +99,8 @@ TOKEN_SQL = """CASE
     ELSE '_'
 END"""
 
+TOKEN_ENUM = "ENUM(" + ", ".join(f"'{t}'" for t in dict.fromkeys([*re.findall(r"THEN '(\w+)'", TOKEN_SQL), "_"])) + ")"
+
 ASCEND_SQL = f"""
 SELECT rank, step, 'device' AS lane, start_ns, dur_ns, coalesce(wait_ns, 0) AS wait_ns, name,
        {TOKEN_SQL.format(x='lower(coalesce(op_type, name))')} AS tok
@@ -121,25 +123,34 @@ WITH incl AS (  -- device time of the kernels launched inside each top-level ope
     SELECT top_oid AS oid, sum(dur_ns) AS dev_ns FROM {KERNEL_OPS} WHERE top_oid IS NOT NULL GROUP BY top_oid
 ),
 dev AS (SELECT rank, bool_or(device) AS has_dev FROM events GROUP BY rank),
-names AS (  -- each distinct operator name with its token, once
-    SELECT name, short, {TOKEN_SQL.format(x="short")} AS tok
-    FROM (SELECT DISTINCT name, lower(regexp_replace(name, '^aten::', '')) AS short FROM event_names
-          WHERE kind = 'host_op' AND NOT device)
+names AS (  -- each distinct operator name with its token, once (pure view / metadata operators left out)
+    SELECT name, tok FROM (
+        SELECT name, short, {TOKEN_SQL.format(x="short")} AS tok
+        FROM (SELECT DISTINCT name, lower(regexp_replace(name, '^aten::', '')) AS short FROM event_names
+              WHERE kind = 'host_op' AND NOT device))
+    WHERE short NOT IN {VIEW_OPS}
 ),
 ops AS (  -- top-level operators (an operator nested in another one is part of it)
-    SELECT h.*, n.short, n.tok
+    SELECT h.*, n.tok
     FROM host_op_top h JOIN names n USING (name)
     WHERE h.step IS NOT NULL
+),
+lanes AS (  -- each thread ('pid:tid') numbered in the order of that text
+    SELECT k, dense_rank() OVER (ORDER BY k) AS lane
+    FROM (SELECT DISTINCT pid || ':' || tid AS k FROM host_op_top) WHERE k IS NOT NULL
 )
-SELECT o.rank, o.step, o.pid || ':' || o.tid AS lane, o.start_ns,
+-- lane: the thread's number (NULL where pid or tid is unknown); tok as an ENUM (a pandas
+-- category): no Python string per operator
+SELECT o.rank, o.step, l.lane, o.start_ns,
        CASE WHEN d.has_dev THEN coalesce(w.dev_ns, 0) ELSE o.dur_ns END AS dur_ns, 0 AS wait_ns,
        CASE WHEN o.tok <> '_' THEN o.name END AS name,  -- only chain links are named in findings
-       o.tok,  -- host times (exact integers, NULL-free): a per-tensor update counts inside Optimizer.step only
+       CAST(o.tok AS {TOKEN_ENUM}) AS tok,
+       -- host times (exact integers, NULL-free): a per-tensor update counts inside Optimizer.step only
        coalesce(o.start_ns, 0) AS host_s, coalesce(o.start_ns + o.dur_ns, 0) AS host_e,
        o.start_ns IS NOT NULL AND o.dur_ns IS NOT NULL AS timed
 FROM ops o JOIN dev d USING (rank)
 LEFT JOIN incl w ON w.oid = o.oid
-WHERE o.short NOT IN {VIEW_OPS}
+LEFT JOIN lanes l ON l.k = o.pid || ':' || o.tid
 ORDER BY o.rank, o.step, lane, o.start_ns
 """
 # the Optimizer.step annotations a per-tensor update operator must run inside (Kineto)
@@ -277,7 +288,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             continue  # no chain link that took time in this sequence: no match can count
         rank, step = rank_all[idx[0]], step_all[idx[0]]
         toks, durs, names = tok_all[idx].tolist(), dur_all[idx].tolist(), name_all[idx].tolist()
-        text = "".join(f"{t}#{i} " for i, t in enumerate(toks))
+        text = "".join(map("{}#{} ".format, toks, range(len(toks))))
         for key, pattern in patterns:
             for m in pattern.finditer(text):
                 idx_m = [int(x) for x in re.findall(r"#(\d+)", m.group(0))]
