@@ -78,6 +78,9 @@ class AnalysisContext:
     _counts: dict[str, int] = field(default_factory=dict)
     _derived: set[str] = field(default_factory=set)
     _building: dict[str, threading.Lock] = field(default_factory=dict)
+    # one cursor per thread for query / df / scalar, whose results are fetched whole before they
+    # return (a new cursor costs a statement selecting the database, which waits on busy ones)
+    _local: threading.local = field(default_factory=threading.local, repr=False)
 
     # -- the inter-operator stages (breakdown, focus, critical path) -------------------------
     # They may run in a thread beside the rules (:meth:`run_stages_beside`): reading any of their
@@ -123,7 +126,7 @@ class AnalysisContext:
     def query(self, sql: str, params: dict[str, Any] | None = None, used_only: bool = True) -> list[dict[str, Any]]:
         """Run SQL with ``$name`` parameters and return rows as dicts."""
         self.prepare(sql)
-        cur = self.con.cursor()
+        cur = self._cursor()
         res = cur.execute(sql, bind(sql, params) if used_only else (params or {}))
         cols = [d[0] for d in res.description]
         return [dict(zip(cols, row, strict=True)) for row in res.fetchall()]
@@ -131,15 +134,20 @@ class AnalysisContext:
     def df(self, sql: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
         """Run SQL and return a DataFrame."""
         self.prepare(sql)
-        cur = self.con.cursor()
-        return cast("pd.DataFrame", cur.execute(sql, bind(sql, params)).df())
+        return cast("pd.DataFrame", self._cursor().execute(sql, bind(sql, params)).df())
 
     def scalar(self, sql: str, params: dict[str, Any] | None = None) -> Any:
         """First column of the first row (None when there is no row)."""
         self.prepare(sql)
-        cur = self.con.cursor()
-        row = cur.execute(sql, bind(sql, params)).fetchone()
+        row = self._cursor().execute(sql, bind(sql, params)).fetchone()
         return None if row is None else row[0]
+
+    def _cursor(self) -> Any:
+        """This thread's cursor for :meth:`query`, :meth:`df` and :meth:`scalar`."""
+        cur = getattr(self._local, "cur", None)
+        if cur is None:
+            cur = self._local.cur = self.con.cursor()
+        return cur
 
     def rows(self, table: str) -> int:
         """Row count of a canonical table or of the derived ``breakdown`` table (cached)."""
@@ -163,8 +171,10 @@ class AnalysisContext:
     # -- capabilities ----------------------------------------------------------------------
     @property
     def has_device(self) -> bool:
-        """Some rank has device events."""
-        return bool(self.scalar("SELECT bool_or(has_device) FROM ranks"))
+        """Some rank has device events (cached: ``ranks`` is not changed once loaded)."""
+        if "_has_device" not in self._counts:
+            self._counts["_has_device"] = int(bool(self.scalar("SELECT bool_or(has_device) FROM ranks")))
+        return bool(self._counts["_has_device"])
 
     def missing(self, requirement: str) -> str | None:
         """Why a requirement is not met (None when it is)."""
