@@ -161,3 +161,24 @@ def test_packed_sort_matches_the_general_sort(seed: int, monkeypatch: pytest.Mon
     assert packed.keys() == general.keys()
     for k in packed:
         np.testing.assert_array_equal(packed[k], general[k], err_msg=k)
+
+
+@pytest.mark.parametrize("paired", [True, False])
+def test_active_classes_equal_one_counter_per_class(paired: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The classes active after each bound, from two counters per int64 running sum (or one
+    sum per class): the same as counting each class on its own, also where a counter dips below
+    zero (ends met before starts, as the general sort may order bounds at one time)."""
+    import numpy as np
+
+    if not paired:
+        monkeypatch.setattr(breakdown_stage, "_PAIRED_MAX", 0)
+    rng = np.random.default_rng(7)
+    bits = rng.integers(1, 64, 5000).astype(np.uint8)
+    change = np.concatenate([bits, bits | 64])
+    change = change[rng.permutation(len(change))]  # ends before their starts too
+    change = np.concatenate([np.zeros(3, np.uint8), change])  # window bounds change nothing
+    want = np.zeros(len(change), np.uint8)
+    for j in range(6):
+        delta = np.where(change & 64, -1, 1) * ((change & 63) >> j & 1)
+        want |= (np.cumsum(delta) > 0).astype(np.uint8) << j
+    assert np.array_equal(breakdown_stage._active_classes(change), want)

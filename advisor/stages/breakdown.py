@@ -93,6 +93,12 @@ _BITS = np.array(
 )
 # _STEP[class][bits, +64 at an interval's end] -> that class's counter change at a bound
 _STEP = np.array([[sign * (b >> j & 1) for sign in (1, -1) for b in range(64)] for j in range(6)], dtype=np.int8)
+# _STEP2[p][change]: classes 2p and 2p + 1 in one int64 (2p + 1 in the high 32 bits), so that one
+# running sum gives both counters (32 ranks x 10 MB: the stage 0.20 -> 0.15 s). Exact while no
+# counter reaches 2^31: a low counter that dips below zero (an end before a start at one time, in
+# the general sort) borrows from the high one as integer arithmetic does, and is read back
+# sign-extended, the high one after it is taken away.
+_STEP2 = _STEP[0::2].astype(np.int64) + (_STEP[1::2].astype(np.int64) << 32)
 _COLS_DEV = _state_columns(True)
 _COLS_HOST = _state_columns(False)
 
@@ -176,12 +182,8 @@ def _sweep(win: dict[str, Any], ranks: dict[str, Any], ev: dict[str, Any]) -> di
     t, rank_begin, starts, change = _sorted(t, ridx, len(uranks), n_ws, change)
     del ridx
     # the classes active after each bound (positive running counters), as a 6-bit state
-    combo = np.zeros(len(t), np.uint8)
-    count = np.empty(len(t), np.int32)
-    for j in range(6):
-        np.cumsum(_STEP[j][change], dtype=np.int32, out=count)
-        combo |= (count > 0).view(np.uint8) << j
-    del count, change
+    combo = _active_classes(change)
+    del change
     # The k-th window start met is window tw[k]; the bounds from it to the next window start have
     # it as the window with the latest start at or before them (as an ASOF join would). An
     # elementary segment runs from a bound to the next one; it counts for the window when both
@@ -215,6 +217,33 @@ def _sweep(win: dict[str, Any], ranks: dict[str, Any], ev: dict[str, Any]) -> di
     out["rank"] = w_rank[tw[found]].astype(np.int64)
     out["step"] = np.where(w_step_ok[tw[found]], w_step[tw[found]], np.nan)
     return out
+
+
+_PAIRED_MAX = 1 << 31  # bounds from which a counter could reach 2^31
+
+
+def _active_classes(change: np.ndarray) -> np.ndarray:
+    """The classes active after each bound (positive running counters) as a 6-bit state: two
+    classes' counters per int64 running sum (:data:`_STEP2`), exact while a counter cannot reach
+    2^31 (fewer bounds than that); one int32 sum per class beyond."""
+    combo = np.zeros(len(change), np.uint8)
+    if len(change) >= _PAIRED_MAX:
+        count = np.empty(len(change), np.int64)
+        for j in range(6):
+            np.cumsum(_STEP[j][change], dtype=np.int64, out=count)
+            combo |= (count > 0).view(np.uint8) << j
+        return combo
+    both = np.empty(len(change), np.int64)
+    low = np.empty(len(change), np.int64)
+    for j in range(3):
+        np.cumsum(_STEP2[j][change], out=both)
+        np.left_shift(both, 32, out=low)
+        low >>= 32  # the low counter, sign-extended
+        combo |= (low > 0).view(np.uint8) << (2 * j)
+        both -= low
+        both >>= 32  # the high counter
+        combo |= (both > 0).view(np.uint8) << (2 * j + 1)
+    return combo
 
 
 def _multiplicity(uranks: np.ndarray, ranks: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
