@@ -137,7 +137,7 @@ def test_report_breakdown_and_critical_path(path: Path):
 @pytest.mark.parametrize("seed", range(6))
 def test_packed_sort_matches_the_general_sort(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The sweep's packed-key sort (rank, time, flag and change in one int64) gives the sums of
-    the general argsort path, on random bounds with many equal times, nested and overlapping
+    the general lexsort path, on random bounds with many equal times, nested and overlapping
     events of every class, windows with equal starts and bounds on several ranks."""
     import numpy as np
 
@@ -150,14 +150,14 @@ def test_packed_sort_matches_the_general_sort(seed: int, monkeypatch: pytest.Mon
     win = {"rank": np.repeat(np.arange(ranks, dtype=np.int32), 10), "step": np.tile(np.arange(10, dtype=np.int32), ranks),
            "start_ns": ws, "end_ns": ws + rng.integers(0, 200, 40) * 5}
     rk = {"rank": np.arange(ranks, dtype=np.int32), "dev": np.array([True, False, True, True])}
-    calls = []
-    real = breakdown_stage._sorted_packed
-    monkeypatch.setattr(breakdown_stage, "_sorted_packed", lambda *a: calls.append(1) or real(*a))
+    calls: list[int] = []
+    real = np.lexsort
+    monkeypatch.setattr(np, "lexsort", lambda keys: calls.append(len(keys[0])) or real(keys))
     packed = breakdown_stage._sweep(win, rk, {k: v.copy() for k, v in ev.items()})
-    assert calls == [1]
-    monkeypatch.setattr(breakdown_stage, "_CHANGE_BITS", 64)  # never fits: the general path
+    assert max(calls) == 40  # the windows' order only: the bounds by the packed key
+    monkeypatch.setattr(breakdown_stage, "_CHANGE_BITS", 64)  # never fits: the bounds by a lexsort
     general = breakdown_stage._sweep(win, rk, {k: v.copy() for k, v in ev.items()})
-    assert calls == [1]
+    assert max(calls) > 2 * n
     assert packed.keys() == general.keys()
     for k in packed:
         np.testing.assert_array_equal(packed[k], general[k], err_msg=k)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from advisor.engine import derived
 from advisor.testing import context_from_tables
 
@@ -62,22 +60,3 @@ def test_host_op_top_keeps_operators_no_earlier_one_covers() -> None:
     got = ctx.query("SELECT tid, name FROM host_op_top ORDER BY tid, start_ns")
     assert [(r["tid"], r["name"]) for r in got] == [("1", "aten::linear"), ("1", "aten::relu"), ("2", "aten::add")]
 
-
-@pytest.mark.parametrize("seed", range(4))
-def test_thread_start_order_equals_the_six_key_lexsort(seed: int) -> None:
-    """The packed keys of host_op_top's order give the lexsort of (thread, NULL start, start,
-    NULL duration, -duration, rid): many equal starts and durations, NULLs, absolute times."""
-    import numpy as np
-
-    from advisor.engine.derived import _thread_start_order
-
-    rng = np.random.default_rng(seed)
-    n = 2000
-    th = rng.integers(1, 9, n)
-    s = 1_700_000_000_000_000_000 + rng.integers(0, 50, n) * 1000
-    du = rng.integers(0, 5, n) * 1000
-    s_null, d_null = rng.random(n) < 0.05, rng.random(n) < 0.05
-    s[s_null], du[d_null] = 0, 0  # as _values fills them
-    rid = rng.permutation(n)
-    want = np.lexsort((rid, -du, d_null, s, s_null, th))
-    assert np.array_equal(_thread_start_order(rid, th, s, s_null, du, d_null), want)

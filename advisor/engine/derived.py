@@ -111,7 +111,7 @@ def top_level_rows(con: Any) -> np.ndarray:
         return rid
     s, s_null = _values(d["start_ns"])
     du, d_null = _values(d["dur_ns"])
-    order = _thread_start_order(rid, th, s, s_null, du, d_null)
+    order = np.lexsort((rid, -du, d_null, s, s_null, th))
     s, s_null, th = s[order], s_null[order], th[order]
     none = np.iinfo(np.int64).min  # no known end
     end = s + du[order]
@@ -125,22 +125,6 @@ def top_level_rows(con: Any) -> np.ndarray:
     before[first] = none
     top = (before == none) | (~s_null & (s >= before))
     return np.asarray(rid[order][top])
-
-
-def _thread_start_order(rid: np.ndarray, th: np.ndarray, s: np.ndarray, s_null: np.ndarray, du: np.ndarray,
-                        d_null: np.ndarray) -> np.ndarray:
-    """The order by (thread, start with NULL last, longer first with NULL duration last, rid).
-
-    (thread, NULL start, start) packed in one int64 key and (NULL duration, -duration) in
-    another: a lexsort of three keys instead of six (496k operators: 0.05 -> 0.04 s)."""
-    known = s[~s_null]
-    lo = int(known.min()) if len(known) else 0
-    tb = max(int(known.max()) - lo if len(known) else 1, 1).bit_length()
-    if int(th.max()).bit_length() + tb + 1 <= 62 and int(th.min()) >= 0:
-        k1 = (th.astype(np.int64) << (tb + 1)) | (s_null.astype(np.int64) << tb) | np.where(s_null, 0, s - lo)
-        k2 = np.where(d_null, np.iinfo(np.int64).max, -du)
-        return np.lexsort((rid, k2, k1))
-    return np.lexsort((rid, -du, d_null, s, s_null, th))
 
 
 def enclosing_intervals(thr: np.ndarray, s: np.ndarray, e: np.ndarray, pthr: np.ndarray,

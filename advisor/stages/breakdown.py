@@ -264,52 +264,21 @@ def _sorted(t: np.ndarray, ridx: np.ndarray, n_ranks: int, n_starts: int,
     """Bounds by (rank, time), the first ``n_starts`` (window starts) first among equal times.
 
     Returns the sorted times, where each rank's bounds begin (``n_ranks + 1`` positions), the
-    sorted positions of the window starts (in their input order among equal keys) and the
-    sorted ``change``. One int64 key (rank, time, flag) sorts fastest; timestamps too far apart
-    for it fall back to a lexsort.
+    sorted positions of the window starts and the sorted ``change``. (rank, time, window-start
+    flag, change) packed in one int64 key and sorted by value (no argsort and gathers; a stable
+    sort, timsort, takes the long sorted runs the bounds come in: 32 ranks x 10 MB 0.19 -> 0.05 s);
+    timestamps too far apart for that key fall back to a lexsort. Among equal times the window
+    starts come first, then the other bounds by ``change`` (starts before ends); their order among
+    equal times changes no sum, as their segments have no length.
     """
     t0 = int(t.min())
     tbits = (int(t.max()) - t0).bit_length()
-    shift = tbits + 1
-    rbits = int(ridx.max()).bit_length()
-    if rbits + shift + _CHANGE_BITS <= 62:
-        return _sorted_packed(t, ridx, n_ranks, n_starts, change, t0, tbits)
-    if rbits + shift > 62:
+    if int(ridx.max()).bit_length() + tbits + 1 + _CHANGE_BITS > 62:
         late = np.ones(len(t), np.int8)
         late[:n_starts] = 0
         order = np.lexsort((late, t, ridx))
         begin = np.searchsorted(ridx[order], np.arange(n_ranks + 1))
         return t[order], begin, np.flatnonzero(order < n_starts), change[order]
-    key = t  # reused in place: the caller passes an array of its own
-    key -= t0
-    key <<= 1
-    key[n_starts:] |= 1
-    rank_bits = ridx.astype(np.int64)
-    rank_bits <<= shift
-    key |= rank_bits
-    del ridx, rank_bits
-    order = np.argsort(key)
-    key = key[order]
-    starts = np.flatnonzero(order < n_starts)
-    change = change[order]
-    del order
-    begin = np.searchsorted(key, np.arange(n_ranks + 1, dtype=np.int64) << shift)
-    key >>= 1
-    key &= (1 << tbits) - 1
-    key += t0
-    return key, begin, starts, change
-
-
-_CHANGE_BITS = 7  # a bound's ``change``: 6 class bits, +64 at an interval's end
-
-
-def _sorted_packed(t: np.ndarray, ridx: np.ndarray, n_ranks: int, n_starts: int, change: np.ndarray,
-                   t0: int, tbits: int) -> tuple[np.ndarray, ...]:
-    """:func:`_sorted` when (rank, time, flag, change) fit in one int64: a plain sort of the
-    packed keys (no argsort and gathers; 32 ranks x 10 MB: 0.19 -> 0.05 s). Among equal times the window starts come
-    first (flag 0), then the other bounds by ``change``; the order of the others among equal
-    times changes no sum (their segments have no length), and starts before ends keeps every
-    running counter non-negative."""
     key = t  # reused in place: the caller passes an array of its own
     key -= t0
     key <<= 1
@@ -320,7 +289,7 @@ def _sorted_packed(t: np.ndarray, ridx: np.ndarray, n_ranks: int, n_starts: int,
     rank_bits <<= tbits + 1 + _CHANGE_BITS
     key |= rank_bits
     del ridx, rank_bits
-    key.sort(kind="stable")  # timsort: the bounds come in long sorted runs (a rank's events in trace order)
+    key.sort(kind="stable")
     change = (key & ((1 << _CHANGE_BITS) - 1)).astype(np.uint8)
     key >>= _CHANGE_BITS
     starts = np.flatnonzero((key & 1) == 0)
@@ -329,6 +298,9 @@ def _sorted_packed(t: np.ndarray, ridx: np.ndarray, n_ranks: int, n_starts: int,
     key &= (1 << tbits) - 1
     key += t0
     return key, begin, starts, change
+
+
+_CHANGE_BITS = 7  # a bound's ``change``: 6 class bits, +64 at an interval's end
 
 
 def _empty_sums() -> dict[str, np.ndarray]:
