@@ -120,3 +120,24 @@ def test_a_reader_that_stops_early_is_not_an_error(args: list[str], code: int) -
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == code
     assert "Traceback" not in err and "Broken pipe" not in err and "internal error" not in err
+
+
+def test_the_cli_run_keeps_the_analysis_context_until_the_process_ends(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The console entry point keeps the analysis context (its in-memory database) alive: tearing
+    it down before the report is written only costs time in a process that ends with os._exit.
+    In-process callers (main, analyze) get the default: nothing is kept."""
+    from click.testing import CliRunner
+
+    from advisor import cli
+
+    out = tmp_path / "r.json"
+    args = ["analyze", str(SLOW_DL), "--format", "json", "--out", str(out)]
+    assert cli._KEPT is None
+    assert CliRunner().invoke(cli.main, args).exit_code == 0
+    kept: list = []
+    monkeypatch.setattr(cli, "_KEPT", kept)  # what run() sets
+    assert CliRunner().invoke(cli.main, args).exit_code == 0
+    assert len(kept) == 1
+    assert kept[0].con.execute("SELECT count(*) > 0 FROM events").fetchone() == (True,)
+    validate_report(json.loads(out.read_text()))

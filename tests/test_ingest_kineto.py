@@ -610,6 +610,48 @@ def test_event_list_copies_started_early_are_all_deleted(tmp_path: Path, monkeyp
     shutil.rmtree(prof)
 
 
+def test_event_list_copies_are_deleted_beside_the_load_once_scanned(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batched scan's copies are deleted by a thread of their own once the scan has read
+    them (unlinking frees their pages: ~1 ms per 10 MB the loader no longer waits for), before
+    the part is compressed and worked on, and none is left when the load returns."""
+    import tempfile
+    import threading
+
+    from advisor.ingest import jsonstream, kineto
+
+    spill_dir = tmp_path / "tmp"
+    spill_dir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spill_dir))
+    deleted: list[tuple[str, str]] = []  # (thread, stage of the load)
+    stage = ["scan"]
+    real_close, real_compress = jsonstream.SpilledEvents.close, kineto._compress
+
+    def close(self: jsonstream.SpilledEvents) -> None:
+        if self.path.exists():
+            deleted.append((threading.current_thread().name, stage[0]))
+        real_close(self)
+
+    def compress(cur: object) -> None:
+        kineto_deleter_done.wait(10)  # the deletions were handed over when the scan ended
+        stage[0] = "compress"
+        real_compress(cur)
+
+    kineto_deleter_done = threading.Event()
+    monkeypatch.setattr(jsonstream.SpilledEvents, "close", close)
+    monkeypatch.setattr(kineto, "_compress", compress)
+    monkeypatch.setattr(kineto, "_close_all", lambda spills: [s.close() for s in spills if s is not None]
+                        and kineto_deleter_done.set())
+    prof = tmp_path / "prof"
+    prof.mkdir()
+    for r in (0, 1):
+        (prof / f"rank-{r}.json").write_bytes(gzip.decompress((SAMPLES / "kineto_two_ranks" / f"rank-{r}.json.gz").read_bytes()))
+    assert load_profile(prof).ranks == [0, 1]
+    assert len(deleted) == 2
+    assert all(t.startswith("advisor-unlink") and s == "scan" for t, s in deleted), deleted
+    assert list(spill_dir.iterdir()) == []
+
+
 @pytest.mark.parametrize("odd_args", [{"correlation": "not a number", "External id": 5},
                                       {"External id": 2**70, "correlation": 6}, {"grid": 5, "External id": 7},
                                       {"flops": "many", "correlation": 8}],

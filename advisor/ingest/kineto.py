@@ -456,7 +456,13 @@ def _spill(units: list[Unit]) -> list[SpilledEvents | None]:
 
 
 def _load_batch(batch: list[tuple[int, Unit, int]], lctx: LoadContext) -> dict[int, dict[str, Any] | None]:
-    """Read the files of ``batch`` with one ``read_json`` scan (see :func:`_fill_part`)."""
+    """Read the files of ``batch`` with one ``read_json`` scan (see :func:`_fill_part`). The copies
+    of the event lists are deleted in a background thread as soon as their scan has read them:
+    unlinking a copy frees its pages, ~1 ms of kernel time per 10 MB (32 ranks x 10 MB: ~38 ms),
+    which the loader's own thread no longer waits for."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    deleter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="advisor-unlink")
     spills = _spill([u for _i, u, _s in batch])
     lctx.scan_starting()
     try:
@@ -469,21 +475,23 @@ def _load_batch(batch: list[tuple[int, Unit, int]], lctx: LoadContext) -> dict[i
                        str(u.files[0] if sp is None else sp.path), struct=sp is not None and not sp.found)
                  for (_i, u, sp), fid in zip(entries, fids, strict=True)]
         results: dict[int, dict[str, Any] | ParseError] = {}
+        spill_of = {f.fid: sp for f, (_i, _u, sp) in zip(files, entries, strict=True)}
         cur = lctx.cursor()
         try:
             # one scan per way of reading args (files in the old schema's spelling by the JSON path)
             for group in ([f for f in files if f.struct], [f for f in files if not f.struct]):
                 if group:
+                    def scanned(group: list[_File] = group) -> None:
+                        deleter.submit(_close_all, [spill_of[f.fid] for f in group])
                     try:
-                        results.update(_fill_part(cur, f"kpart_{group[0].fid}", group, None, lctx))
+                        results.update(_fill_part(cur, f"kpart_{group[0].fid}", group, None, lctx, scanned))
                     except DUCKDB_ERRORS:  # one bad file fails the scan: the group's files are read on their own
                         pass
         finally:
             cur.close()
     finally:
-        for sp in spills:
-            if sp is not None:
-                sp.close()
+        deleter.shutdown(wait=True)
+        _close_all(spills)  # those no scan took (deleting a copy twice does nothing)
     out: dict[int, dict[str, Any] | None] = {}
     for (i, _u, _sp), f in zip(entries, files, strict=True):
         if f.fid not in results:
@@ -495,6 +503,12 @@ def _load_batch(batch: list[tuple[int, Unit, int]], lctx: LoadContext) -> dict[i
         else:
             out[i] = res
     return out
+
+
+def _close_all(spills: list[SpilledEvents | None]) -> None:
+    for sp in spills:
+        if sp is not None:
+            sp.close()
 
 
 def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
@@ -566,8 +580,8 @@ def _base_ns(text: str | None, f: _File, lctx: LoadContext) -> int:
 BASE_MAX_NS = 1 << 62  # ~year 2116 in ns since the epoch; a larger base overflows the ns columns
 
 
-def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None,
-               lctx: LoadContext) -> dict[int, dict[str, Any] | ParseError]:
+def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None, lctx: LoadContext,
+               scanned: Callable[[], object] | None = None) -> dict[int, dict[str, Any] | ParseError]:
     """Read ``files`` with one scan into the table ``part``, which becomes (part of) ``events``.
 
     ``unnest`` yields ``fid`` and ``e`` per event; None reads ``f.src`` of every file as a
@@ -577,6 +591,7 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None,
     settled and bad rows counted, tracks filled, metadata and untimed rows deleted, steps built
     and assigned in place (an UPDATE of one column), comm_ops filled from the part,
     the extra column dropped and the part handed to the loader. No row is copied twice.
+    ``scanned`` is called once the scan has read the files (their copies may go).
     Raises duckdb.Error when the scan fails (the part is dropped then).
     """
     from advisor.schema import TABLES
@@ -606,6 +621,8 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None,
                 cur.execute(f"DROP TABLE IF EXISTS {part}")
                 if (struct, numeric) == tolerant:
                     raise
+        if scanned is not None:
+            scanned()
         release_memory()  # the JSON reader's buffers
         _compress(cur)
         try:
