@@ -625,23 +625,26 @@ def test_event_list_copies_are_deleted_beside_the_load_once_scanned(tmp_path: Pa
     monkeypatch.setattr(tempfile, "tempdir", str(spill_dir))
     deleted: list[tuple[str, str]] = []  # (thread, stage of the load)
     stage = ["scan"]
-    real_close, real_compress = jsonstream.SpilledEvents.close, kineto._compress
+    handed_over = threading.Event()
+    real_close, real_close_all, real_compress = jsonstream.SpilledEvents.close, kineto._close_all, kineto._compress
 
     def close(self: jsonstream.SpilledEvents) -> None:
         if self.path.exists():
             deleted.append((threading.current_thread().name, stage[0]))
         real_close(self)
 
+    def close_all(spills: list) -> None:
+        real_close_all(spills)
+        handed_over.set()
+
     def compress(cur: object) -> None:
-        kineto_deleter_done.wait(10)  # the deletions were handed over when the scan ended
+        handed_over.wait(10)  # deleting after the compression (or on this thread) would time out here
         stage[0] = "compress"
         real_compress(cur)
 
-    kineto_deleter_done = threading.Event()
     monkeypatch.setattr(jsonstream.SpilledEvents, "close", close)
+    monkeypatch.setattr(kineto, "_close_all", close_all)
     monkeypatch.setattr(kineto, "_compress", compress)
-    monkeypatch.setattr(kineto, "_close_all", lambda spills: [s.close() for s in spills if s is not None]
-                        and kineto_deleter_done.set())
     prof = tmp_path / "prof"
     prof.mkdir()
     for r in (0, 1):

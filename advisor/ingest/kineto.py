@@ -506,6 +506,7 @@ def _load_batch(batch: list[tuple[int, Unit, int]], lctx: LoadContext) -> dict[i
 
 
 def _close_all(spills: list[SpilledEvents | None]) -> None:
+    """Delete the copies (one already deleted is left as it is)."""
     for sp in spills:
         if sp is not None:
             sp.close()
