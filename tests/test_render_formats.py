@@ -237,3 +237,24 @@ def test_terminal_breakdown_fits_a_piped_width_and_shows_the_busiest_rank(sample
     assert sorted(shown) == list(range(4, 20))  # the 15 slowest (4-6, 8-19) and the busiest, 7
     assert re.search(r"^\s+7 \* │", table, re.MULTILINE)
     assert "15 slowest of 20 ranks and the busiest shown" in text
+
+
+@pytest.mark.parametrize("step_us, labels", [
+    (607_361.0, ["0", "200 ms", "400 ms", "600 ms", "800 ms"]),  # kineto_two_ranks' steps
+    (950.0, ["0", "0.2 ms", "0.4 ms", "0.6 ms", "0.8 ms", "1 ms"]),
+    (120.0, ["0", "25 µs", "50 µs", "75 µs", "100 µs", "125 µs"]),
+    (2_345_678.0, ["0", "0.5 s", "1 s", "1.5 s", "2 s", "2.5 s"]),
+    (7_654_321_000.0, ["0", "2000 s", "4000 s", "6000 s", "8000 s"]),
+])
+def test_time_axis_labels_fit_left_of_the_axis(step_us: float, labels: list[str]) -> None:
+    """Tick labels are round values in one unit, and the left margin holds the longest of them at
+    ~7 px a character: '600.00 ms', right-aligned 6 px left of a 62 px margin, lost its first digit
+    in the browser and read as '300.00 ms'."""
+    from advisor.render.charts import breakdown_bars, step_series
+
+    rows = [{"rank": r, "step": s, "step_us": step_us * (1 - 0.01 * s), "compute_only_us": step_us / 2}
+            for r in (0, 1) for s in (1, 2)]
+    for chart in (breakdown_bars(rows, set()), step_series(rows, set())):
+        assert chart is not None
+        assert [t["label"] for t in chart["yticks"]] == labels
+        assert all(chart["left"] - 6 - 7 * len(t["label"]) >= 0 for t in chart["yticks"])

@@ -35,6 +35,21 @@ def nice_ticks(vmax: float, n: int = 5) -> list[float]:
     return [i * step for i in range(math.ceil(vmax / step) + 1)]
 
 
+def tick_labels(ticks: list[float]) -> list[str]:
+    """Labels of time ticks (µs) in one unit, chosen by the largest tick, without the decimals a
+    round tick does not have: ``0, 200 ms, 400 ms, 600 ms`` (``fmt_us`` gives ``600.00 ms``, which
+    did not fit left of a vertical axis and lost its first digit there)."""
+    top = max((abs(t) for t in ticks), default=0.0)
+    div, unit = (1e6, "s") if top >= 1e6 else (1e3, "ms") if top >= 1e3 else (1.0, "µs")
+    return ["0" if t == 0 else f"{round(t / div, 6):g} {unit}" for t in ticks]
+
+
+def _axis_left(labels: list[str], least: int) -> int:
+    """Left margin that holds the longest tick label right-aligned 6 px left of the axis (11 px
+    font: digits ~6.5 px wide, 7 allows for wider glyphs)."""
+    return max(least, 6 + 4 + 7 * max((len(x) for x in labels), default=0))
+
+
 def _phase_title(head: str, row: Mapping[str, Any]) -> str:
     step = float(row.get("step_us") or 0.0)
     parts = [f"{head}: {fmt_us(step)}"]
@@ -70,12 +85,13 @@ def breakdown_bars(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int
     if aggregated:
         pr = per_rank_means(rows)
         rows = [{"rank": r, "step": None, **m} for r, m in pr.items()]
-    left, right, top, bottom = 62, 10, 12, 34
+    vmax = max(float(r.get("step_us") or 0.0) for r in rows) or 1.0
+    ticks = nice_ticks(vmax)
+    labels = tick_labels(ticks)
+    left, right, top, bottom = _axis_left(labels, 62), 10, 12, 34
     height = 240
     plot_h = height - top - bottom
     plot_w = WIDTH - left - right
-    vmax = max(float(r.get("step_us") or 0.0) for r in rows) or 1.0
-    ticks = nice_ticks(vmax)
     scale = plot_h / ticks[-1] if ticks[-1] else 0.0
     ranks = sorted({int(r["rank"]) for r in rows})
     gap = 0.0 if aggregated or len(ranks) == 1 else max(1.0, min(8.0, plot_w * 0.15 / len(ranks)))
@@ -102,7 +118,7 @@ def breakdown_bars(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int
         g["label"] = (i % every == 0) or i == len(groups) - 1 and len(groups) <= 64
     return {"width": WIDTH, "height": height, "left": left, "top": top, "plot_w": plot_w, "plot_h": plot_h,
             "base_y": base_y, "bars": bars, "groups": groups, "aggregated": aggregated,
-            "yticks": [{"y": round(base_y - t * scale, 2), "label": fmt_us(t)} for t in ticks],
+            "yticks": [{"y": round(base_y - t * scale, 2), "label": lab} for t, lab in zip(ticks, labels, strict=True)],
             "show_steps": not aggregated and len(ranks) == 1, "steps_label_every": max(1, math.ceil(len(bars) * 30 / plot_w))}
 
 
@@ -138,7 +154,7 @@ def rank_comparison(breakdown: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"width": WIDTH, "height": height, "left": left, "top": top, "plot_w": plot_w, "row_h": row_h,
             "rows": rows, "busiest": busiest, "mean_x": round(left + mean_step * scale, 2),
             "mean_label": fmt_us(mean_step), "base_y": round(top + row_h * n, 2),
-            "xticks": [{"x": round(left + t * scale, 2), "label": fmt_us(t)} for t in ticks]}
+            "xticks": [{"x": round(left + t * scale, 2), "label": lab} for t, lab in zip(ticks, tick_labels(ticks), strict=True)]}
 
 
 def step_series(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int]]) -> dict[str, Any] | None:
@@ -151,11 +167,12 @@ def step_series(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int]])
     steps = sorted({s for p in pts.values() for s, _ in p})
     if len(steps) < 2:
         return None
-    left, right, top, bottom = 62, 16, 12, 34
-    height = 220
-    plot_w, plot_h = WIDTH - left - right, height - top - bottom
     vmax = max(v for p in pts.values() for _, v in p) or 1.0
     ticks = nice_ticks(vmax)
+    labels = tick_labels(ticks)
+    left, right, top, bottom = _axis_left(labels, 62), 16, 12, 34
+    height = 220
+    plot_w, plot_h = WIDTH - left - right, height - top - bottom
     sy = plot_h / ticks[-1]
     xs = {s: left + plot_w * i / (len(steps) - 1) for i, s in enumerate(steps)}
     base_y = top + plot_h
@@ -187,7 +204,7 @@ def step_series(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int]])
             "lines": lines, "marks": marks, "ranks": len(pts),
             "xticks": [{"x": round(xs[s], 1), "label": str(s)} for i, s in enumerate(steps)
                        if i % every == 0 or i == len(steps) - 1],
-            "yticks": [{"y": round(base_y - t * sy, 2), "label": fmt_us(t)} for t in ticks]}
+            "yticks": [{"y": round(base_y - t * sy, 2), "label": lab} for t, lab in zip(ticks, labels, strict=True)]}
 
 
 def kind_class(kind: Any) -> str:
@@ -260,7 +277,8 @@ def cp_timeline(cp: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"width": WIDTH, "height": base_y + bottom, "left": left, "lane_h": lane_h, "rects": out,
             "lanes": [{"y": top + i * lane_h, "label": KIND_LABEL[k], "cls": kind_class(k)} for i, k in enumerate(present)],
             "base_y": base_y, "segments": len(segs),
-            "xticks": [{"x": round(left + t * sx, 2), "label": fmt_us(t)} for t in ticks if t <= length * 1.001]}
+            "xticks": [{"x": round(left + t * sx, 2), "label": lab}
+                       for t, lab in zip(ticks, tick_labels(ticks), strict=True) if t <= length * 1.001]}
 
 
 # Key names a roofline finding may carry (evidence / top rows); see docs in html.py.
