@@ -258,3 +258,43 @@ def test_time_axis_labels_fit_left_of_the_axis(step_us: float, labels: list[str]
         assert chart is not None
         assert [t["label"] for t in chart["yticks"]] == labels
         assert all(chart["left"] - 6 - 7 * len(t["label"]) >= 0 for t in chart["yticks"])
+
+
+def test_slow_steps_are_the_ones_the_step_fluctuation_finding_lists() -> None:
+    """Charts and tables mark the (rank, step) pairs of the CLU003 findings' rows when CLU003 ran
+    (a chart saying 'no outlier steps' beside a finding listing three contradicted it); the robust
+    3-sigma of the breakdown only when it did not run; 'undecided' when it ran, marked nothing and
+    said it could not decide."""
+    from advisor.render.view import slow_steps
+
+    # rank 0: five 100 ms steps and one of 250 ms (median 100, MAD 0: far above by any measure)
+    bd = [{"rank": 0, "step": s, "step_us": 250_000.0 if s == 4 else 100_000.0} for s in range(1, 7)]
+    ran = [{"rule": "CLU003", "status": "ran"}]
+    finding = {"rule": "CLU003", "ranks": [0, 1], "steps": [2, 4],
+               "top": [{"rank": 1, "step": 2, "step_us": 1.0}, {"rank": 0, "step": 4, "step_us": 1.0}]}
+    assert slow_steps({"breakdown": bd, "rules": ran, "findings": [finding]}) == ({(1, 2), (0, 4)}, "rule")
+    assert slow_steps({"breakdown": bd, "rules": ran, "findings": []}) == (set(), "rule")
+    undecided = [{"code": "rule_undecided", "message": "CLU003 (cluster.step-fluctuation): ranks 0, 1: fewer than 4 steps"}]
+    assert slow_steps({"breakdown": bd, "rules": ran, "findings": [], "warnings": undecided}) == (set(), "undecided")
+    for status in ([{"rule": "CLU003", "status": "skipped"}], []):
+        assert slow_steps({"breakdown": bd, "rules": status, "findings": [finding]}) == ({(0, 4)}, "robust")
+
+
+def test_html_marks_the_slow_steps_of_the_finding(tmp_path: Path) -> None:
+    """On a real trace with a CLU003 finding, the step-time chart marks exactly the pairs of the
+    finding's rows, and says so; with CLU003 skipped its caption names the fallback."""
+    from tests.conftest import TRACES
+
+    prof = TRACES / "gloo_slow_rank"
+    out = tmp_path / "r.json"
+    assert run_cli(str(prof), "--format", "json", "--out", str(out)).returncode == 0
+    data = json.loads(out.read_text())
+    listed = {(t["rank"], t["step"]) for f in data["findings"] if f["rule"] == "CLU003" for t in f["top"]}
+    assert listed  # precondition, not the subject: CLU003 fires here (the steps vary between ~31 and ~42 ms)
+    page = tmp_path / "r.html"
+    assert run_cli(str(prof), "--format", "html", "--out", str(page)).returncode == 0
+    marks = re.findall(r"<title>rank (\d+), step (\d+): [^<]* \(slow step\)</title>", page.read_text())
+    assert {(int(r), int(s)) for r, s in marks} == listed
+    assert f"{len(listed)} slow steps (red), as the step-fluctuation finding (CLU003) lists them" in page.read_text()
+    assert run_cli(str(prof), "--format", "html", "--skip", "CLU003", "--out", str(page)).returncode == 0
+    assert "robust 3σ; CLU003 did not run" in page.read_text()

@@ -76,7 +76,8 @@ def _stack(row: Mapping[str, Any], y0: float, scale: float, vertical: bool) -> l
     return segs
 
 
-def breakdown_bars(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int]]) -> dict[str, Any] | None:
+def breakdown_bars(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int]],
+                   basis: str = "") -> dict[str, Any] | None:
     """Stacked breakdown per (rank, step), grouped by rank; per-rank means when there are too many bars."""
     if not breakdown:
         return None
@@ -108,7 +109,7 @@ def breakdown_bars(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int
             out = step is not None and (rank, int(step)) in outliers
             bars.append({"x": round(x + (slot - bar_w) / 2, 2), "w": round(bar_w, 2),
                          "segs": _stack(r, base_y, scale, vertical=True),
-                         "title": _phase_title(head + (" — outlier" if out else ""), r), "outlier": out,
+                         "title": _phase_title(head + (" — slow step" if out else ""), r), "outlier": out,
                          "top": round(base_y - float(r.get("step_us") or 0.0) * scale, 2)})
             x += slot
         groups.append({"rank": rank, "x": round((gx + x) / 2, 2), "x0": round(gx, 2), "x1": round(x, 2)})
@@ -119,7 +120,7 @@ def breakdown_bars(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int
     return {"width": WIDTH, "height": height, "left": left, "top": top, "plot_w": plot_w, "plot_h": plot_h,
             "base_y": base_y, "bars": bars, "groups": groups, "aggregated": aggregated,
             "yticks": [{"y": round(base_y - t * scale, 2), "label": lab} for t, lab in zip(ticks, labels, strict=True)],
-            "show_steps": not aggregated and len(ranks) == 1, "steps_label_every": max(1, math.ceil(len(bars) * 30 / plot_w))}
+            "basis": basis, "show_steps": not aggregated and len(ranks) == 1, "steps_label_every": max(1, math.ceil(len(bars) * 30 / plot_w))}
 
 
 def rank_comparison(breakdown: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -157,8 +158,10 @@ def rank_comparison(breakdown: list[dict[str, Any]]) -> dict[str, Any] | None:
             "xticks": [{"x": round(left + t * scale, 2), "label": lab} for t, lab in zip(ticks, tick_labels(ticks), strict=True)]}
 
 
-def step_series(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int]]) -> dict[str, Any] | None:
-    """Step time across steps, one line per rank (bands when there are many), outliers marked."""
+def step_series(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int]],
+                basis: str = "") -> dict[str, Any] | None:
+    """Step time across steps, one line per rank (bands when there are many), the slow steps
+    ``outliers`` marked (``basis``: why they are, for the caption; see ``view.slow_steps``)."""
     pts: dict[int, list[tuple[int, float]]] = {}
     for r in breakdown:
         if r.get("step") is None:
@@ -198,10 +201,10 @@ def step_series(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int]])
         for s, v in p:
             if (rank, s) in outliers:
                 marks.append({"x": round(xs[s], 1), "y": round(base_y - v * sy, 1),
-                              "title": f"rank {rank}, step {s}: {fmt_us(v)} (outlier)"})
+                              "title": f"rank {rank}, step {s}: {fmt_us(v)} (slow step)"})
     every = max(1, math.ceil(len(steps) * 36 / plot_w))
     return {"width": WIDTH, "height": height, "left": left, "top": top, "plot_w": plot_w, "base_y": base_y,
-            "lines": lines, "marks": marks, "ranks": len(pts),
+            "lines": lines, "marks": marks, "ranks": len(pts), "basis": basis,
             "xticks": [{"x": round(xs[s], 1), "label": str(s)} for i, s in enumerate(steps)
                        if i % every == 0 or i == len(steps) - 1],
             "yticks": [{"y": round(base_y - t * sy, 2), "label": lab} for t, lab in zip(ticks, labels, strict=True)]}

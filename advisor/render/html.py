@@ -44,7 +44,7 @@ from advisor.render.view import (
     fmt_value,
     is_threshold_key,
     report_data,
-    step_outliers,
+    slow_steps,
     truncate,
     verdict,
 )
@@ -221,7 +221,7 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
     bd = d.get("breakdown") or []
     summary = breakdown_summary(d)
     step_us = summary["step_us"] if summary else None
-    outl = step_outliers(bd)
+    outl, outl_basis = slow_steps(d)
     findings = [{**finding_view(f, step_us), "open": i < 3} for i, f in enumerate(d.get("findings") or [])]
     first_bar = None
     if summary and summary["step_us"] > 0:
@@ -247,10 +247,11 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
         "sev_counts": {s: sum(1 for f in findings if f["severity"] == s) for s in SEVERITIES},
         "explain": explain_texts({str(f.get("rule")) for f in findings}),
         "outliers": sorted(outl),
+        "outliers_basis": outl_basis,
         "charts": {
-            "breakdown": charts.breakdown_bars(bd, outl),
+            "breakdown": charts.breakdown_bars(bd, outl, outl_basis),
             "ranks": charts.rank_comparison(bd),
-            "series": charts.step_series(bd, outl),
+            "series": charts.step_series(bd, outl, outl_basis),
             "cp_ops": charts.cp_ops(d.get("critical_path") or {}),
             "cp_timeline": charts.cp_timeline(d.get("critical_path") or {}),
             "roofline": charts.roofline(d.get("findings") or []),

@@ -25,7 +25,7 @@ from advisor.render.view import (
     is_threshold_key,
     per_rank_means,
     report_data,
-    step_outliers,
+    slow_steps,
     truncate,
     verdict,
 )
@@ -211,7 +211,7 @@ def _ranks(d: Mapping[str, Any]) -> list[str]:
     pr = per_rank_means(bd)
     if not pr:
         return []
-    outl = step_outliers(bd)
+    outl, _basis = slow_steps(d)
     series: dict[int, list[tuple[int, float]]] = {}
     for r in bd:
         if r.get("step") is not None:

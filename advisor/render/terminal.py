@@ -100,7 +100,7 @@ def _breakdown(console: Console, d: dict[str, Any]) -> None:
     t = Table(title="Step breakdown (mean per step)", title_justify="left", show_edge=False, title_style="bold")
     for col in ("rank", "steps", "step", *(view.PHASE_LABEL[k] for k in view.PHASES)):
         t.add_column(col, justify="right", no_wrap=True)
-    outl = view.step_outliers(d.get("breakdown") or [])
+    outl, _basis = view.slow_steps(d)
 
     def row(label: str, n: str, m: dict[str, float]) -> list[str]:
         s = m["step_us"]
@@ -129,7 +129,7 @@ def _breakdown(console: Console, d: dict[str, Any]) -> None:
     if busiest is not None:
         notes.append(f"* busiest rank (the one others wait for): {busiest}")
     if outl:
-        notes.append("outlier steps: " + ", ".join(f"rank {r} step {s}" for r, s in sorted(outl)[:8])
+        notes.append("slow steps: " + ", ".join(f"rank {r} step {s}" for r, s in sorted(outl)[:8])
                      + (" …" if len(outl) > 8 else ""))
     for n in notes:
         console.print(Text("  " + n, style="dim"))

@@ -232,12 +232,35 @@ def confidence(d: Mapping[str, Any]) -> dict[str, Any]:
             "not_selected": not_sel, "warnings": warnings, "shown_warnings": shown, "notes": notes}
 
 
+SLOW_STEP_RULE = "CLU003"  # the step-fluctuation rule: its findings list the slow (rank, step) pairs in their top rows
+
+
+def slow_steps(d: Mapping[str, Any]) -> tuple[set[tuple[int, int]], str]:
+    """The (rank, step) pairs that charts and tables mark as slow steps, and on what basis:
+    ``"rule"``, ``"undecided"`` (the rule ran, marked nothing and said it could not decide, e.g.
+    too few steps) or ``"robust"``.
+
+    Those the step-fluctuation findings list (:data:`SLOW_STEP_RULE`: its top rows, the slowest
+    20 of each finding) when that rule ran, so that what the report draws agrees with what it
+    finds; a chart that said "no outlier steps" beside a finding listing three was contradicting
+    it. Where the rule did not run (not selected, skipped, failed): :func:`step_outliers`.
+    """
+    status = {r.get("rule"): r.get("status") for r in d.get("rules") or []}
+    if status.get(SLOW_STEP_RULE) == "ran":
+        pairs = {(int(t["rank"]), int(t["step"])) for f in d.get("findings") or [] if f.get("rule") == SLOW_STEP_RULE
+                 for t in f.get("top") or [] if t.get("rank") is not None and t.get("step") is not None}
+        undecided = any(w.get("code") == "rule_undecided" and SLOW_STEP_RULE in str(w.get("message"))
+                        for w in d.get("warnings") or [])
+        return pairs, "undecided" if undecided and not pairs else "rule"
+    return step_outliers(d.get("breakdown") or []), "robust"
+
+
 def step_outliers(breakdown: list[dict[str, Any]], k: float = 3.0, min_excess: float = 0.2) -> set[tuple[int, int]]:
     """(rank, step) pairs whose step time is far above that rank's median.
 
     Robust k-sigma (median + k·1.4826·MAD, the LLMPrism k-sigma with a robust spread so one
     huge step cannot hide itself) and at least ``min_excess`` above the median, so that a very
-    steady run does not flag 1 % jitter.
+    steady run does not flag 1 % jitter. The fallback of :func:`slow_steps`.
     """
     by_rank: dict[int, list[tuple[int, float]]] = {}
     for r in breakdown:
