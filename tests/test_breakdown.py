@@ -182,3 +182,56 @@ def test_active_classes_equal_one_counter_per_class(paired: bool, monkeypatch: p
         delta = np.where(change & 64, -1, 1) * ((change & 63) >> j & 1)
         want |= (np.cumsum(delta) > 0).astype(np.uint8) << j
     assert np.array_equal(breakdown_stage._active_classes(change), want)
+
+
+def _cp_of(events: list[dict]) -> dict:
+    from advisor.testing import context_from_tables
+
+    ctx = context_from_tables({"events": events})
+    win = ctx.con.execute("SELECT start_ns, end_ns FROM steps WHERE rank = 0 AND step = 1").fetchone()
+    return cp_stage.compute(ctx.con, 0, 1, int(win[0]), int(win[1]), top_n=50)
+
+
+def _stream_wait_events(comm_on_other_stream: bool) -> list[dict]:
+    """One step of one rank (marker 0-100 µs, the window to the end of its device work at 900 µs):
+    three launches on the host thread; an all-reduce
+    (20-600 µs) and two compute kernels on another stream, the second of which (605-900 µs)
+    started long after its launch (55 µs) and its stream predecessor (100 µs): 5 µs after the
+    all-reduce ended, as a stream waiting on the collective's completion event does."""
+    us = 1000
+    host = {"rank": 0, "device": False, "pid": "1", "tid": "1"}
+    dev = {"rank": 0, "device": True, "pid": "0"}
+    comm_kind = "comm" if comm_on_other_stream else "kernel"
+    return [
+        {**host, "kind": "step", "name": "ProfilerStep#1", "start_ns": 0, "dur_ns": 100 * us},
+        {**host, "kind": "runtime", "name": "cudaLaunchKernel", "start_ns": 10 * us, "dur_ns": 5 * us, "corr": 1},
+        {**host, "kind": "runtime", "name": "cudaLaunchKernel", "start_ns": 30 * us, "dur_ns": 5 * us, "corr": 2},
+        {**host, "kind": "runtime", "name": "cudaLaunchKernel", "start_ns": 50 * us, "dur_ns": 5 * us, "corr": 3},
+        {**dev, "kind": comm_kind, "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "tid": "20", "stream": 20,
+         "start_ns": 20 * us, "dur_ns": 580 * us, "corr": 1},
+        {**dev, "kind": "kernel", "name": "k1", "tid": "7", "stream": 7, "start_ns": 40 * us, "dur_ns": 60 * us, "corr": 2},
+        {**dev, "kind": "kernel", "name": "k2", "tid": "7", "stream": 7, "start_ns": 605 * us, "dur_ns": 295 * us, "corr": 3},
+    ]
+
+
+def test_critical_path_follows_communication_completion_across_streams() -> None:
+    """A kernel that waited on its stream for a collective of another stream: the collective's
+    completion is the last arriving input (Hermes §4.2.1: a dependency across components where one
+    operator's end meets the next one's start), so the path runs k2 <- all-reduce <- its launch,
+    not k2 <- 505 µs of 'device waiting' <- k1."""
+    cp = _cp_of(_stream_wait_events(True))
+    ops = {o["name"]: o for o in cp["ops"]}
+    assert ops["k2"]["total_us"] == pytest.approx(295.0)
+    assert ops["ncclDevKernel_AllReduce_Sum_f32_RING_LL"]["total_us"] == pytest.approx(580.0)
+    assert ops["ncclDevKernel_AllReduce_Sum_f32_RING_LL"]["kind"] == "communication"
+    assert ops["idle (device waiting)"]["total_us"] == pytest.approx(5.0)  # 600 -> 605 µs
+    assert "k1" not in ops
+    assert cp["path_us"] == pytest.approx(900.0)
+
+
+def test_critical_path_does_not_jump_to_a_compute_kernel_of_another_stream() -> None:
+    """The cross-stream edge is communication completion only: with the same times but a compute
+    kernel in the collective's place, k2's wait stays on its own stream (505 µs of waiting after k1)."""
+    ops = {o["name"]: o for o in _cp_of(_stream_wait_events(False))["ops"]}
+    assert ops["idle (device waiting)"]["total_us"] == pytest.approx(505.0)  # 100 -> 605 µs
+    assert ops["k1"]["total_us"] == pytest.approx(60.0)

@@ -11,6 +11,11 @@ window start. The dependencies it follows, each a real edge that can be named:
   launch is the binding edge and the walk jumps to the host;
 * **stream order** – a device task starts after the previous task on its stream; when that
   task ended last, it is the binding edge;
+* **communication completion** – a device task that waited on its stream after the previous task
+  there had ended, and later than its launch, waited for something else: when a communication
+  task (NCCL / HCCL ...) of another stream ended in that wait, the latest such one is the binding
+  edge (its completion event released the stream: ``cudaStreamWaitEvent`` / HCCL's notify wait,
+  which the trace does not link) and the walk moves to it;
 * **sync wait** – a host sync call (``cudaStreamSynchronize``, ``aclrtSynchronizeStream``,
   blocking ``cudaMemcpy`` …) ends after the device work it waited for; the walk jumps from the
   end of the wait to the device task that finished last inside it;
@@ -148,6 +153,8 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
             dev_all.append(i)
     dev_ends_sorted = sorted(dev_all, key=lambda i: end[i])
     dev_end_vals = [int(end[i]) for i in dev_ends_sorted]
+    comm_ends_sorted = [i for i in dev_ends_sorted if kind[i] == "comm"]
+    comm_end_vals = [int(end[i]) for i in comm_ends_sorted]
     stream_pos = {}
     stream_ends: dict[Any, tuple[list[int], list[int]]] = {}
     for key, ix in dev_by_stream.items():
@@ -174,6 +181,16 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
     def credit_event(i: int, a: int, b: int) -> None:
         o = owner[i] if not device[i] else i
         add(a, b, name[o], REPORT_KIND.get(kind[o], "other"))
+
+    def last_comm_end_in(a: int, b: int, key: Any) -> int | None:
+        """Communication task of another stream than ``key`` with the latest end in (a, b]."""
+        p = bisect.bisect_right(comm_end_vals, b) - 1
+        while p >= 0 and comm_end_vals[p] > a:
+            i = comm_ends_sorted[p]
+            if (tid[i], stream[i]) != key:
+                return i
+            p -= 1
+        return None
 
     def last_device_end_in(a: int, b: int) -> int | None:
         """Device task with the latest end in (a, b]."""
@@ -209,7 +226,15 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
             prev_end = int(end[prev]) if prev is not None else None
             launch = launch_of.get(corr[v]) if corr[v] is not None else None
             launch_t = min(int(end[launch]), t) if launch is not None else None
-            if launch is not None and launch_t is not None and (prev_end is None or launch_t >= prev_end):
+            # the last arriving input: the launch, the previous task on the stream, or a
+            # communication task of another stream that ended after both
+            after = max(x for x in (launch_t, prev_end, start_ns) if x is not None)
+            comm = last_comm_end_in(after, t, key)
+            if comm is not None:
+                add(int(end[comm]), t, "idle (device waiting)", "idle")
+                t = int(end[comm])
+                mode = ("dev", comm)
+            elif launch is not None and launch_t is not None and (prev_end is None or launch_t >= prev_end):
                 add(launch_t, t, "idle (launch latency)", "idle")
                 t = launch_t
                 mode = ("host", tid[launch])
