@@ -224,7 +224,8 @@ def test_critical_path_follows_communication_completion_across_streams() -> None
     assert ops["k2"]["total_us"] == pytest.approx(295.0)
     assert ops["ncclDevKernel_AllReduce_Sum_f32_RING_LL"]["total_us"] == pytest.approx(580.0)
     assert ops["ncclDevKernel_AllReduce_Sum_f32_RING_LL"]["kind"] == "communication"
-    assert ops["idle (device waiting)"]["total_us"] == pytest.approx(5.0)  # 600 -> 605 µs
+    assert ops["idle (waiting for communication)"]["total_us"] == pytest.approx(5.0)  # 600 -> 605 µs
+    assert "idle (device waiting)" not in ops
     assert "k1" not in ops
     assert cp["path_us"] == pytest.approx(900.0)
 

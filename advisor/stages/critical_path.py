@@ -231,7 +231,7 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
             after = max(x for x in (launch_t, prev_end, start_ns) if x is not None)
             comm = last_comm_end_in(after, t, key)
             if comm is not None:
-                add(int(end[comm]), t, "idle (device waiting)", "idle")
+                add(int(end[comm]), t, "idle (waiting for communication)", "idle")
                 t = int(end[comm])
                 mode = ("dev", comm)
             elif launch is not None and launch_t is not None and (prev_end is None or launch_t >= prev_end):
