@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from advisor.ingest.base import InputError
-from tests.conftest import report_json
+from tests.conftest import ROOT, report_json
 from tests.render_helpers import EVIL_NAMES, run_cli, sample_dirs, write_evil_trace
 
 SAMPLES = sample_dirs()
@@ -298,3 +298,6 @@ def test_html_marks_the_slow_steps_of_the_finding(tmp_path: Path) -> None:
     assert f"{len(listed)} slow steps (red), as the step-fluctuation finding (CLU003) lists them" in page.read_text()
     assert run_cli(str(prof), "--format", "html", "--skip", "CLU003", "--out", str(page)).returncode == 0
     assert "robust 3σ; CLU003 did not run" in page.read_text()
+    one_step = ROOT / "sample_profiles" / "ascend_pt_kernels"  # one step of one rank: no dot can be drawn
+    assert run_cli(str(one_step), "--format", "html", "--out", str(page)).returncode == 0
+    assert "Red dots" not in page.read_text()

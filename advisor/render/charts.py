@@ -120,7 +120,8 @@ def breakdown_bars(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int
     return {"width": WIDTH, "height": height, "left": left, "top": top, "plot_w": plot_w, "plot_h": plot_h,
             "base_y": base_y, "bars": bars, "groups": groups, "aggregated": aggregated,
             "yticks": [{"y": round(base_y - t * scale, 2), "label": lab} for t, lab in zip(ticks, labels, strict=True)],
-            "basis": basis, "show_steps": not aggregated and len(ranks) == 1, "steps_label_every": max(1, math.ceil(len(bars) * 30 / plot_w))}
+            "basis": basis, "multi_step": len(rows) > len(ranks),  # some rank has two steps or more
+            "show_steps": not aggregated and len(ranks) == 1, "steps_label_every": max(1, math.ceil(len(bars) * 30 / plot_w))}
 
 
 def rank_comparison(breakdown: list[dict[str, Any]]) -> dict[str, Any] | None:
