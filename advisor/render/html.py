@@ -247,7 +247,6 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
         "sev_counts": {s: sum(1 for f in findings if f["severity"] == s) for s in SEVERITIES},
         "explain": explain_texts({str(f.get("rule")) for f in findings}),
         "outliers": sorted(outl),
-        "outliers_basis": outl_basis,
         "charts": {
             "breakdown": charts.breakdown_bars(bd, outl, outl_basis),
             "ranks": charts.rank_comparison(bd),
