@@ -686,3 +686,34 @@ def test_numeric_args_the_struct_cannot_take_fall_back_to_the_json_path(tmp_path
     for key, value in odd_args.items():
         ok = key != "grid" and isinstance(value, int) and value < 2**63  # a grid that is no list has no blocks
         assert row[0][column[key]] == (value if ok else None), key
+
+
+def test_batches_are_planned_on_the_uncompressed_size_not_the_object_limit(tmp_path: Path) -> None:
+    """Small rank files share one scan up to ~1 GiB of uncompressed events: 300 files of 1 MiB
+    are one batch (the 16 MiB floor of DuckDB's object limit once made them five); a gzip file
+    counts its trailer's size; a file over the streaming size is left to the one-by-one reader."""
+    from advisor.ingest import kineto
+    from advisor.ingest.base import Unit
+
+    def unit(p: Path) -> Unit:
+        return Unit("kineto", [p], p, run_key=str(p), info={"form": "object"})
+
+    body = b'{"traceEvents": [' + b" " * (1 << 20) + b"]}"
+    small = []
+    for i in range(300):
+        p = tmp_path / f"rank-{i}.json"
+        p.write_bytes(body)
+        small.append(unit(p))
+    batches = kineto._batches(small)
+    assert [len(b) for b in batches] == [300]
+    assert all(size == len(body) for b in batches for _i, _u, size in b)
+
+    gz = tmp_path / "big.json.gz"
+    gz.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (300 << 20) + b"]}", compresslevel=1))
+    assert kineto._estimated_size(gz) == (300 << 20) + 19  # the trailer's size, not 20x the compressed one
+    many = small + [unit(gz)]
+    assert [len(b) for b in kineto._batches(many)] == [300]  # over STREAM_ABOVE_BYTES: read on its own
+
+    # 1 GiB per batch: 1,100 files of 1 MiB make two
+    sized = small * 4
+    assert [len(b) for b in kineto._batches(sized[:1100])] == [1023, 77]

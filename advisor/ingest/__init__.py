@@ -277,14 +277,16 @@ def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: C
 
 
 def _adopt_events_parts(con: Any, parts: list[str]) -> None:
-    """Make the readers' finished tables of events rows part of ``events``. One part and no
-    other events (a directory of small traces read in one scan): the part becomes ``events``
-    itself, without copying a row; otherwise the parts are appended."""
+    """Make the readers' finished tables of events rows part of ``events``. When no reader wrote
+    to ``events`` itself (Kineto only), the first part becomes ``events`` without copying a row
+    (a directory of small traces read in one scan: the only one), and the others are appended
+    to it: copying the first one too, and compressing it again, cost ~0.1 s and ~50 MB of peak
+    memory on 256 ranks x 2.4 MB read in four scans."""
     cur = con.cursor()
-    if len(parts) == 1 and not cur.execute("SELECT count(*) FROM (SELECT 1 FROM events LIMIT 1)").fetchall()[0][0]:
+    if parts and not cur.execute("SELECT count(*) FROM (SELECT 1 FROM events LIMIT 1)").fetchall()[0][0]:
         cur.execute("DROP TABLE events")
         cur.execute(f"ALTER TABLE {parts[0]} RENAME TO events")
-        return
+        parts = parts[1:]
     pending = 0
     for part in parts:
         pending += cur.execute(f"SELECT count(*) FROM {part}").fetchall()[0][0]

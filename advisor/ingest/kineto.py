@@ -237,18 +237,38 @@ def _distributed_info(head: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
+def _gzip_isize(path: Path) -> int | None:
+    """The uncompressed size mod 2**32 that a gzip file's trailer holds; None for other files."""
+    if not is_gzip(path):
+        return None
+    try:
+        with path.open("rb") as fh:
+            fh.seek(-4, 2)
+            return int.from_bytes(fh.read(4), "little")
+    except OSError:
+        return 0
+
+
 def _max_object_size(path: Path) -> int:
+    """DuckDB's ``maximum_object_size`` for reading the file whole: its uncompressed size with
+    a margin (a gzip file: at least 20x its compressed size, as the trailer's size wraps at 4 GiB)."""
     size = path.stat().st_size
-    if is_gzip(path):
-        # the gzip trailer holds the uncompressed size mod 2**32; 20x covers most traces either way
-        try:
-            with path.open("rb") as fh:
-                fh.seek(-4, 2)
-                isize = int.from_bytes(fh.read(4), "little")
-        except OSError:
-            isize = 0
+    isize = _gzip_isize(path)
+    if isize is not None:
         size = max(isize, size * 20)
     return int(min(max(size * 1.05 + (1 << 20), 1 << 24), (1 << 32) - 2))
+
+
+def _estimated_size(path: Path) -> int:
+    """The file's uncompressed size as far as it is known cheaply, to plan the batched scans: a
+    plain file's size; a gzip file's trailer size, unless that is below the compressed size (it
+    wrapped at 4 GiB: counted as 4 GiB, which no batch takes). Unlike :func:`_max_object_size`,
+    no floor: 256 traces of 2 MB are one batch, not four of 64 at 16 MiB each."""
+    size = path.stat().st_size
+    isize = _gzip_isize(path)
+    if isize is None:
+        return size
+    return isize if isize >= size else max(size * 20, 1 << 32)
 
 
 _GLOB_CHARS = re.compile(r"[*?\[\]{}]")  # DuckDB would expand these in a file name
@@ -377,7 +397,7 @@ def _batches(units: list[Unit]) -> list[list[tuple[int, Unit, int]]]:
         path = u.files[0]
         if u.info.get("form", "object") == "array" and _GLOB_CHARS.search(str(path)):
             continue  # read by its own name, which DuckDB would expand
-        size = _max_object_size(path)
+        size = _estimated_size(path)
         if size >= STREAM_ABOVE_BYTES:
             continue
         if total + size > BATCH_BYTES:
