@@ -66,11 +66,15 @@ TARGETS = {
 
 # ----------------------------------------------------------------------------- generation
 def _parse_size(text: str) -> int:
+    """'500MB', '2GB', '10KB' or a number of bytes; argparse.ArgumentTypeError otherwise."""
     t = text.strip().upper()
-    for suffix, mult in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10), ("B", 1)):
-        if t.endswith(suffix):
-            return int(float(t[: -len(suffix)]) * mult)
-    return int(t)
+    try:
+        for suffix, mult in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10), ("B", 1)):
+            if t.endswith(suffix):
+                return int(float(t[: -len(suffix)]) * mult)
+        return int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 500MB, 2GB; '' for none)") from None
 
 
 def _label(n: int) -> str:
@@ -441,8 +445,12 @@ def main(argv: list[str] | None = None) -> int:
     if not SAMPLE_DIR.is_dir():
         log(f"sample not found: {SAMPLE_DIR}")
         return 2
-    sizes = [_parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    cases = build_inputs(sizes, args.ranks, _parse_size(args.rank_size), log)
+    try:
+        sizes = [_parse_size(s) for s in args.sizes.split(",") if s.strip()]
+        rank_size = _parse_size(args.rank_size)
+    except argparse.ArgumentTypeError as exc:
+        ap.error(str(exc))
+    cases = build_inputs(sizes, args.ranks, rank_size, log)
     have_hta = False
     if not args.skip_hta:
         probe = subprocess.run([sys.executable, "-c", "import hta.trace_analysis"], capture_output=True, check=False)

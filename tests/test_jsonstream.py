@@ -108,3 +108,28 @@ def test_spilled_events_probe_looks_at_the_first_bytes_of_the_list(tmp_path: Pat
         (tmp_path / name).write_bytes(data)
         with SpilledEvents(tmp_path / name, probe=(b'"external id"', b'"Input dims"', b'"nowhere"')) as sp:
             assert sp.found == {b'"external id"'}
+
+
+@pytest.mark.parametrize("bracket_at", [100, 65535 - 3, 65535, 65536, 65536 + 8, 200 << 10, 3 << 20])
+def test_spilled_copy_of_a_plain_file_wherever_the_list_starts(tmp_path: Path, bracket_at: int) -> None:
+    """A plain file's list is found and probed the same whether its ``[`` lies in the first
+    bytes read, at their last byte or the next one, with the key across their end, or a few
+    MiB in (a large deviceProperties before it); the probe covers the list's first PROBE bytes."""
+    from advisor.ingest.jsonstream import FIRST_READ, PROBE
+
+    assert FIRST_READ == 65536  # the positions above are placed around it
+    early = {"ph": "X", "name": "a", "args": {"external id": 1}}
+    filler = {"ph": "X", "name": "f" * 100, "args": {"External id": 2}}
+    late = {"ph": "X", "name": "b", "args": {"Input dims": [[1]]}}
+    events = [early] + [filler] * (PROBE // len(json.dumps(filler)) + 10) + [late]
+    before = '{"deviceProperties": [{"name": "%s"}], "traceEvents": '
+    pad = "x" * max(0, bracket_at - len(before % ""))
+    text = (before % pad).encode() + json.dumps(events).encode() + b', "traceName": "t"}'
+    assert text.index(b"[", text.index(b'"traceEvents"')) == max(bracket_at, len(before % ""))
+    p = tmp_path / "t.json"
+    p.write_bytes(text)
+    with SpilledEvents(p, tmp_dir=str(tmp_path), probe=(b'"external id"', b'"Input dims"')) as sp:
+        assert json.loads(sp.path.read_bytes()) == events
+        assert sp.found == {b'"external id"'}
+        assert sp.trailer == {"traceName": "t"}
+        assert json.loads(sp.head_bytes + b'"x": 0}')["deviceProperties"] == [{"name": pad}]

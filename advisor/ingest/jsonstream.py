@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 HEAD = 4 << 20  # the traceEvents key must appear within the first 4 MiB
+FIRST_READ = 64 << 10  # bytes read first to find it (Kineto's header keys before it: a few KiB)
 TAIL = 1 << 20  # trailing header keys after the events fit in 1 MiB
 TRAILER_MAX = 64 << 10  # header keys written after the events (traceName, baseTimeNanoseconds ...)
 PROBE = 1 << 20  # bytes of the event list searched for the strings a caller asks about (a few thousand events)
@@ -162,11 +163,19 @@ class SpilledEvents:
     def _copy_plain(path: Path, out: Any, probe: tuple[bytes, ...]) -> tuple[bytes, dict[str, Any], frozenset[bytes]]:
         size = path.stat().st_size
         with path.open("rb") as fh:
-            head = fh.read(HEAD)
+            # the key is looked for in the first 64 KiB, then up to HEAD; of the list itself only
+            # the PROBE bytes are read (a 10 MB trace: 1 MiB read into memory, not 4)
+            head = fh.read(FIRST_READ)
             key = head.find(b'"traceEvents"')
             bracket = head.find(b"[", key) if key >= 0 else -1
+            if bracket < 0 and len(head) == FIRST_READ:
+                head += fh.read(HEAD - FIRST_READ)
+                key = head.find(b'"traceEvents"')
+                bracket = head.find(b"[", key) if key >= 0 else -1
             if key < 0 or bracket < 0 or head[key + 13 : bracket].strip() != b":":
                 raise LayoutError("no traceEvents list near the start")
+            if len(head) < min(bracket + PROBE, HEAD, size):
+                head += fh.read(min(bracket + PROBE, HEAD) - len(head))
             tail_start = max(bracket, size - TRAILER_MAX)
             fh.seek(tail_start)
             pos, trailer = find_close(fh.read())
