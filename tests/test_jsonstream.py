@@ -133,3 +133,38 @@ def test_spilled_copy_of_a_plain_file_wherever_the_list_starts(tmp_path: Path, b
         assert sp.found == {b'"external id"'}
         assert sp.trailer == {"traceName": "t"}
         assert json.loads(sp.head_bytes + b'"x": 0}')["deviceProperties"] == [{"name": pad}]
+
+
+def test_find_close_on_generated_tails() -> None:
+    """The close found is the list's own, with the keys after it, over generated documents: events
+    whose strings and inner lists hold ``]``, ``}``, commas and non-ASCII text, trailers with empty
+    lists, nested objects, strings that look like JSON and whitespace of every kind."""
+    import random
+
+    from advisor.ingest.jsonstream import TRAILER_MAX, find_close
+
+    rnd = random.Random(7)
+    words = ["]", "}", "], \"k\": 1}", "[]", ",", "é", "漢字", "\\\\", "\"", "x", " ", "\n", "{\"a\": [1]}"]
+
+    def value(depth: int) -> object:
+        r = rnd.random()
+        if depth > 2 or r < 0.3:
+            return rnd.choice([1, 2.5, None, True, "".join(rnd.choices(words, k=rnd.randint(0, 4)))])
+        if r < 0.65:
+            return [value(depth + 1) for _ in range(rnd.randint(0, 3))]
+        return {"".join(rnd.choices(words, k=2)): value(depth + 1) for _ in range(rnd.randint(0, 3))}
+
+    for _ in range(300):
+        events = [{"ph": "X", "name": "".join(rnd.choices(words, k=3)), "args": {"l": value(0)}}
+                  for _ in range(rnd.randint(0, 30))]
+        trailer = {f"k{j}{rnd.choice(words)}": value(0) for j in range(rnd.randint(0, 4))}
+        indent = rnd.choice([None, 1, 2])
+        body = json.dumps(events, indent=indent, ensure_ascii=rnd.random() < 0.5)
+        after = json.dumps(trailer, indent=indent, ensure_ascii=False)[1:]  # '"k": ... }' or '}'
+        sep = rnd.choice(["", " ", "\n", "\r\n  "])
+        rest = sep + ("}" if not trailer else ", " + after.lstrip())
+        text = ('{"traceEvents": ' + body + rest).encode()
+        close = len(('{"traceEvents": ' + body).encode()) - 1
+        tail_start = max(0, len(text) - TRAILER_MAX)
+        pos, keys = find_close(text[tail_start:])
+        assert (tail_start + pos, keys) == (close, trailer)
