@@ -526,6 +526,39 @@ def test_step_windows_spanning_beyond_bigint_still_assign_steps() -> None:
                    (4000000000000000000, None)]
 
 
+@pytest.mark.parametrize("layout", ["shared_span", "two_runs_a_day_apart", "one_long_rank"])
+def test_window_lookup_stays_small_with_many_ranks_and_matches_an_asof_join(layout: str) -> None:
+    """300 ranks x 6 windows: the lookup lists ~5 rows per window (each rank's windows under its
+    own share of the buckets, not all ranks' windows over one rank's span: ~1,800 x 4 per rank),
+    and every event gets the step an ASOF join gives, also when the ranks do not share a span."""
+    import duckdb
+
+    from advisor.ingest.steps import drop_window_lookup, step_of, window_lookup
+    from advisor.schema import TABLES
+
+    con = duckdb.connect()
+    con.execute(TABLES["steps"].ddl())
+    ranks, steps, step_ns = 300, 6, 1_000_000
+    day = 86_400 * 10**9
+    shift = {"shared_span": "r * 7", "two_runs_a_day_apart": f"CASE WHEN r >= 150 THEN {day} ELSE 0 END + r * 7",
+             "one_long_rank": f"CASE WHEN r = 0 AND s = 5 THEN {day} ELSE 0 END + r * 7"}[layout]
+    con.execute(f"""INSERT INTO steps SELECT r, s, {shift} + s * {step_ns}, {shift} + (s + 1) * {step_ns} - 1000, NULL, NULL
+                    FROM range({ranks}) a(r), range({steps}) b(s)""")
+    con.execute(f"""CREATE TABLE ev AS SELECT s.rank, s.start_ns + o * 997 - 5000 AS start_ns
+                    FROM steps s, range(0, {step_ns // 997 + 10}, 37) c(o)""")
+    win = window_lookup(con, "w")
+    rows = con.execute("SELECT count(*) FROM w").fetchall()[0][0]
+    got = con.execute(f"SELECT t.rank, t.start_ns, {step_of('t.start_ns')} AS step FROM ev t {win.join}").df()
+    drop_window_lookup(con, "w")
+    want = con.execute(f"""SELECT e.rank, e.start_ns, {step_of('e.start_ns')} AS step
+                           FROM ev e ASOF LEFT JOIN steps s ON e.rank = s.rank AND e.start_ns >= s.start_ns""").df()
+    merged = got.merge(want, on=["rank", "start_ns"], suffixes=("", "_asof"))
+    assert len(merged) == len(want) == len(got) > ranks * steps * 20
+    assert (merged["step"].fillna(-9) == merged["step_asof"].fillna(-9)).all()
+    assert merged["step"].isna().any() and merged["step"].notna().any()
+    assert rows <= 6 * ranks * steps + 64 * ranks, rows
+
+
 @pytest.mark.parametrize("lower_case_keys", [False, True], ids=["args_struct", "args_json"])
 def test_kernel_launch_grid_is_the_events_block_dim_and_feeds_cmp006(tmp_path: Path, lower_case_keys: bool) -> None:
     """A kernel's ``grid`` arg becomes its ``events.block_dim`` (product of the dims) in both ways

@@ -107,13 +107,17 @@ def window_lookup(con: Any, name: str, ranks: str | None = None) -> WindowLookup
                least(end_ns, coalesce(lead(start_ns) OVER (PARTITION BY rank ORDER BY start_ns, step), end_ns)) AS end_ns
         FROM steps {where}"""
     )
-    # ranks of one job share their time span; when they do not (different runs), the buckets
-    # are wide and a bucket lists more windows: slower, never wrong
+    # the width gives each rank ~4 buckets per window (+64) over its own span: the lookup holds
+    # ~5 rows per window whatever the number of ranks (a width from the windows of all ranks
+    # over the span of one listed every rank's windows under R times too many buckets: 1,024
+    # ranks, 0.7 GB). A rank whose span is far longer than the others' (a garbage window) takes
+    # more of the buckets and leaves the others wider ones: slower, never wrong.
     origin, end, width, wide = con.execute(
-        f"""SELECT coalesce(min(start_ns), 0), coalesce(max(end_ns), 0),
-                   coalesce(greatest(1, (max(end_ns)::HUGEINT - min(start_ns)) // (4 * count(*) + 64)), 1)::BIGINT,
-                   coalesce(max(end_ns)::HUGEINT - min(start_ns) >= {1 << 62}, false)
-            FROM {name}_w"""
+        f"""WITH r AS (SELECT rank, min(start_ns) AS s, max(end_ns) AS e, count(*) AS n FROM {name}_w GROUP BY rank)
+            SELECT coalesce(min(s), 0), coalesce(max(e), 0),
+                   coalesce(greatest(1, sum(e::HUGEINT - s) // (4 * sum(n) + 64 * count(*))), 1)::BIGINT,
+                   coalesce(max(e)::HUGEINT - min(s) >= {1 << 62}, false)
+            FROM r"""
     ).fetchall()[0]
     origin, end, width = int(origin), int(end), int(width)
 
