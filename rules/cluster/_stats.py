@@ -75,18 +75,39 @@ def forward_search(values: Sequence[float], k: float, min_excess_ratio: float) -
     if n < 3:
         return ForwardSearch((), mean(values), stdev(values), median(values), n, math.inf)
     m = (n + 1) // 2
-    accepted = [values[i] for i in order[:m]]
-    threshold = math.inf
+    accepted = [values[i] for i in order[:m]]  # ascending: its median is read by index
+    # running mean and sum of squared deviations (Welford) for the bound of each candidate: the
+    # set grows one value at a time, and recomputing them over it made the search quadratic
+    # (1,024 ranks: 0.3 s a step). The figures returned are computed over the final set.
+    cnt, mu, m2 = 0, 0.0, 0.0
+    for x in accepted:
+        cnt += 1
+        d = x - mu
+        mu += d / cnt
+        m2 += d * (x - mu)
+
+    def bound() -> float:
+        sd = math.sqrt(max(m2, 0.0) / (cnt - 1)) if cnt > 1 else 0.0
+        mid = cnt // 2
+        med = accepted[mid] if cnt % 2 else (accepted[mid - 1] + accepted[mid]) / 2
+        return max(mu + k * sd, (1.0 + min_excess_ratio) * med)
+
     for pos in range(m, n):
         x = values[order[pos]]
-        threshold = max(mean(accepted) + k * stdev(accepted), (1.0 + min_excess_ratio) * median(accepted))
-        if x > threshold:
-            return ForwardSearch(
-                tuple(sorted(order[pos:])), mean(accepted), stdev(accepted), median(accepted), len(accepted), threshold
-            )
+        if x > bound():
+            return ForwardSearch(tuple(sorted(order[pos:])), mean(accepted), stdev(accepted), median(accepted),
+                                 len(accepted), _threshold(accepted, k, min_excess_ratio))
         accepted.append(x)
-    threshold = max(mean(accepted) + k * stdev(accepted), (1.0 + min_excess_ratio) * median(accepted))
-    return ForwardSearch((), mean(accepted), stdev(accepted), median(accepted), len(accepted), threshold)
+        cnt += 1
+        d = x - mu
+        mu += d / cnt
+        m2 += d * (x - mu)
+    return ForwardSearch((), mean(accepted), stdev(accepted), median(accepted), len(accepted),
+                         _threshold(accepted, k, min_excess_ratio))
+
+
+def _threshold(accepted: Sequence[float], k: float, min_excess_ratio: float) -> float:
+    return max(mean(accepted) + k * stdev(accepted), (1.0 + min_excess_ratio) * median(accepted))
 
 
 def spacing_pattern(steps: Sequence[int], min_count: int = 3) -> tuple[str, int | None]:

@@ -104,8 +104,10 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     rows = ctx.query(SQL)
     by_rs = {(int(r["rank"]), int(r["step"])): r for r in rows}
     all_ranks = sorted({k[0] for k in by_rs})
-    temporal_sd = {r: stdev([float(v["own_us"]) for (rr, _), v in by_rs.items() if rr == r]) for r in all_ranks}
-    temporal_sd = {r: (sd if sum(1 for (rr, _) in by_rs if rr == r) >= 3 else 0.0) for r, sd in temporal_sd.items()}
+    own_of: dict[int, list[float]] = {}  # one pass (a scan of every row per rank was quadratic in ranks)
+    for (r, _s), v in by_rs.items():
+        own_of.setdefault(r, []).append(float(v["own_us"]))
+    temporal_sd = {r: stdev(own_of[r]) if len(own_of[r]) >= 3 else 0.0 for r in all_ranks}
     hits: dict[int, dict[int, dict[str, Any]]] = {}  # rank -> step -> best hit
     common_steps: dict[int, set[int]] = {}
     group_names: dict[int, set[str]] = {}
