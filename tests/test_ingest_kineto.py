@@ -750,3 +750,27 @@ def test_batches_are_planned_on_the_uncompressed_size_not_the_object_limit(tmp_p
     # 1 GiB per batch: 1,100 files of 1 MiB make two
     sized = small * 4
     assert [len(b) for b in kineto._batches(sized[:1100])] == [1023, 77]
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_distributed_info_after_the_events_gives_world_size_and_backend(tmp_path: Path, batched: bool,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace rewritten with its keys reordered carries distributedInfo after traceEvents: the
+    ranks come from the file names, and the world size and backend from that trailing object."""
+    from advisor.analyze import analyze
+    from advisor.ingest import kineto
+
+    if not batched:
+        monkeypatch.setattr(kineto, "load_many", lambda units, lctx: {})
+    for r in range(2):
+        ev = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1, "tid": 1,
+               "ts": 1000.0 * s, "dur": 900.0, "args": {}} for s in range(3)]
+        ev += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": i * 0.2, "dur": 0.1,
+                "args": {}} for i in range(2000)]  # beyond the first 64 KiB that claim() reads
+        (tmp_path / f"rank-{r}.pt.trace.json").write_text(
+            json.dumps({"traceEvents": ev, "distributedInfo": {"backend": "nccl", "rank": r, "world_size": 8}}))
+    report = analyze(tmp_path)
+    assert report.profile["ranks"] == [0, 1]
+    assert report.profile["world_size"] == 8
+    ctx = load_profile(tmp_path)
+    assert ctx.con.execute("SELECT DISTINCT backend FROM ranks").fetchall() == [("nccl",)]

@@ -837,6 +837,13 @@ def _info(devprops_json: str | None, dist_json: str | None, total: int) -> dict[
             dist = json.loads(dist_json)
             if isinstance(dist, dict):
                 info["distributed"] = dist
+                # the world size and backend when claim() did not see them (distributedInfo written
+                # after the events, e.g. by a script that rewrote the trace)
+                ws = dist.get("world_size")
+                if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0:
+                    info["world_size"] = ws
+                if isinstance(dist.get("backend"), str):
+                    info["backend"] = dist["backend"][:40]
         except ValueError:
             pass
     return info
