@@ -301,3 +301,26 @@ def test_html_marks_the_slow_steps_of_the_finding(tmp_path: Path) -> None:
     one_step = ROOT / "sample_profiles" / "ascend_pt_kernels"  # one step of one rank: no dot can be drawn
     assert run_cli(str(one_step), "--format", "html", "--out", str(page)).returncode == 0
     assert "Red dots" not in page.read_text()
+
+
+def test_rank_comparison_of_a_large_cluster_shows_the_busiest_and_least_busy_ranks() -> None:
+    """300 ranks: 64 rows (a row per rank would be ~900 px), the 48 with the most busy time and the
+    16 with the least, in rank order; the busiest is flagged; the mean line is over all ranks."""
+    from advisor.render import charts
+    from advisor.render.view import PHASES
+
+    def row(rank: int, busy_us: float) -> dict[str, float]:
+        r = {"rank": rank, "step": 1, "step_us": 1000.0, **{p: 0.0 for p in PHASES}}
+        r["compute_only_us"], r["free_us"] = busy_us, 1000.0 - busy_us
+        return r
+
+    busy = {r: 500.0 + (r * 37 % 300) for r in range(300)}  # distinct, in no rank order
+    c = charts.rank_comparison([row(r, b) for r, b in busy.items()])
+    assert c is not None and c["total"] == 300 and len(c["rows"]) == 64
+    shown = [r["rank"] for r in c["rows"]]
+    by_busy = sorted(busy, key=lambda r: -busy[r])
+    assert set(shown) == set(by_busy[:48]) | set(by_busy[-16:]) and shown == sorted(shown)
+    assert c["busiest"] == by_busy[0] and [r["rank"] for r in c["rows"] if r["slow"]] == [by_busy[0]]
+    assert (c["busiest_shown"], c["least_shown"]) == (48, 16) and c["height"] < 700
+    small = charts.rank_comparison([row(r, busy[r]) for r in range(64)])
+    assert small is not None and len(small["rows"]) == 64 and small["least_shown"] is None

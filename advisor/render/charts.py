@@ -19,6 +19,7 @@ from advisor.render.view import PHASE_LABEL, PHASES, busiest_rank, fmt_ratio, fm
 
 WIDTH = 960
 MAX_BARS = 480  # (rank, step) bars in the per-step chart before it switches to one bar per rank
+MAX_RANK_ROWS = 64  # rows of the per-rank comparison; beyond, the busiest and the least busy ranks
 MAX_SERIES = 64  # ranks drawn as their own line in the step-time series before min/median/max bands
 KINDS = ("compute", "communication", "host", "io", "other", "idle")
 KIND_LABEL = {"compute": "compute", "communication": "communication", "host": "host", "io": "data loading",
@@ -89,7 +90,7 @@ def breakdown_bars(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int
     vmax = max(float(r.get("step_us") or 0.0) for r in rows) or 1.0
     ticks = nice_ticks(vmax)
     labels = tick_labels(ticks)
-    left, right, top, bottom = _axis_left(labels, 62), 10, 12, 34
+    left, right, top, bottom = _axis_left(labels, 62), 16, 12, 34  # right: half of a 4-digit rank label
     height = 240
     plot_h = height - top - bottom
     plot_w = WIDTH - left - right
@@ -129,6 +130,21 @@ def rank_comparison(breakdown: list[dict[str, Any]]) -> dict[str, Any] | None:
     pr = per_rank_means(breakdown)
     if len(pr) < 2:
         return None
+    total = len(pr)
+    busy = {r: m["step_us"] - m["comm_only_us"] - m["free_us"] for r, m in pr.items()}
+    med_busy = statistics.median(busy.values())
+    steps = [m["step_us"] for m in pr.values()]
+    mean_step = statistics.fmean(steps)
+    busiest = busiest_rank(breakdown)
+    least = 0
+    if total > MAX_RANK_ROWS:
+        # a row per rank would be thousands of pixels tall: the ranks others may wait for (most
+        # busy time) and, for contrast, the least busy ones, in rank order; the breakdown chart
+        # above has every rank
+        least = MAX_RANK_ROWS // 4
+        by_busy = sorted(pr, key=lambda r: (-busy[r], r))
+        keep = set(by_busy[: MAX_RANK_ROWS - least]) | set(by_busy[-least:])
+        pr = {r: m for r, m in pr.items() if r in keep}
     n = len(pr)
     row_h = max(3.0, min(18.0, 640.0 / n))
     left, right, top, bottom = 70, 130, 8, 30
@@ -137,11 +153,6 @@ def rank_comparison(breakdown: list[dict[str, Any]]) -> dict[str, Any] | None:
     vmax = max(m["step_us"] for m in pr.values()) or 1.0
     ticks = nice_ticks(vmax)
     scale = plot_w / ticks[-1]
-    busiest = busiest_rank(breakdown)
-    steps = [m["step_us"] for m in pr.values()]
-    mean_step = statistics.fmean(steps)
-    busy = {r: m["step_us"] - m["comm_only_us"] - m["free_us"] for r, m in pr.items()}
-    med_busy = statistics.median(busy.values())
     every = max(1, math.ceil(11.0 / row_h))
     rows = []
     for i, (rank, m) in enumerate(pr.items()):
@@ -154,7 +165,8 @@ def rank_comparison(breakdown: list[dict[str, Any]]) -> dict[str, Any] | None:
                      "end": round(left + m["step_us"] * scale, 2),
                      "title": _phase_title(f"rank {rank} (mean of {int(m['steps'])} steps)", m)})
     return {"width": WIDTH, "height": height, "left": left, "top": top, "plot_w": plot_w, "row_h": row_h,
-            "rows": rows, "busiest": busiest, "mean_x": round(left + mean_step * scale, 2),
+            "rows": rows, "total": total, "busiest_shown": n - least if least else None, "least_shown": least or None,
+            "busiest": busiest, "mean_x": round(left + mean_step * scale, 2),
             "mean_label": fmt_us(mean_step), "base_y": round(top + row_h * n, 2),
             "xticks": [{"x": round(left + t * scale, 2), "label": lab} for t, lab in zip(ticks, tick_labels(ticks), strict=True)]}
 
