@@ -54,6 +54,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DATA = HERE / "data"
 SAMPLE_DIR = (ROOT / ".." / "shared" / "samples" / "kineto_two_ranks").resolve()
+# --rank-sample cpu: many small ranks from a small CPU-only trace bundled with the project
+CPU_SAMPLE = ROOT / "sample_profiles" / "kineto_cpu_healthy" / "cpu_healthy.pt.trace.json.gz"
 GEN_VERSION = 1  # bump when the generator changes (invalidates the cache)
 
 TARGETS = {
@@ -78,7 +80,9 @@ def _parse_size(text: str) -> int:
 
 
 def _label(n: int) -> str:
-    return f"{n / (1 << 30):.0f}GB" if n >= 1 << 30 else f"{n / (1 << 20):.0f}MB"
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.0f}GB"
+    return f"{n / (1 << 20):.0f}MB" if n >= 1 << 20 else f"{n / (1 << 10):.0f}KB"
 
 
 def _compile_event(e: dict, t0: int, step0: int) -> tuple[str, float, tuple[int, ...], tuple[int, ...]]:
@@ -182,8 +186,10 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
-def build_inputs(sizes: list[int], ranks: int, rank_bytes: int, log) -> list[dict]:
-    """Create (or reuse) the benchmark inputs; returns one dict per case."""
+def build_inputs(sizes: list[int], ranks: int, rank_bytes: int, log, rank_sample: str = "two_ranks") -> list[dict]:
+    """Create (or reuse) the benchmark inputs; returns one dict per case. ``rank_sample``: the
+    multi-rank case's ranks copy kineto_two_ranks (GPU, NCCL: at least ~2.4 MB a rank) or
+    (``cpu``) the bundled CPU-only trace (~75 KB a step: many small ranks)."""
     DATA.mkdir(parents=True, exist_ok=True)
     cases = []
     gens: dict[int, Generator] = {}
@@ -193,6 +199,14 @@ def build_inputs(sizes: list[int], ranks: int, rank_bytes: int, log) -> list[dic
         if r % 2 not in gens:
             gens[r % 2] = Generator(src)
         return gens[r % 2]
+
+    if rank_sample == "cpu":
+        cpu_gen = Generator(CPU_SAMPLE)
+
+        def rank_gen(r: int) -> Generator:
+            return cpu_gen
+    else:
+        rank_gen = gen
 
     def cached(d: Path, key: dict) -> dict | None:
         stamp = d / "params.json"
@@ -220,8 +234,9 @@ def build_inputs(sizes: list[int], ranks: int, rank_bytes: int, log) -> list[dic
             log(f"  {res['bytes'] / 1e6:.0f} MB, {res['events']:,} events, {res['steps']} steps in {time.perf_counter() - t:.1f} s")
         cases.append({"name": f"1 rank x {_label(size)}", "dir": d, "bytes": info["bytes"], "events": info["events"], "ranks": 1, "size": size})
     if ranks > 0:
-        d = DATA / f"ranks_{ranks}x{_label(rank_bytes)}"
-        key = {"v": GEN_VERSION, "ranks": ranks, "bytes": rank_bytes, "sample": "kineto_two_ranks"}
+        d = DATA / (f"ranks_{ranks}x{_label(rank_bytes)}" + ("" if rank_sample == "two_ranks" else f"_{rank_sample}"))
+        key = {"v": GEN_VERSION, "ranks": ranks, "bytes": rank_bytes,
+               "sample": "kineto_two_ranks" if rank_sample == "two_ranks" else str(CPU_SAMPLE.relative_to(ROOT))}
         info = cached(d, key)
         if info is None:
             shutil.rmtree(d, ignore_errors=True)
@@ -230,13 +245,13 @@ def build_inputs(sizes: list[int], ranks: int, rank_bytes: int, log) -> list[dic
             log(f"generating {d.name} ...")
             tot_b = tot_e = 0
             for r in range(ranks):
-                res = gen(r).write(d / f"rank-{r}.pt.trace.json", rank_bytes, rank=r, world=ranks)
+                res = rank_gen(r).write(d / f"rank-{r}.pt.trace.json", rank_bytes, rank=r, world=ranks)
                 tot_b += res["bytes"]
                 tot_e += res["events"]
             info = {"key": key, "bytes": tot_b, "events": tot_e}
             (d / "params.json").write_text(json.dumps(info))
             log(f"  {tot_b / 1e6:.0f} MB, {tot_e:,} events in {time.perf_counter() - t:.1f} s")
-        cases.append({"name": f"{ranks} ranks x {_label(rank_bytes)}", "dir": d, "bytes": info["bytes"], "events": info["events"], "ranks": ranks, "size": rank_bytes})
+        cases.append({"name": f"{ranks} ranks x {_label(rank_bytes)}" + ("" if rank_sample == "two_ranks" else f" {rank_sample}"), "dir": d, "bytes": info["bytes"], "events": info["events"], "ranks": ranks, "size": rank_bytes})
     return cases
 
 
@@ -426,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="500MB,2GB", help="single-rank input sizes, comma separated (e.g. 500MB,2GB)")
     ap.add_argument("--ranks", type=int, default=32, help="ranks of the multi-rank case (0: skip it)")
     ap.add_argument("--rank-size", default="10MB", help="size of each rank file in the multi-rank case")
+    ap.add_argument("--rank-sample", choices=("two_ranks", "cpu"), default="two_ranks",
+                    help="what the multi-rank case's ranks copy: kineto_two_ranks (GPU / NCCL, >= ~2.4 MB a rank) "
+                         "or the bundled CPU-only trace (many small ranks)")
     ap.add_argument("--skip-hta", action="store_true", help="do not run HTA")
     ap.add_argument("--skip-duckdb", action="store_true", help="do not run the bare DuckDB load")
     ap.add_argument("--hta-timeout", type=float, default=900.0, help="seconds before HTA is stopped (default 15 min)")
@@ -450,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         rank_size = _parse_size(args.rank_size)
     except argparse.ArgumentTypeError as exc:
         ap.error(str(exc))
-    cases = build_inputs(sizes, args.ranks, rank_size, log)
+    cases = build_inputs(sizes, args.ranks, rank_size, log, args.rank_sample)
     have_hta = False
     if not args.skip_hta:
         probe = subprocess.run([sys.executable, "-c", "import hta.trace_analysis"], capture_output=True, check=False)
