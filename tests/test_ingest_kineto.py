@@ -774,3 +774,23 @@ def test_distributed_info_after_the_events_gives_world_size_and_backend(tmp_path
     assert report.profile["world_size"] == 8
     ctx = load_profile(tmp_path)
     assert ctx.con.execute("SELECT DISTINCT backend FROM ranks").fetchall() == [("nccl",)]
+
+
+def test_a_trace_of_begin_end_pairs_is_refused_saying_so(tmp_path: Path) -> None:
+    """The Chrome format's 'B' / 'E' pairs (never written by Kineto) are not read: a trace made of
+    them is refused with that reason, not as an empty trace; beside a good rank it is skipped."""
+    ev = []
+    for s in range(3):
+        ev += [{"ph": "B", "name": f"ProfilerStep#{s}", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": s * 1100},
+               {"ph": "E", "pid": 1, "tid": 1, "ts": s * 1100 + 1000}]
+    (tmp_path / "rank-1.json").write_text(json.dumps({"traceEvents": ev}))
+    with pytest.raises(InputError, match=r"only begin / end \('B' / 'E'\) pairs"):
+        load_profile(tmp_path / "rank-1.json")
+    (tmp_path / "rank-0.json").write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0, "dur": 5}]}))
+    ctx = load_profile(tmp_path)
+    assert ctx.ranks == [0]
+    assert any("'B' / 'E'" in w.message and w.path and w.path.endswith("rank-1.json") for w in ctx.warnings)
+    (tmp_path / "rank-1.json").write_text(json.dumps({"traceEvents": []}))
+    with pytest.raises(InputError, match="no timed events"):
+        load_profile(tmp_path / "rank-1.json")

@@ -706,7 +706,7 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
         if n_far:
             lctx.warn("bad_events", FAR_TIMES_WARNING.format(n=n_far), f.path)
         if not total:
-            results[f.fid] = ParseError(f.path, "the trace holds no timed events (traceEvents missing or empty)", code="empty_trace")
+            results[f.fid] = ParseError(f.path, _no_events_reason(f.path), code="empty_trace")
             gone.append(f.fid)
         elif lctx.max_events is not None and total > lctx.max_events:
             results[f.fid] = ParseError(f.path, f"{total} events exceed --max-events {lctx.max_events}", code="too_big")
@@ -818,6 +818,18 @@ def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadC
     finally:
         cur.execute(f"DROP TABLE {src}")
     return whole
+
+
+_BEGIN_END_RE = re.compile(rb'"ph"\s*:\s*"[BE]"')
+
+
+def _no_events_reason(path: Path) -> str:
+    """Why a trace gave no timed event: empty, or (looked for in its first MiB) written with the
+    Chrome format's begin / end pairs, which Kineto never writes and advisor does not read."""
+    if _BEGIN_END_RE.search(read_head(path, 1 << 20)):
+        return ("the trace holds no complete ('X') events, only begin / end ('B' / 'E') pairs: not a PyTorch "
+                "profiler (Kineto) export; advisor reads complete events only")
+    return "the trace holds no timed events (traceEvents missing or empty)"
 
 
 def _info(devprops_json: str | None, dist_json: str | None, total: int) -> dict[str, Any]:
