@@ -231,8 +231,32 @@ def test_critical_path_follows_communication_completion_across_streams() -> None
 
 
 def test_critical_path_does_not_jump_to_a_compute_kernel_of_another_stream() -> None:
-    """The cross-stream edge is communication completion only: with the same times but a compute
-    kernel in the collective's place, k2's wait stays on its own stream (505 µs of waiting after k1)."""
+    """A compute kernel's cross-stream edge is communication completion only: with the same times
+    but a compute kernel in the collective's place, k2's wait stays on its own stream (505 µs of
+    waiting after k1)."""
     ops = {o["name"]: o for o in _cp_of(_stream_wait_events(False))["ops"]}
     assert ops["idle (device waiting)"]["total_us"] == pytest.approx(505.0)  # 100 -> 605 µs
     assert ops["k1"]["total_us"] == pytest.approx(60.0)
+
+
+def test_critical_path_of_a_collective_follows_the_computation_it_waited_for() -> None:
+    """The data-parallel case: an all-reduce (605-900 µs) waited on its stream long after its launch
+    (55 µs) and its stream predecessor (100 µs) until a compute kernel of another stream ended
+    (600 µs): its gradients (the NCCL stream's cudaStreamWaitEvent on the compute stream, HCCL's
+    notify wait). The path runs all-reduce <- 5 µs 'waiting for computation' <- the backward kernel."""
+    events = _stream_wait_events(True)
+    for e in events:  # swap the roles: the long task on stream 20 computes, the late one on stream 7 reduces
+        if e.get("stream") == 20:
+            e.update(kind="kernel", name="sgemm_backward")
+        elif e.get("name") == "k2":
+            e.update(kind="comm", name="ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+        elif e.get("name") == "k1":
+            e.update(kind="comm", name="ncclDevKernel_AllGather_RING_LL")
+    cp = _cp_of(events)
+    ops = {o["name"]: o for o in cp["ops"]}
+    assert ops["ncclDevKernel_AllReduce_Sum_f32_RING_LL"]["total_us"] == pytest.approx(295.0)
+    assert ops["idle (waiting for computation)"]["total_us"] == pytest.approx(5.0)  # 600 -> 605 µs
+    assert ops["sgemm_backward"]["total_us"] == pytest.approx(580.0)
+    assert ops["sgemm_backward"]["kind"] == "compute"
+    assert "idle (device waiting)" not in ops and "ncclDevKernel_AllGather_RING_LL" not in ops
+    assert cp["path_us"] == pytest.approx(900.0)

@@ -16,6 +16,12 @@ window start. The dependencies it follows, each a real edge that can be named:
   task (NCCL / HCCL ...) of another stream ended in that wait, the latest such one is the binding
   edge (its completion event released the stream: ``cudaStreamWaitEvent`` / HCCL's notify wait,
   which the trace does not link) and the walk moves to it;
+* **computation completion** – a communication task that so waited, with no collective ending
+  in the wait, waited for the computation of another stream that ended last in it (data
+  parallelism: the NCCL / HCCL stream waits for the event recorded after a bucket's gradient
+  kernels) and the walk moves to it. A compute task is not given this edge: between compute
+  streams a late start has no one mechanism to name (an event wait, or the other stream holding
+  the device), so its wait stays "device waiting" on its own stream;
 * **sync wait** – a host sync call (``cudaStreamSynchronize``, ``aclrtSynchronizeStream``,
   blocking ``cudaMemcpy`` …) ends after the device work it waited for; the walk jumps from the
   end of the wait to the device task that finished last inside it;
@@ -155,6 +161,8 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
     dev_end_vals = [int(end[i]) for i in dev_ends_sorted]
     comm_ends_sorted = [i for i in dev_ends_sorted if kind[i] == "comm"]
     comm_end_vals = [int(end[i]) for i in comm_ends_sorted]
+    comp_ends_sorted = [i for i in dev_ends_sorted if kind[i] != "comm"]
+    comp_end_vals = [int(end[i]) for i in comp_ends_sorted]
     stream_pos = {}
     stream_ends: dict[Any, tuple[list[int], list[int]]] = {}
     for key, ix in dev_by_stream.items():
@@ -182,11 +190,11 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
         o = owner[i] if not device[i] else i
         add(a, b, name[o], REPORT_KIND.get(kind[o], "other"))
 
-    def last_comm_end_in(a: int, b: int, key: Any) -> int | None:
-        """Communication task of another stream than ``key`` with the latest end in (a, b]."""
-        p = bisect.bisect_right(comm_end_vals, b) - 1
-        while p >= 0 and comm_end_vals[p] > a:
-            i = comm_ends_sorted[p]
+    def last_end_in(vals: list[int], order: list[int], a: int, b: int, key: Any) -> int | None:
+        """Task of ``order`` (sorted by end, ends ``vals``) on another stream than ``key`` with the latest end in (a, b]."""
+        p = bisect.bisect_right(vals, b) - 1
+        while p >= 0 and vals[p] > a:
+            i = order[p]
             if (tid[i], stream[i]) != key:
                 return i
             p -= 1
@@ -227,13 +235,20 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
             launch = launch_of.get(corr[v]) if corr[v] is not None else None
             launch_t = min(int(end[launch]), t) if launch is not None else None
             # the last arriving input: the launch, the previous task on the stream, or a
-            # communication task of another stream that ended after both
+            # communication task of another stream that ended after both; for a collective,
+            # else the computation of another stream that ended after both (its gradients)
             after = max(x for x in (launch_t, prev_end, start_ns) if x is not None)
-            comm = last_comm_end_in(after, t, key)
+            comm = last_end_in(comm_end_vals, comm_ends_sorted, after, t, key)
+            comp = (last_end_in(comp_end_vals, comp_ends_sorted, after, t, key)
+                    if comm is None and kind[v] == "comm" else None)
             if comm is not None:
                 add(int(end[comm]), t, "idle (waiting for communication)", "idle")
                 t = int(end[comm])
                 mode = ("dev", comm)
+            elif comp is not None:
+                add(int(end[comp]), t, "idle (waiting for computation)", "idle")
+                t = int(end[comp])
+                mode = ("dev", comp)
             elif launch is not None and launch_t is not None and (prev_end is None or launch_t >= prev_end):
                 add(launch_t, t, "idle (launch latency)", "idle")
                 t = launch_t
