@@ -794,3 +794,17 @@ def test_a_trace_of_begin_end_pairs_is_refused_saying_so(tmp_path: Path) -> None
     (tmp_path / "rank-1.json").write_text(json.dumps({"traceEvents": []}))
     with pytest.raises(InputError, match="no timed events"):
         load_profile(tmp_path / "rank-1.json")
+
+
+@pytest.mark.parametrize(("cat", "kind", "device"), [
+    ("xpu_runtime", "runtime", False), ("xpu_driver", "runtime", False), ("cuda_driver", "runtime", False),
+    ("privateuse1_runtime", "runtime", False), ("mtia_runtime", "runtime", False), ("hip_runtime", "runtime", False),
+    ("privateuse1_driver", "other", False),  # device execution on some backends, host calls on others: not guessed
+])
+def test_runtime_categories_of_kineto_backends(tmp_path: Path, cat: str, kind: str, device: bool) -> None:
+    """Kineto's host-side runtime / driver categories (libkineto ActivityType names) are launches."""
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 50, "args": {}},
+          {"ph": "X", "cat": cat, "name": "zeCommandListAppendLaunchKernel", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
+           "args": {"correlation": 7}}]
+    ctx = load_profile(_one_rank_trace(tmp_path, ev))
+    assert ctx.con.execute("SELECT kind::VARCHAR, device, corr FROM events WHERE cat = ?", [cat]).fetchall() == [(kind, device, 7)]

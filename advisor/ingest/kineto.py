@@ -102,7 +102,10 @@ ARGS_STRUCT = "STRUCT(" + ", ".join(f'"{key}" {_STRUCT_TYPES.get(k, "VARCHAR")}'
 LOWER_CASE_KEYS = tuple(b'"' + _ARG_KEYS[k].encode() + b'"' for k in _ARGS if k.endswith("_lower"))
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset", "gpu_user_annotation", "cuda_sync")
-RUNTIME_CATS = ("cuda_runtime", "runtime", "cuda_driver", "hip_runtime", "xpu_runtime", "privateuse1_runtime", "mtia_runtime")
+# host-side runtime / driver API categories of Kineto (CUDA, ROCm, Intel XPU, PrivateUse1 backends, MTIA);
+# "privateuse1_driver" is not among them: some backends (AWS Neuron) log device execution under it
+RUNTIME_CATS = ("cuda_runtime", "runtime", "cuda_driver", "hip_runtime", "xpu_runtime", "xpu_driver",
+                "privateuse1_runtime", "mtia_runtime")
 COMM_KERNEL_RE = r"(?i)nccl|rccl|hccl|msccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv"
 COMM_HOST_RE = r"^(nccl|gloo|mpi|ucc|hccl|c10d):|^c10d::|^record_param_comms$|^c10d_functional::"
 # categories whose ProfilerStep#N-named events are not host step markers (checked before the marker test)
