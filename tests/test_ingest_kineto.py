@@ -753,27 +753,36 @@ def test_batches_are_planned_on_the_uncompressed_size_not_the_object_limit(tmp_p
 
 
 @pytest.mark.parametrize("batched", [True, False])
-def test_distributed_info_after_the_events_gives_world_size_and_backend(tmp_path: Path, batched: bool,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """A trace rewritten with its keys reordered carries distributedInfo after traceEvents: the
-    ranks come from the file names, and the world size and backend from that trailing object."""
+def test_distributed_info_after_the_events_gives_rank_world_size_and_backend(tmp_path: Path, batched: bool,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace rewritten with its keys reordered carries distributedInfo after traceEvents: the rank
+    (file names without one), world size and backend come from that trailing object; a gzip file's
+    end is not read ahead (ranks then from the file order, with the usual warning)."""
     from advisor.analyze import analyze
     from advisor.ingest import kineto
 
     if not batched:
         monkeypatch.setattr(kineto, "load_many", lambda units, lctx: {})
-    for r in range(2):
+    for name, r in (("host-a", 7), ("host-b", 3)):
         ev = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1, "tid": 1,
                "ts": 1000.0 * s, "dur": 900.0, "args": {}} for s in range(3)]
-        ev += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": i * 0.2, "dur": 0.1,
+        ev += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": i * 0.2 + r, "dur": 0.1,
                 "args": {}} for i in range(2000)]  # beyond the first 64 KiB that claim() reads
-        (tmp_path / f"rank-{r}.pt.trace.json").write_text(
+        (tmp_path / f"{name}.pt.trace.json").write_text(
             json.dumps({"traceEvents": ev, "distributedInfo": {"backend": "nccl", "rank": r, "world_size": 8}}))
     report = analyze(tmp_path)
-    assert report.profile["ranks"] == [0, 1]
+    assert report.profile["ranks"] == [3, 7]
     assert report.profile["world_size"] == 8
+    assert not any(w.code == "rank_guessed" for w in report.warnings)
     ctx = load_profile(tmp_path)
-    assert ctx.con.execute("SELECT DISTINCT backend FROM ranks").fetchall() == [("nccl",)]
+    assert ctx.con.execute("SELECT DISTINCT backend, rank_source FROM ranks").fetchall() == [("nccl", "distributedInfo")]
+    for name in ("host-a", "host-b"):
+        f = tmp_path / f"{name}.pt.trace.json"
+        (tmp_path / f"{name}.pt.trace.json.gz").write_bytes(gzip.compress(f.read_bytes()))
+        f.unlink()
+    gz = analyze(tmp_path)
+    assert gz.profile["ranks"] == [0, 1] and gz.profile["world_size"] == 8
+    assert any(w.code == "rank_guessed" for w in gz.warnings)
 
 
 def test_a_trace_of_begin_end_pairs_is_refused_saying_so(tmp_path: Path) -> None:

@@ -50,7 +50,7 @@ from advisor.ingest.base import (
     release_memory,
     update_rows,
 )
-from advisor.ingest.jsonstream import LayoutError, SpilledEvents, header_value
+from advisor.ingest.jsonstream import TRAILER_MAX, LayoutError, SpilledEvents, find_close, header_value
 from advisor.ingest.steps import build_steps, drop_window_lookup, step_of, window_lookup
 from advisor.schema import DTYPE_BYTES_SQL
 
@@ -177,7 +177,7 @@ def claim(files: list[Path], ctx_warn: Any) -> list[Unit]:
             ctx_warn("not_a_trace", "not a Chrome/Kineto trace (no traceEvents object or event list); skipped", p)
             continue
         unit = Unit(SOURCE, [p], p, run_key=worker_key(p), info={"form": form})
-        dist = _distributed_info(head)
+        dist = _distributed_info(head) or (_trailing_distributed_info(p) if form == "object" else None)
         if dist:
             rank = dist.get("rank")
             if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 1 << 24:
@@ -232,6 +232,29 @@ def _header_from_whole(cur: Any, path: Path) -> tuple[Any, ...]:
         f"FROM read_json($path, columns={COLUMNS}, format='auto', maximum_object_size={_max_object_size(path)})",
         {"path": str(path)},
     ).fetchall()[0])
+
+
+def _trailing_distributed_info(path: Path) -> dict[str, Any] | None:
+    """The ``distributedInfo`` object written after the events (a trace rewritten with its keys
+    reordered), from the last 64 KiB of a plain file; None for a gzip file (its end is only
+    reached by decompressing it all) or when there is none."""
+    try:
+        with path.open("rb") as fh:
+            if fh.read(2) == b"\x1f\x8b":
+                return None
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - TRAILER_MAX))
+            tail = fh.read()
+    except OSError:
+        return None
+    if b'"distributedInfo"' not in tail:
+        return None
+    try:
+        _pos, trailer = find_close(tail)
+    except LayoutError:
+        return None
+    obj = trailer.get("distributedInfo")
+    return obj if isinstance(obj, dict) else None
 
 
 def _distributed_info(head: bytes) -> dict[str, Any] | None:
