@@ -324,3 +324,28 @@ def test_rank_comparison_of_a_large_cluster_shows_the_busiest_and_least_busy_ran
     assert (c["busiest_shown"], c["least_shown"]) == (48, 16) and c["height"] < 700
     small = charts.rank_comparison([row(r, busy[r]) for r in range(64)])
     assert small is not None and len(small["rows"]) == 64 and small["least_shown"] is None
+
+
+def test_progress_line_starts_after_the_delay_without_a_new_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One long scan reports only at its start: the line appears at the delay anyway (a timer),
+    shows the last message, follows later reports, and nothing starts once closed."""
+    import time
+
+    from advisor.render.terminal import Progress
+
+    monkeypatch.setattr(Progress, "DELAY", 0.05)
+    p = Progress()
+    p("ingest", 0, 3)
+    assert p._status is None  # before the delay: nothing yet
+    deadline = time.perf_counter() + 5
+    while p._status is None and time.perf_counter() < deadline:
+        time.sleep(0.01)
+    assert p._status is not None and p._msg == "ingest 0/3"
+    p("rules", 0, 1)
+    assert p._msg == "rules"
+    p.close()
+    q = Progress()
+    q("ingest", 0, 3)
+    q.close()  # closed before the delay: the timer starts nothing
+    time.sleep(0.15)
+    assert q._status is None

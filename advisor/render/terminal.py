@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import sys
+import threading
 import time
 from typing import Any
 
@@ -285,23 +286,53 @@ def print_markdown(text: str) -> None:
 
 
 class Progress:
-    """A progress line on stderr for long ingests (shown only after one second)."""
+    """A progress line on stderr for long ingests, shown once the job has run one second.
+
+    The loader reports at the start and the end of each scan; one scan of a big file or of a
+    whole cluster can last a minute with no report in between, so a timer starts the line at
+    the one-second mark with the last message (the spinner then shows the job is alive)."""
+
+    DELAY = 1.0
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
         self.console = Console(file=sys.stderr)
         self._status: Any = None
+        self._msg = ""
+        self._closed = False
+        self._lock = threading.Lock()
+        self._timer: Any = None
 
     def __call__(self, stage: str, done: int, total: int) -> None:
-        if time.perf_counter() - self.t0 < 1.0 and stage == "ingest" and done < total:
-            return
-        msg = f"{stage} {done}/{total}" if stage == "ingest" else stage
-        if self._status is None:
-            self._status = self.console.status(msg)
-            self._status.start()
-        else:
-            self._status.update(msg)
+        with self._lock:
+            if self._closed:
+                return
+            self._msg = f"{stage} {done}/{total}" if stage == "ingest" else stage
+            if self._status is not None:
+                self._status.update(self._msg)
+                return
+            wait = self.DELAY - (time.perf_counter() - self.t0)
+            if wait > 0 and stage == "ingest" and done < total:
+                if self._timer is None:
+                    self._timer = threading.Timer(wait, self._start_late)
+                    self._timer.daemon = True
+                    self._timer.start()
+                return
+            self._start()
+
+    def _start(self) -> None:
+        self._status = self.console.status(self._msg)
+        self._status.start()
+
+    def _start_late(self) -> None:
+        with self._lock:
+            if self._status is None and not self._closed:
+                self._start()
 
     def close(self) -> None:
-        if self._status is not None:
-            self._status.stop()
+        with self._lock:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+            if self._status is not None:
+                self._status.stop()
