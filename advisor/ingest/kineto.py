@@ -182,10 +182,7 @@ def claim(files: list[Path], ctx_warn: Any) -> list[Unit]:
             rank = dist.get("rank")
             if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 1 << 24:
                 unit.rank_hint, unit.rank_source = rank, "distributedInfo"
-            ws = dist.get("world_size")
-            unit.world_size = ws if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0 else None
-            backend = dist.get("backend")
-            unit.backend = str(backend)[:40] if isinstance(backend, str) else None
+            unit.world_size, unit.backend = _world_and_backend(dist)
         if unit.rank_hint is None:
             for rx in _RANK_IN_NAME:
                 mm = rx.search(p.name)
@@ -234,14 +231,21 @@ def _header_from_whole(cur: Any, path: Path) -> tuple[Any, ...]:
     ).fetchall()[0])
 
 
+def _world_and_backend(dist: dict[str, Any]) -> tuple[int | None, str | None]:
+    """``world_size`` (a positive integer) and ``backend`` (text) of a distributedInfo object, else None."""
+    ws, backend = dist.get("world_size"), dist.get("backend")
+    return (ws if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0 else None,
+            backend[:40] if isinstance(backend, str) else None)
+
+
 def _trailing_distributed_info(path: Path) -> dict[str, Any] | None:
     """The ``distributedInfo`` object written after the events (a trace rewritten with its keys
     reordered), from the last 64 KiB of a plain file; None for a gzip file (its end is only
     reached by decompressing it all) or when there is none."""
+    if is_gzip(path):
+        return None
     try:
         with path.open("rb") as fh:
-            if fh.read(2) == b"\x1f\x8b":
-                return None
             size = fh.seek(0, 2)
             fh.seek(max(0, size - TRAILER_MAX))
             tail = fh.read()
@@ -875,13 +879,9 @@ def _info(devprops_json: str | None, dist_json: str | None, total: int) -> dict[
             dist = json.loads(dist_json)
             if isinstance(dist, dict):
                 info["distributed"] = dist
-                # the world size and backend when claim() did not see them (distributedInfo written
-                # after the events, e.g. by a script that rewrote the trace)
-                ws = dist.get("world_size")
-                if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0:
-                    info["world_size"] = ws
-                if isinstance(dist.get("backend"), str):
-                    info["backend"] = dist["backend"][:40]
+                # the world size and backend when claim() did not see them (distributedInfo after
+                # the events of a gzip file, whose end claim() does not read)
+                info["world_size"], info["backend"] = _world_and_backend(dist)
         except ValueError:
             pass
     return info

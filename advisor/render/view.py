@@ -249,7 +249,8 @@ def slow_steps(d: Mapping[str, Any]) -> tuple[set[tuple[int, int]], str]:
     if status.get(SLOW_STEP_RULE) == "ran":
         pairs = {(int(t["rank"]), int(t["step"])) for f in d.get("findings") or [] if f.get("rule") == SLOW_STEP_RULE
                  for t in f.get("top") or [] if t.get("rank") is not None and t.get("step") is not None}
-        undecided = any(w.get("code") == "rule_undecided" and SLOW_STEP_RULE in str(w.get("message"))
+        undecided = any(w.get("code") == "rule_undecided"  # message: "<rule ids, names>: <why>"
+                        and SLOW_STEP_RULE in str(w.get("message")).split(": ", 1)[0]
                         for w in d.get("warnings") or [])
         return pairs, "undecided" if undecided and not pairs else "rule"
     return step_outliers(d.get("breakdown") or []), "robust"

@@ -190,8 +190,9 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
         o = owner[i] if not device[i] else i
         add(a, b, name[o], REPORT_KIND.get(kind[o], "other"))
 
-    def last_end_in(vals: list[int], order: list[int], a: int, b: int, key: Any) -> int | None:
-        """Task of ``order`` (sorted by end, ends ``vals``) on another stream than ``key`` with the latest end in (a, b]."""
+    def last_end_in(vals: list[int], order: list[int], a: int, b: int, key: Any = None) -> int | None:
+        """Task of ``order`` (sorted by end, ends ``vals``) with the latest end in (a, b], on
+        another stream than ``key`` (None: on any)."""
         p = bisect.bisect_right(vals, b) - 1
         while p >= 0 and vals[p] > a:
             i = order[p]
@@ -200,12 +201,6 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
             p -= 1
         return None
 
-    def last_device_end_in(a: int, b: int) -> int | None:
-        """Device task with the latest end in (a, b]."""
-        p = bisect.bisect_right(dev_end_vals, b) - 1
-        if p >= 0 and dev_end_vals[p] > a:
-            return dev_ends_sorted[p]
-        return None
 
     # start: the latest-ending piece of work in the window
     t = int(end_ns)
@@ -285,7 +280,7 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
             t = b
         # a sync (or a blocking call) waits for device work finishing inside it
         if kind[i] in ("sync",) or (kind[i] == "runtime" and "Memcpy" in name[i] and "Async" not in name[i]):
-            d = last_device_end_in(max(a, int(start[i])), t)
+            d = last_end_in(dev_end_vals, dev_ends_sorted, max(a, int(start[i])), t)
             if d is not None:
                 credit_event(i, int(end[d]), t)
                 t = int(end[d])

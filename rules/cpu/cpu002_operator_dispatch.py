@@ -158,7 +158,7 @@ def _device(ctx: RuleContext[Thresholds], df: pd.DataFrame) -> Iterator[Finding]
 def _cpu_only(ctx: RuleContext[Thresholds], df: pd.DataFrame) -> Iterator[Finding]:
     df = df.assign(_overhead=df["short_us"] + df["gap_us"])
     for rank, g in _candidates(df, "_overhead", ctx.t.min_idle_share).groupby("rank"):
-        overhead = g["short_us"] + g["gap_us"]
+        overhead = g["_overhead"]
         share = float((overhead / g["step_us"]).median())
         short_share = float(g["n_short"].sum() / max(g["n_ops"].sum(), 1))
         if share < ctx.t.min_idle_share or short_share < ctx.t.min_short_share:
