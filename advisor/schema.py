@@ -40,7 +40,8 @@ KINDS: dict[str, str] = {
     "memcpy": "memory copy (H2D, D2H, D2D, on device) ",
     "memset": "memory set on device",
     "sync": "host waits for the device (cudaDeviceSynchronize, cudaStreamSynchronize, "
-    "cudaEventSynchronize, aclrtSynchronize*, ...)",
+    "cudaEventSynchronize, aclrtSynchronize*, ...); on a device row (Kineto cuda_sync), the device-side record "
+    "of such a call or of a stream's wait on an event (cudaStreamWaitEvent)",
     "dataloader": "data loading on the host (enumerate(DataLoader)#...__next__, Ascend dataloader events)",
     "queue": "host task-queue hand-off (torch_npu Enqueue / Dequeue)",
     "step": "step marker (ProfilerStep#N)",
@@ -122,6 +123,11 @@ TABLES: dict[str, Table] = {
             ("block_dim", "INTEGER", ("launch grid size of a device kernel where the trace records it (Kineto: product "
                                       "of the grid dims, the GPU analogue of Ascend's block dim; Ascend's own is in "
                                       "kernels), else NULL")),
+            ("wait_stream", "BIGINT", ("a device-side wait on a CUDA event (Kineto cuda_sync 'Stream Wait Event' / "
+                                       "'Event Sync', recorded with enable_cuda_sync_events): the stream the event "
+                                       "was recorded on; NULL elsewhere or when the exporter wrote -1")),
+            ("wait_corr", "BIGINT", ("the same wait: correlation id of the cudaEventRecord call that recorded the "
+                                     "event; NULL elsewhere or when the exporter wrote -1")),
             required=True,
         ),
         _t(
@@ -342,8 +348,9 @@ TABLES: dict[str, Table] = {
 
 
 # the ENUM behind events.kind: KINDS, plus 'meta' (metadata rows, only inside a reader before they are deleted)
-# ``INSERT INTO`` target for readers that write every events column but the Kineto-only ``block_dim``
-EVENTS_INSERT = "events (" + ", ".join(c for c in TABLES["events"].column_names if c != "block_dim") + ")"
+# ``INSERT INTO`` target for readers that write every events column but the Kineto-only ones
+KINETO_ONLY = ("block_dim", "wait_stream", "wait_corr")
+EVENTS_INSERT = "events (" + ", ".join(c for c in TABLES["events"].column_names if c not in KINETO_ONLY) + ")"
 
 KIND_TYPE_DDL = "CREATE TYPE IF NOT EXISTS event_kind AS ENUM (" + ", ".join(f"'{k}'" for k in (*KINDS, "meta")) + ")"
 

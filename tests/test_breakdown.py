@@ -260,3 +260,100 @@ def test_critical_path_of_a_collective_follows_the_computation_it_waited_for() -
     assert ops["sgemm_backward"]["kind"] == "compute"
     assert "idle (device waiting)" not in ops and "ncclDevKernel_AllGather_RING_LL" not in ops
     assert cp["path_us"] == pytest.approx(900.0)
+
+
+def _recorded_wait_events(wait: dict | None) -> list[dict]:
+    """One step (marker 0-100 µs, window to 900 µs): kernel A on stream 7 (40-600 µs), then on the
+    host cudaEventRecord (corr 4), cudaStreamWaitEvent (corr 5) and the launch of B on stream 20
+    (corr 6, at 60 µs), which ran 605-900 µs; a collective on stream 30 (20-602 µs) ended inside
+    B's wait too. ``wait``: the cuda_sync record of the cudaStreamWaitEvent (None: not recorded)."""
+    us = 1000
+    host = {"rank": 0, "device": False, "pid": "1", "tid": "1"}
+    dev = {"rank": 0, "device": True, "pid": "0"}
+    events = [
+        {**host, "kind": "step", "name": "ProfilerStep#1", "start_ns": 0, "dur_ns": 100 * us},
+        {**host, "kind": "runtime", "name": "cudaLaunchKernel", "start_ns": 10 * us, "dur_ns": 5 * us, "corr": 1},
+        {**host, "kind": "runtime", "name": "cudaLaunchKernel", "start_ns": 30 * us, "dur_ns": 5 * us, "corr": 2},
+        {**host, "kind": "runtime", "name": "cudaEventRecord", "start_ns": 40 * us, "dur_ns": 2 * us, "corr": 4},
+        {**host, "kind": "runtime", "name": "cudaStreamWaitEvent", "start_ns": 50 * us, "dur_ns": 2 * us, "corr": 5},
+        {**host, "kind": "runtime", "name": "cudaLaunchKernel", "start_ns": 60 * us, "dur_ns": 5 * us, "corr": 6},
+        {**dev, "kind": "comm", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "tid": "30", "stream": 30,
+         "start_ns": 20 * us, "dur_ns": 582 * us, "corr": 1},
+        {**dev, "kind": "kernel", "name": "A", "tid": "7", "stream": 7, "start_ns": 40 * us, "dur_ns": 560 * us, "corr": 2},
+        {**dev, "kind": "kernel", "name": "B", "tid": "20", "stream": 20, "start_ns": 605 * us, "dur_ns": 295 * us, "corr": 6},
+    ]
+    if wait is not None:
+        events.append({**dev, "kind": "sync", "name": "Stream Wait Event", "tid": "20", "stream": 20,
+                       "start_ns": 50 * us, "dur_ns": 1 * us, "corr": 5, **wait})
+    return events
+
+
+def test_critical_path_follows_a_recorded_event_wait_between_compute_streams() -> None:
+    """With the wait recorded (Kineto's enable_cuda_sync_events: stream 20 waits on the event
+    recorded on stream 7 by the call with correlation 4), B depends on A, the last task launched
+    on stream 7 before that record: B <- 5 µs 'waiting for computation' <- A. The collective that
+    ended later inside the wait (602 µs) is not on the path: the inferred edge would have taken it."""
+    cp = _cp_of(_recorded_wait_events({"wait_stream": 7, "wait_corr": 4}))
+    ops = {o["name"]: o for o in cp["ops"]}
+    assert ops["B"]["total_us"] == pytest.approx(295.0)
+    assert ops["idle (waiting for computation)"]["total_us"] == pytest.approx(5.0)  # 600 -> 605 µs
+    assert ops["A"]["total_us"] == pytest.approx(560.0)
+    assert "ncclDevKernel_AllReduce_Sum_f32_RING_LL" not in ops
+    assert "idle (waiting for communication)" not in ops
+    assert cp["path_us"] == pytest.approx(900.0)
+
+
+def test_critical_path_infers_the_wait_only_where_it_is_not_recorded() -> None:
+    """The same timeline without the record, or with a record whose event Kineto could not find
+    (wait_on_cuda_event_record_corr_id -1, read as NULL): the inferred communication-completion
+    edge, to the collective ending last in the wait (602 -> 605 µs)."""
+    for wait in (None, {"wait_stream": None, "wait_corr": None}):
+        ops = {o["name"]: o for o in _cp_of(_recorded_wait_events(wait))["ops"]}
+        assert ops["idle (waiting for communication)"]["total_us"] == pytest.approx(3.0)
+        assert "A" not in ops
+
+
+def test_critical_path_takes_no_inferred_edge_past_a_recorded_wait_that_did_not_bind() -> None:
+    """A recorded wait whose producer ended before B was launched (the event was recorded on
+    stream 7 before A's launch: its producer is nothing in the window) does not hold B back, and
+    with the window's waits recorded the collective ending in B's wait is not guessed as its cause:
+    B waited on its launch (65 µs) only."""
+    cp = _cp_of(_recorded_wait_events({"wait_stream": 7, "wait_corr": 2}))  # record before A's launch
+    ops = {o["name"]: o for o in cp["ops"]}
+    assert "idle (waiting for communication)" not in ops and "idle (waiting for computation)" not in ops
+    assert ops["idle (launch latency)"]["total_us"] == pytest.approx(540.0)  # 65 -> 605 µs
+    assert cp["path_us"] == pytest.approx(900.0)
+
+
+def test_critical_path_of_a_recorded_stream_sync_ends_at_its_stream() -> None:
+    """A host cudaStreamSynchronize (100-900 µs) recorded as a cuda_sync 'Stream Sync' on stream 7
+    was released by stream 7's last task (A, ending 600 µs), not by the collective of stream 30
+    that ended later inside it (850 µs); then kernel C (launched at 900 µs) ran 905-950 µs on
+    stream 7. The path runs C <- its launch <- the sync's wait back to A; unrecorded, the wait
+    would end at the collective."""
+    us = 1000
+    host = {"rank": 0, "device": False, "pid": "1", "tid": "1"}
+    events = [e for e in _recorded_wait_events(None) if e["name"] != "B"]
+    for e in events:
+        if e.get("stream") == 30:
+            e["dur_ns"] = 830 * us  # 20 -> 850 µs
+        elif e["kind"] == "step":
+            e["dur_ns"] = 910 * us  # the step holds the sync and the last launch
+    events += [
+        {**host, "kind": "sync", "name": "cudaStreamSynchronize", "start_ns": 100 * us, "dur_ns": 800 * us, "corr": 9},
+        {**host, "kind": "runtime", "name": "cudaLaunchKernel", "start_ns": 900 * us, "dur_ns": 2 * us, "corr": 10},
+        {"rank": 0, "device": True, "pid": "0", "tid": "7", "kind": "kernel", "name": "C", "stream": 7,
+         "start_ns": 905 * us, "dur_ns": 45 * us, "corr": 10},
+    ]
+    record = {"rank": 0, "device": True, "pid": "0", "tid": "7", "kind": "sync", "name": "Stream Sync", "stream": 7,
+              "start_ns": 100 * us, "dur_ns": 800 * us, "corr": 9}
+    cp = _cp_of([*events, record])
+    ops = {o["name"]: o for o in cp["ops"]}
+    assert ops["C"]["total_us"] == pytest.approx(45.0)
+    assert ops["cudaStreamSynchronize"]["total_us"] == pytest.approx(300.0)  # 600 -> 900 µs
+    assert ops["A"]["total_us"] == pytest.approx(560.0)
+    assert "ncclDevKernel_AllReduce_Sum_f32_RING_LL" not in ops
+    assert cp["path_us"] == pytest.approx(950.0)
+    unrecorded = {o["name"]: o for o in _cp_of(events)["ops"]}
+    assert unrecorded["cudaStreamSynchronize"]["total_us"] == pytest.approx(50.0)  # 850 -> 900 µs
+    assert "A" not in unrecorded

@@ -817,3 +817,60 @@ def test_runtime_categories_of_kineto_backends(tmp_path: Path, cat: str, kind: s
            "args": {"correlation": 7}}]
     ctx = load_profile(_one_rank_trace(tmp_path, ev))
     assert ctx.con.execute("SELECT kind::VARCHAR, device, corr FROM events WHERE cat = ?", [cat]).fetchall() == [(kind, device, 7)]
+
+
+def _cuda_sync_trace(tmp_path: Path) -> Path:
+    """One step of one GPU rank as libkineto writes it with ``enable_cuda_sync_events``: kernel A
+    on stream 7, then cudaEventRecord (correlation 4), cudaStreamWaitEvent (5) and B's launch (6)
+    on the host; B on stream 20 waited for A; a collective on stream 30 ended inside that wait.
+    The wait's ``cuda_sync`` record sits on the waiting stream's row with the recording stream and
+    the record's correlation; a Context Sync record has neither, and an Event Sync whose record
+    Kineto did not see has -1 for both."""
+    rt = {"ph": "X", "cat": "cuda_runtime", "pid": 1, "tid": 1}
+    k = {"ph": "X", "cat": "kernel", "pid": 0}
+
+    def sync(name: str, ts: float, stream: int, corr: int, wait: tuple[int, int] | None) -> dict:
+        args: dict = {"cuda_sync_kind": name}
+        if wait is not None:
+            args.update({"wait_on_stream": wait[0], "wait_on_cuda_event_record_corr_id": wait[1], "wait_on_cuda_event_id": 3})
+        args.update({"stream": stream, "correlation": corr, "device": 0, "context": 1})
+        return {"ph": "X", "cat": "cuda_sync", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": 1, "args": args}
+
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+        {**rt, "name": "cudaLaunchKernel", "ts": 10, "dur": 5, "args": {"cbid": 211, "correlation": 1}},
+        {**rt, "name": "cudaLaunchKernel", "ts": 30, "dur": 5, "args": {"cbid": 211, "correlation": 2}},
+        {**rt, "name": "cudaEventRecord", "ts": 40, "dur": 2, "args": {"cbid": 135, "correlation": 4}},
+        {**rt, "name": "cudaStreamWaitEvent", "ts": 50, "dur": 2, "args": {"cbid": 147, "correlation": 5}},
+        {**rt, "name": "cudaLaunchKernel", "ts": 60, "dur": 5, "args": {"cbid": 211, "correlation": 6}},
+        {**k, "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "tid": 30, "ts": 20, "dur": 582,
+         "args": {"device": 0, "stream": 30, "correlation": 1}},
+        {**k, "name": "A", "tid": 7, "ts": 40, "dur": 560, "args": {"device": 0, "stream": 7, "correlation": 2}},
+        {**k, "name": "B", "tid": 20, "ts": 605, "dur": 295, "args": {"device": 0, "stream": 20, "correlation": 6}},
+        sync("Stream Wait Event", 50, 20, 5, (7, 4)),
+        sync("Context Sync", 70, -1, 8, None),
+        sync("Event Sync", 80, -1, 9, (-1, -1)),
+    ]
+    return _one_rank_trace(tmp_path, events)
+
+
+@pytest.mark.parametrize("struct", [True, False], ids=["struct", "json_path"])
+def test_cuda_sync_waits_are_read_and_followed(tmp_path: Path, struct: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recorded stream wait keeps its recording stream and record correlation (-1: NULL), by
+    either reader; the critical path then runs B <- 5 µs 'waiting for computation' <- A, past the
+    collective that ended later inside B's wait."""
+    from advisor.analyze import analyze
+    from advisor.ingest import kineto
+
+    if not struct:
+        monkeypatch.setattr(kineto, "LOWER_CASE_KEYS", (b'"ph"',))  # found in every file: the JSON path
+    path = _cuda_sync_trace(tmp_path)
+    rows = load_profile(path).con.execute(
+        "SELECT name, kind, device, stream, corr, wait_stream, wait_corr FROM events WHERE cat = 'cuda_sync' ORDER BY corr"
+    ).fetchall()
+    assert rows == [("Stream Wait Event", "sync", True, 20, 5, 7, 4), ("Context Sync", "sync", True, -1, 8, None, None),
+                    ("Event Sync", "sync", True, -1, 9, None, None)]
+    ops = {o["name"]: o for o in analyze(path).critical_path["ops"]}
+    assert ops["idle (waiting for computation)"]["total_us"] == pytest.approx(5.0)
+    assert ops["A"]["total_us"] == pytest.approx(560.0)
+    assert "ncclDevKernel_AllReduce_Sum_f32_RING_LL" not in ops

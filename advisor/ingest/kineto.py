@@ -80,7 +80,7 @@ _ARGS = {
     "stream": '$.stream', "dims": '$."Input Dims"', "dims_lower": '$."Input dims"', "types": '$."Input type"',
     "flops": '$.flops', "stack": '$."Call stack"', "meta_name": '$.name', "nelems": '$."In msg nelems"',
     "dtype": '$.dtype', "pg_name": '$."Process Group Name"', "pg_desc": '$."Process Group Description"',
-    "grid": '$.grid',
+    "grid": '$.grid', "wait_stream": '$.wait_on_stream', "wait_corr": '$.wait_on_cuda_event_record_corr_id',
 }
 ARG_PATHS = tuple(_ARGS.values())
 _ARG_INDEX = {k: i + 1 for i, k in enumerate(_ARGS)}  # 1-based, as SQL lists are
@@ -96,7 +96,8 @@ _ARG_INDEX = {k: i + 1 for i, k in enumerate(_ARGS)}  # 1-based, as SQL lists ar
 # (the JSON path: NULL); no exporter writes one.
 _ARG_KEYS = {k: p[2:].strip('"') for k, p in _ARGS.items()}
 _STRUCT_TYPES = {"corr": "BIGINT", "ext": "BIGINT", "bytes": "BIGINT", "stream": "BIGINT", "flops": "DOUBLE",
-                 "nelems": "BIGINT", "grid": "BIGINT[]"}
+                 "nelems": "BIGINT", "grid": "BIGINT[]",
+                 "wait_stream": "BIGINT", "wait_corr": "BIGINT"}
 ARGS_STRUCT = "STRUCT(" + ", ".join(f'"{key}" {_STRUCT_TYPES.get(k, "VARCHAR")}' for k, key in _ARG_KEYS.items()
                                     if not k.endswith("_lower")) + ")"
 LOWER_CASE_KEYS = tuple(b'"' + _ARG_KEYS[k].encode() + b'"' for k in _ARGS if k.endswith("_lower"))
@@ -348,6 +349,10 @@ def _events_sql(unnest: str, struct: bool = False, numeric: bool = False) -> str
            CASE WHEN ph = 'M' THEN {_arg("meta_name")} END AS x_extra,
            CASE WHEN lcat = 'kernel' THEN TRY_CAST(list_aggregate(TRY_CAST({_arg("grid")} AS BIGINT[]), 'product') AS INTEGER)
            END AS block_dim,
+           CASE WHEN lcat = 'cuda_sync' AND TRY_CAST({_arg("wait_stream")} AS BIGINT) >= 0
+                THEN TRY_CAST({_arg("wait_stream")} AS BIGINT) END AS wait_stream,
+           CASE WHEN lcat = 'cuda_sync' AND TRY_CAST({_arg("wait_corr")} AS BIGINT) >= 0
+                THEN TRY_CAST({_arg("wait_corr")} AS BIGINT) END AS wait_corr,
            CASE WHEN lcat = 'kernel' THEN coalesce({_arg("pg_name")}, {_arg("pg_desc")}) END AS x_group
     FROM (
         SELECT fid, e.ph AS ph, e.cat AS cat, lower(coalesce(e.cat, '')) AS lcat, e.name AS name, e.pid AS pid,

@@ -22,9 +22,22 @@ window start. The dependencies it follows, each a real edge that can be named:
   kernels) and the walk moves to it. A compute task is not given this edge: between compute
   streams a late start has no one mechanism to name (an event wait, or the other stream holding
   the device), so its wait stays "device waiting" on its own stream;
+* **event wait** (recorded) – a Kineto trace taken with ``enable_cuda_sync_events`` names each
+  stream-to-stream wait: a ``cuda_sync`` "Stream Wait Event" on the waiting stream (its
+  ``stream``, the ``correlation`` of its ``cudaStreamWaitEvent``) with the stream the event was
+  recorded on (``wait_on_stream``) and the correlation of that ``cudaEventRecord``
+  (``wait_on_cuda_event_record_corr_id``). Correlation ids grow with the API calls, so the wait
+  holds back the first task of its stream launched after it, and the recorded event completes
+  with the last task of the recording stream launched before the record: the producer. A task
+  that waited, with such a wait before it whose producer ended in its wait, depends on that
+  producer, compute or communication alike. Where a window has recorded waits, they replace
+  the two completion edges above, which are inferences from timing (a task with an unrecorded
+  wait before it — ``wait_on_cuda_event_record_corr_id`` -1 — still gets them);
 * **sync wait** – a host sync call (``cudaStreamSynchronize``, ``aclrtSynchronizeStream``,
   blocking ``cudaMemcpy`` …) ends after the device work it waited for; the walk jumps from the
-  end of the wait to the device task that finished last inside it;
+  end of the wait to the device task that finished last inside it. Where the trace records the
+  sync (``cuda_sync`` "Stream Sync" / "Event Sync" with the call's correlation), only the task
+  it names can end the wait: the last task of that stream, or the event's producer;
 * **thread hand-off** – a helper thread (e.g. autograd's) with nothing earlier in the window
   was started from the main thread (the one holding the step marker); the walk moves there.
 
@@ -67,6 +80,18 @@ WHERE rank = $rank AND dur_ns > 0 AND start_ns < $end AND start_ns + dur_ns > $s
        OR NOT device AND kind IN ('host_op', 'runtime', 'sync', 'dataloader', 'queue', 'comm', 'python', 'other', 'step'))
 ORDER BY start_ns, dur_ns DESC
 """
+# device-side records of synchronisation calls (Kineto cuda_sync): the waiting stream, the call's
+# correlation, and for an event wait the recording stream and the record's correlation. Taken by
+# correlation, not time (the calls are made ahead of the device work): a record that matters
+# names a device task of the window, launched before the call, so its correlation lies above the
+# window's lowest device-task correlation ($lo) and at most its highest correlation ($hi)
+_SYNCS_SQL = """
+SELECT name, coalesce(stream, -1) AS stream, corr, wait_stream, wait_corr
+FROM events
+WHERE rank = $rank AND device AND kind = 'sync' AND corr > $lo AND corr <= $hi
+ORDER BY corr
+"""
+WAIT_EVENT = "Stream Wait Event"
 
 
 @dataclass
@@ -175,6 +200,66 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
         if not device[i] and corr[i] is not None and kind[i] in ("runtime", "sync", "queue", "other", "host_op"):
             launch_of.setdefault(corr[i], i)
 
+    # -- recorded synchronisation (Kineto cuda_sync) -----------------------------------------
+    # device tasks per stream number in correlation (launch) order, and by end
+    by_corr: dict[int, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+    by_end: dict[int, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+    for i in dev_ends_sorted:
+        by_end[stream[i]][0].append(int(end[i]))
+        by_end[stream[i]][1].append(i)
+    for i in sorted((i for i in dev_all if corr[i] is not None), key=lambda i: corr[i]):
+        by_corr[stream[i]][0].append(int(corr[i]))
+        by_corr[stream[i]][1].append(i)
+    waits: dict[int, tuple[list[int], list[tuple[Any, Any]]]] = defaultdict(lambda: ([], []))
+    sync_of_call: dict[int, tuple[str, int, Any, Any]] = {}
+    dev_corrs = [corr[i] for i in dev_all if corr[i] is not None]
+    all_corrs = [c for c in corr if c is not None]
+    syncs = cur.execute(_SYNCS_SQL, {"rank": rank, "lo": min(dev_corrs), "hi": max(all_corrs)}).fetchall() if dev_corrs else []
+    for nm, st, c, ws, wc in syncs:
+        sync_of_call.setdefault(int(c), (nm, int(st), ws, wc))
+        if nm == WAIT_EVENT:
+            waits[int(st)][0].append(int(c))
+            waits[int(st)][1].append((ws, wc))
+    recorded = bool(waits)  # the window's stream waits are recorded: no inferred completion edges
+
+    def producer(ws: int, wc: int) -> int | None:
+        """The task whose completion an event recorded on stream ``ws`` by the call with
+        correlation ``wc`` marks: the last one launched there before the record."""
+        corrs, order = by_corr.get(ws, ([], []))
+        p = bisect.bisect_left(corrs, wc) - 1
+        return order[p] if p >= 0 else None
+
+    def recorded_wait(v: int, prev: int | None, a: int, b: int) -> tuple[int | None, bool]:
+        """(the producer ending last in (a, b] among the recorded waits between ``prev`` and
+        ``v`` on their stream, whether one of those waits names no producer)."""
+        if corr[v] is None:
+            return None, True
+        lo = corr[prev] if prev is not None and corr[prev] is not None else -1
+        calls, what = waits.get(stream[v], ([], []))
+        best, unknown = None, False
+        for k in range(bisect.bisect_right(calls, lo), bisect.bisect_left(calls, corr[v])):
+            ws, wc = what[k]
+            if ws is None or wc is None:
+                unknown = True
+                continue
+            p = producer(int(ws), int(wc))
+            if p is not None and a < end[p] <= b and (best is None or end[p] > end[best]):
+                best = p
+        return best, unknown
+
+    def released_by(i: int, a: int, b: int) -> int | None:
+        """The device task whose end released host sync call ``i`` waiting in (a, b]: the one
+        its cuda_sync record names (a stream's last task, an event's producer) when there is
+        one, else the last task ending in the wait on any stream."""
+        rec = sync_of_call.get(corr[i]) if corr[i] is not None else None
+        if rec is not None and rec[0] == "Stream Sync":
+            vals, order = by_end.get(rec[1], ([], []))
+            return last_end_in(vals, order, a, b)
+        if rec is not None and rec[0] == "Event Sync" and rec[2] is not None and rec[3] is not None:
+            p = producer(int(rec[2]), int(rec[3]))
+            return p if p is not None and a < end[p] <= b else None
+        return last_end_in(dev_end_vals, dev_ends_sorted, a, b)
+
     credit: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
     segments: list[tuple[int, int, str, str]] = []
 
@@ -233,10 +318,16 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
             # communication task of another stream that ended after both; for a collective,
             # else the computation of another stream that ended after both (its gradients)
             after = max(x for x in (launch_t, prev_end, start_ns) if x is not None)
-            comm = last_end_in(comm_end_vals, comm_ends_sorted, after, t, key)
+            waited, infer = recorded_wait(v, prev, after, t) if recorded else (None, True)
+            comm = last_end_in(comm_end_vals, comm_ends_sorted, after, t, key) if infer and waited is None else None
             comp = (last_end_in(comp_end_vals, comp_ends_sorted, after, t, key)
-                    if comm is None and kind[v] == "comm" else None)
-            if comm is not None:
+                    if infer and waited is None and comm is None and kind[v] == "comm" else None)
+            if waited is not None:
+                label = "communication" if kind[waited] == "comm" else "computation"
+                add(int(end[waited]), t, f"idle (waiting for {label})", "idle")
+                t = int(end[waited])
+                mode = ("dev", waited)
+            elif comm is not None:
                 add(int(end[comm]), t, "idle (waiting for communication)", "idle")
                 t = int(end[comm])
                 mode = ("dev", comm)
@@ -280,7 +371,7 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
             t = b
         # a sync (or a blocking call) waits for device work finishing inside it
         if kind[i] in ("sync",) or (kind[i] == "runtime" and "Memcpy" in name[i] and "Async" not in name[i]):
-            d = last_end_in(dev_end_vals, dev_ends_sorted, max(a, int(start[i])), t)
+            d = released_by(i, max(a, int(start[i])), t)
             if d is not None:
                 credit_event(i, int(end[d]), t)
                 t = int(end[d])
