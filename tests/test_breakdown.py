@@ -325,12 +325,16 @@ def test_critical_path_takes_no_inferred_edge_past_a_recorded_wait_that_did_not_
     assert cp["path_us"] == pytest.approx(900.0)
 
 
-def test_critical_path_of_a_recorded_stream_sync_ends_at_its_stream() -> None:
-    """A host cudaStreamSynchronize (100-900 µs) recorded as a cuda_sync 'Stream Sync' on stream 7
-    was released by stream 7's last task (A, ending 600 µs), not by the collective of stream 30
-    that ended later inside it (850 µs); then kernel C (launched at 900 µs) ran 905-950 µs on
-    stream 7. The path runs C <- its launch <- the sync's wait back to A; unrecorded, the wait
-    would end at the collective."""
+@pytest.mark.parametrize("call, record", [
+    ("cudaStreamSynchronize", {"name": "Stream Sync", "stream": 7}),
+    ("cudaEventSynchronize", {"name": "Event Sync", "stream": -1, "wait_stream": 7, "wait_corr": 4}),
+], ids=["stream_sync", "event_sync"])
+def test_critical_path_of_a_recorded_host_sync_ends_at_what_it_names(call: str, record: dict) -> None:
+    """A host sync (100-900 µs) recorded as a cuda_sync 'Stream Sync' on stream 7, or as an 'Event
+    Sync' on the event recorded on stream 7 by the call with correlation 4 (after A's launch), was
+    released by A (ending 600 µs), not by the collective of stream 30 that ended later inside it
+    (850 µs); then kernel C (launched at 900 µs) ran 905-950 µs on stream 7. The path runs C <- its
+    launch <- the sync's wait back to A; unrecorded, the wait would end at the collective."""
     us = 1000
     host = {"rank": 0, "device": False, "pid": "1", "tid": "1"}
     events = [e for e in _recorded_wait_events(None) if e["name"] != "B"]
@@ -340,20 +344,20 @@ def test_critical_path_of_a_recorded_stream_sync_ends_at_its_stream() -> None:
         elif e["kind"] == "step":
             e["dur_ns"] = 910 * us  # the step holds the sync and the last launch
     events += [
-        {**host, "kind": "sync", "name": "cudaStreamSynchronize", "start_ns": 100 * us, "dur_ns": 800 * us, "corr": 9},
+        {**host, "kind": "sync", "name": call, "start_ns": 100 * us, "dur_ns": 800 * us, "corr": 9},
         {**host, "kind": "runtime", "name": "cudaLaunchKernel", "start_ns": 900 * us, "dur_ns": 2 * us, "corr": 10},
         {"rank": 0, "device": True, "pid": "0", "tid": "7", "kind": "kernel", "name": "C", "stream": 7,
          "start_ns": 905 * us, "dur_ns": 45 * us, "corr": 10},
     ]
-    record = {"rank": 0, "device": True, "pid": "0", "tid": "7", "kind": "sync", "name": "Stream Sync", "stream": 7,
-              "start_ns": 100 * us, "dur_ns": 800 * us, "corr": 9}
+    record = {"rank": 0, "device": True, "pid": "0", "tid": str(record["stream"]), "kind": "sync",
+              "start_ns": 100 * us, "dur_ns": 800 * us, "corr": 9, **record}
     cp = _cp_of([*events, record])
     ops = {o["name"]: o for o in cp["ops"]}
     assert ops["C"]["total_us"] == pytest.approx(45.0)
-    assert ops["cudaStreamSynchronize"]["total_us"] == pytest.approx(300.0)  # 600 -> 900 µs
+    assert ops[call]["total_us"] == pytest.approx(300.0)  # 600 -> 900 µs
     assert ops["A"]["total_us"] == pytest.approx(560.0)
     assert "ncclDevKernel_AllReduce_Sum_f32_RING_LL" not in ops
     assert cp["path_us"] == pytest.approx(950.0)
     unrecorded = {o["name"]: o for o in _cp_of(events)["ops"]}
-    assert unrecorded["cudaStreamSynchronize"]["total_us"] == pytest.approx(50.0)  # 850 -> 900 µs
+    assert unrecorded[call]["total_us"] == pytest.approx(50.0)  # 850 -> 900 µs
     assert "A" not in unrecorded
