@@ -317,3 +317,40 @@ def test_cpu_trace_steps(tmp_path, name):
             # HTA rounds ns-resolution traces to whole µs (start up, end down)
             assert abs(steps[step][0] - b) < 1000, (rank, step)
             assert abs(steps[step][1] - e) < 2000, (rank, step)
+
+
+def test_recorded_stream_wait_on_the_critical_path_as_hta_has_it(tmp_path):
+    """A stream wait recorded by Kineto (``cuda_sync`` 'Stream Wait Event' naming the recording
+    stream and the cudaEventRecord's correlation): HTA's critical path analysis (its GPU-GPU sync
+    edge) and advisor's both run B <- A, the producer of the event B's stream waited on, and
+    neither takes the collective of a third stream that ended later inside B's wait. The trace is
+    ``tests/test_ingest_kineto.py``'s, its runtime calls inside operators as PyTorch has them
+    (HTA's graph hangs launches on operators) and without the Context / Event Sync records (HTA
+    needs their host calls)."""
+    import json
+
+    from advisor.analyze import analyze
+    from tests.test_ingest_kineto import _cuda_sync_trace
+
+    (tmp_path / "trace").mkdir()
+    path = _cuda_sync_trace(tmp_path / "trace") / "rank-0.json"
+    doc = json.loads(path.read_text())
+    events = [e for e in doc["traceEvents"] if e["name"] not in ("Context Sync", "Event Sync")]
+    for e in [e for e in events if e["cat"] == "cuda_runtime"]:
+        corr = e["args"]["correlation"]
+        e["args"]["External id"] = corr
+        events.append({"ph": "X", "cat": "cpu_op", "name": f"aten::op_{corr}", "pid": 1, "tid": 1,
+                       "ts": e["ts"] - 1, "dur": e["dur"] + 2, "args": {"External id": corr}})
+    path.write_text(json.dumps({**doc, "traceEvents": events}))
+    gpu = {"A", "B", "ncclDevKernel_AllReduce_Sum_f32_RING_LL"}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph, ok = _hta(path.parent).critical_path_analysis(rank=0, annotation="ProfilerStep", instance_id=None)
+    assert ok
+    on_hta = graph.get_critical_path_breakdown()
+    hta_gpu = set(on_hta["s_name"].dropna()) & gpu
+    assert "critical_path_sync_dependency" in set(on_hta["type"])
+
+    ours = {o["name"] for o in analyze(path.parent).critical_path["ops"]} & gpu
+    assert hta_gpu == ours == {"A", "B"}
