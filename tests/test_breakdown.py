@@ -361,3 +361,27 @@ def test_critical_path_of_a_recorded_host_sync_ends_at_what_it_names(call: str, 
     unrecorded = {o["name"]: o for o in _cp_of(events)["ops"]}
     assert unrecorded[call]["total_us"] == pytest.approx(50.0)  # 850 -> 900 µs
     assert "A" not in unrecorded
+
+
+def test_critical_path_keeps_the_streams_of_two_devices_apart() -> None:
+    """One process driving two GPUs (Kineto: pid = device, tid = stream; both have a stream 7):
+    X ran on GPU 0's stream 7 (40-600 µs), Y on GPU 1's (605-900 µs, launched at 60 µs). They share
+    no stream, so Y waited on its launch only: 540 µs of launch latency, and X is not on the path
+    (taken as one stream, X would be Y's predecessor there)."""
+    us = 1000
+    host = {"rank": 0, "device": False, "pid": "1", "tid": "1"}
+    events = [
+        {**host, "kind": "step", "name": "ProfilerStep#1", "start_ns": 0, "dur_ns": 100 * us},
+        {**host, "kind": "runtime", "name": "cudaLaunchKernel", "start_ns": 30 * us, "dur_ns": 5 * us, "corr": 2},
+        {**host, "kind": "runtime", "name": "cudaLaunchKernel", "start_ns": 60 * us, "dur_ns": 5 * us, "corr": 6},
+        {"rank": 0, "device": True, "pid": "0", "tid": "7", "stream": 7, "kind": "kernel", "name": "X",
+         "start_ns": 40 * us, "dur_ns": 560 * us, "corr": 2},
+        {"rank": 0, "device": True, "pid": "1", "tid": "7", "stream": 7, "kind": "kernel", "name": "Y",
+         "start_ns": 605 * us, "dur_ns": 295 * us, "corr": 6},
+    ]
+    cp = _cp_of(events)
+    ops = {o["name"]: o for o in cp["ops"]}
+    assert ops["Y"]["total_us"] == pytest.approx(295.0)
+    assert ops["idle (launch latency)"]["total_us"] == pytest.approx(540.0)  # 65 -> 605 µs
+    assert "X" not in ops and "idle (device waiting)" not in ops
+    assert cp["path_us"] == pytest.approx(900.0)

@@ -71,7 +71,7 @@ REPORT_KIND = {
 }
 
 _EVENTS_SQL = """
-SELECT start_ns, start_ns + dur_ns AS end_ns, kind, name, device, coalesce(tid, '') AS tid,
+SELECT start_ns, start_ns + dur_ns AS end_ns, kind, name, device, coalesce(pid, '') AS pid, coalesce(tid, '') AS tid,
        coalesce(stream, -1) AS stream, corr
 FROM events
 WHERE rank = $rank AND dur_ns > 0 AND start_ns < $end AND start_ns + dur_ns > $start
@@ -86,7 +86,7 @@ ORDER BY start_ns, dur_ns DESC
 # names a device task of the window, launched before the call, so its correlation lies above the
 # window's lowest device-task correlation ($lo) and at most its highest correlation ($hi)
 _SYNCS_SQL = """
-SELECT name, coalesce(stream, -1) AS stream, corr, wait_stream, wait_corr
+SELECT name, coalesce(pid, '') AS pid, coalesce(stream, -1) AS stream, corr, wait_stream, wait_corr
 FROM events
 WHERE rank = $rank AND device AND kind = 'sync' AND corr > $lo AND corr <= $hi
 ORDER BY corr
@@ -151,9 +151,13 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
     kind = [r[2] for r in rows]
     name = [r[3] for r in rows]
     device = [bool(r[4]) for r in rows]
-    tid = [r[5] for r in rows]
-    stream = [r[6] for r in rows]
-    corr = [r[7] for r in rows]
+    pid = [r[5] for r in rows]
+    # a stream is known by its device too: Kineto numbers the streams of each GPU of a process
+    # (its own pid there) alike, so two devices both have a "stream 7". A host thread by its id
+    # alone: one OS thread may show under several layer "processes" (torch_npu: Python, CANN)
+    tid = [f"{r[5]}/{r[6]}" if r[4] else r[6] for r in rows]
+    stream = [r[7] for r in rows]
+    corr = [r[8] for r in rows]
 
     # -- host threads, flattened; the main thread is the one holding the step marker ---------
     by_thread: dict[str, list[int]] = defaultdict(list)
@@ -201,31 +205,37 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
             launch_of.setdefault(corr[i], i)
 
     # -- recorded synchronisation (Kineto cuda_sync) -----------------------------------------
-    # device tasks per stream number in correlation (launch) order, and by end
-    by_corr: dict[int, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
-    by_end: dict[int, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+    # device tasks per (device, stream number) in correlation (launch) order, and by end
+    by_corr: dict[tuple[str, int], tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+    by_end: dict[tuple[str, int], tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
     for i in dev_ends_sorted:
-        by_end[stream[i]][0].append(int(end[i]))
-        by_end[stream[i]][1].append(i)
+        by_end[(pid[i], stream[i])][0].append(int(end[i]))
+        by_end[(pid[i], stream[i])][1].append(i)
     for i in sorted((i for i in dev_all if corr[i] is not None), key=lambda i: corr[i]):
-        by_corr[stream[i]][0].append(int(corr[i]))
-        by_corr[stream[i]][1].append(i)
-    waits: dict[int, tuple[list[int], list[tuple[Any, Any]]]] = defaultdict(lambda: ([], []))
-    sync_of_call: dict[int, tuple[str, int, Any, Any]] = {}
+        by_corr[(pid[i], stream[i])][0].append(int(corr[i]))
+        by_corr[(pid[i], stream[i])][1].append(i)
+    waits: dict[tuple[str, int], tuple[list[int], list[tuple[Any, Any]]]] = defaultdict(lambda: ([], []))
+    sync_of_call: dict[int, tuple[str, tuple[str, int], Any, Any]] = {}
     dev_corrs = [corr[i] for i in dev_all if corr[i] is not None]
     all_corrs = [c for c in corr if c is not None]
     syncs = cur.execute(_SYNCS_SQL, {"rank": rank, "lo": min(dev_corrs), "hi": max(all_corrs)}).fetchall() if dev_corrs else []
-    for nm, st, c, ws, wc in syncs:
-        sync_of_call.setdefault(int(c), (nm, int(st), ws, wc))
+    for nm, pd, st, c, ws, wc in syncs:
+        sync_of_call.setdefault(int(c), (nm, (pd, int(st)), ws, wc))
         if nm == WAIT_EVENT:
-            waits[int(st)][0].append(int(c))
-            waits[int(st)][1].append((ws, wc))
+            waits[(pd, int(st))][0].append(int(c))
+            waits[(pd, int(st))][1].append((ws, wc))
     recorded = bool(waits)  # the window's stream waits are recorded: no inferred completion edges
 
-    def producer(ws: int, wc: int) -> int | None:
+    def producer(dev: str, ws: int, wc: int) -> int | None:
         """The task whose completion an event recorded on stream ``ws`` by the call with
-        correlation ``wc`` marks: the last one launched there before the record."""
-        corrs, order = by_corr.get(ws, ([], []))
+        correlation ``wc`` marks: the last one launched there before the record. The stream is
+        the waiting device's (``dev``); where that has none so numbered, the one other device's
+        that has (an event of another GPU), if exactly one has."""
+        key = (dev, ws)
+        if key not in by_corr:
+            other = [k for k in by_corr if k[1] == ws]
+            key = other[0] if len(other) == 1 else key
+        corrs, order = by_corr.get(key, ([], []))
         p = bisect.bisect_left(corrs, wc) - 1
         return order[p] if p >= 0 else None
 
@@ -235,14 +245,14 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
         if corr[v] is None:
             return None, True
         lo = corr[prev] if prev is not None and corr[prev] is not None else -1
-        calls, what = waits.get(stream[v], ([], []))
+        calls, what = waits.get((pid[v], stream[v]), ([], []))
         best, unknown = None, False
         for k in range(bisect.bisect_right(calls, lo), bisect.bisect_left(calls, corr[v])):
             ws, wc = what[k]
             if ws is None or wc is None:
                 unknown = True
                 continue
-            p = producer(int(ws), int(wc))
+            p = producer(pid[v], int(ws), int(wc))
             if p is not None and a < end[p] <= b and (best is None or end[p] > end[best]):
                 best = p
         return best, unknown
@@ -256,7 +266,7 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
             vals, order = by_end.get(rec[1], ([], []))
             return last_end_in(vals, order, a, b)
         if rec is not None and rec[0] == "Event Sync" and rec[2] is not None and rec[3] is not None:
-            p = producer(int(rec[2]), int(rec[3]))
+            p = producer(rec[1][0], int(rec[2]), int(rec[3]))
             return p if p is not None and a < end[p] <= b else None
         return last_end_in(dev_end_vals, dev_ends_sorted, a, b)
 
