@@ -805,6 +805,27 @@ def test_a_trace_of_begin_end_pairs_is_refused_saying_so(tmp_path: Path) -> None
         load_profile(tmp_path / "rank-1.json")
 
 
+def test_begin_end_events_beside_complete_ones_are_counted_in_a_warning(tmp_path: Path) -> None:
+    """A trace mixing complete ('X') events with 'B' / 'E' pairs (from a tool that post-processed
+    a Kineto export, say): the complete events are read, and the 4 begin / end events that are
+    not are counted in a warning naming the file instead of vanishing without a word."""
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0, "dur": 50},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 5, "dur": 10},
+          {"ph": "B", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 20},
+          {"ph": "E", "pid": 1, "tid": 1, "ts": 30},
+          {"ph": "B", "cat": "cpu_op", "name": "process_name", "pid": 1, "tid": 2, "ts": 20, "args": {"name": "x"}},
+          {"ph": "E", "pid": 1, "tid": 2, "ts": 30},
+          {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}}]
+    path = _one_rank_trace(tmp_path, ev)
+    ctx = load_profile(path)
+    assert ctx.con.execute("SELECT name FROM events ORDER BY start_ns").fetchall() == [("ProfilerStep#0",), ("aten::mm",)]
+    assert ctx.con.execute("SELECT tid, thread_name, process_name FROM tracks ORDER BY tid").fetchall() == [("1", "main", None)]
+    warned = [w for w in ctx.warnings if "begin / end" in w.message]
+    assert len(warned) == 1 and warned[0].message.startswith("4 begin / end") and warned[0].path.endswith("rank-0.json")
+    ev = [e for e in ev if e["ph"] != "B" and e["ph"] != "E"]
+    assert not any("begin / end" in w.message for w in load_profile(_one_rank_trace(tmp_path, ev)).warnings)
+
+
 @pytest.mark.parametrize(("cat", "kind", "device"), [
     ("xpu_runtime", "runtime", False), ("xpu_driver", "runtime", False), ("cuda_driver", "runtime", False),
     ("privateuse1_runtime", "runtime", False), ("mtia_runtime", "runtime", False), ("hip_runtime", "runtime", False),

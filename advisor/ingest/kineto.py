@@ -331,15 +331,17 @@ def _events_sql(unnest: str, struct: bool = False, numeric: bool = False) -> str
     """SELECT turning raw events into rows with the ``events`` columns (times in ns relative to
     the file's base, no rank or step yet) plus the fields other tables need: ``x_extra``, the
     process / thread name of a metadata row (``kind = 'meta'``), and ``x_group``, a kernel's
-    process group. ``ph`` X and M only; one JSON parse of ``args`` per
+    process group. ``ph`` X and M; B and E as metadata rows with a NULL ``device``, only counted
+    (a warning names how many were not read). One JSON parse of ``args`` per
     event. ``unnest`` yields ``fid`` and ``e`` (the event struct; ``struct``: its ``args`` typed
     :data:`ARGS_STRUCT`, else JSON; ``numeric``: ``ts`` / ``dur`` DOUBLE, else text)."""
     def _arg(key: str) -> str:
         return _arg_of(key, struct)
 
     dtype = DTYPE_BYTES_SQL.format(d=_arg("dtype"))
-    return f"""SELECT fid, CASE WHEN ph = 'M' THEN 'meta' ELSE {_KIND_SQL} END AS kind,
-           coalesce(name, '') AS name, cat, pid, tid, lcat IN {DEVICE_CATS} AS device,
+    return f"""SELECT fid, CASE WHEN ph IN ('M', 'B', 'E') THEN 'meta' ELSE {_KIND_SQL} END AS kind,
+           coalesce(name, '') AS name, cat, pid, tid,
+           CASE WHEN ph IN ('B', 'E') THEN NULL ELSE lcat IN {DEVICE_CATS} END AS device,
            TRY_CAST({_arg("stream")} AS BIGINT) AS stream, ts_ns, dur_ns,
            TRY_CAST({_arg("corr")} AS BIGINT) AS corr,
            TRY_CAST(coalesce({_arg("ext")}, {_arg("ext_lower")}) AS BIGINT) AS ext_id,
@@ -359,7 +361,7 @@ def _events_sql(unnest: str, struct: bool = False, numeric: bool = False) -> str
                e.tid AS tid, {_to_ns('e.ts', numeric)} AS ts_ns, {_to_ns('e.dur', numeric)} AS dur_ns,
                {"e.args" if struct else f"CASE WHEN e.args IS NULL THEN NULL ELSE json_extract_string(e.args, {_paths_sql()}) END"} AS a
         FROM ({unnest})
-        WHERE e.ph IN ('X', 'M')
+        WHERE e.ph IN ('X', 'M', 'B', 'E')
     )"""
 
 
@@ -716,14 +718,15 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
                    count(*) FILTER (WHERE kind <> 'meta' AND (start_ns IS NULL OR dur_ns IS NULL)),
                    count(*) FILTER (WHERE kind <> 'meta' AND dur_ns < 0),
                    count(*) FILTER (WHERE kind <> 'meta' AND dur_ns >= 0 AND {FAR_TIMES_SQL}),
-                   count(*) FILTER (WHERE kind <> 'meta' AND start_ns IS NOT NULL AND dur_ns >= 0 AND NOT {FAR_TIMES_SQL})
+                   count(*) FILTER (WHERE kind <> 'meta' AND start_ns IS NOT NULL AND dur_ns >= 0 AND NOT {FAR_TIMES_SQL}),
+                   count(*) FILTER (WHERE kind = 'meta' AND device IS NULL)
             FROM {part} GROUP BY file_id"""
         ).fetchall()
     }
     results: dict[int, dict[str, Any] | ParseError] = {}
     ok, gone, shift = [], [], []
     for f in files:
-        med, n_null, n_neg, n_far, total = stats.get(f.fid, (None, 0, 0, 0, 0))
+        med, n_null, n_neg, n_far, total, n_begin_end = stats.get(f.fid, (None, 0, 0, 0, 0, 0))
         base = bases[f.fid]
         if f.reread_header and f.header is not None and f.header[2] is None and med is not None and med < 10**17:
             # relative timestamps but no base before the events: it may follow them
@@ -740,8 +743,12 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
             lctx.warn("bad_events", f"{n_neg} events with a negative duration were dropped", f.path)
         if n_far:
             lctx.warn("bad_events", FAR_TIMES_WARNING.format(n=n_far), f.path)
+        if n_begin_end and total:
+            lctx.warn("bad_events", f"{n_begin_end} begin / end ('B' / 'E') events were not read: advisor reads "
+                      "complete ('X') events, the only duration events Kineto writes; the time they cover is "
+                      "missing from the analysis", f.path)
         if not total:
-            results[f.fid] = ParseError(f.path, _no_events_reason(f.path), code="empty_trace")
+            results[f.fid] = ParseError(f.path, _no_events_reason(n_begin_end), code="empty_trace")
             gone.append(f.fid)
         elif lctx.max_events is not None and total > lctx.max_events:
             results[f.fid] = ParseError(f.path, f"{total} events exceed --max-events {lctx.max_events}", code="too_big")
@@ -763,9 +770,9 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
         SELECT rank, pid, tid, bool_or(device), max(process_name), max(thread_name) FROM (
             SELECT rank, pid, tid, device, NULL AS process_name, NULL AS thread_name FROM {part} WHERE kind <> 'meta'
             UNION ALL
-            SELECT rank, pid, NULL, NULL, x_extra, NULL FROM {part} WHERE kind = 'meta' AND name = 'process_name'
+            SELECT rank, pid, NULL, NULL, x_extra, NULL FROM {part} WHERE kind = 'meta' AND name = 'process_name' AND device IS NOT NULL
             UNION ALL
-            SELECT rank, pid, tid, NULL, NULL, x_extra FROM {part} WHERE kind = 'meta' AND name = 'thread_name'
+            SELECT rank, pid, tid, NULL, NULL, x_extra FROM {part} WHERE kind = 'meta' AND name = 'thread_name' AND device IS NOT NULL
         ) WHERE rank IN (SELECT rank FROM {kf}) GROUP BY rank, pid, tid"""
     )
     cur.execute(
@@ -855,13 +862,10 @@ def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadC
     return whole
 
 
-_BEGIN_END_RE = re.compile(rb'"ph"\s*:\s*"[BE]"')
-
-
-def _no_events_reason(path: Path) -> str:
-    """Why a trace gave no timed event: empty, or (looked for in its first MiB) written with the
-    Chrome format's begin / end pairs, which Kineto never writes and advisor does not read."""
-    if _BEGIN_END_RE.search(read_head(path, 1 << 20)):
+def _no_events_reason(n_begin_end: int) -> str:
+    """Why a trace gave no timed event: empty, or written with the Chrome format's begin / end
+    pairs (``n_begin_end`` of them), which Kineto never writes and advisor does not read."""
+    if n_begin_end:
         return ("the trace holds no complete ('X') events, only begin / end ('B' / 'E') pairs: not a PyTorch "
                 "profiler (Kineto) export; advisor reads complete events only")
     return "the trace holds no timed events (traceEvents missing or empty)"
