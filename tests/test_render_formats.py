@@ -349,3 +349,27 @@ def test_progress_line_starts_after_the_delay_without_a_new_report(monkeypatch: 
     q.close()  # closed before the delay: the timer starts nothing
     time.sleep(0.15)
     assert q._status is None
+
+
+@pytest.mark.parametrize("recorded", [False, True], ids=["inferred", "recorded"])
+def test_critical_path_edges_and_the_sync_events_hint(recorded: bool) -> None:
+    """Every format lists the edges the critical path followed; where it crossed streams on a wait
+    inferred from timing, it says how to record the waits instead (enable_cuda_sync_events), and
+    not where the trace recorded them. The JSON report keeps both and stays schema-valid."""
+    from advisor.analyze import analyze_context
+    from advisor.render import html, markdown, terminal
+    from advisor.render import json as json_render
+    from advisor.testing import context_from_tables
+    from tests.conftest import validate_report
+    from tests.test_breakdown import _recorded_wait_events
+
+    ctx = context_from_tables({"events": _recorded_wait_events({"wait_stream": 7, "wait_corr": 4} if recorded else None)})
+    rep = analyze_context(ctx, rank=0, step=1)
+    cp = json.loads(json_render.render(rep))
+    validate_report(cp)
+    cp = cp["critical_path"]
+    edge = "recorded event wait" if recorded else "communication completion"
+    assert cp["edges"][edge] == 1 and cp["stream_waits"] == ("recorded" if recorded else "inferred")
+    for text in (terminal.render_text(rep), markdown.render(rep), html.render(rep)):
+        assert f"{edge} 1" in text
+        assert bool(re.search(r"enable\\?_cuda\\?_sync\\?_events", text)) is not recorded

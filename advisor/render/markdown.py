@@ -18,6 +18,7 @@ from advisor.render.view import (
     breakdown_summary,
     compact_ints,
     confidence,
+    cp_edges,
     fmt_evidence,
     fmt_ratio,
     fmt_us,
@@ -173,7 +174,7 @@ def render(report: Report | Mapping[str, Any], *, max_findings: int = 20) -> str
     else:
         out += ["No rule fired on this profile.", ""]
 
-    out += _critical_path(d.get("critical_path") or {})
+    out += _critical_path(d)
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -333,7 +334,8 @@ def _finding(f: Mapping[str, Any], explain: str | None) -> list[str]:
     return out
 
 
-def _critical_path(cp: Mapping[str, Any]) -> list[str]:
+def _critical_path(d: Mapping[str, Any]) -> list[str]:
+    cp = d.get("critical_path") or {}
     ops = list(cp.get("ops") or [])
     length = float(cp.get("length_us") or 0.0)
     if not ops or length <= 0:
@@ -346,4 +348,9 @@ def _critical_path(cp: Mapping[str, Any]) -> list[str]:
         t = float(o.get("total_us") or 0.0)
         out.append(_row(md_escape(o.get("name"), 90), md_escape(o.get("kind")), fmt_us(t), fmt_ratio(t / length)))
     out.append("")
+    edges = cp_edges(d)
+    if edges:
+        out += [f"Edges followed: {md_escape(edges[0])}.", ""]
+        if edges[1]:
+            out += [f"Note: {md_escape(edges[1])}.", ""]
     return out

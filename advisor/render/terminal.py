@@ -222,6 +222,11 @@ def _critical_path(console: Console, d: dict[str, Any]) -> None:
         t.add_row(Text(view.truncate(op.get("name", ""), 70)), str(op.get("kind")), _us(op.get("total_us")),
                   _pct(op.get("total_us") or 0, length), str(op.get("count", "")))
     console.print(t)
+    edges = view.cp_edges(d)
+    if edges:
+        console.print(Text(f"  edges followed: {edges[0]}", style="dim"))
+        if edges[1]:
+            console.print(Text(f"  note: {edges[1]}", style="dim"))
     console.print()
 
 

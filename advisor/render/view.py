@@ -293,3 +293,24 @@ def finding_key(f: Mapping[str, Any]) -> str:
     """Identity of a finding across runs: rule, cause and ranks (what the baseline diff matches on)."""
     ranks = ",".join(str(r) for r in sorted(f.get("ranks") or []))
     return f"{f.get('rule')}|{f.get('cause')}|{ranks}"
+
+
+INFERRED_EDGES = ("communication completion", "computation completion")
+
+
+def cp_edges(d: Mapping[str, Any]) -> tuple[str, str | None] | None:
+    """The critical path's dependencies as one line ("host order 1539 · launch 12 ...") and, where
+    the path crossed streams on waits inferred from timing in a Kineto trace, what would make them
+    exact; None when the report has no edge counts."""
+    cp = d.get("critical_path") or {}
+    edges = cp.get("edges") or {}
+    if not edges:
+        return None
+    line = " · ".join(f"{k} {v}" for k, v in edges.items())
+    hint = None
+    kineto = "kineto" in ((d.get("profile") or {}).get("sources") or [])
+    if kineto and cp.get("stream_waits") == "inferred" and any(edges.get(k) for k in INFERRED_EDGES):
+        hint = ("the cross-stream waits on this path are inferred from timing (the trace does not record them); a "
+                "Kineto trace taken with experimental_config=_ExperimentalConfig(enable_cuda_sync_events=True) records "
+                "them and makes these edges exact")
+    return line, hint

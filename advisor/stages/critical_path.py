@@ -304,6 +304,7 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
         add(int(end[last]), t, "idle (after last operator)", "idle")
         t = int(end[last])
     mode: tuple[str, Any] = ("dev", last) if device[last] else ("host", tid[last])
+    edges: dict[str, int] = defaultdict(int)  # how often the walk took each kind of edge
     guard = 0
     while t > start_ns and guard < 4 * n + 1000:
         guard += 1
@@ -337,25 +338,31 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
                 add(int(end[waited]), t, f"idle (waiting for {label})", "idle")
                 t = int(end[waited])
                 mode = ("dev", waited)
+                edges["recorded event wait"] += 1
             elif comm is not None:
                 add(int(end[comm]), t, "idle (waiting for communication)", "idle")
                 t = int(end[comm])
                 mode = ("dev", comm)
+                edges["communication completion"] += 1
             elif comp is not None:
                 add(int(end[comp]), t, "idle (waiting for computation)", "idle")
                 t = int(end[comp])
                 mode = ("dev", comp)
+                edges["computation completion"] += 1
             elif launch is not None and launch_t is not None and (prev_end is None or launch_t >= prev_end):
                 add(launch_t, t, "idle (launch latency)", "idle")
                 t = launch_t
                 mode = ("host", tid[launch])
+                edges["launch"] += 1
             elif prev is not None and prev_end is not None:
                 add(prev_end, t, "idle (device waiting)", "idle")
                 t = prev_end
                 mode = ("dev", prev)
+                edges["stream order"] += 1
             else:
                 # nothing earlier on this stream and no known launch: fall back to the main thread
                 mode = ("host", main_tid)
+                edges["unknown launch (to the main thread)"] += 1
             continue
         # host mode: walk the flattened thread timeline backward from t
         tr = tracks.get(mode[1])
@@ -371,6 +378,7 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
         if seg < 0:
             if mode[1] != main_tid and main_tid in tracks:
                 mode = ("host", main_tid)
+                edges["thread hand-off"] += 1
                 continue
             add(start_ns, t, "idle (host)", "idle")
             t = start_ns
@@ -386,9 +394,11 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
                 credit_event(i, int(end[d]), t)
                 t = int(end[d])
                 mode = ("dev", d)
+                edges["sync wait"] += 1
                 continue
         credit_event(i, a, t)
         t = a
+        edges["host order"] += 1
     if t > start_ns:
         add(start_ns, t, "idle", "idle")
 
@@ -398,6 +408,10 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
         key=lambda o: -o["total_us"],
     )
     result["ops"] = ops[:top_n]
+    # the dependencies the path followed, by kind (host order: one per host segment walked), and
+    # whether cross-stream waits were recorded by the profiler or inferred from timing
+    result["edges"] = dict(sorted(edges.items(), key=lambda kv: -kv[1]))
+    result["stream_waits"] = "recorded" if recorded else ("inferred" if dev_all else None)
     result["ops_total"] = len(ops)
     result["path_us"] = round(total, 3)
     by_kind: dict[str, float] = defaultdict(float)
