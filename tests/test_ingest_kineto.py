@@ -783,6 +783,11 @@ def test_distributed_info_after_the_events_gives_rank_world_size_and_backend(tmp
     gz = analyze(tmp_path)
     assert gz.profile["ranks"] == [0, 1] and gz.profile["world_size"] == 8
     assert any(w.code == "rank_guessed" for w in gz.warnings)
+    # read with the events, the trailing rank is checked against the order's: both differ, and say so
+    late = sorted((w.path.rsplit("/", 1)[-1], w.message) for w in gz.warnings if w.code == "rank_mismatch")
+    assert [p for p, _ in late] == ["host-a.pt.trace.json.gz", "host-b.pt.trace.json.gz"]
+    assert "as rank 0 (from the order of the files), but the distributedInfo after its events names rank 7" in late[0][1]
+    assert "names rank 3" in late[1][1]
 
 
 def test_a_trace_of_begin_end_pairs_is_refused_saying_so(tmp_path: Path) -> None:

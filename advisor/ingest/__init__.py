@@ -265,6 +265,7 @@ def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: C
     _drop_far_times(con, warn)
     _drop_duplicate_files(con, warn)
     _merge_tracks(con)
+    _check_late_ranks(infos, warn)
     _write_ranks(con, infos)
     finalize(con, warn, assigned=lctx.stepped)
     _check_runs(con, warn)
@@ -360,6 +361,20 @@ def _check_runs(con: Any, warn: Callable[..., None]) -> None:
             "the ranks' profiled windows do not overlap in time: they may come from different runs; "
             "cross-rank comparisons (slow rank, collective wait) may be meaningless",
         )
+
+
+def _check_late_ranks(infos: dict[int, list[tuple[Unit, dict[str, Any]]]], warn: Callable[..., None]) -> None:
+    """A rank that the trace itself names only where the ranks were already decided (a
+    ``distributedInfo`` after the events of a gzip file, read with them) is checked against the
+    one taken from the file name or order: a difference is said, not silently kept."""
+    for rank, items in infos.items():
+        for unit, info in items:
+            named = (info.get("distributed") or {}).get("rank")
+            if (unit.rank_source in ("order", "file_name") and isinstance(named, int) and not isinstance(named, bool)
+                    and named != rank):
+                how = "its file name" if unit.rank_source == "file_name" else "the order of the files"
+                warn("rank_mismatch", f"analysed as rank {rank} (from {how}), but the distributedInfo after its "
+                     f"events names rank {named}: rank-to-rank comparisons may be mislabelled", unit.root)
 
 
 def _write_ranks(con: Any, infos: dict[int, list[tuple[Unit, dict[str, Any]]]]) -> None:
