@@ -205,26 +205,28 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
             launch_of.setdefault(corr[i], i)
 
     # -- recorded synchronisation (Kineto cuda_sync) -----------------------------------------
-    # device tasks per (device, stream number) in correlation (launch) order, and by end
-    by_corr: dict[tuple[str, int], tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
-    by_end: dict[tuple[str, int], tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
-    for i in dev_ends_sorted:
-        by_end[(pid[i], stream[i])][0].append(int(end[i]))
-        by_end[(pid[i], stream[i])][1].append(i)
-    for i in sorted((i for i in dev_all if corr[i] is not None), key=lambda i: corr[i]):
-        by_corr[(pid[i], stream[i])][0].append(int(corr[i]))
-        by_corr[(pid[i], stream[i])][1].append(i)
     waits: dict[tuple[str, int], tuple[list[int], list[tuple[Any, Any]]]] = defaultdict(lambda: ([], []))
     sync_of_call: dict[int, tuple[str, tuple[str, int], Any, Any]] = {}
     dev_corrs = [corr[i] for i in dev_all if corr[i] is not None]
     all_corrs = [c for c in corr if c is not None]
     syncs = cur.execute(_SYNCS_SQL, {"rank": rank, "lo": min(dev_corrs), "hi": max(all_corrs)}).fetchall() if dev_corrs else []
-    for nm, pd, st, c, ws, wc in syncs:
-        sync_of_call.setdefault(int(c), (nm, (pd, int(st)), ws, wc))
+    for nm, dv, st, c, ws, wc in syncs:
+        sync_of_call.setdefault(int(c), (nm, (dv, int(st)), ws, wc))
         if nm == WAIT_EVENT:
-            waits[(pd, int(st))][0].append(int(c))
-            waits[(pd, int(st))][1].append((ws, wc))
+            waits[(dv, int(st))][0].append(int(c))
+            waits[(dv, int(st))][1].append((ws, wc))
     recorded = bool(waits)  # the window's stream waits are recorded: no inferred completion edges
+    # device tasks per (device, stream number) in correlation (launch) order, and by end (only
+    # read through the records above)
+    by_corr: dict[tuple[str, int], tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+    by_end: dict[tuple[str, int], tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+    if syncs:
+        for i in dev_ends_sorted:
+            by_end[(pid[i], stream[i])][0].append(int(end[i]))
+            by_end[(pid[i], stream[i])][1].append(i)
+        for i in sorted((i for i in dev_all if corr[i] is not None), key=lambda i: corr[i]):
+            by_corr[(pid[i], stream[i])][0].append(int(corr[i]))
+            by_corr[(pid[i], stream[i])][1].append(i)
 
     def producer(dev: str, ws: int, wc: int) -> int | None:
         """The task whose completion an event recorded on stream ``ws`` by the call with
