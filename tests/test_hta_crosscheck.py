@@ -9,7 +9,10 @@ What HTA 0.5.0 does (read from ``hta/common/trace.py``, ``hta/analyzers/breakdow
 ``hta/analyzers/communication_analysis.py``, ``hta/utils/utils.py``):
 
 * **Events.** A "GPU kernel" is any event with an integer ``args.stream`` (``stream != -1``) —
-  kernels, memcpy and memset alike. At load time (``Trace._filter_irrelevant_gpu_kernels``) HTA
+  kernels, memcpy and memset alike, and also Kineto's ``cuda_sync`` records ("Stream Wait Event",
+  "Stream Sync" … of a trace taken with ``enable_cuda_sync_events``), which carry ``args.stream``
+  but are the host API call's time written on the stream's row, not device work: advisor does not
+  count them as busy (none of the samples has them, so no figure here differs by them). At load time (``Trace._filter_irrelevant_gpu_kernels``) HTA
   keeps only GPU events whose correlation id matches a host event that started *before the last
   ``ProfilerStep``* (the last step is dropped as possibly incomplete).
 * **Window.** Per rank, from the first start to the last end of those GPU events (one window per
