@@ -310,7 +310,7 @@ def cp_edges(d: Mapping[str, Any]) -> tuple[str, str | None] | None:
     hint = None
     kineto = "kineto" in ((d.get("profile") or {}).get("sources") or [])
     if kineto and cp.get("stream_waits") == "inferred" and any(edges.get(k) for k in INFERRED_EDGES):
-        hint = ("the cross-stream waits on this path are inferred from timing (the trace does not record them); a "
-                "Kineto trace taken with experimental_config=_ExperimentalConfig(enable_cuda_sync_events=True) records "
-                "them and makes these edges exact")
+        hint = ("the cross-stream waits on this path are inferred from timing (the trace does not record them); on "
+                "CUDA, a Kineto trace taken with experimental_config=_ExperimentalConfig(enable_cuda_sync_events=True) "
+                "records them and makes these edges exact")
     return line, hint
