@@ -364,14 +364,14 @@ def _check_runs(con: Any, warn: Callable[..., None]) -> None:
 
 
 def _check_late_ranks(infos: dict[int, list[tuple[Unit, dict[str, Any]]]], warn: Callable[..., None]) -> None:
-    """A rank that the trace itself names only where the ranks were already decided (a
-    ``distributedInfo`` after the events of a gzip file, read with them) is checked against the
-    one taken from the file name or order: a difference is said, not silently kept."""
+    """A rank that the trace itself names (a reader's ``named_rank``) only where the ranks were
+    already decided (Kineto: a ``distributedInfo`` after the events of a gzip file, read with
+    them) is checked against the one taken from the file name or order: a difference is said,
+    not silently kept."""
     for rank, items in infos.items():
         for unit, info in items:
-            named = (info.get("distributed") or {}).get("rank")
-            if (unit.rank_source in ("order", "file_name") and isinstance(named, int) and not isinstance(named, bool)
-                    and named != rank):
+            named = info.get("named_rank")
+            if unit.rank_source in ("order", "file_name") and named is not None and named != rank:
                 how = "its file name" if unit.rank_source == "file_name" else "the order of the files"
                 warn("rank_mismatch", f"analysed as rank {rank} (from {how}), but the distributedInfo after its "
                      f"events names rank {named}: rank-to-rank comparisons may be mislabelled", unit.root)

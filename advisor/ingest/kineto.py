@@ -180,8 +180,8 @@ def claim(files: list[Path], ctx_warn: Any) -> list[Unit]:
         unit = Unit(SOURCE, [p], p, run_key=worker_key(p), info={"form": form})
         dist = _distributed_info(head) or (_trailing_distributed_info(p) if form == "object" else None)
         if dist:
-            rank = dist.get("rank")
-            if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 1 << 24:
+            rank = _named_rank(dist)
+            if rank is not None:
                 unit.rank_hint, unit.rank_source = rank, "distributedInfo"
             unit.world_size, unit.backend = _world_and_backend(dist)
         if unit.rank_hint is None:
@@ -230,6 +230,12 @@ def _header_from_whole(cur: Any, path: Path) -> tuple[Any, ...]:
         f"FROM read_json($path, columns={COLUMNS}, format='auto', maximum_object_size={_max_object_size(path)})",
         {"path": str(path)},
     ).fetchall()[0])
+
+
+def _named_rank(dist: dict[str, Any]) -> int | None:
+    """The ``rank`` of a distributedInfo object when it is a plausible rank, else None."""
+    rank = dist.get("rank")
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 1 << 24 else None
 
 
 def _world_and_backend(dist: dict[str, Any]) -> tuple[int | None, str | None]:
@@ -338,6 +344,10 @@ def _events_sql(unnest: str, struct: bool = False, numeric: bool = False) -> str
     def _arg(key: str) -> str:
         return _arg_of(key, struct)
 
+    def sync_id(key: str) -> str:  # a cuda_sync record's stream / correlation; Kineto writes -1 for unknown
+        x = f"TRY_CAST({_arg(key)} AS BIGINT)"
+        return f"CASE WHEN lcat = 'cuda_sync' AND {x} >= 0 THEN {x} END"
+
     dtype = DTYPE_BYTES_SQL.format(d=_arg("dtype"))
     return f"""SELECT fid, CASE WHEN ph IN ('M', 'B', 'E') THEN 'meta' ELSE {_KIND_SQL} END AS kind,
            coalesce(name, '') AS name, cat, pid, tid,
@@ -351,10 +361,7 @@ def _events_sql(unnest: str, struct: bool = False, numeric: bool = False) -> str
            CASE WHEN ph = 'M' THEN {_arg("meta_name")} END AS x_extra,
            CASE WHEN lcat = 'kernel' THEN TRY_CAST(list_aggregate(TRY_CAST({_arg("grid")} AS BIGINT[]), 'product') AS INTEGER)
            END AS block_dim,
-           CASE WHEN lcat = 'cuda_sync' AND TRY_CAST({_arg("wait_stream")} AS BIGINT) >= 0
-                THEN TRY_CAST({_arg("wait_stream")} AS BIGINT) END AS wait_stream,
-           CASE WHEN lcat = 'cuda_sync' AND TRY_CAST({_arg("wait_corr")} AS BIGINT) >= 0
-                THEN TRY_CAST({_arg("wait_corr")} AS BIGINT) END AS wait_corr,
+           {sync_id("wait_stream")} AS wait_stream, {sync_id("wait_corr")} AS wait_corr,
            CASE WHEN lcat = 'kernel' THEN coalesce({_arg("pg_name")}, {_arg("pg_desc")}) END AS x_group
     FROM (
         SELECT fid, e.ph AS ph, e.cat AS cat, lower(coalesce(e.cat, '')) AS lcat, e.name AS name, e.pid AS pid,
@@ -888,9 +895,11 @@ def _info(devprops_json: str | None, dist_json: str | None, total: int) -> dict[
             dist = json.loads(dist_json)
             if isinstance(dist, dict):
                 info["distributed"] = dist
-                # the world size and backend when claim() did not see them (distributedInfo after
-                # the events of a gzip file, whose end claim() does not read)
+                # the world size, backend and rank when claim() did not see them (distributedInfo
+                # after the events of a gzip file, whose end claim() does not read): the loader
+                # takes the first two and checks the rank against the one it assigned
                 info["world_size"], info["backend"] = _world_and_backend(dist)
+                info["named_rank"] = _named_rank(dist)
         except ValueError:
             pass
     return info
