@@ -22,8 +22,10 @@ each tool runs as a subprocess, one after the other (never concurrently):
 
 This VM's run-to-run spread is +-0.3 s, as large as a whole second of the 32-rank case: inputs
 under 1 GiB run advisor and the bare DuckDB load ``--repeat`` times each (default 3), alternating,
-and the table gives the median wall time (every run is logged) and the highest peak RSS; HTA
-runs once (its minutes dwarf the spread). Bigger inputs run every tool once.
+and the table gives the median wall time (every run is logged) and the highest peak RSS. HTA
+runs ``--hta-repeat`` times (default once), each run right after an advisor run; with several,
+HTA/adv is the median of those pairs' ratios: the machine's speed drifts over minutes, and a
+pair run back to back sees the same drift. Bigger inputs run every tool once.
 
 Wall time is measured around the subprocess. Peak RSS is the larger of the main process's own
 high-water mark (``VmHWM``, exact however short the peak) and the highest summed RSS of the
@@ -42,6 +44,7 @@ import platform
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -432,6 +435,10 @@ def _fmt_s(r: dict | None) -> str:
     return f"{r['seconds']:.1f} s"
 
 
+def _done(r: dict) -> bool:
+    return r["rc"] == 0 and not r["timed_out"]
+
+
 def _mb(n: float) -> str:
     return f"{n / (1 << 20):,.0f} MB"
 
@@ -452,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duckdb-threads", type=int, default=0, help="threads for the bare DuckDB load (0: DuckDB default)")
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs of advisor and of the bare DuckDB load per input under 1 GiB (median reported)")
+    ap.add_argument("--hta-repeat", type=int, default=1,
+                    help="HTA runs per input under 1 GiB (at most --repeat), each right after an advisor run; with "
+                         "several, HTA/adv is the median of those pairs' ratios")
     ap.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = ap.parse_args(argv)
 
@@ -483,9 +493,11 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for case in cases:
         log(f"== {case['name']}: {_mb(case['bytes'])}, {case['events']:,} events")
-        runs = max(1, args.repeat) if case["bytes"] < 1 << 30 else 1
-        advs, ducks = [], []
-        for _ in range(runs):  # alternating: both tools see the same drift of the machine
+        small = case["bytes"] < 1 << 30
+        runs = max(1, args.repeat) if small else 1
+        hta_runs = (min(max(1, args.hta_repeat), runs) if small else 1) if have_hta else 0
+        advs, ducks, htas, pairs = [], [], [], []
+        for i in range(runs):  # alternating: the tools see the same drift of the machine
             adv = run_advisor(case, args.timeout, shlex.split(args.advisor_args))
             log(f"   advisor {_fmt_s(adv)}  peak RSS {_mb(adv['rss'])}" + ("" if adv["rc"] == 0 else "\n" + adv["stderr"][-800:]))
             advs.append(adv)
@@ -493,13 +505,18 @@ def main(argv: list[str] | None = None) -> int:
             if duck:
                 log(f"   duckdb  {_fmt_s(duck)}  peak RSS {_mb(duck['rss'])}" + ("" if duck["rc"] == 0 or duck["timed_out"] else "\n" + duck["stderr"][-800:]))
                 ducks.append(duck)
+            if i < hta_runs:  # right after the advisor run it is compared with
+                hta = run_hta(case, args.hta_timeout)
+                log(f"   HTA     {_fmt_s(hta)}  peak RSS {_mb(hta['rss'])}" + ("" if hta["rc"] == 0 or hta["timed_out"] else "\n" + hta["stderr"][-800:]))
+                htas.append(hta)
+                if _done(adv) and (_done(hta) or hta["timed_out"]):
+                    pairs.append(hta["seconds"] / adv["seconds"])
         adv, duck = _median_run(advs), (_median_run(ducks) if ducks else None)
+        hta = _median_run(htas) if htas else None
         if runs > 1:
-            log(f"   median of {runs}: advisor {_fmt_s(adv)}" + (f", duckdb {_fmt_s(duck)}" if duck else ""))
-        hta = run_hta(case, args.hta_timeout) if have_hta else None
-        if hta:
-            log(f"   HTA     {_fmt_s(hta)}  peak RSS {_mb(hta['rss'])}" + ("" if hta["rc"] == 0 or hta["timed_out"] else "\n" + hta["stderr"][-800:]))
-        results.append({"case": case, "advisor": adv, "duckdb": duck, "hta": hta})
+            log(f"   median of {runs}: advisor {_fmt_s(adv)}" + (f", duckdb {_fmt_s(duck)}" if duck else "")
+                + (f"; HTA/advisor of each pair: {', '.join(f'{p:.1f}x' for p in pairs)}" if len(pairs) > 1 else ""))
+        results.append({"case": case, "advisor": adv, "duckdb": duck, "hta": hta, "pairs": pairs})
 
     # --- table
     print()
@@ -515,6 +532,8 @@ def main(argv: list[str] | None = None) -> int:
         adv_duck = a["seconds"] / d["seconds"] if (ok and d_ok) else None
         h_done = h is not None and h["rc"] == 0 and not h["timed_out"]
         speed = (h["seconds"] / a["seconds"]) if (ok and h is not None and (h_done or h["timed_out"])) else None
+        if len(r["pairs"]) > 1:  # the median of the ratios of runs made side by side, not of two medians
+            speed = statistics.median(r["pairs"])
         speed_txt = "-" if speed is None else (f">{speed:.0f}x" if h["timed_out"] else f"{speed:.1f}x")
         print(f"{c['name']:<20} {_mb(c['bytes']):>9} {_fmt_s(a):>9} {mbps:>7.1f} {_mb(a['rss']):>9} {rss_ratio:>6.2f}x "
               f"{_fmt_s(d):>9} {('-' if adv_duck is None else f'{adv_duck:.2f}x'):>8} {_fmt_s(h):>24} "
@@ -533,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
             "advisor_parse_s": a.get("parse_seconds"),
             "duckdb_s": d["seconds"] if d_ok else None, "duckdb_rss": d["rss"] if d else None,
             "hta_s": h["seconds"] if h_done else None, "hta_timed_out": bool(h and h["timed_out"]),
-            "hta_rss": h["rss"] if h else None, "hta_speedup": speed, "advisor_over_duckdb": adv_duck, "targets": checks,
+            "hta_rss": h["rss"] if h else None, "hta_runs_s": h.get("runs") if h else None,
+            "hta_speedup_pairs": [round(p, 2) for p in r["pairs"]], "hta_speedup": speed, "advisor_over_duckdb": adv_duck, "targets": checks,
         })
     print()
     for row in rows:
