@@ -48,7 +48,10 @@ def checkout(rev: str, tmp: Path) -> Path:
         where = ROOT
     else:
         where = tmp / rev.replace("/", "_")
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(where), rev], check=True)
+        res = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(where), rev],
+                             capture_output=True, text=True, check=False)
+        if res.returncode:
+            raise SystemExit(f"ab.py: cannot check out {rev!r}: {res.stderr.strip()[-300:]}")
     for d in ("advisor", "rules"):
         compileall.compile_dir(str(where / d), quiet=1)
     return where
@@ -57,14 +60,15 @@ def checkout(rev: str, tmp: Path) -> Path:
 def run_once(where: Path, target: str, out: Path, env: dict[str, str], extra: list[str]) -> dict[str, float]:
     """One ``advisor analyze`` run: wall seconds, CPU seconds (user + system), peak RSS (MB)."""
     cmd = [sys.executable, "-m", "advisor.cli", "analyze", target, "--format", "json", "--out", str(out), *extra]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=where, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if proc.stderr:
-        proc.stderr.close()
-    if os.waitstatus_to_exitcode(status) not in (0, 1):  # 1: a gate; the report is still written
+    with tempfile.TemporaryFile() as err_file:  # not a pipe: a full pipe would block the run
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=where, env=env, stdout=subprocess.DEVNULL, stderr=err_file)
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+        err_file.seek(0)
+        err = err_file.read().decode(errors="replace")
+    if proc.returncode not in (0, 1):  # 1: a gate; the report is still written
         raise SystemExit(f"advisor failed in {where}: {err.strip()[-800:]}")
     return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss": usage.ru_maxrss / 1024}
 
