@@ -42,12 +42,12 @@ MIN_PAIRS_FOR_INTERVAL = 8  # a bootstrap of fewer pairs says little: 3 pairs of
 WORKTREE = "worktree"  # --head default: the files as they are now, uncommitted changes included
 
 
-def checkout(rev: str, tmp: Path) -> Path:
-    """A folder holding ``rev`` (the work tree itself for :data:`WORKTREE`), byte-compiled."""
+def checkout(rev: str, tmp: Path, arm: str) -> Path:
+    """A folder holding ``rev`` for ``arm`` (the work tree itself for :data:`WORKTREE`), byte-compiled."""
     if rev == WORKTREE:
         where = ROOT
     else:
-        where = tmp / rev.replace("/", "_")
+        where = tmp / arm  # one per arm: both may name the same revision
         res = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(where), rev],
                              capture_output=True, text=True, check=False)
         if res.returncode:
@@ -74,7 +74,7 @@ def run_once(where: Path, target: str, out: Path, env: dict[str, str], extra: li
 
 
 def without_timings(report: dict[str, Any]) -> dict[str, Any]:
-    """The report less what differs from run to run (seconds taken, the output's own path)."""
+    """The report less what differs from run to run: the seconds taken."""
     rep = json.loads(json.dumps(report))
     for key in ("parse_seconds", "analyze_seconds"):
         rep.get("profile", {}).pop(key, None)
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         arms = {}
         for name, rev, spec in (("A", args.base, args.env_a), ("B", args.head, args.env_b)):
-            where = checkout(rev, tmp)
+            where = checkout(rev, tmp, name)
             if where != ROOT:
                 made.append(where)
             arms[name] = (where, env_of(spec), rev)

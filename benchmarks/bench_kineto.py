@@ -532,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         adv_duck = a["seconds"] / d["seconds"] if (ok and d_ok) else None
         h_done = h is not None and h["rc"] == 0 and not h["timed_out"]
         speed = (h["seconds"] / a["seconds"]) if (ok and h is not None and (h_done or h["timed_out"])) else None
-        if len(r["pairs"]) > 1:  # the median of the ratios of runs made side by side, not of two medians
+        if ok and len(r["pairs"]) > 1:  # the median of the ratios of runs made side by side, not of two medians
             speed = statistics.median(r["pairs"])
         speed_txt = "-" if speed is None else (f">{speed:.0f}x" if h["timed_out"] else f"{speed:.1f}x")
         print(f"{c['name']:<20} {_mb(c['bytes']):>9} {_fmt_s(a):>9} {mbps:>7.1f} {_mb(a['rss']):>9} {rss_ratio:>6.2f}x "
