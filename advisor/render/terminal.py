@@ -6,6 +6,7 @@ Only this module prints to the terminal. Without a TTY it writes plain text (no 
 from __future__ import annotations
 
 import io
+import os
 import sys
 import threading
 import time
@@ -13,6 +14,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.markdown import Markdown
+from rich.measure import Measurement
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -52,19 +55,35 @@ class _Console(Console):
         raise BrokenPipeError
 
 
-def _console(file: Any, color: bool | None) -> Console:
-    """A console that writes plain text (no colour, no cursor codes) when ``color`` is False or not a TTY."""
+#: Width of plain (piped) output when ``COLUMNS`` does not say otherwise.
+PLAIN_WIDTH = 120
+
+
+def plain_width() -> int:
+    """Width of piped output: ``COLUMNS`` when it holds a usable number, else :data:`PLAIN_WIDTH`."""
+    cols = os.environ.get("COLUMNS", "").strip()
+    return max(40, int(cols)) if cols.isdigit() and int(cols) > 0 else PLAIN_WIDTH
+
+
+def _console(file: Any, color: bool | None, width: int | None = None) -> Console:
+    """A console that writes plain text (no colour, no cursor codes) when ``color`` is False or not a TTY.
+
+    Plain text is ``width`` columns wide, else ``COLUMNS``, else 120; a terminal's width is its own
+    (rich reads the terminal size, or ``COLUMNS`` when set)."""
     if color is False:
         return _Console(file=file or sys.stdout, no_color=True, highlight=False, soft_wrap=False, force_terminal=False,
-                        width=120, emoji=False)
-    return _Console(file=file or sys.stdout, highlight=False, soft_wrap=False, emoji=False)
+                        width=width or plain_width(), emoji=False)
+    return _Console(file=file or sys.stdout, highlight=False, soft_wrap=False, emoji=False, width=width)
 
 
 def print_report(report: Report | dict[str, Any], *, verbose: bool = False, color: bool | None = None,
-                 file: Any = None) -> None:
-    """Print the report: verdict, gate, breakdown, baseline diff, findings by saving, critical path, confidence."""
+                 file: Any = None, width: int | None = None) -> None:
+    """Print the report: verdict, gate, breakdown, baseline diff, findings by saving, critical path, confidence.
+
+    No number and no rank is ever cut to fit the width: tables stack or drop columns instead, and
+    long text wraps."""
     d = view.report_data(report)
-    console = _console(file, color)
+    console = _console(file, color, width)
     p = d.get("profile") or {}
     console.print(Text("advisor ", style="bold") + Text(f"{(d.get('tool') or {}).get('version', '?')} — {p.get('path')}"))
     console.print(
@@ -92,22 +111,55 @@ def print_report(report: Report | dict[str, Any], *, verbose: bool = False, colo
     _confidence(console, d, verbose)
 
 
+_STACKED_HEADERS = {"compute_only_us": "compute\nonly", "overlapped_us": "compute\n∥ comm", "comm_only_us": "comm\nonly",
+                    "host_only_us": "host\nonly", "free_us": "idle"}
+
+
+def _fits(console: Console, renderable: Any) -> bool:
+    """Whether ``renderable`` fits the console's width at its natural size (nothing shrunk)."""
+    natural = Measurement.get(console, console.options.update_width(10_000), renderable)
+    return natural.maximum <= console.width
+
+
+def _breakdown_table(rows: list[tuple[str, str, dict[str, float], bool]], layout: str) -> Table:
+    """The per-rank breakdown in one of three layouts, widest first: ``wide`` (time and share on
+    one line), ``stacked`` (share under the time) and ``narrow`` (stacked, no box, no steps column).
+    Every cell is ``no_wrap``: the caller picks the layout that fits, so no number is cut."""
+    title = "Step breakdown (mean per step)"
+    if layout == "narrow":
+        t = Table(title=title, title_justify="left", show_edge=False, title_style="bold", box=None, padding=(0, 1),
+                  show_header=True, header_style="bold")
+    else:
+        t = Table(title=title, title_justify="left", show_edge=False, title_style="bold")
+    stacked = layout != "wide"
+    cols = ["rank", *(["steps"] if layout != "narrow" else []), "step",
+            *((_STACKED_HEADERS[k] if stacked else view.PHASE_LABEL[k]) for k in view.PHASES)]
+    for col in cols:
+        t.add_column(col, justify="right", no_wrap=True)
+    sep = "\n" if stacked else " "
+    for label, n, m, bold in rows:
+        s = m["step_us"]
+        # "158.88 ms 25.7%": no parentheses, so that the wide table fits 120 columns (a piped report's width)
+        cells = [label, *([n] if layout != "narrow" else []), _us(s), *(f"{_us(m[k])}{sep}{_pct(m[k], s)}" for k in view.PHASES)]
+        t.add_row(*cells, style="bold" if bold else None, end_section=stacked)
+    return t
+
+
+def _breakdown_lines(rows: list[tuple[str, str, dict[str, float], bool]]) -> Padding:
+    """The breakdown as one wrapped paragraph per rank, for terminals too narrow for any table."""
+    lines = [Text.assemble((f"rank {label}", "bold"), f": {n} steps, step {_us(m['step_us'])}; "
+                           + "; ".join(f"{view.PHASE_LABEL[k]} {_us(m[k])} {_pct(m[k], m['step_us'])}" for k in view.PHASES))
+             for label, n, m, _bold in rows]
+    return Padding(Text("\n").join(lines), (0, 0, 0, 1), expand=False)
+
+
 def _breakdown(console: Console, d: dict[str, Any]) -> None:
     pr = view.per_rank_means(d.get("breakdown") or [])
     if not pr:
         console.print(Text("No step windows: no breakdown.", style="yellow"))
         console.print()
         return
-    t = Table(title="Step breakdown (mean per step)", title_justify="left", show_edge=False, title_style="bold")
-    for col in ("rank", "steps", "step", *(view.PHASE_LABEL[k] for k in view.PHASES)):
-        t.add_column(col, justify="right", no_wrap=True)
     outl, _basis = view.slow_steps(d)
-
-    def row(label: str, n: str, m: dict[str, float]) -> list[str]:
-        s = m["step_us"]
-        # "158.88 ms 25.7%": no parentheses, so that the table fits 120 columns (a piped report's width)
-        return [label, n, _us(s), *(f"{_us(m[k])} {_pct(m[k], s)}" for k in view.PHASES)]
-
     busiest = view.busiest_rank(d.get("breakdown") or [])
     shown = sorted(pr.items())
     if len(shown) > 16:  # the slowest ranks, and always the busiest one
@@ -116,12 +168,26 @@ def _breakdown(console: Console, d: dict[str, Any]) -> None:
         if busiest is not None and busiest in pr and busiest not in keep:
             keep = {r for r, _m in slowest[:15]} | {busiest}
         shown = [kv for kv in slowest if kv[0] in keep]
+    rows: list[tuple[str, str, dict[str, float], bool]] = []
     if len(pr) > 1:
         overall = view.overall_means(d["breakdown"]) or {}
-        t.add_row(*row("all", str(len(d["breakdown"])), overall), style="bold")
+        rows.append(("all", str(len(d["breakdown"])), overall, True))
     for rank, m in shown:
-        t.add_row(*row(str(rank) + (" *" if rank == busiest else ""), str(int(m["steps"])), m))
-    console.print(t)
+        rows.append((str(rank) + (" *" if rank == busiest else ""), str(int(m["steps"])), m, False))
+    for layout in ("wide", "stacked", "narrow"):
+        t = _breakdown_table(rows, layout)
+        if _fits(console, t):
+            console.print(t)
+            if layout == "narrow":  # the steps column was dropped
+                counts = {n for label, n, _m, _b in rows if label != "all"}
+                steps = (f"{counts.pop()} steps per rank" if len(counts) == 1 else
+                         "steps per rank: " + ", ".join(f"{label.rstrip(' *')} {n}" for label, n, _m, _b in rows
+                                                        if label != "all"))
+                console.print(_indented(Text(steps, style="dim"), 2))
+            break
+    else:
+        console.print(Text("Step breakdown (mean per step)", style="bold"))
+        console.print(_breakdown_lines(rows))
     notes = []
     if len(pr) > 16:
         extra = busiest is not None and busiest in dict(shown) and \
@@ -131,10 +197,15 @@ def _breakdown(console: Console, d: dict[str, Any]) -> None:
         notes.append(f"* busiest rank (the one others wait for): {busiest}")
     if outl:
         notes.append("slow steps: " + ", ".join(f"rank {r} step {s}" for r, s in sorted(outl)[:8])
-                     + (" …" if len(outl) > 8 else ""))
+                     + (f" and {len(outl) - 8} more" if len(outl) > 8 else ""))
     for n in notes:
-        console.print(Text("  " + n, style="dim"))
+        console.print(_indented(Text(n, style="dim"), 2))
     console.print()
+
+
+def _indented(text: Text, left: int) -> Padding:
+    """Text that wraps at word boundaries with every line indented by ``left`` columns."""
+    return Padding(text, (0, 0, 0, left), expand=False)
 
 
 def _diff(console: Console, diff: dict[str, Any]) -> None:
@@ -149,7 +220,7 @@ def _diff(console: Console, diff: dict[str, Any]) -> None:
     if diff.get("phases"):
         t = Table(show_edge=False, box=None, padding=(0, 2))
         for col in ("phase", "baseline", "now", "change", "of step"):
-            t.add_column(col, justify="left" if col == "phase" else "right")
+            t.add_column(col, justify="left" if col == "phase" else "right", no_wrap=col != "phase")
         for p in diff["phases"]:
             pct = p.get("delta_pct_of_step")
             style = "red" if p.get("slower") else ("green" if p["delta_us"] < 0 else "")
@@ -161,49 +232,57 @@ def _diff(console: Console, diff: dict[str, Any]) -> None:
                               ("severity changed", "changed_findings", "yellow")):
         for f in diff.get(key) or []:
             was = f" (was {f['baseline_severity']})" if f.get("baseline_severity") else ""
-            console.print(Text(f"  {label}: ", style=style)
-                          + Text(one_line(f"{f.get('severity')}{was} {f.get('rule')} {f.get('title')}", 200)),
-                          overflow="ellipsis", no_wrap=True)
+            console.print(_indented(Text(f"{label}: ", style=style)
+                                    + Text(one_line(f"{f.get('severity')}{was} {f.get('rule')} {f.get('title')}", 200)), 2))
     console.print()
 
 
 def _findings(console: Console, d: dict[str, Any], verbose: bool) -> None:
+    """One row per finding (severity, rule, saving, title wrapped beside them) and, under it, the
+    first optimisation (all of them and the evidence with ``verbose``)."""
     findings = d.get("findings") or []
     if not findings:
         console.print(Text("No findings.", style="bold green"))
         console.print()
         return
     console.print(Text(f"Findings ({len(findings)}), largest saving first", style="bold"))
-    width = max(len(f"save ≤ {_us(f['estimated_saving_us'])}") if f.get("estimated_saving_us") else 1 for f in findings)
-    for f in findings:
-        sev = f.get("severity", "info")
-        saving = f"save ≤ {_us(f['estimated_saving_us'])}" if f.get("estimated_saving_us") else "-"
-        line = Text("  ")
-        line.append(f"{sev:<8}", style=SEV_STYLE.get(sev, ""))
-        line.append(f" {f.get('rule', ''):<7}")
-        line.append(f"{saving:>{width}}", style="green")
-        line.append("  " + one_line(str(f.get("title", "")), 400))
-        console.print(line, no_wrap=True, overflow="ellipsis")
+    savings = [f"save ≤ {_us(f['estimated_saving_us'])}" if f.get("estimated_saving_us") else "-" for f in findings]
+    sev_w = max(len(str(f.get("severity", "info"))) for f in findings)
+    rule_w = max(len(str(f.get("rule", ""))) for f in findings)
+    save_w = max(len(s) for s in savings)
+    for f, saving in zip(findings, savings):
+        sev = str(f.get("severity", "info"))
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(width=1)
+        grid.add_column(width=sev_w, no_wrap=True)
+        grid.add_column(width=rule_w, no_wrap=True)
+        grid.add_column(width=save_w, justify="right", no_wrap=True)
+        grid.add_column(ratio=1, overflow="fold")
+        grid.add_row("", Text(sev, style=SEV_STYLE.get(sev, "")), str(f.get("rule", "")), Text(saving, style="green"),
+                     Text(one_line(str(f.get("title", "")), 400)))
+        opts = f.get("optimizations") or []
+        if opts and not verbose:
+            grid.add_row("", "", "", "", Text("→ " + one_line(str(opts[0].get("title", "")), 300), style="cyan"))
+        console.print(grid)
         if verbose:
-            console.print(_details(f), no_wrap=True, overflow="ellipsis")
+            console.print(_indented(_details(f), 6))
     console.print()
 
 
 def _details(f: dict[str, Any]) -> Text:
-    out = Text(style="dim")
-    out.append(f"      cause {f.get('cause')} · ranks {view.compact_ints(f.get('ranks'))} · steps {view.compact_ints(f.get('steps'))}\n")
+    lines = [f"cause {f.get('cause')} · ranks {view.compact_ints(f.get('ranks'))} · steps {view.compact_ints(f.get('steps'))}"]
     if f.get("saving_basis"):
-        out.append(f"      saving: {one_line(f['saving_basis'], 200)}\n")
+        lines.append(f"saving: {one_line(f['saving_basis'], 200)}")
     for k, v in (f.get("evidence") or {}).items():
         kind = "threshold" if view.is_threshold_key(k) else "measured"
-        out.append(f"        {k} = {view.fmt_evidence(k, v)}  ({kind})\n")
+        lines.append(f"  {k} = {view.fmt_evidence(k, v)}  ({kind})")
     for o in list(f.get("ops") or [])[:5]:
-        out.append(f"        op: {view.truncate(o, 100)}\n")
+        lines.append(f"  op: {view.truncate(o, 100)}")
     for row in list(f.get("top") or [])[:5]:
-        out.append("        top: " + view.truncate(", ".join(f"{k}={view.fmt_evidence(k, v)}" for k, v in row.items()), 110) + "\n")
+        lines.append("  top: " + view.truncate(", ".join(f"{k}={view.fmt_evidence(k, v)}" for k, v in row.items()), 110))
     for i, o in enumerate(f.get("optimizations") or [], 1):
-        out.append(f"        do {i}. {o.get('title')}" + (f" — {view.truncate(o.get('how', ''), 100)}" if o.get("how") else "") + "\n")
-    return out
+        lines.append(f"  do {i}. {o.get('title')}" + (f" — {view.truncate(o.get('how', ''), 100)}" if o.get("how") else ""))
+    return Text("\n".join(lines), style="dim")
 
 
 def _critical_path(console: Console, d: dict[str, Any]) -> None:
@@ -211,22 +290,27 @@ def _critical_path(console: Console, d: dict[str, Any]) -> None:
     if not cp.get("ops"):
         return
     length = cp.get("length_us") or 0
+    ops = cp["ops"][:10]
+    rows = [(str(op.get("kind")), _us(op.get("total_us")), _pct(op.get("total_us") or 0, length), str(op.get("count", "")))
+            for op in ops]
+    # the operator name is the only column that may be shortened: the others keep their full width
+    fixed = sum(max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(("kind", "time on path", "share", "count")))
+    name_w = max(12, min(70, console.width - fixed - 3 * 4 - 2))
     t = Table(title=f"Critical path: rank {cp.get('rank')}, step {cp.get('step')}, {_us(length)}",
               title_justify="left", show_edge=False, title_style="bold")
-    t.add_column("operator", no_wrap=True, overflow="ellipsis", max_width=70)
+    t.add_column("operator", no_wrap=True, overflow="ellipsis", max_width=name_w)
     t.add_column("kind", no_wrap=True)
     t.add_column("time on path", justify="right", no_wrap=True)
     t.add_column("share", justify="right", no_wrap=True)
     t.add_column("count", justify="right", no_wrap=True)
-    for op in cp["ops"][:10]:
-        t.add_row(Text(view.truncate(op.get("name", ""), 70)), str(op.get("kind")), _us(op.get("total_us")),
-                  _pct(op.get("total_us") or 0, length), str(op.get("count", "")))
+    for op, r in zip(ops, rows):
+        t.add_row(Text(view.truncate(op.get("name", ""), name_w)), *r)
     console.print(t)
     edges = view.cp_edges(d)
     if edges:
-        console.print(Text(f"  edges followed: {edges[0]}", style="dim"))
+        console.print(_indented(Text(f"edges followed: {edges[0]}", style="dim"), 2))
         if edges[1]:
-            console.print(Text(f"  note: {edges[1]}", style="dim"))
+            console.print(_indented(Text(f"note: {edges[1]}", style="dim"), 2))
     console.print()
 
 
@@ -234,39 +318,39 @@ def _confidence(console: Console, d: dict[str, Any], verbose: bool) -> None:
     conf = view.confidence(d)
     console.print(Text(f"Confidence: {conf['level']} — {conf['summary']}", style="bold"))
     for n in conf["notes"]:
-        console.print(Text(f"  {n}", style="dim"))
+        console.print(_indented(Text(n, style="dim"), 2))
     for r in conf["errors"]:
-        console.print(Text(f"  {r.get('rule')} failed: {one_line(str(r.get('reason')), 300)}", style="red"))
+        console.print(_indented(Text(f"{r.get('rule')} failed: {one_line(str(r.get('reason')), 300)}", style="red"), 2))
     limit = None if verbose else 8
     skipped = conf["skipped"]
     for r in skipped[:limit]:
-        console.print(Text(f"  {r.get('rule')} skipped: {one_line(str(r.get('reason')), 200)}", style="dim"),
-                      overflow="ellipsis", no_wrap=True)
+        console.print(_indented(Text(f"{r.get('rule')} skipped: {one_line(str(r.get('reason')), 200)}", style="dim"), 2))
     if limit is not None and len(skipped) > limit:
-        console.print(Text(f"  … {len(skipped) - limit} more skipped rules (--verbose)", style="dim"))
+        console.print(_indented(Text(f"and {len(skipped) - limit} more skipped rules (--verbose)", style="dim"), 2))
     ws = conf["shown_warnings"]
     if ws:
         console.print(Text(f"Warnings ({len(ws)})", style="bold"))
         for w in ws[:30]:
-            console.print(Text(f"  [{w.get('code')}] " + (f"{one_line(w['path'], 120)}: " if w.get("path") else "")
-                               + one_line(str(w.get("message")), 400)))
+            console.print(_indented(Text(f"[{w.get('code')}] " + (f"{one_line(w['path'], 120)}: " if w.get("path") else "")
+                                         + one_line(str(w.get("message")), 400)), 2))
         if len(ws) > 30:
-            console.print(f"  … {len(ws) - 30} more (see --format json)")
+            console.print(_indented(Text(f"and {len(ws) - 30} more (see --format json)"), 2))
 
 
-def render_text(report: Report | dict[str, Any], verbose: bool = False) -> str:
-    """The terminal summary as plain text."""
+def render_text(report: Report | dict[str, Any], verbose: bool = False, width: int | None = None) -> str:
+    """The terminal summary as plain text, ``width`` columns wide (default: ``COLUMNS``, else 120)."""
     buf = io.StringIO()
-    print_report(report, verbose=verbose, color=False, file=buf)
+    print_report(report, verbose=verbose, color=False, file=buf, width=width)
     return buf.getvalue()
 
 
 def _list(xs: Any) -> str:
+    """Ranks or steps as ``0, 1, 2`` or, for many, as ranges (``0–63 (64)``): never cut."""
     xs = list(xs or [])
     if not xs:
         return "-"
     if len(xs) > 8:
-        return f"{xs[0]}…{xs[-1]} ({len(xs)})"
+        return f"{view.compact_ints(xs, limit=4)} ({len(xs)})"
     return ", ".join(map(str, xs))
 
 

@@ -1,0 +1,146 @@
+"""Outputs that fit where they go: a Markdown report that fits a pull-request comment, terminal
+tables that never cut a number or a rank (in a real pseudo-terminal and piped with ``COLUMNS``),
+and ``--out`` whose format follows the file's extension."""
+
+from __future__ import annotations
+
+import copy
+import fcntl
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, TRACES, report_json
+
+GLOO = TRACES / "gloo_slow_rank"  # two ranks (rank0 / rank1 files), rank 1 the straggler
+COMMENT_LIMIT = 60_000  # under GitHub's 65,536 characters per comment, with room for a heading
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+#: A number cut short by an ellipsis ("617.…", "29…") or continued after one ("…5 ms").
+CUT_NUMBER = re.compile(r"\d[.,]?…|…[.,]?\d")
+
+_REPORTS: dict[Path, dict[str, Any]] = {}
+
+
+def _data(path: Path) -> dict[str, Any]:
+    """The JSON report of a profile (analysed once per test session), schema-validated."""
+    if path not in _REPORTS:
+        from advisor.analyze import analyze
+
+        _REPORTS[path] = report_json(analyze(path))
+    return copy.deepcopy(_REPORTS[path])
+
+
+# ---------------------------------------------------------------------------------------------
+# Terminal
+# ---------------------------------------------------------------------------------------------
+
+
+def _breakdown_ranks(text: str) -> list[str]:
+    """Rank labels of the breakdown table's rows ("all", "0", "1 *", ...)."""
+    block = text[text.index("Step breakdown"):]
+    block = block[:block.index("\n\n")] if "\n\n" in block else block
+    labels = []
+    for line in block.splitlines()[1:]:
+        # a row of the boxed table ("  1 * │ ..."), of the table without a box ("   18     1.01 s ...")
+        # or of the paragraph layout ("rank 18: ...")
+        m = re.match(r"\s*(all|\d+(?: \*)?)(?:\s+│|\s{2,}\S)", line) or re.match(r"\s*rank (all|\d+(?: \*)?):", line)
+        if m:
+            labels.append(m.group(1))
+    return labels
+
+
+def _check_terminal(text: str, width: int, ranks: list[int]) -> None:
+    lines = text.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= width
+    body = text[text.index("Step breakdown"):text.index("Critical path") if "Critical path" in text else None]
+    assert not CUT_NUMBER.search(body), CUT_NUMBER.search(body)
+    shown = [label.rstrip(" *") for label in _breakdown_ranks(text)]
+    assert shown[0] == "all" and sorted(int(r) for r in shown[1:]) == ranks
+    assert "→ " in text  # the first optimisation of each finding, without -v
+
+
+def _pty_run(args: list[str], columns: int) -> str:
+    """``advisor analyze ARGS`` with a pseudo-terminal of ``columns`` columns as stdout."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["TERM"] = "xterm-256color"
+    proc = subprocess.Popen([sys.executable, "-m", "advisor.cli", "analyze", *args], stdin=slave, stdout=slave,
+                            stderr=subprocess.PIPE, cwd=ROOT, env=env)
+    os.close(slave)
+    chunks: list[bytes] = []
+    while True:
+        ready, _, _ = select.select([master], [], [], 120)
+        if not ready:
+            proc.kill()
+            raise AssertionError("no output from advisor in 120 s")
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read().decode() if proc.stderr else ""
+    text = b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n")
+    return ANSI.sub("", text)
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_terminal_in_a_pseudo_terminal_keeps_numbers_and_ranks(columns: int) -> None:
+    text = _pty_run([str(GLOO)], columns)
+    assert "Verdict: " in text
+    _check_terminal(text, columns, [0, 1])
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_piped_terminal_output_honours_columns(columns: int) -> None:
+    env = {**os.environ, "COLUMNS": str(columns), "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-m", "advisor.cli", "analyze", str(GLOO)], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "\x1b[" not in res.stdout
+    _check_terminal(res.stdout, columns, [0, 1])
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 100, 120])
+def test_terminal_many_ranks_at_any_width(width: int) -> None:
+    """20 ranks with long step times: at every width the table (or, below any table, one paragraph
+    per rank) shows the 16 ranks it picks, each number whole."""
+    from advisor.render.terminal import render_text
+
+    d = _data(GLOO)
+    base = d["breakdown"][0]
+    d["breakdown"] = [{**base, "rank": r, "step": 1, "step_us": 987_654.3 + 1000 * r, "comm_only_us": 617_123.4,
+                       "compute_only_us": 290_000.0 + r, "free_us": 0.0} for r in range(20)]
+    text = render_text(d, width=width)
+    shown = [label.rstrip(" *") for label in _breakdown_ranks(text)]
+    assert sorted(int(r) for r in shown[1:]) == list(range(4, 20))
+    body = text[text.index("Step breakdown"):text.index("Findings")]
+    assert not CUT_NUMBER.search(body), CUT_NUMBER.search(body)
+    words = " ".join(body.split())  # a narrow paragraph may break between a number and its unit
+    assert "617.12 ms" in words and "991.65 ms" in words  # rank 4's mean step: 987,654.3 + 4,000 µs
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= width
+
+
+def test_terminal_shows_the_first_optimisation_without_verbose() -> None:
+    from advisor.render.terminal import render_text
+
+    d = _data(GLOO)
+    quiet, loud = render_text(d), render_text(d, verbose=True)
+    for f in d["findings"]:
+        opts = f["optimizations"]
+        assert f"→ {opts[0]['title']}" in quiet
+        for o in opts[1:]:
+            assert o["title"] not in quiet and o["title"] in loud
