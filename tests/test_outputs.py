@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, TRACES, report_json
+from tests.conftest import ROOT, TRACES, report_json, validate_report
 
 GLOO = TRACES / "gloo_slow_rank"  # two ranks (rank0 / rank1 files), rank 1 the straggler
 COMMENT_LIMIT = 60_000  # under GitHub's 65,536 characters per comment, with room for a heading
@@ -37,6 +37,78 @@ def _data(path: Path) -> dict[str, Any]:
 
         _REPORTS[path] = report_json(analyze(path))
     return copy.deepcopy(_REPORTS[path])
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown
+# ---------------------------------------------------------------------------------------------
+
+
+def _huge(d: dict[str, Any], ranks: int = 64, steps: int = 300, findings: int = 120) -> dict[str, Any]:
+    """A report as large as a profile can make one: many ranks and steps, many long findings with
+    wide evidence and top tables, many optimisations, warnings, skipped rules, gate checks and
+    baseline changes. Every field keeps the shape of the JSON report (it validates)."""
+    base = d["breakdown"][0]
+    d["breakdown"] = [{**base, "rank": r, "step": s, "step_us": base["step_us"] * (1 + (r * 7 + s) % 13 / 50)}
+                      for r in range(ranks) for s in range(steps)]
+    d["profile"]["ranks"] = list(range(ranks))
+    d["profile"]["steps"] = list(range(steps))
+    proto = d["findings"][0]
+    long = "x" * 30 + " <b>|name|</b> " + "y" * 400
+    d["findings"] = []
+    for i in range(findings):
+        f = copy.deepcopy(proto)
+        f.update(id=f"{proto['rule']}-{i:08x}", title=f"finding {i}: {long}", detail=long * 3,
+                 ranks=list(range(0, ranks, 2)), steps=list(range(0, steps, 3)), ops=[f"op{j} {long}" for j in range(40)],
+                 evidence={f"measure_{j}_us": 1000.0 + j for j in range(60)},
+                 top=[{f"col{c}_{long[:20]}": f"{long}" for c in range(12)} for _ in range(60)],
+                 optimizations=[{"id": f"fix{j}", "title": f"fix {j} {long[:100]}", "how": long} for j in range(30)])
+        d["findings"].append(f)
+    d["warnings"] = [{"code": "bad_file", "message": f"warning {i} {long}", "path": f"/p/{long}/{i}"} for i in range(5000)]
+    d["rules"] = [*d["rules"], *({"rule": f"X{i:03d}", "status": "skipped", "reason": long} for i in range(200))]
+    d["gate"] = {"status": "failed", "exit_code": 1,
+                 "checks": [{"check": "budget", "name": f"step_ms_{i}", "threshold": 1.0, "value": 2.0, "passed": False,
+                             "bound": "max"} for i in range(80)],
+                 "messages": [f"message {i} {long}" for i in range(200)]}
+    return d
+
+
+def test_markdown_of_a_huge_report_fits_a_comment_in_order() -> None:
+    """Whatever the profile holds, the default Markdown stays under 60,000 characters, in the order
+    verdict, gate, breakdown, findings (evidence, first fixes, ``advisor explain ID``), confidence
+    and the skipped-rule and warning lists last; what is left out is counted."""
+    from advisor.render.markdown import render
+
+    d = _huge(_data(GLOO))
+    validate_report(d)
+    md = render(d)
+    assert len(md) < COMMENT_LIMIT
+    marks = ["## advisor: ", "### CI gate", "### Step time", "### Findings (120)", "### Critical path",
+             "### Confidence", "rule(s) could not run", "input warning(s)"]
+    pos = [md.index(m) for m in marks]
+    assert pos == sorted(pos), dict(zip(marks, pos))
+    assert "16 slowest of 64 ranks shown" in md
+    assert "… 100 more findings in the HTML/JSON report." in md
+    assert re.search(r"The details of \d+ more findings are in the JSON / HTML report", md)
+    assert "more in the JSON report" in md  # warnings and skipped rules are counted, not listed
+    assert "**What to do**" in md and f"`advisor explain {d['findings'][0]['rule']}`" in md
+    assert "<b>" not in md.replace("<b>critical</b>", "").replace(f"<b>{d['findings'][0]['severity']}</b>", "")
+    for line in md.splitlines():  # a sparkline of 300 steps is drawn in at most 40 characters
+        assert not re.search("[▁▂▃▄▅▆▇█]{41}", line)
+
+
+def test_markdown_with_a_baseline_diff_puts_it_before_the_breakdown() -> None:
+    from advisor.render.markdown import render
+
+    d = _data(GLOO)
+    f = d["findings"][0]
+    item = {"rule": f["rule"], "cause": f["cause"], "severity": f["severity"], "title": f["title"], "ranks": f["ranks"]}
+    d["baseline_diff"] = {"baseline": "last.json", "regression_pct": 12.0, "max_regression_pct": 10.0, "regressed": True,
+                          "notes": [], "phases": [], "new_findings": [item] * 25, "gone_findings": [],
+                          "changed_findings": []}
+    md = render(d)
+    assert md.index("### Against the baseline") < md.index("### Step time") < md.index("### Findings")
+    assert "**New findings (25)**" in md and "- … 15 more in the JSON / HTML report" in md
 
 
 # ---------------------------------------------------------------------------------------------

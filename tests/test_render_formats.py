@@ -99,6 +99,7 @@ def test_every_format_renders(path: Path) -> None:
 
     md = markdown.render(rep)
     assert md.startswith("## advisor: ")
+    assert len(md) < 60_000, "the Markdown report must fit a pull-request comment (65,536 characters)"
     assert markdown.render(data) == md
     for f in data["findings"]:
         assert f["rule"] in md

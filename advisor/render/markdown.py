@@ -68,10 +68,14 @@ def _bar(share: float | None, width: int = 20) -> str:
     return "█" * n
 
 
-def spark(values: list[float]) -> str:
-    """A sparkline of step times (▁ … █)."""
+def spark(values: list[float], width: int = 40) -> str:
+    """A sparkline of step times (▁ … █), at most ``width`` characters: more steps than that are
+    drawn in equal groups, each by its slowest step."""
     if not values:
         return ""
+    if len(values) > width:
+        n = len(values)
+        values = [max(values[i * n // width:(i + 1) * n // width]) for i in range(width)]
     lo, hi = min(values), max(values)
     if hi <= lo:
         return _SPARK[0] * len(values)
@@ -82,13 +86,66 @@ def _row(*cells: Any) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
-def render(report: Report | Mapping[str, Any], *, max_findings: int = 20) -> str:
-    """The Markdown report (a Report, or the dict of a JSON report)."""
+#: A GitHub comment holds 65,536 characters: the default report stays under this, whatever the profile.
+MD_LIMIT = 60_000
+#: Room kept for the confidence section (rules that ran, were skipped or failed; input warnings), which comes last.
+_TAIL_BUDGET = 12_000
+_FIRST_FIXES = 2  # optimisations shown per finding in the compact report (all with ``full``)
+
+
+def render(report: Report | Mapping[str, Any], *, max_findings: int = 20, full: bool = False) -> str:
+    """The Markdown report (a Report, or the dict of a JSON report) for a pull-request comment.
+
+    In this order: verdict, CI gate, baseline diff, step-time breakdown, findings (evidence, the
+    first fixes, ``advisor explain ID``), critical path, then confidence and the skipped rules and
+    input warnings. Every table and list is capped (the rest is counted and left to the JSON / HTML
+    report) and the findings' details fill what the other sections leave of :data:`MD_LIMIT`
+    characters, so the report fits a GitHub comment for any profile. ``full`` embeds each rule's
+    documentation and every optimisation instead, without that bound.
+    """
     d = report_data(report)
+    head = _head(d)
+    gate = d.get("gate")
+    if gate:
+        head += _gate(gate)
+    diff = d.get("baseline_diff")
+    if diff:
+        head += _diff(diff)
+    head += _breakdown(d)
+    tail = _critical_path(d) + _confidence(d)
+    findings = d.get("findings") or []
+    budget = None if full else MD_LIMIT - _size(head) - _size(tail) - 2_000
+    body = _findings(findings, max_findings=max_findings, full=full, budget=budget)
+    text = "\n".join(head + body + tail).rstrip() + "\n"
+    if not full and len(text) > MD_LIMIT:  # a last resort: every section above is capped on its own
+        cut = text.rfind("\n", 0, MD_LIMIT - 200)
+        text = text[:cut] + "\n\n… the rest of this report is in the JSON / HTML report.\n"
+    return text
+
+
+def _size(lines: list[str]) -> int:
+    return sum(len(x) + 1 for x in lines)
+
+
+def _capped(items: list[str], budget: int, more: str, max_items: int | None = None) -> list[str]:
+    """``items`` while their total length stays within ``budget`` (and at most ``max_items``), then
+    one line counting the rest (``more`` with ``{n}`` for that count)."""
+    out: list[str] = []
+    used = 0
+    for i, item in enumerate(items):
+        if used + len(item) + 1 > budget or (max_items is not None and i >= max_items):
+            out.append(more.format(n=len(items) - i))
+            break
+        out.append(item)
+        used += len(item) + 1
+    return out
+
+
+def _head(d: Mapping[str, Any]) -> list[str]:
     prof = d.get("profile") or {}
     out: list[str] = []
     v = verdict(d)
-    out.append("## advisor: " + md_escape(v["title"]))
+    out.append("## advisor: " + md_escape(v["title"], 300))
     out.append("")
     if v["kind"] == "finding":
         line = f"**{v['severity'].upper()}** · {md_escape(v['rule'])} `{md_escape_code(v['cause'])}`"
@@ -101,81 +158,83 @@ def render(report: Report | Mapping[str, Any], *, max_findings: int = 20) -> str
         out.append(line)
         out.append("")
     ranks = prof.get("ranks") or []
-    out.append(f"Profile {md_escape(prof.get('path', ''))} · {md_escape(', '.join(prof.get('sources') or []) or '?')}"
+    out.append(f"Profile {md_escape(prof.get('path', ''), 200)} · {md_escape(', '.join(prof.get('sources') or []) or '?', 100)}"
                f" · {len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
                + (f" (world size {prof['world_size']})" if prof.get("world_size") else "")
                + f" · steps {compact_ints(prof.get('steps'))}" + (" · CPU-only" if prof.get("cpu_only") else "")
-               + f" · advisor {md_escape((d.get('tool') or {}).get('version', '?'))}")
+               + f" · advisor {md_escape((d.get('tool') or {}).get('version', '?'), 40)}")
     out.append("")
+    return out
 
-    gate = d.get("gate")
-    if gate:
-        out += _gate(gate)
+
+def _breakdown(d: Mapping[str, Any]) -> list[str]:
     summary = breakdown_summary(d)
-    out.append(f"### Step time{' — mean ' + fmt_us(summary['step_us']) if summary else ''}")
+    out = [f"### Step time{' — mean ' + fmt_us(summary['step_us']) if summary else ''}", ""]
+    if not summary:
+        return out + ["No step windows were found, so there is no breakdown.", ""]
+    out.append(_row("phase", "mean per step", "share", ""))
+    out.append("|---|---:|---:|---|")
+    for p in summary["phases"]:
+        out.append(_row(p["label"], fmt_us(p["us"]), fmt_ratio(p["share"]), _bar(p["share"])))
     out.append("")
-    if summary:
-        out.append(_row("phase", "mean per step", "share", ""))
-        out.append("|---|---:|---:|---|")
-        for p in summary["phases"]:
-            out.append(_row(p["label"], fmt_us(p["us"]), fmt_ratio(p["share"]), _bar(p["share"])))
-        out.append("")
-        out += _ranks(d)
-    else:
-        out += ["No step windows were found, so there is no breakdown.", ""]
+    return out + _ranks(d)
 
-    conf = confidence(d)
-    out.append(f"### Confidence: {conf['level']}")
+
+def _findings(findings: list[Mapping[str, Any]], *, max_findings: int, full: bool, budget: int | None) -> list[str]:
+    out = [f"### Findings ({len(findings)})", ""]
+    if not findings:
+        return out + ["No rule fired on this profile.", ""]
+    shown = findings[:max_findings]
+    out.append(_row("severity", "rule", "finding", "saving / step", "ranks"))
+    out.append("|---|---|---|---:|---|")
+    for f in shown:
+        saving = fmt_us(f.get("estimated_saving_us")) if f.get("estimated_saving_us") else "-"
+        if f.get("estimated_saving_us") and f.get("saving_fraction"):
+            saving += f" ({fmt_ratio(f['saving_fraction'], 0)})"
+        out.append(_row(f"**{md_escape(f.get('severity'), 20)}**", md_escape(f.get("rule"), 20),
+                        md_escape(f.get("title"), 200), saving, md_escape(compact_ints(f.get("ranks"), limit=6))))
+    if len(findings) > max_findings:
+        out.append(f"\n… {len(findings) - max_findings} more findings in the HTML/JSON report.")
     out.append("")
-    out.append(md_escape(conf["summary"]) + ".")
-    for n in conf["notes"]:
-        out.append(f"- {md_escape(n)}")
-    for r in conf["errors"]:
-        out.append(f"- **{md_escape(r.get('rule'))}** failed: {md_escape(r.get('reason'), 300)}")
+    explains = _explains({str(f.get("rule")) for f in shown}) if full else {}
+    used = _size(out)
+    for i, f in enumerate(shown):
+        block = _finding(f, explains.get(str(f.get("rule"))), full=full)
+        if budget is not None and used + _size(block) > budget:
+            rest = len(shown) - i
+            out += [(f"The details of {rest} more finding{'s' if rest != 1 else ''} are in the JSON / HTML report "
+                     "(`advisor explain ID` describes each rule)."), ""]
+            break
+        out += block
+        used += _size(block)
+    return out
+
+
+def _confidence(d: Mapping[str, Any]) -> list[str]:
+    """Confidence, failed and skipped rules, input warnings: the last section, capped at :data:`_TAIL_BUDGET`."""
+    conf = confidence(d)
+    out = [f"### Confidence: {conf['level']}", "", md_escape(conf["summary"]) + "."]
+    items = [f"- {md_escape(n, 300)}" for n in conf["notes"]]
+    items += [f"- **{md_escape(r.get('rule'), 20)}** failed: {md_escape(r.get('reason'), 300)}" for r in conf["errors"]]
+    out += _capped(items, _TAIL_BUDGET // 4, "- … {n} more in the JSON report")
     out.append("")
     if conf["skipped"]:
         out.append(f"<details><summary>{len(conf['skipped'])} rule(s) could not run</summary>")
         out.append("")
-        out += [f"- **{md_escape(r.get('rule'))}**: {md_escape(r.get('reason'), 300)}" for r in conf["skipped"]]
+        out += _capped([f"- **{md_escape(r.get('rule'), 20)}**: {md_escape(r.get('reason'), 200)}" for r in conf["skipped"]],
+                       _TAIL_BUDGET // 3, "- … {n} more in the JSON report")
         out += ["", "</details>", ""]
     if conf["shown_warnings"]:
         ws = conf["shown_warnings"]
         out.append(f"<details><summary>{len(ws)} input warning(s)</summary>")
         out.append("")
-        for w in ws[:30]:
-            where = f"{md_escape(w.get('path'), 120)}: " if w.get("path") else ""
-            out.append(f"- {md_escape(w.get('code'))}: {where}{md_escape(w.get('message'), 300)}")
-        if len(ws) > 30:
-            out.append(f"- … {len(ws) - 30} more in the JSON report")
+        lines = []
+        for w in ws:
+            where = f"{md_escape(w.get('path'), 100)}: " if w.get("path") else ""
+            lines.append(f"- {md_escape(w.get('code'), 40)}: {where}{md_escape(w.get('message'), 200)}")
+        out += _capped(lines, _TAIL_BUDGET // 3, "- … {n} more in the JSON report", max_items=30)
         out += ["", "</details>", ""]
-
-    diff = d.get("baseline_diff")
-    if diff:
-        out += _diff(diff)
-
-    findings = d.get("findings") or []
-    out.append(f"### Findings ({len(findings)})")
-    out.append("")
-    if findings:
-        out.append(_row("severity", "rule", "finding", "saving / step", "ranks"))
-        out.append("|---|---|---|---:|---|")
-        for f in findings[:max_findings]:
-            saving = fmt_us(f.get("estimated_saving_us")) if f.get("estimated_saving_us") else "-"
-            if f.get("estimated_saving_us") and f.get("saving_fraction"):
-                saving += f" ({fmt_ratio(f['saving_fraction'], 0)})"
-            out.append(_row(f"**{md_escape(f.get('severity'))}**", md_escape(f.get("rule")), md_escape(f.get("title"), 200),
-                            saving, md_escape(compact_ints(f.get("ranks")))))
-        if len(findings) > max_findings:
-            out.append(f"\n… {len(findings) - max_findings} more findings in the HTML/JSON report.")
-        out.append("")
-        explains = _explains({str(f.get("rule")) for f in findings[:max_findings]})
-        for f in findings[:max_findings]:
-            out += _finding(f, explains.get(str(f.get("rule"))))
-    else:
-        out += ["No rule fired on this profile.", ""]
-
-    out += _critical_path(d)
-    return "\n".join(out).rstrip() + "\n"
+    return out
 
 
 def md_escape_code(value: Any) -> str:
@@ -187,7 +246,8 @@ def _gate(gate: Mapping[str, Any]) -> list[str]:
     out = [f"### CI gate: {'❌ failed' if gate.get('status') == 'failed' else '✅ passed'}", ""]
     out.append(_row("check", "limit", "measured", "result"))
     out.append("|---|---|---:|---|")
-    for c in gate.get("checks") or []:
+    checks = list(gate.get("checks") or [])
+    for c in checks[:30]:
         if c.get("check") == "fail_on":
             limit = f"no finding at or above {md_escape(c.get('threshold'))}"
         elif c.get("check") == "baseline":
@@ -196,12 +256,15 @@ def _gate(gate: Mapping[str, Any]) -> list[str]:
             limit = ("≥ " if c.get("bound") == "min" else "≤ ") + fmt_value(c.get("threshold"))
         value = c.get("value")
         shown = "-" if value is None else (f"{value:+.1f}%" if c.get("check") == "baseline" else fmt_value(value))
-        name = f" `{md_escape_code(c['name'])}`" if c.get("name") else ""
-        note = f" ({md_escape(c['note'])})" if c.get("note") else ""
-        out.append(_row(f"{md_escape(c.get('check'))}{name}", limit, shown, ("pass" if c.get("passed") else "**fail**") + note))
+        name = f" `{md_escape_code(c['name'])[:60]}`" if c.get("name") else ""
+        note = f" ({md_escape(c['note'], 200)})" if c.get("note") else ""
+        out.append(_row(f"{md_escape(c.get('check'), 40)}{name}", limit, shown,
+                        ("pass" if c.get("passed") else "**fail**") + note))
+    if len(checks) > 30:
+        out.append(f"\n… {len(checks) - 30} more checks in the JSON report.")
     out.append("")
-    for m in gate.get("messages") or []:
-        out.append(f"- {md_escape(m, 500)}")
+    out += _capped([f"- {md_escape(m, 500)}" for m in gate.get("messages") or []], 5_000,
+                   "- … {n} more in the JSON report")
     out.append("")
     return out
 
@@ -228,20 +291,24 @@ def _ranks(d: Mapping[str, Any]) -> list[str]:
         out.append(_row(rank, int(m["steps"]), fmt_us(m["step_us"]), fmt_us(busy), fmt_us(m["comm_only_us"]),
                         fmt_us(m["free_us"]), spark([v for _, v in pts]), compact_ints(out_steps) if out_steps else ""))
     if len(pr) > 16:
-        out.append(f"\n16 slowest of {len(pr)} ranks shown.")
+        means = sorted(pr, key=lambda r: pr[r]["step_us"])
+        mid = pr[means[len(means) // 2]]["step_us"]
+        out.append(f"\n16 slowest of {len(pr)} ranks shown. Mean step over the {len(pr)} ranks: "
+                   f"fastest {fmt_us(pr[means[0]]['step_us'])} (rank {means[0]}), median {fmt_us(mid)}, "
+                   f"slowest {fmt_us(pr[means[-1]]['step_us'])} (rank {means[-1]}).")
     out.append("")
     return out
 
 
 def _diff(diff: Mapping[str, Any]) -> list[str]:
-    out = [f"### Against the baseline {md_escape(diff.get('baseline', ''))}", ""]
+    out = [f"### Against the baseline {md_escape(diff.get('baseline', ''), 200)}", ""]
     if diff.get("regression_pct") is not None:
         out.append(f"Mean step **{diff['regression_pct']:+.1f}%** (allowed +{fmt_value(diff.get('max_regression_pct'))}%)"
                    + (" — **regression**" if diff.get("regressed") else "") + ".")
     else:
         out.append("Step times could not be compared (no step windows in one of the runs).")
-    for n in diff.get("notes") or []:
-        out.append(f"\n_{md_escape(n)}_")
+    for n in (diff.get("notes") or [])[:5]:
+        out.append(f"\n_{md_escape(n, 300)}_")
     out.append("")
     if diff.get("phases"):
         out.append(_row("phase", "baseline", "now", "change", "of baseline step"))
@@ -260,11 +327,13 @@ def _diff(diff: Mapping[str, Any]) -> list[str]:
         if items:
             out.append(f"**{label} ({len(items)})**")
             out.append("")
-            for f in items:
-                was = f" (was {md_escape(f['baseline_severity'])})" if f.get("baseline_severity") else ""
-                out.append(f"- **{md_escape(f.get('severity'))}**{was} {md_escape(f.get('rule'))} "
-                           f"`{md_escape_code(f.get('cause'))}` ranks {md_escape(compact_ints(f.get('ranks')))}: "
+            for f in items[:10]:
+                was = f" (was {md_escape(f['baseline_severity'], 20)})" if f.get("baseline_severity") else ""
+                out.append(f"- **{md_escape(f.get('severity'), 20)}**{was} {md_escape(f.get('rule'), 20)} "
+                           f"`{md_escape_code(f.get('cause'))[:60]}` ranks {md_escape(compact_ints(f.get('ranks'), limit=6))}: "
                            f"{md_escape(f.get('title'), 200)}")
+            if len(items) > 10:
+                out.append(f"- … {len(items) - 10} more in the JSON / HTML report")
             out.append("")
     if not any(diff.get(k) for k in ("new_findings", "gone_findings", "changed_findings")):
         out += ["Same findings as the baseline.", ""]
@@ -287,49 +356,64 @@ def _explains(rule_ids: set[str]) -> dict[str, str]:
     return out
 
 
-def _finding(f: Mapping[str, Any], explain: str | None) -> list[str]:
+def _finding(f: Mapping[str, Any], explain: str | None, *, full: bool = False) -> list[str]:
+    """One finding's details: cause, ranks, saving, evidence, the first fixes and where its rule is
+    documented (``advisor explain ID``; embedded, with every fix, when ``full``)."""
     saving = ""
     if f.get("estimated_saving_us"):
-        saving = f" — save ≤ {fmt_us(f['estimated_saving_us'])}/step"
-    summary = (f"<details><summary><b>{html_text(f.get('severity'))}</b> {html_text(f.get('rule'))}: "
-               f"{html_text(f.get('title'), 200)}{html_text(saving)}</summary>")
+        saving = f" — save ≤ {html_text(fmt_us(f['estimated_saving_us']))}/step"
+    rule = md_escape_code(f.get("rule"))[:20]
+    summary = (f"<details><summary><b>{html_text(f.get('severity'), 20)}</b> {html_text(f.get('rule'), 20)}: "
+               f"{html_text(f.get('title'), 200)}{saving}</summary>")
     out = [summary, ""]
-    out.append(f"- cause: `{md_escape_code(f.get('cause'))}` ({md_escape(f.get('bottleneck'))})")
+    out.append(f"- cause: `{md_escape_code(f.get('cause'))[:80]}` ({md_escape(f.get('bottleneck'), 40)})")
     out.append(f"- ranks: {md_escape(compact_ints(f.get('ranks')))}; steps: {md_escape(compact_ints(f.get('steps')))}")
     if f.get("estimated_saving_us"):
-        basis = f": {md_escape(f['saving_basis'])}" if f.get("saving_basis") else ""
+        basis = f": {md_escape(f['saving_basis'], 300)}" if f.get("saving_basis") else ""
         out.append(f"- estimated saving: up to {fmt_us(f['estimated_saving_us'])} per step"
                    + (f" ({fmt_ratio(f['saving_fraction'], 0)})" if f.get("saving_fraction") else "") + basis)
     ops = list(f.get("ops") or [])
+    n_ops = 10 if full else 5
     if ops:
-        out.append("- operators: " + ", ".join(md_escape(o, 100) for o in ops[:10])
-                   + (f", … {len(ops) - 10} more" if len(ops) > 10 else ""))
+        out.append("- operators: " + ", ".join(md_escape(o, 100) for o in ops[:n_ops])
+                   + (f", … {len(ops) - n_ops} more" if len(ops) > n_ops else ""))
     if f.get("detail"):
-        out += ["", md_escape(f["detail"], 1000)]
-    ev = f.get("evidence") or {}
+        out += ["", md_escape(f["detail"], 1000 if full else 500)]
+    ev = list((f.get("evidence") or {}).items())
+    n_ev = 30 if full else 12
     if ev:
         out += ["", _row("evidence", "value", ""), "|---|---:|---|"]
-        for k, val in ev.items():
-            out.append(_row(f"`{md_escape_code(k)}`", md_escape(fmt_evidence(k, val), 120),
+        for k, val in ev[:n_ev]:
+            out.append(_row(f"`{md_escape_code(k)[:60]}`", md_escape(fmt_evidence(k, val), 120),
                             "threshold" if is_threshold_key(k) else "measured"))
-    top = list(f.get("top") or [])[:10]
+        if len(ev) > n_ev:
+            out.append(_row(f"… {len(ev) - n_ev} more", "", ""))
+    top = list(f.get("top") or [])
+    n_top = 10 if full else 5
     if top:
         cols: list[str] = []
-        for t in top:
+        for t in top[:n_top]:
             cols += [k for k in t if k not in cols]
-        cols = cols[:8]
-        out += ["", _row(*(md_escape(c) for c in cols)), "|" + "---|" * len(cols)]
-        for t in top:
-            out.append(_row(*(md_escape(fmt_evidence(c, t.get(c)), 80) for c in cols)))
-    opts = f.get("optimizations") or []
-    if opts:
+        cols = cols[:8 if full else 6]
+        out += ["", _row(*(md_escape(c, 40) for c in cols)), "|" + "---|" * len(cols)]
+        for t in top[:n_top]:
+            out.append(_row(*(md_escape(fmt_evidence(c, t.get(c)), 80 if full else 60) for c in cols)))
+        if len(top) > n_top:
+            out += ["", f"… {len(top) - n_top} more rows in the JSON / HTML report."]
+    opts = list(f.get("optimizations") or [])
+    shown = opts if full else opts[:_FIRST_FIXES]
+    if shown:
         out += ["", "**What to do**", ""]
-        for i, o in enumerate(opts, 1):
-            how = f" — {md_escape(o.get('how'))}" if o.get("how") else ""
-            out.append(f"{i}. **{md_escape(o.get('title'))}**{how}")
+        for i, o in enumerate(shown, 1):
+            how = f" — {md_escape(o.get('how'), 600)}" if o.get("how") else ""
+            out.append(f"{i}. **{md_escape(o.get('title'), 200)}**{how}")
     if explain:
-        out += ["", f"<details><summary>advisor explain {html_text(f.get('rule'))}</summary>", "", explain.strip(), "",
+        out += ["", f"<details><summary>advisor explain {html_text(f.get('rule'), 20)}</summary>", "", explain.strip(), "",
                 "</details>"]
+    else:
+        more = len(opts) - len(shown)
+        out += ["", (f"{more} more fix{'es' if more != 1 else ''} and the rule's documentation: " if more
+                     else "The rule's documentation: ") + f"`advisor explain {rule}`"]
     out += ["", "</details>", ""]
     return out
 
