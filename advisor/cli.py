@@ -70,19 +70,59 @@ def reader_may_leave() -> Iterator[None]:
             pass
 
 
-def render(report: Any, fmt: str, verbose: bool = False) -> str:
+def render(report: Any, fmt: str, verbose: bool = False, md_full: bool = False) -> str:
     """Render a report in one of FORMATS (terminal returns text for non-TTY output)."""
+    if fmt == "md":
+        from advisor.render.markdown import render as md
+
+        return md(report, full=md_full)
     if fmt == "json":
         from advisor.render.json import render as r
     elif fmt == "html":
         from advisor.render.html import render as r
-    elif fmt == "md":
-        from advisor.render.markdown import render as r
     else:
         from advisor.render.terminal import render_text
 
         return render_text(report, verbose=verbose)
     return r(report)
+
+
+#: Report formats by file extension (``--out``).
+EXTENSION_FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".json": "json"}
+
+
+def _format_given() -> bool:
+    """Whether ``--format`` was given on the command line (rather than left at its default)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return True
+    source = ctx.get_parameter_source("fmt")
+    return source is not None and source != click.core.ParameterSource.DEFAULT
+
+
+def out_formats(outs: tuple[Path, ...], fmt: str, fmt_given: bool) -> list[tuple[Path, str]]:
+    """Each ``--out`` path with the format it gets: the one its extension names, else ``--format``.
+
+    A ``--format`` that contradicts an extension, an extension that names no format without a
+    ``--format``, and one path given twice are usage errors."""
+    out: list[tuple[Path, str]] = []
+    seen: set[Path] = set()
+    for path in outs:
+        by_ext = EXTENSION_FORMATS.get(path.suffix.lower())
+        if by_ext is not None and fmt_given and fmt != by_ext:
+            raise UsageFailure(f"--out {path}: the extension {path.suffix} means --format {by_ext}, not --format {fmt}")
+        if by_ext is None and not fmt_given:
+            raise UsageFailure(f"--out {path}: no format for the extension {path.suffix or '(none)'}; "
+                               f"use .html, .md or .json, or give --format")
+        try:
+            key = path.resolve()
+        except (OSError, RuntimeError):
+            key = path.absolute()
+        if key in seen:
+            raise UsageFailure(f"--out {path}: given twice")
+        seen.add(key)
+        out.append((path, by_ext or fmt))
+    return out
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -94,7 +134,9 @@ def main() -> None:
 @main.command()
 @click.argument("profile", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="terminal", show_default=True, help="Report format.")
-@click.option("--out", type=click.Path(path_type=Path), help="Write the report here (atomically) instead of stdout.")
+@click.option("--out", "outs", multiple=True, type=click.Path(path_type=Path),
+              help="Write the report here (atomically) instead of stdout; the format follows the extension "
+                   "(.html, .md, .json). Repeatable: one analysis, several reports.")
 @click.option("--rank", type=int, help="Focus one rank (breakdown, critical path, findings).")
 @click.option("--step", type=int, help="Focus one step.")
 @click.option("--set", "sets", multiple=True, metavar="RULE.param=value", help="Override a rule threshold.")
@@ -110,14 +152,16 @@ def main() -> None:
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 8GB (default: 80% of RAM).")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence in the terminal summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
-def analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: int | None, sets: tuple[str, ...],
+@click.option("--md-full", is_flag=True, help="Markdown: embed each rule's documentation and every fix "
+              "(longer than a pull-request comment holds).")
+def analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, step: int | None, sets: tuple[str, ...],
             select: tuple[str, ...], skip: tuple[str, ...], all_rules: bool, config_path: Path | None,
             fail_on: str | None, baseline: Path | None, max_regression: float, budgets: tuple[str, ...],
-            max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool) -> None:
+            max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool, md_full: bool) -> None:
     """Analyse PROFILE (a trace file or a directory of rank exports) and report what limits the step."""
     try:
-        code = _analyze(profile, fmt, out, rank, step, sets, select, skip, all_rules, config_path, fail_on, baseline,
-                        max_regression, budgets, max_events, memory_limit, verbose, debug)
+        code = _analyze(profile, fmt, outs, rank, step, sets, select, skip, all_rules, config_path, fail_on, baseline,
+                        max_regression, budgets, max_events, memory_limit, verbose, debug, md_full)
     except (InputError, ConfigError, UsageFailure) as exc:
         if debug:
             traceback.print_exc()
@@ -133,10 +177,10 @@ def analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: i
     sys.exit(code)
 
 
-def _analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: int | None, sets: tuple[str, ...],
+def _analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, step: int | None, sets: tuple[str, ...],
              select: tuple[str, ...], skip: tuple[str, ...], all_rules: bool, config_path: Path | None,
              fail_on: str | None, baseline: Path | None, max_regression: float, budgets: tuple[str, ...],
-             max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool) -> int:
+             max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool, md_full: bool = False) -> int:
     from advisor.analyze import analyze as run_analysis
     from advisor.gate import evaluate, parse_budgets
 
@@ -149,7 +193,8 @@ def _analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: 
     cfg.skip += [r.upper() for r in skip]
     cfg.all_rules = cfg.all_rules or all_rules
     budget_map = parse_budgets(budgets)
-    if out is not None:
+    targets = out_formats(outs, fmt, _format_given())
+    for out, _f in targets:
         out_dir = out.parent if str(out.parent) else Path(".")
         if not out_dir.is_dir():
             raise UsageFailure(f"--out {out}: directory {out_dir} does not exist")
@@ -160,7 +205,7 @@ def _analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: 
             pass
 
     progress = None
-    terminal_live = fmt == "terminal" and out is None and sys.stderr.isatty()
+    terminal_live = fmt == "terminal" and not outs and sys.stderr.isatty()
     if sys.stderr.isatty():
         from advisor.render.terminal import Progress
 
@@ -178,17 +223,25 @@ def _analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: 
         if w.path:
             click.echo(f"advisor: warning: {one_line(w.path, 300)}: {one_line(w.message, 300)}", err=True)
     with reader_may_leave():  # the gate decides the exit code, not how much of the output was read
-        if fmt == "terminal" and out is None:
+        if targets:
+            from advisor.render.terminal import verdict
+
+            texts: dict[str, str] = {}
+            for out, out_fmt in targets:
+                if out_fmt not in texts:
+                    texts[out_fmt] = render(report, out_fmt, verbose=verbose, md_full=md_full)
+                write_atomic(out, texts[out_fmt])
+            click.echo(f"Verdict: {one_line(verdict(report), 1000)}")
+            for out, _f in targets:
+                click.echo(f"wrote {out}")
+            sys.stdout.flush()
+        elif fmt == "terminal":
             from advisor.render.terminal import print_report
 
             print_report(report, verbose=verbose, color=None if terminal_live or sys.stdout.isatty() else False)
         else:
-            text = render(report, fmt, verbose=verbose)
-            if out is None:
-                click.echo(text, nl=False)
-                sys.stdout.flush()
-            else:
-                write_atomic(out, text)
+            click.echo(render(report, fmt, verbose=verbose, md_full=md_full), nl=False)
+            sys.stdout.flush()
     for msg in gate.messages:
         click.echo(f"advisor: gate: {one_line(msg, 500)}", err=True)
     return gate.exit_code

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import fcntl
+import json
 import os
 import pty
 import re
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, TRACES, report_json, validate_report
+from tests.render_helpers import run_cli
 
 GLOO = TRACES / "gloo_slow_rank"  # two ranks (rank0 / rank1 files), rank 1 the straggler
 COMMENT_LIMIT = 60_000  # under GitHub's 65,536 characters per comment, with room for a heading
@@ -109,6 +111,43 @@ def test_markdown_with_a_baseline_diff_puts_it_before_the_breakdown() -> None:
     md = render(d)
     assert md.index("### Against the baseline") < md.index("### Step time") < md.index("### Findings")
     assert "**New findings (25)**" in md and "- … 15 more in the JSON / HTML report" in md
+
+
+def test_markdown_names_explain_and_the_flag_embeds_the_docs(tmp_path: Path) -> None:
+    """The default report names ``advisor explain ID`` and shows the first two fixes; ``--md-full``
+    embeds each rule's documentation (its Thresholds section) and every fix."""
+    compact, full = tmp_path / "c.md", tmp_path / "f.md"
+    assert run_cli(GLOO, "--out", compact).returncode == 0
+    res = run_cli(GLOO, "--out", full, "--md-full")
+    assert res.returncode == 0, res.stderr
+    c, f = compact.read_text(), full.read_text()
+    data = _data(GLOO)
+    for finding in data["findings"]:
+        assert f"advisor explain {finding['rule']}" in c
+        opts = finding["optimizations"]
+        for o in opts[:2]:
+            assert o["title"] in c
+        for o in opts[2:]:
+            assert o["title"] not in c and o["title"] in f
+    assert "Thresholds" not in c and "Thresholds" in f
+    assert len(c) < len(f)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["faults8", "cluster64"])
+def test_markdown_of_generated_clusters_fits_a_comment(scenario: str, tmp_path: Path) -> None:
+    """The 8-rank cluster with every planted fault and the 64-rank cluster (tests/ascend/gen_cluster.py)."""
+    from tests.ascend.gen_cluster import generate
+
+    generate(scenario, tmp_path / scenario)
+    out = tmp_path / "r.md"
+    res = run_cli(tmp_path / scenario, "--out", out, "--out", tmp_path / "r.json")
+    assert res.returncode in (0, 1), res.stderr
+    validate_report(json.loads((tmp_path / "r.json").read_text()))
+    md = out.read_text()
+    assert len(md) < COMMENT_LIMIT
+    if scenario == "cluster64":
+        assert "16 slowest of 64 ranks shown" in md
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,3 +255,44 @@ def test_terminal_shows_the_first_optimisation_without_verbose() -> None:
         assert f"→ {opts[0]['title']}" in quiet
         for o in opts[1:]:
             assert o["title"] not in quiet and o["title"] in loud
+
+
+# ---------------------------------------------------------------------------------------------
+# --out
+# ---------------------------------------------------------------------------------------------
+
+
+def test_out_format_follows_the_extension_and_is_repeatable(tmp_path: Path) -> None:
+    """One run writes HTML, Markdown and JSON; stdout holds the verdict line and one ``wrote`` per file."""
+    outs = [tmp_path / "r.html", tmp_path / "r.md", tmp_path / "r.json", tmp_path / "R.HTM"]
+    res = run_cli(GLOO, *[a for p in outs for a in ("--out", p)])
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("Verdict: CRITICAL: ") and lines[1:] == [f"wrote {p}" for p in outs]
+    assert outs[0].read_text().startswith("<!doctype html>") and outs[3].read_text() == outs[0].read_text()
+    assert outs[1].read_text().startswith("## advisor: ")
+    data = json.loads(outs[2].read_text())
+    validate_report(data)
+    assert data["findings"][0]["title"] in lines[0]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--out", "r.html", "--format", "md"], "the extension .html means --format html, not --format md"),
+    (["--out", "r.json", "--format", "terminal"], "the extension .json means --format json"),
+    (["--out", "r.txt"], "no format for the extension .txt"),
+    (["--out", "report"], "no format for the extension (none)"),
+    (["--out", "r.md", "--out", "./r.md"], "given twice"),
+])
+def test_out_usage_errors(args: list[str], message: str, tmp_path: Path) -> None:
+    res = run_cli(GLOO, *args, cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("advisor: --out ") and message in res.stderr
+    assert "Traceback" not in res.stderr and not list(tmp_path.iterdir())
+
+
+def test_out_with_an_unknown_extension_uses_format(tmp_path: Path) -> None:
+    out = tmp_path / "report.txt"
+    res = run_cli(GLOO, "--format", "terminal", "--out", out)
+    assert res.returncode == 0, res.stderr
+    assert out.read_text().splitlines()[3].startswith("Verdict: ")
+    assert res.stdout.splitlines()[1:] == [f"wrote {out}"]

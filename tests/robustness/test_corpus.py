@@ -108,7 +108,11 @@ def check_universal(case: Case, run: Run, out: Path, out_dir: Path) -> Any:
         assert all(ch.isprintable() for ch in line), f"control character in stderr line {line[:200]!r}{ctx}"
     if run.returncode == 2:
         assert any(not ln.startswith("advisor: warning:") for ln in lines), f"exit 2 without an error line{ctx}"
-    assert run.stdout == "", f"output on stdout although --out was given: {run.stdout[:300]!r}{ctx}"
+    # with --out, stdout holds only the verdict line and "wrote OUT" (nothing when the run failed)
+    expected = [] if run.returncode == 2 else ["Verdict: ", f"wrote {out}"]
+    got = run.stdout.splitlines()
+    assert len(got) == len(expected) and all(g.startswith(e) for g, e in zip(got, expected)), \
+        f"stdout is not the verdict and 'wrote {out}' although --out was given: {run.stdout[:300]!r}{ctx}"
     assert run.peak_rss_mb < case.max_rss_mb, f"peak RSS {run.peak_rss_mb:.0f} MB >= {case.max_rss_mb} MB{ctx}"
     leftovers = sorted(p.name for p in out_dir.iterdir() if p != out)
     assert not leftovers, f"files left beside the report: {leftovers}{ctx}"
