@@ -104,7 +104,7 @@ def test_every_format_renders(path: Path) -> None:
     for f in data["findings"]:
         assert f["rule"] in md
 
-    text = terminal.render_text(rep)
+    text = terminal.render_text(rep, width=120)  # piped output's width when COLUMNS is not set
     assert "\x1b[" not in text
     assert text.splitlines()[3].startswith("Verdict: ")
     assert max(len(line) for line in text.splitlines()) <= 120
