@@ -264,6 +264,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
                 }
             )
     from advisor.render.json import clean
+    from advisor.stages.comm_links import links
     from advisor.stages.critical_path import summarise_segments
 
     cp = ctx.critical_path or {"rank": None, "step": None, "length_us": 0.0, "ops": []}
@@ -278,6 +279,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         warnings=_dedupe(ctx.warnings),
         rules=outcomes,
         step_times=step_stats,
+        extras={"comm_matrix": comm} if (comm := links(ctx.con)) else {},
     )
 
 
