@@ -386,18 +386,21 @@ ROOF_THRESHOLD_KEYS = ("utilization_threshold", "compute_bound_ratio", "memory_b
 
 
 def roofline(findings: list[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """Operators by arithmetic intensity (FLOP/byte) and achieved TFLOP/s, log-log, with roofs if known."""
+    """Operators by arithmetic intensity (FLOP/byte) and achieved TFLOP/s, log-log, with roofs if known.
+
+    One roof per distinct (peak TFLOP/s, bandwidth) of the findings (CMP001 gives one per dtype:
+    an fp16 and an fp32 operator have different roofs), labelled with its ``peak_dtype``; the
+    threshold roofs (``utilization_threshold`` x roof) and the ridge line for the highest roof."""
     pts: list[dict[str, Any]] = []
-    peak = bw_tbps = None
+    roof_specs: dict[tuple[float, float], str] = {}
     thresholds: list[tuple[str, float]] = []
     for f in findings:
         ev = f.get("evidence") or {}
-        for k in ROOF_PEAK_KEYS:
-            if isinstance(ev.get(k), (int, float)) and ev[k] > 0:
-                peak = float(ev[k])
-        for k in ROOF_BW_KEYS:
-            if isinstance(ev.get(k), (int, float)) and ev[k] > 0:
-                bw_tbps = float(ev[k]) / (1000.0 if k.endswith("gbps") else 1.0)
+        peak = next((float(ev[k]) for k in ROOF_PEAK_KEYS if _positive(ev.get(k))), None)
+        bw = next((float(ev[k]) / (1000.0 if k.endswith("gbps") else 1.0) for k in ROOF_BW_KEYS if _positive(ev.get(k))),
+                  None)
+        if peak and bw:
+            roof_specs.setdefault((peak, bw), str(ev.get("peak_dtype") or ""))
         for k in ROOF_THRESHOLD_KEYS:
             if isinstance(ev.get(k), (int, float)) and 0 < ev[k] < 1 and (k, float(ev[k])) not in thresholds:
                 thresholds.append((k, float(ev[k])))
@@ -406,19 +409,17 @@ def roofline(findings: list[Mapping[str, Any]]) -> dict[str, Any] | None:
             a = row.get("achieved_tflops")
             if isinstance(i, (int, float)) and isinstance(a, (int, float)) and i > 0 and a > 0:
                 name = str(row.get("name") or row.get("op") or "")
+                dtype = row.get("dtype")
                 pts.append({"i": float(i), "a": float(a), "name": name, "rule": f.get("rule"),
+                            "dtype": str(dtype) if isinstance(dtype, str) else "",
                             "sev": f.get("severity") if f.get("severity") in ("critical", "high", "medium", "low", "info") else "info"})
     if not pts:
         return None
-    xs = [p["i"] for p in pts]
-    ys = [p["a"] for p in pts]
-    ridge = peak / bw_tbps if peak and bw_tbps else None
+    specs = sorted(roof_specs.items(), key=lambda kv: -kv[0][0])[:4]
+    xs = [p["i"] for p in pts] + [pk / bw for (pk, bw), _ in specs]
+    ys = [p["a"] for p in pts] + [pk for (pk, _), _ in specs]
     x_lo, x_hi = min(xs), max(xs)
     y_lo, y_hi = min(ys), max(ys)
-    if ridge:
-        x_lo, x_hi = min(x_lo, ridge), max(x_hi, ridge)
-    if peak:
-        y_hi = max(y_hi, peak)
     lx0, lx1 = math.floor(math.log10(x_lo)), math.ceil(math.log10(x_hi)) + (1 if x_hi == x_lo else 0)
     ly0, ly1 = math.floor(math.log10(y_lo)), math.ceil(math.log10(y_hi * 1.2))
     if ly1 == ly0:
@@ -435,24 +436,33 @@ def roofline(findings: list[Mapping[str, Any]]) -> dict[str, Any] | None:
     def clampy(v: float) -> float:
         return cast(float, min(max(v, 10**ly0), 10**ly1))  # int ** int is typed Any
 
+    def roof_line(pk: float, bw: float) -> str:
+        y0 = clampy(bw * 10**lx0)
+        return f"{X(y0 / bw)},{Y(y0)} {X(pk / bw)},{Y(pk)} {X(10**lx1)},{Y(pk)}"
+
     roofs = []
-    if peak and bw_tbps and ridge:
-        x_start = 10**lx0
-        y_start = clampy(bw_tbps * x_start)
-        x_start = y_start / bw_tbps
-        roofs.append({"points": f"{X(x_start)},{Y(y_start)} {X(ridge)},{Y(peak)} {X(10**lx1)},{Y(peak)}",
-                      "cls": "roof", "title": f"roof: {peak:g} TFLOP/s peak, {bw_tbps:g} TB/s"})
-        for name, t in thresholds[:2]:
-            yy = clampy(bw_tbps * t * x_start)
-            roofs.append({"points": f"{X(yy / (bw_tbps * t))},{Y(yy)} {X(ridge)},{Y(peak * t)} {X(10**lx1)},{Y(peak * t)}",
-                          "cls": "roof-threshold", "title": f"{name} = {t:g} × roof"})
+    labels = []
+    for n, ((pk, bw), dtype) in enumerate(specs):
+        name = f"{dtype} roof" if dtype else "roof"
+        roofs.append({"points": roof_line(pk, bw), "cls": "roof",
+                      "title": f"{name}: {pk:g} TFLOP/s peak, {bw:g} TB/s, ridge {pk / bw:,.4g} FLOP/B"})
+        labels.append({"x": X(10**lx1) - 4, "y": round(Y(pk) - 4, 2), "label": f"{dtype + ' ' if dtype else ''}{pk:g} TFLOP/s"})
+        if n == 0:
+            for key, t in thresholds[:2]:
+                roofs.append({"points": roof_line(pk * t, bw * t), "cls": "roof-threshold", "title": f"{key} = {t:g} × {name}"})
+    ridge = specs[0][0][0] / specs[0][0][1] if specs else None
     dots = [{"x": X(p["i"]), "y": Y(p["a"]), "cls": "sev-" + p["sev"],
-             "title": f"{p['name']}\n{p['rule']}: intensity {p['i']:.3g} FLOP/B, {p['a']:.3g} TFLOP/s"} for p in pts[:400]]
+             "title": f"{p['name']}{' (' + p['dtype'] + ')' if p['dtype'] else ''}\n{p['rule']}: intensity "
+                      f"{p['i']:,.4g} FLOP/B, {p['a']:,.4g} TFLOP/s"} for p in pts[:400]]
     return {"width": WIDTH, "height": height, "left": left, "top": top, "plot_w": plot_w, "plot_h": plot_h,
-            "dots": dots, "roofs": roofs,
-            "ridge": {"x": X(ridge), "label": f"ridge {ridge:.3g} FLOP/B"} if ridge else None,
+            "dots": dots, "roofs": roofs, "roof_labels": labels,
+            "ridge": {"x": X(ridge), "label": f"ridge {ridge:,.4g} FLOP/B"} if ridge else None,
             "xticks": [{"x": X(10**e), "label": f"{10**e:g}"} for e in range(lx0, lx1 + 1)],
             "yticks": [{"y": Y(10**e), "label": f"{10**e:g}"} for e in range(ly0, ly1 + 1)]}
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
 
 
 COMM_VALUE_KEYS = (("bandwidth_gbps", "GB/s", True), ("time_us", "µs", False), ("bytes", "B", False))
