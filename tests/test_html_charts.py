@@ -252,6 +252,16 @@ def test_evidence_tables_show_human_names_and_units() -> None:
     assert ">1,500</td>" in page
 
 
+def test_evidence_value_keeps_ratios_and_units() -> None:
+    from advisor.render.html import evidence_label, evidence_value
+
+    assert evidence_value("time_share", 1.0) == "100.0%"  # a whole-number ratio is no count
+    assert evidence_value("count", 3.0) == "3" and evidence_value("steps", 12) == "12"
+    assert evidence_value("wait_bytes", 1048576) == "1.0 MiB" and evidence_label("wait_bytes") == "wait size"
+    assert evidence_value("ridge_flop_per_byte", 153.0) == "153.0 FLOP/B" and evidence_label("ridge_flop_per_byte") == "ridge"
+    assert evidence_value("device", "A100") == "A100"
+
+
 def test_no_data_no_chart() -> None:
     """A profile without steps across ranks, links or roofline rows draws none of those charts (no empty frames)."""
     from advisor.render import charts

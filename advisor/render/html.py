@@ -215,9 +215,10 @@ def evidence_value(key: str, v: Any) -> str:
     split = _unit_split(key)
     if split and split[1]:
         return f"{fmt_value(v)} {split[1]}"
-    if split is None and isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
-        return f"{int(v):,}"
-    return fmt_evidence(key, v)
+    text = fmt_evidence(key, v)
+    if text == fmt_value(v) and isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
+        return f"{int(v):,}"  # no unit: a count
+    return text
 
 
 def _sev(s: Any) -> str:
