@@ -174,13 +174,17 @@ def analyze(
     memory_limit: str | None = None,
     debug: bool = False,
     keep: list[AnalysisContext] | None = None,
+    full_critical_path: bool = False,
 ) -> Report:
     """Everything ``advisor analyze`` does before rendering.
 
     ``keep``: the context is appended there, so that it outlives the report. The one-shot CLI
     passes a list it never frees (see :func:`advisor.cli.run`): tearing down the context's
     in-memory database took ~22 ms (32 ranks x 10 MB) before the report was written, for a process
-    that ends without tearing anything down. By default it is freed with its last reference."""
+    that ends without tearing anything down. By default it is freed with its last reference.
+
+    ``full_critical_path``: every critical-path segment in the report, none merged (see
+    :func:`advisor.stages.critical_path.summarise_segments`)."""
     cfg = cfg or Config()
     t_start = time.perf_counter()
     ctx = build_context(path, rank=rank, step=step, progress=progress, max_events=max_events, memory_limit=memory_limit,
@@ -189,11 +193,12 @@ def analyze(
         keep.append(ctx)
     if progress:
         progress("rules", 0, 1)
-    return analyze_context(ctx, cfg, t_start, rank=rank, step=step, debug=debug)
+    return analyze_context(ctx, cfg, t_start, rank=rank, step=step, debug=debug, full_critical_path=full_critical_path)
 
 
 def analyze_context(ctx: AnalysisContext, cfg: Config | None = None, t_start: float | None = None, *,
-                    rank: int | None = None, step: int | None = None, debug: bool = False) -> Report:
+                    rank: int | None = None, step: int | None = None, debug: bool = False,
+                    full_critical_path: bool = False) -> Report:
     """Run the rules on an already built context (tests build contexts from canonical rows)."""
     cfg = cfg or Config()
     t_start = time.perf_counter() if t_start is None else t_start
@@ -204,10 +209,11 @@ def analyze_context(ctx: AnalysisContext, cfg: Config | None = None, t_start: fl
             for f in findings
             if (rank is None or not f.ranks or rank in f.ranks) and (step is None or not f.steps or step in f.steps)
         ]
-    return build_report(ctx, findings, outcomes, t_start, rank=rank, step=step)
+    return build_report(ctx, findings, outcomes, t_start, rank=rank, step=step, full_critical_path=full_critical_path)
 
 
-def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any], t_start: float, *, rank: int | None = None, step: int | None = None) -> Report:
+def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any], t_start: float, *, rank: int | None = None, step: int | None = None,
+                 full_critical_path: bool = False) -> Report:
     """Assemble the Report from a context that stages and rules have run on."""
     bd = ctx.breakdown
     rows: list[dict[str, Any]] = []
@@ -258,16 +264,22 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
                 }
             )
     from advisor.render.json import clean
+    from advisor.stages.comm_links import links
+    from advisor.stages.critical_path import summarise_segments
 
+    cp = ctx.critical_path or {"rank": None, "step": None, "length_us": 0.0, "ops": []}
+    if not full_critical_path and cp.get("segments"):
+        cp = summarise_segments(cp)
     return Report(
         tool_version=__version__,
         profile=profile,
         breakdown=rows,
-        critical_path=clean(ctx.critical_path or {"rank": None, "step": None, "length_us": 0.0, "ops": []}),
+        critical_path=clean(cp),
         findings=findings,
         warnings=_dedupe(ctx.warnings),
         rules=outcomes,
         step_times=step_stats,
+        extras={"comm_matrix": comm} if (comm := links(ctx.con)) else {},
     )
 
 

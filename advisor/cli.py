@@ -154,14 +154,17 @@ def main() -> None:
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @click.option("--md-full", is_flag=True, help="Markdown: embed each rule's documentation and every fix "
               "(longer than a pull-request comment holds).")
+@click.option("--full-critical-path", is_flag=True,
+              help="Keep every critical-path segment in the report (default: merged below 0.1 % of the step).")
 def analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, step: int | None, sets: tuple[str, ...],
             select: tuple[str, ...], skip: tuple[str, ...], all_rules: bool, config_path: Path | None,
             fail_on: str | None, baseline: Path | None, max_regression: float, budgets: tuple[str, ...],
-            max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool, md_full: bool) -> None:
+            max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool, md_full: bool,
+            full_critical_path: bool = False) -> None:
     """Analyse PROFILE (a trace file or a directory of rank exports) and report what limits the step."""
     try:
         code = _analyze(profile, fmt, outs, rank, step, sets, select, skip, all_rules, config_path, fail_on, baseline,
-                        max_regression, budgets, max_events, memory_limit, verbose, debug, md_full)
+                        max_regression, budgets, max_events, memory_limit, verbose, debug, md_full, full_critical_path)
     except (InputError, ConfigError, UsageFailure) as exc:
         if debug:
             traceback.print_exc()
@@ -180,7 +183,8 @@ def analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, s
 def _analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, step: int | None, sets: tuple[str, ...],
              select: tuple[str, ...], skip: tuple[str, ...], all_rules: bool, config_path: Path | None,
              fail_on: str | None, baseline: Path | None, max_regression: float, budgets: tuple[str, ...],
-             max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool, md_full: bool = False) -> int:
+             max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool, md_full: bool = False,
+             full_critical_path: bool = False) -> int:
     from advisor.analyze import analyze as run_analysis
     from advisor.gate import evaluate, parse_budgets
 
@@ -212,7 +216,7 @@ def _analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, 
         progress = Progress()
     try:
         report = run_analysis(profile, cfg, rank=rank, step=step, progress=progress, max_events=max_events,
-                              memory_limit=memory_limit, debug=debug, keep=_KEPT)
+                              memory_limit=memory_limit, debug=debug, keep=_KEPT, full_critical_path=full_critical_path)
     finally:
         if progress is not None:
             progress.close()

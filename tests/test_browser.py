@@ -156,3 +156,47 @@ def test_64_rank_report_is_small_and_fast(browser, tmp_path: Path) -> None:
     slow = browser.find_elements(By.CSS_SELECTOR, "#chart-ranks g.rank-row.slow")
     assert len(slow) == 1 and "rank 37" in slow[0].get_attribute("textContent")
     _shot(browser, "report-64-ranks.png")
+
+
+def _assert_chart_drawn(driver, chart: str, mark: str) -> None:
+    """The chart's SVG is rendered (non-empty box), labelled with aria-label, and has ``mark`` elements with area."""
+    from selenium.webdriver.common.by import By
+
+    svg = driver.find_element(By.CSS_SELECTOR, f"#{chart} svg")
+    assert svg.get_attribute("role") == "img", chart
+    assert (svg.get_attribute("aria-label") or "").strip(), chart
+    assert svg.size["width"] > 100 and svg.size["height"] > 40, (chart, svg.size)
+    boxes = driver.execute_script(
+        "return Array.from(arguments[0].querySelectorAll(arguments[1])).map(e => e.getBBox())"
+        ".filter(b => b.width > 0 || b.height > 0).length", svg, mark)
+    assert boxes > 0, (chart, mark)
+
+
+def test_every_chart_is_drawn_for_a_profile_with_its_data(browser, tmp_path: Path) -> None:
+    """A generated Ascend cluster (communication_matrix.json) draws the communication matrix besides
+    the breakdown, per-rank, step-time and critical-path charts; a Kineto GPU trace with FLOP counts
+    draws the roofline. A chart whose data is absent is not in the page."""
+    from selenium.webdriver.common.by import By
+
+    from tests.test_html_charts import write_ascend_cluster, write_gpu_roofline_trace
+
+    write_ascend_cluster(tmp_path / "cluster")
+    write_gpu_roofline_trace(tmp_path / "gpu")
+    expected = {
+        "cluster": {"chart-breakdown": "rect", "chart-ranks": "rect", "chart-series": "polyline",
+                    "chart-cp-timeline": "rect", "chart-cp-ops": "rect", "chart-comm": "rect"},
+        "gpu": {"chart-breakdown": "rect", "chart-series": "polyline", "chart-cp-timeline": "rect",
+                "chart-cp-ops": "rect", "chart-roofline": "circle"},
+    }
+    for name, charts in expected.items():
+        out = tmp_path / f"{name}.html"
+        res = run_cli(tmp_path / name, "--format", "html", "--out", out)
+        assert res.returncode == 0, res.stderr
+        _open(browser, out)
+        _no_requests(browser)
+        for chart, mark in charts.items():
+            _assert_chart_drawn(browser, chart, mark)
+        absent = {"chart-comm", "chart-roofline"} - set(charts)
+        for chart in absent:
+            assert not browser.find_elements(By.ID, chart), chart
+        _shot(browser, f"report-charts-{name}.png")

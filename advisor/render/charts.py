@@ -15,12 +15,21 @@ import statistics
 from collections.abc import Mapping
 from typing import Any, cast
 
-from advisor.render.view import PHASE_LABEL, PHASES, busiest_rank, fmt_ratio, fmt_us, per_rank_means, truncate
+from advisor.render.view import (
+    PHASE_LABEL,
+    PHASES,
+    busiest_rank,
+    fmt_bytes,
+    fmt_ratio,
+    fmt_us,
+    per_rank_means,
+    truncate,
+)
 
 WIDTH = 960
 MAX_BARS = 480  # (rank, step) bars in the per-step chart before it switches to one bar per rank
 MAX_RANK_ROWS = 64  # rows of the per-rank comparison; beyond, the busiest and the least busy ranks
-MAX_SERIES = 64  # ranks drawn as their own line in the step-time series before min/median/max bands
+MAX_SERIES_COLOURED = 8  # ranks drawn as their own coloured line (with a legend) before min/median/max bands
 KINDS = ("compute", "communication", "host", "io", "other", "idle")
 KIND_LABEL = {"compute": "compute", "communication": "communication", "host": "host", "io": "data loading",
               "other": "other", "idle": "idle / waiting"}
@@ -171,10 +180,34 @@ def rank_comparison(breakdown: list[dict[str, Any]]) -> dict[str, Any] | None:
             "xticks": [{"x": round(left + t * scale, 2), "label": lab} for t, lab in zip(ticks, tick_labels(ticks), strict=True)]}
 
 
+def robust_top(values: list[float]) -> float:
+    """Top of a value axis that a few extreme values do not flatten.
+
+    Values above a fence — Tukey's far fence (Q3 + 3·IQR, at least twice the median) but at most
+    four times the median, since a slow step shared by every rank can hold a quarter of the values
+    and move Q3 — are left out when the largest of them is more than three times the largest value
+    inside (the rest would use under a third of the height). Those are drawn clipped at the top
+    edge with their value written beside them. Otherwise: the largest value."""
+    vals = sorted(v for v in values if math.isfinite(v))
+    if not vals:
+        return 0.0
+    if len(vals) < 4:
+        return vals[-1]
+    q1, _, q3 = statistics.quantiles(vals, n=4, method="inclusive")
+    med = statistics.median(vals)
+    fence = min(4.0 * med, max(q3 + 3.0 * (q3 - q1), 2.0 * med))
+    inside = [v for v in vals if v <= fence]
+    if not inside or inside[-1] <= 0 or vals[-1] <= 3.0 * inside[-1]:
+        return vals[-1]
+    return inside[-1]
+
+
 def step_series(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int]],
                 basis: str = "") -> dict[str, Any] | None:
-    """Step time across steps, one line per rank (bands when there are many), the slow steps
-    ``outliers`` marked (``basis``: why they are, for the caption; see ``view.slow_steps``)."""
+    """Step time across steps: one coloured line per rank with a legend for a few ranks, a
+    min–max band with the median line for more; the slow steps ``outliers`` marked (``basis``: why
+    they are, for the caption; see ``view.slow_steps``). The y axis ends at :func:`robust_top`, so a
+    4.5 s step does not flatten 34 ms ones; points above it sit on the top edge, labelled."""
     pts: dict[int, list[tuple[int, float]]] = {}
     for r in breakdown:
         if r.get("step") is None:
@@ -183,41 +216,67 @@ def step_series(breakdown: list[dict[str, Any]], outliers: set[tuple[int, int]],
     steps = sorted({s for p in pts.values() for s, _ in p})
     if len(steps) < 2:
         return None
-    vmax = max(v for p in pts.values() for _, v in p) or 1.0
-    ticks = nice_ticks(vmax)
+    every_v = [v for p in pts.values() for _, v in p]
+    vmax = max(every_v) or 1.0
+    top_v = robust_top(every_v) or vmax
+    clipped_axis = top_v < vmax
+    ticks = nice_ticks(top_v * (1.08 if clipped_axis else 1.0))
     labels = tick_labels(ticks)
-    left, right, top, bottom = _axis_left(labels, 62), 16, 12, 34
-    height = 220
+    left, right, top, bottom = _axis_left(labels, 62), 16, 22, 34
+    height = 240
     plot_w, plot_h = WIDTH - left - right, height - top - bottom
-    sy = plot_h / ticks[-1]
+    y_max = ticks[-1]
+    sy = plot_h / y_max
     xs = {s: left + plot_w * i / (len(steps) - 1) for i, s in enumerate(steps)}
     base_y = top + plot_h
 
-    def pt(s: int, v: float) -> str:
-        return f"{xs[s]:.1f},{base_y - v * sy:.1f}"
+    def y_of(v: float) -> float:
+        return base_y - min(v, y_max) * sy
 
-    lines = []
-    if len(pts) <= MAX_SERIES:
-        for rank, p in sorted(pts.items()):
+    def pt(s: int, v: float) -> str:
+        return f"{xs[s]:.1f},{y_of(v):.1f}"
+
+    lines: list[dict[str, Any]] = []
+    legend: list[dict[str, str]] = []
+    band = None
+    if len(pts) <= MAX_SERIES_COLOURED:
+        for i, (rank, p) in enumerate(sorted(pts.items())):
             p.sort()
-            lines.append({"points": " ".join(pt(s, v) for s, v in p), "title": f"rank {rank}", "cls": "series"})
+            cls = f"series c{i}"
+            lines.append({"points": " ".join(pt(s, v) for s, v in p), "title": f"rank {rank}", "cls": cls})
+            legend.append({"cls": f"sw-c{i}", "label": f"rank {rank}"})
     else:
         by_step: dict[int, list[float]] = {}
         for p in pts.values():
             for s, v in p:
                 by_step.setdefault(s, []).append(v)
-        for name, fn in (("max", max), ("median", statistics.median), ("min", min)):
-            lines.append({"points": " ".join(pt(s, fn(by_step[s])) for s in steps),
-                          "title": f"{name} over {len(pts)} ranks", "cls": "series band-" + name})
+        lo = [pt(s, min(by_step[s])) for s in steps]
+        hi = [pt(s, max(by_step[s])) for s in steps]
+        band = {"points": " ".join(hi + lo[::-1]), "title": f"min to max over {len(pts)} ranks"}
+        lines.append({"points": " ".join(pt(s, statistics.median(by_step[s])) for s in steps),
+                      "title": f"median over {len(pts)} ranks", "cls": "series band-median"})
+        legend = [{"cls": "sw-band", "label": f"min – max over {len(pts)} ranks"},
+                  {"cls": "sw-median", "label": "median"}]
     marks = []
-    for rank, p in pts.items():
+    above: dict[int, list[tuple[int, float]]] = {}
+    for rank, p in sorted(pts.items()):
         for s, v in p:
             if (rank, s) in outliers:
-                marks.append({"x": round(xs[s], 1), "y": round(base_y - v * sy, 1),
+                marks.append({"x": round(xs[s], 1), "y": round(y_of(v), 1),
                               "title": f"rank {rank}, step {s}: {fmt_us(v)} (slow step)"})
+            if v > y_max:
+                above.setdefault(s, []).append((rank, v))
+    clipped = []  # one mark per step: its largest value above the axis
+    for s, rv in sorted(above.items()):
+        vmax_s = max(v for _, v in rv)
+        who = f"rank {rv[0][0]}" if len(rv) == 1 else f"{len(rv)} ranks"
+        clipped.append({"x": round(xs[s], 1), "y": top, "step": s, "ranks": len(rv), "us": vmax_s,
+                        "label": fmt_us(vmax_s) + ("" if len(rv) == 1 else f" ({len(rv)} ranks)"),
+                        "title": f"step {s}, {who}: up to {fmt_us(vmax_s)}, above the axis (clipped)"})
     every = max(1, math.ceil(len(steps) * 36 / plot_w))
     return {"width": WIDTH, "height": height, "left": left, "top": top, "plot_w": plot_w, "base_y": base_y,
-            "lines": lines, "marks": marks, "ranks": len(pts), "basis": basis,
+            "lines": lines, "band": band, "legend": legend, "marks": marks, "clipped": clipped,
+            "ranks": len(pts), "basis": basis, "coloured": len(pts) <= MAX_SERIES_COLOURED,
             "xticks": [{"x": round(xs[s], 1), "label": str(s)} for i, s in enumerate(steps)
                        if i % every == 0 or i == len(steps) - 1],
             "yticks": [{"y": round(base_y - t * sy, 2), "label": lab} for t, lab in zip(ticks, labels, strict=True)]}
@@ -250,9 +309,26 @@ def cp_ops(cp: Mapping[str, Any], top_n: int = 15) -> dict[str, Any] | None:
             "more": max(0, int(cp.get("ops_total") or len(cp.get("ops") or [])) - len(rows))}
 
 
+def _expand(segs: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Segments with one kind each: a merged run of the report (``by_kind_us``) becomes one piece
+    per kind at the run's start, named by its longest operators of that kind."""
+    out: list[dict[str, Any]] = []
+    for s in segs:
+        by_kind = s.get("by_kind_us")
+        if not isinstance(by_kind, Mapping) or not by_kind:
+            out.append({**s, "n": int(s.get("merged") or 1)})
+            continue
+        top = [t for t in (s.get("top") or []) if isinstance(t, Mapping)]
+        for kind, us in by_kind.items():
+            names = {str(t.get("name", "")): float(t.get("us") or 0.0) for t in top if t.get("kind") == kind}
+            out.append({"start_us": s.get("start_us"), "dur_us": us, "kind": kind, "n": 0,  # 0: count unknown
+                        "names": names or {f"{KIND_LABEL.get(str(kind), str(kind))} (merged)": float(us)}})
+    return out
+
+
 def cp_timeline(cp: Mapping[str, Any]) -> dict[str, Any] | None:
     """The critical path of one step as a timeline, one lane per kind; sub-pixel segments merged."""
-    segs = list(cp.get("segments") or [])
+    segs = _expand(list(cp.get("segments") or []))
     length = float(cp.get("length_us") or 0.0)
     if not segs or length <= 0:
         return None
@@ -265,26 +341,30 @@ def cp_timeline(cp: Mapping[str, Any]) -> dict[str, Any] | None:
     rects: list[dict[str, Any]] = []
     open_: dict[str, dict[str, Any]] = {}
     for s in sorted(segs, key=lambda s: float(s.get("start_us") or 0.0)):
-        kind = s.get("kind") if s.get("kind") in KINDS else "other"
+        kind = str(s.get("kind")) if s.get("kind") in KINDS else "other"
         a = float(s.get("start_us") or 0.0)
         d = float(s.get("dur_us") or 0.0)
+        names = s.get("names") or {str(s.get("name", "")): d}
         cur = open_.get(kind)
         if cur is not None and a - cur["end"] < px_us and (d < px_us or cur["end"] - cur["start"] < px_us):
             cur["end"] = max(cur["end"], a + d)
-            cur["n"] += 1
-            cur["names"][str(s.get("name", ""))] = cur["names"].get(str(s.get("name", "")), 0.0) + d
+            cur["n"] += s["n"]
+            cur["approx"] = cur["approx"] or not s["n"]
+            for nm, v in names.items():
+                cur["names"][nm] = cur["names"].get(nm, 0.0) + v
             continue
-        cur = {"kind": kind, "start": a, "end": a + d, "n": 1, "names": {str(s.get("name", "")): d}}
+        cur = {"kind": kind, "start": a, "end": a + d, "n": s["n"], "approx": not s["n"], "names": dict(names)}
         open_[kind] = cur
         rects.append(cur)
     out = []
     for r in rects:
         top_names = sorted(r["names"].items(), key=lambda kv: -kv[1])[:3]
         dur = r["end"] - r["start"]
-        if r["n"] == 1:
+        if r["n"] == 1 and not r["approx"]:
             title = f"{top_names[0][0]}\n{KIND_LABEL[r['kind']]}: {fmt_us(dur)} at +{fmt_us(r['start'])}"
         else:
-            title = (f"{r['n']} segments in {fmt_us(dur)} at +{fmt_us(r['start'])}\n"
+            count = "merged segments" if r["approx"] else f"{r['n']} segments"
+            title = (f"{count} in {fmt_us(dur)} at +{fmt_us(r['start'])}\n"
                      + "\n".join(f"{truncate(n, 80)}: {fmt_us(v)}" for n, v in top_names))
         out.append({"x": round(left + r["start"] * sx, 2), "w": round(max(0.5, dur * sx), 2),
                     "y": top + lane_of[r["kind"]] * lane_h + 2, "cls": kind_class(r["kind"]), "title": title})
@@ -292,50 +372,55 @@ def cp_timeline(cp: Mapping[str, Any]) -> dict[str, Any] | None:
     base_y = top + lane_h * len(present)
     return {"width": WIDTH, "height": base_y + bottom, "left": left, "lane_h": lane_h, "rects": out,
             "lanes": [{"y": top + i * lane_h, "label": KIND_LABEL[k], "cls": kind_class(k)} for i, k in enumerate(present)],
-            "base_y": base_y, "segments": len(segs),
+            "base_y": base_y, "segments": int(cp.get("segments_total") or len(cp.get("segments") or [])),
             "xticks": [{"x": round(left + t * sx, 2), "label": lab}
                        for t, lab in zip(ticks, tick_labels(ticks), strict=True) if t <= length * 1.001]}
 
 
 # Key names a roofline finding may carry (evidence / top rows); see docs in html.py.
 ROOF_PEAK_KEYS = ("peak_tflops",)
-ROOF_BW_KEYS = ("peak_bandwidth_tbps", "peak_bandwidth_gbps", "peak_bw_gbps")
+ROOF_BW_KEYS = ("peak_bandwidth_tbps", "peak_bandwidth_gbps", "peak_bw_gbps", "peak_gbps")
+ROOF_INTENSITY_KEYS = ("intensity_flop_per_byte", "intensity")  # CMP001's top rows: the first
+ROOF_THRESHOLD_KEYS = ("utilization_threshold", "compute_bound_ratio", "memory_bound_ratio", "min_compute_ratio",
+                       "min_bandwidth_ratio")
 
 
 def roofline(findings: list[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """Operators by arithmetic intensity (FLOP/byte) and achieved TFLOP/s, log-log, with roofs if known."""
+    """Operators by arithmetic intensity (FLOP/byte) and achieved TFLOP/s, log-log, with roofs if known.
+
+    One roof per distinct (peak TFLOP/s, bandwidth) of the findings (CMP001 gives one per dtype:
+    an fp16 and an fp32 operator have different roofs), labelled with its ``peak_dtype``; the
+    threshold roofs (``utilization_threshold`` x roof) and the ridge line for the highest roof."""
     pts: list[dict[str, Any]] = []
-    peak = bw_tbps = None
+    roof_specs: dict[tuple[float, float], str] = {}
     thresholds: list[tuple[str, float]] = []
     for f in findings:
         ev = f.get("evidence") or {}
-        for k in ROOF_PEAK_KEYS:
-            if isinstance(ev.get(k), (int, float)) and ev[k] > 0:
-                peak = float(ev[k])
-        for k in ROOF_BW_KEYS:
-            if isinstance(ev.get(k), (int, float)) and ev[k] > 0:
-                bw_tbps = float(ev[k]) / (1000.0 if k.endswith("gbps") else 1.0)
-        for k in ("compute_bound_ratio", "memory_bound_ratio", "min_compute_ratio", "min_bandwidth_ratio"):
-            if isinstance(ev.get(k), (int, float)) and 0 < ev[k] < 1:
+        peak = next((float(ev[k]) for k in ROOF_PEAK_KEYS if _positive(ev.get(k))), None)
+        bw = next((float(ev[k]) / (1000.0 if k.endswith("gbps") else 1.0) for k in ROOF_BW_KEYS if _positive(ev.get(k))),
+                  None)
+        if peak and bw:
+            roof_specs.setdefault((peak, bw), str(ev.get("peak_dtype") or ""))
+        for k in ROOF_THRESHOLD_KEYS:
+            if isinstance(ev.get(k), (int, float)) and 0 < ev[k] < 1 and (k, float(ev[k])) not in thresholds:
                 thresholds.append((k, float(ev[k])))
         for row in f.get("top") or []:
-            i, a = row.get("intensity"), row.get("achieved_tflops")
+            i = next((row[k] for k in ROOF_INTENSITY_KEYS if row.get(k) is not None), None)
+            a = row.get("achieved_tflops")
             if isinstance(i, (int, float)) and isinstance(a, (int, float)) and i > 0 and a > 0:
                 name = str(row.get("name") or row.get("op") or "")
+                dtype = row.get("dtype")
                 pts.append({"i": float(i), "a": float(a), "name": name, "rule": f.get("rule"),
+                            "dtype": str(dtype) if isinstance(dtype, str) else "",
                             "sev": f.get("severity") if f.get("severity") in ("critical", "high", "medium", "low", "info") else "info"})
     if not pts:
         return None
-    xs = [p["i"] for p in pts]
-    ys = [p["a"] for p in pts]
-    ridge = peak / bw_tbps if peak and bw_tbps else None
+    specs = sorted(roof_specs.items(), key=lambda kv: -kv[0][0])[:4]
+    xs = [p["i"] for p in pts] + [pk / bw for (pk, bw), _ in specs]
+    ys = [p["a"] for p in pts] + [pk for (pk, _), _ in specs]
     x_lo, x_hi = min(xs), max(xs)
     y_lo, y_hi = min(ys), max(ys)
-    if ridge:
-        x_lo, x_hi = min(x_lo, ridge), max(x_hi, ridge)
-    if peak:
-        y_hi = max(y_hi, peak)
-    lx0, lx1 = math.floor(math.log10(x_lo)) , math.ceil(math.log10(x_hi)) + (1 if x_hi == x_lo else 0)
+    lx0, lx1 = math.floor(math.log10(x_lo)), math.ceil(math.log10(x_hi)) + (1 if x_hi == x_lo else 0)
     ly0, ly1 = math.floor(math.log10(y_lo)), math.ceil(math.log10(y_hi * 1.2))
     if ly1 == ly0:
         ly1 += 1
@@ -351,31 +436,45 @@ def roofline(findings: list[Mapping[str, Any]]) -> dict[str, Any] | None:
     def clampy(v: float) -> float:
         return cast(float, min(max(v, 10**ly0), 10**ly1))  # int ** int is typed Any
 
+    def roof_line(pk: float, bw: float) -> str:
+        y0 = clampy(bw * 10**lx0)
+        return f"{X(y0 / bw)},{Y(y0)} {X(pk / bw)},{Y(pk)} {X(10**lx1)},{Y(pk)}"
+
     roofs = []
-    if peak and bw_tbps and ridge:
-        x_start = 10**lx0
-        y_start = clampy(bw_tbps * x_start)
-        x_start = y_start / bw_tbps
-        roofs.append({"points": f"{X(x_start)},{Y(y_start)} {X(ridge)},{Y(peak)} {X(10**lx1)},{Y(peak)}",
-                      "cls": "roof", "title": f"roof: {peak:g} TFLOP/s peak, {bw_tbps:g} TB/s"})
-        for name, t in thresholds[:2]:
-            yy = clampy(bw_tbps * t * x_start)
-            roofs.append({"points": f"{X(yy / (bw_tbps * t))},{Y(yy)} {X(ridge)},{Y(peak * t)} {X(10**lx1)},{Y(peak * t)}",
-                          "cls": "roof-threshold", "title": f"{name} = {t:g} × roof"})
+    labels = []
+    for n, ((pk, bw), dtype) in enumerate(specs):
+        name = f"{dtype} roof" if dtype else "roof"
+        roofs.append({"points": roof_line(pk, bw), "cls": "roof",
+                      "title": f"{name}: {pk:g} TFLOP/s peak, {bw:g} TB/s, ridge {pk / bw:,.4g} FLOP/B"})
+        labels.append({"x": X(10**lx1) - 4, "y": round(Y(pk) - 4, 2), "label": f"{dtype + ' ' if dtype else ''}{pk:g} TFLOP/s"})
+        if n == 0:
+            for key, t in thresholds[:2]:
+                roofs.append({"points": roof_line(pk * t, bw * t), "cls": "roof-threshold", "title": f"{key} = {t:g} × {name}"})
+    ridge = specs[0][0][0] / specs[0][0][1] if specs else None
     dots = [{"x": X(p["i"]), "y": Y(p["a"]), "cls": "sev-" + p["sev"],
-             "title": f"{p['name']}\n{p['rule']}: intensity {p['i']:.3g} FLOP/B, {p['a']:.3g} TFLOP/s"} for p in pts[:400]]
+             "title": f"{p['name']}{' (' + p['dtype'] + ')' if p['dtype'] else ''}\n{p['rule']}: intensity "
+                      f"{p['i']:,.4g} FLOP/B, {p['a']:,.4g} TFLOP/s"} for p in pts[:400]]
     return {"width": WIDTH, "height": height, "left": left, "top": top, "plot_w": plot_w, "plot_h": plot_h,
-            "dots": dots, "roofs": roofs,
-            "ridge": {"x": X(ridge), "label": f"ridge {ridge:.3g} FLOP/B"} if ridge else None,
+            "dots": dots, "roofs": roofs, "roof_labels": labels,
+            "ridge": {"x": X(ridge), "label": f"ridge {ridge:,.4g} FLOP/B"} if ridge else None,
             "xticks": [{"x": X(10**e), "label": f"{10**e:g}"} for e in range(lx0, lx1 + 1)],
             "yticks": [{"y": Y(10**e), "label": f"{10**e:g}"} for e in range(ly0, ly1 + 1)]}
 
 
+def _positive(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
 COMM_VALUE_KEYS = (("bandwidth_gbps", "GB/s", True), ("time_us", "µs", False), ("bytes", "B", False))
+COMM_METRIC_LABEL = {"bandwidth_gbps": "bandwidth", "time_us": "transit time", "bytes": "bytes moved"}
+#: Links that move fewer bytes over the profile are latency-bound and show no bandwidth (CLU002's
+#: min_link_bytes): drawn grey, outside the colour scale, when the metric is bandwidth.
+COMM_MIN_BW_BYTES = 1 << 20
 
 
 def comm_matrix(extras: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Heat map of ``extras['comm_matrix']``: rows ``{src, dst, bandwidth_gbps | time_us | bytes}``."""
+    """Heat map of the report's ``comm_matrix``: rows ``{src, dst, bandwidth_gbps | time_us | bytes}``
+    (optionally ``transport``); None when there is no link to draw."""
     data = extras.get("comm_matrix")
     rows = data.get("links") if isinstance(data, Mapping) else data
     if not isinstance(rows, list) or not rows:
@@ -388,14 +487,14 @@ def comm_matrix(extras: Mapping[str, Any]) -> dict[str, Any] | None:
             break
     if key is None:
         return None
-    cells: dict[tuple[int, int], float] = {}
+    cells: dict[tuple[int, int], tuple[float, Mapping[str, Any]]] = {}
     for r in rows:
         try:
             s, d, v = int(r["src"]), int(r["dst"]), float(r[key])
         except (KeyError, TypeError, ValueError):
             continue
         if math.isfinite(v):
-            cells[(s, d)] = v
+            cells[(s, d)] = (v, r)
     if not cells:
         return None
     ranks = sorted({a for a, _ in cells} | {b for _, b in cells})[:256]
@@ -403,21 +502,48 @@ def comm_matrix(extras: Mapping[str, Any]) -> dict[str, Any] | None:
     n = len(ranks)
     cell = max(2.0, min(28.0, 640.0 / n))
     left, top = 56, 40
-    vals = list(cells.values())
+
+    def small(r: Mapping[str, Any]) -> bool:
+        b = r.get("bytes")
+        return key == "bandwidth_gbps" and isinstance(b, (int, float)) and b < COMM_MIN_BW_BYTES
+
+    vals = [v for v, r in cells.values() if not small(r)] or [v for v, _ in cells.values()]
     lo, hi = min(vals), max(vals)
     out = []
-    for (s, d), v in cells.items():
+    n_small = 0
+    for (s, d), (v, r) in sorted(cells.items()):
         if s not in idx or d not in idx:
             continue
-        t = 0.5 if hi == lo else (v - lo) / (hi - lo)
-        bad = 1 - t if higher_is_better else t
-        out.append({"x": round(left + idx[d] * cell, 2), "y": round(top + idx[s] * cell, 2), "fill": _heat(bad),
-                    "title": f"rank {s} → rank {d}: {v:.4g} {unit}"})
+        parts = [f"rank {s} → rank {d}: {_comm_value(key, v)}"]
+        if key != "bytes" and isinstance(r.get("bytes"), (int, float)):
+            parts.append(fmt_bytes(float(r["bytes"])))
+        if key != "time_us" and isinstance(r.get("time_us"), (int, float)):
+            parts.append(f"{fmt_us(float(r['time_us']))} transit")
+        if r.get("transport"):
+            parts.append(str(r["transport"]))
+        if small(r):
+            n_small += 1
+            fill = "#c9ccd1"
+            parts.append("too few bytes to show bandwidth (latency-bound)")
+        else:
+            t = 0.5 if hi == lo else (v - lo) / (hi - lo)
+            fill = _heat(1 - t if higher_is_better else t)
+        out.append({"x": round(left + idx[d] * cell, 2), "y": round(top + idx[s] * cell, 2), "fill": fill,
+                    "title": ", ".join(parts)})
     every = max(1, math.ceil(12.0 / cell))
     labels = [{"rank": r, "pos": round(i * cell + cell / 2, 2)} for i, r in enumerate(ranks) if i % every == 0]
     return {"width": int(left + n * cell + 20), "height": int(top + n * cell + 20), "left": left, "top": top,
             "cell": round(cell, 2), "cells": out, "labels": labels, "metric": key, "unit": unit,
-            "lo": f"{lo:.4g} {unit}", "hi": f"{hi:.4g} {unit}", "higher_is_better": higher_is_better}
+            "metric_label": f"{COMM_METRIC_LABEL[key]} ({unit})", "small": n_small,
+            "lo": _comm_value(key, lo), "hi": _comm_value(key, hi), "higher_is_better": higher_is_better}
+
+
+def _comm_value(key: str, v: float) -> str:
+    if key == "bytes":
+        return fmt_bytes(v)
+    if key == "time_us":
+        return fmt_us(v)
+    return f"{v:.3g} GB/s"
 
 
 def _heat(bad: float) -> str:

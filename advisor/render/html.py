@@ -39,6 +39,7 @@ from advisor.render.view import (
     compact_ints,
     confidence,
     cp_edges,
+    fmt_bytes,
     fmt_evidence,
     fmt_ratio,
     fmt_us,
@@ -173,6 +174,53 @@ def explain_texts(rule_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
     return {rid: md_blocks(rule_markdown(specs[rid])) for rid in sorted(rule_ids) if rid in specs}
 
 
+# Unit suffixes of evidence keys: (suffix, unit written after the value, or None where
+# view.fmt_evidence writes it; a word the label gains for the quantity). The label drops the unit,
+# the value carries it. Ratios and shares keep their word: "time share 82.3%".
+_UNIT_SUFFIXES: tuple[tuple[str, str | None, str], ...] = (
+    ("_us", None, ""), ("_ms", None, ""), ("_ns", None, ""), ("_bytes", None, "size"), ("_flop_per_byte", "FLOP/B", ""),
+    ("_tflops", "TFLOP/s", "throughput"), ("_gbps", "GB/s", "bandwidth"), ("_tbps", "TB/s", "bandwidth"),
+    ("_pct", "%", ""), ("_mhz", "MHz", "frequency"),
+)
+
+
+def _unit_split(key: str) -> tuple[str, str | None, str] | None:
+    """(label stem, unit, quantity word) of a key ending in a unit (times also inside: ``time_us_per_step``)."""
+    for suf, unit, word in _UNIT_SUFFIXES:
+        if key.endswith(suf) and len(key) > len(suf):
+            return key[: -len(suf)], unit, word
+        if suf in ("_us", "_ms") and suf + "_" in key:
+            head, tail = key.split(suf + "_", 1)
+            return f"{head}_{tail}", unit, word
+    return None
+
+
+def evidence_label(key: str) -> str:
+    """A human name for an evidence key: ``total_us`` -> ``total``, ``time_us_per_step`` -> ``time per step``,
+    ``peak_gbps`` -> ``peak bandwidth`` (the unit goes with the value)."""
+    split = _unit_split(key)
+    stem = split[0] if split else key
+    words = " ".join(stem.replace("_", " ").split())
+    if split and split[2] and split[2] not in words:
+        words = f"{words} {split[2]}"
+    return words or key
+
+
+def evidence_value(key: str, v: Any) -> str:
+    """An evidence value with its unit (from the key's suffix); a whole number as an integer."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return fmt_evidence(key, v)
+    if key == "bytes":
+        return fmt_bytes(float(v))
+    split = _unit_split(key)
+    if split and split[1]:
+        return f"{fmt_value(v)} {split[1]}"
+    text = fmt_evidence(key, v)
+    if text == fmt_value(v) and isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
+        return f"{int(v):,}"  # no unit: a count
+    return text
+
+
 def _sev(s: Any) -> str:
     return s if s in SEVERITIES else "info"
 
@@ -180,15 +228,17 @@ def _sev(s: Any) -> str:
 def finding_view(f: Mapping[str, Any], step_us: float | None) -> dict[str, Any]:
     """Everything one finding card shows, formatted."""
     ev = dict(f.get("evidence") or {})
-    measured = [{"key": k, "value": fmt_evidence(k, v), "raw": v} for k, v in ev.items() if not is_threshold_key(k)]
-    limits = [{"key": k, "value": fmt_evidence(k, v), "raw": v} for k, v in ev.items() if is_threshold_key(k)]
+    measured = [{"key": k, "label": evidence_label(k), "value": evidence_value(k, v), "raw": v}
+                for k, v in ev.items() if not is_threshold_key(k)]
+    limits = [{"key": k, "label": evidence_label(k), "value": evidence_value(k, v), "raw": v}
+              for k, v in ev.items() if is_threshold_key(k)]
     top = [dict(t) for t in (f.get("top") or [])][:MAX_TOP_ROWS]
     cols: list[str] = []
     for t in top:
         for k in t:
             if k not in cols and len(cols) < 10:
                 cols.append(k)
-    top_rows = [[{"text": truncate(fmt_evidence(c, t.get(c)), 90), "full": fmt_value(t.get(c)),
+    top_rows = [[{"text": truncate(evidence_value(c, t.get(c)), 90), "full": fmt_value(t.get(c)),
                   "num": t.get(c) if isinstance(t.get(c), (int, float)) and not isinstance(t.get(c), bool) else None}
                  for c in cols] for t in top]
     saving = f.get("estimated_saving_us")
@@ -203,6 +253,7 @@ def finding_view(f: Mapping[str, Any], step_us: float | None) -> dict[str, Any]:
         "measured": measured,
         "limits": limits,
         "top_cols": cols,
+        "top_labels": [evidence_label(c) for c in cols],
         "top_rows": top_rows,
         "top_more": max(0, len(f.get("top") or []) - len(top)),
         "ranks_text": compact_ints(f.get("ranks")),

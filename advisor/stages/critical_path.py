@@ -425,3 +425,88 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
         {"start_us": (a - start_ns) / 1000.0, "dur_us": (b - a) / 1000.0, "name": nm, "kind": kd} for a, b, nm, kd in segments
     ]
     return result
+
+
+#: Default resolution of the report's segment list: runs of segments shorter than this share of the
+#: step are merged (at the HTML timeline's width, 0.1 % is about one pixel).
+SEGMENT_RESOLUTION = 0.001
+_TOUCH_US = 1e-3  # segments closer than 1 ns are contiguous (times are whole ns)
+
+
+def summarise_segments(cp: dict[str, Any], resolution: float = SEGMENT_RESOLUTION) -> dict[str, Any]:
+    """The critical path with its ``segments`` merged below ``resolution`` x the step length.
+
+    Two passes, both over contiguous segments only, so the durations still add up to the step's
+    wall time and each kind's share stays exact:
+
+    * neighbours with the same operator and kind become one segment (``merged``: how many);
+    * runs of segments each shorter than the resolution become one segment per run, closed once
+      it spans the resolution: ``name`` says how many it holds, ``kind`` is the kind with the most
+      time in it, ``by_kind_us`` the time of each kind, ``top`` its three longest operators.
+
+    ``ops`` (the per-operator ranking) comes from the walk itself and is unchanged. Added:
+    ``segments_total`` (segments before merging) and ``segments_resolution_us``.
+    """
+    segs = list(cp.get("segments") or [])
+    length = float(cp.get("length_us") or 0.0)
+    out = dict(cp)
+    out["segments_total"] = len(segs)
+    res_us = resolution * length
+    out["segments_resolution_us"] = round(res_us, 3)
+    if not segs or res_us <= 0:
+        return out
+    same: list[dict[str, Any]] = []
+    for s in segs:
+        p = same[-1] if same else None
+        if (p is not None and p["name"] == s["name"] and p["kind"] == s["kind"]
+                and abs(s["start_us"] - (p["start_us"] + p["dur_us"])) <= _TOUCH_US):
+            p["dur_us"] += s["dur_us"]
+            p["merged"] = p.get("merged", 1) + s.get("merged", 1)
+        else:
+            same.append(dict(s))
+    merged: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+
+    def close() -> None:
+        if len(run) == 1:
+            merged.append(run[0])
+        elif run:
+            merged.append(_merge_run(run))
+        run.clear()
+
+    for s in same:
+        short = s["dur_us"] < res_us
+        if run and (not short or abs(s["start_us"] - (run[-1]["start_us"] + run[-1]["dur_us"])) > _TOUCH_US
+                    or run[-1]["start_us"] + run[-1]["dur_us"] - run[0]["start_us"] >= res_us):
+            close()
+        if short:
+            run.append(s)
+        else:
+            merged.append(s)
+    close()
+    for s in merged:
+        s["start_us"] = round(s["start_us"], 3)
+        s["dur_us"] = round(s["dur_us"], 3)
+    out["segments"] = merged
+    return out
+
+
+def _merge_run(run: list[dict[str, Any]]) -> dict[str, Any]:
+    """One segment for a run of contiguous short segments."""
+    by_kind: dict[str, float] = defaultdict(float)
+    by_op: dict[tuple[str, str], float] = defaultdict(float)
+    n = 0
+    for s in run:
+        by_kind[s["kind"]] += s["dur_us"]
+        by_op[(s["name"], s["kind"])] += s["dur_us"]
+        n += int(s.get("merged", 1))
+    top = sorted(by_op.items(), key=lambda kv: -kv[1])[:3]
+    return {
+        "start_us": run[0]["start_us"],
+        "dur_us": sum(s["dur_us"] for s in run),
+        "name": f"{n} merged segments",
+        "kind": max(by_kind, key=lambda k: by_kind[k]),
+        "merged": n,
+        "by_kind_us": {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        "top": [{"name": k[0], "kind": k[1], "us": round(v, 3)} for k, v in top],
+    }
