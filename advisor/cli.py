@@ -85,7 +85,29 @@ def render(report: Any, fmt: str, verbose: bool = False) -> str:
     return r(report)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class OneLineUsageError(click.UsageError):
+    """A click usage error shown as one line, ``advisor: <command>: <problem>`` (exit 2), like the
+    usage errors found after parsing; ``--help`` still shows the usage."""
+
+    def show(self, file: Any = None) -> None:
+        command = f"{self.ctx.info_name}: " if self.ctx and self.ctx.parent else ""  # a subcommand's error
+        click.echo(f"advisor: {command}{one_line(self.format_message(), 1000)}", err=True)
+
+
+class Group(click.Group):
+    """The ``advisor`` group: its commands' usage errors (bad choice, unknown option, missing
+    argument ...) are one line."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            if isinstance(exc, OneLineUsageError):
+                raise
+            raise OneLineUsageError(exc.format_message(), exc.ctx) from exc
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="advisor")
 def main() -> None:
     """Rule-based bottleneck advisor for deep-learning training profiles."""
@@ -138,7 +160,7 @@ def _analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: 
              fail_on: str | None, baseline: Path | None, max_regression: float, budgets: tuple[str, ...],
              max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool) -> int:
     from advisor.analyze import analyze as run_analysis
-    from advisor.gate import evaluate, parse_budgets
+    from advisor.gate import check_args, evaluate, parse_budgets
 
     if config_path is None and Path("advisor.toml").is_file():
         config_path = Path("advisor.toml")
@@ -149,6 +171,7 @@ def _analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: 
     cfg.skip += [r.upper() for r in skip]
     cfg.all_rules = cfg.all_rules or all_rules
     budget_map = parse_budgets(budgets)
+    check_args(baseline, max_regression)
     if out is not None:
         out_dir = out.parent if str(out.parent) else Path(".")
         if not out_dir.is_dir():

@@ -250,6 +250,15 @@ def test_a_memory_limit_is_applied() -> None:
     assert kept[0].con.execute("SELECT current_setting('memory_limit')").fetchone() == ("1.8 GiB",)  # 2e9 B
 
 
+@pytest.mark.parametrize("args", [
+    ["--format", "xml"], ["--bogus"], ["--rank", "one"], [],
+])
+def test_click_usage_errors_are_one_line(args: list[str]) -> None:
+    p = run("analyze", *([str(HEALTHY)] if args else []), *args)
+    one_line_usage_error(p, "advisor: analyze: ")
+    assert "Usage:" not in p.stderr and "Try " not in p.stderr
+
+
 def test_python_analyze_with_a_bad_override_raises(tmp_path: Path) -> None:
     """In a subprocess: an abort of the interpreter (exit 134, a DuckDB thread still running
     while the exception ends the program) would take pytest down with it."""
