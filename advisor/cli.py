@@ -94,17 +94,32 @@ class OneLineUsageError(click.UsageError):
         click.echo(f"advisor: {command}{one_line(self.format_message(), 1000)}", err=True)
 
 
+# ``advisor`` alone shows the help through this error (click >= 8.2); it stays as it is
+_HELP_ERRORS: tuple[type[Exception], ...] = tuple(
+    c for c in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if c is not None)
+
+
 class Group(click.Group):
-    """The ``advisor`` group: its commands' usage errors (bad choice, unknown option, missing
-    argument ...) are one line."""
+    """The ``advisor`` group: its own and its commands' usage errors (bad choice, unknown
+    option, missing argument ...) are one line."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        with _one_line_usage_errors():
+            return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
+        with _one_line_usage_errors():
             return super().invoke(ctx)
-        except click.UsageError as exc:
-            if isinstance(exc, OneLineUsageError):
-                raise
-            raise OneLineUsageError(exc.format_message(), exc.ctx) from exc
+
+
+@contextlib.contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    try:
+        yield
+    except click.UsageError as exc:
+        if isinstance(exc, (OneLineUsageError, *_HELP_ERRORS)):
+            raise
+        raise OneLineUsageError(exc.format_message(), exc.ctx) from exc
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})

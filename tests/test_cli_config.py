@@ -259,6 +259,12 @@ def test_click_usage_errors_are_one_line(args: list[str]) -> None:
     assert "Usage:" not in p.stderr and "Try " not in p.stderr
 
 
+def test_the_groups_own_usage_errors_are_one_line() -> None:
+    one_line_usage_error(run("--bogus"), "advisor: No such option '--bogus'")
+    one_line_usage_error(run("anlyze", "x"), "advisor: No such command 'anlyze'")
+    assert run("analyze", "--help").stdout.startswith("Usage: ")
+
+
 def test_python_analyze_with_a_bad_override_raises(tmp_path: Path) -> None:
     """In a subprocess: an abort of the interpreter (exit 134, a DuckDB thread still running
     while the exception ends the program) would take pytest down with it."""
