@@ -13,7 +13,7 @@ What is compared:
   Findings are matched by rule, cause and ranks: *new* ones, *gone* ones, and ones whose
   severity changed.
 
-  Profiles of another kind are said to be (:func:`kind_mismatch`). A CPU-only profile against
+  A baseline of another kind is named as such (:func:`kind_mismatch`). A CPU-only profile against
   one with device events is not judged: without a device timeline the breakdown counts host
   operators as compute, so the percent between them compares two different measurements, and
   the gate exits 2 (the wrong baseline is a usage error) after the report is written, with the
