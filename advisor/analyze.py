@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor import __version__
-from advisor.config import Config
+from advisor.config import Config, ConfigError, check, parse_memory_limit
 from advisor.engine.context import AnalysisContext
 from advisor.engine.runner import run_rules
 from advisor.ingest import load_profile
@@ -58,15 +59,69 @@ BREAKDOWN_FIELDS = (
 )
 
 
+class FocusError(ConfigError):
+    """``--rank`` / ``--step`` name a rank or step the profile does not have (a usage error)."""
+
+
+def spans(items: list[int]) -> str:
+    """``[0, 1, 2, 3, 7, 9, 10]`` -> ``0-3, 7, 9-10`` (at most 8 runs, then how many in all)."""
+    vals = sorted(set(items))
+    runs: list[str] = []
+    i = 0
+    while i < len(vals):
+        j = i
+        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
+            j += 1
+        runs.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
+        i = j + 1
+    return ", ".join(runs[:8]) + (f", ... ({len(vals)} in all)" if len(runs) > 8 else "")
+
+
+def check_options(cfg: Config, memory_limit: str | None = None) -> str | None:
+    """What can be checked before a profile is read: the rules and thresholds ``cfg`` names
+    (:func:`advisor.config.check`) and the memory limit. Returns the memory limit as DuckDB takes it."""
+    if cfg.select or cfg.skip or cfg.overrides:
+        from advisor.engine.registry import discover
+
+        check(cfg, discover())
+    return None if memory_limit is None else parse_memory_limit(memory_limit)
+
+
+def check_focus(ctx: AnalysisContext, rank: int | None, step: int | None) -> None:
+    """``--rank`` / ``--step`` exist in the loaded profile (the step on the focused rank), else
+    :class:`FocusError` listing what does."""
+    where = ctx.path
+    if rank is not None and rank not in ctx.ranks:
+        noun = "rank" if len(ctx.ranks) == 1 else "ranks"
+        raise FocusError(f"--rank {rank}: {where} has {noun} {spans(ctx.ranks)}" if ctx.ranks else
+                         f"--rank {rank}: {where} has no ranks")
+    if step is None:
+        return
+    rows = ctx.con.cursor().execute("SELECT DISTINCT rank, step FROM steps").fetchall()
+    have = sorted({int(s) for r, s in rows if (rank is None or r == rank) and s != NO_STEP})
+    if step in have:
+        return
+    what = f"--rank {rank} --step {step}" if rank is not None else f"--step {step}"
+    owner = f"rank {rank} of {where}" if rank is not None else where
+    if have:
+        raise FocusError(f"{what}: {owner} has step{'s' if len(have) > 1 else ''} {spans(have)}")
+    marked = "no step windows" if not rows else "no step markers (ProfilerStep#N): the whole trace is one window"
+    raise FocusError(f"{what}: {owner} has {marked}")
+
+
 def choose_focus(ctx: AnalysisContext, rank: int | None, step: int | None) -> tuple[int | None, int | None]:
     """The (rank, step) whose critical path is reported.
 
     Default: the rank with the longest median step (the one the others wait for), and on it
-    the step whose time is the median (representative, not a warm-up or a spike).
+    the step whose time is the median (representative, not a warm-up or a spike). With a step
+    and no rank: the rank whose time at that step is the longest.
     """
     bd = ctx.breakdown
     if bd is None or bd.empty:
         return rank, step
+    if rank is None and step is not None and (bd["step"] == step).any():
+        at = bd[bd["step"] == step]
+        rank = int(at.loc[at["step_us"].idxmax(), "rank"])
     if rank is None:
         med = bd.groupby("rank")["step_us"].median()
         rank = int(med.idxmax())
@@ -99,6 +154,7 @@ def build_context(
     # -0.09 s over 10 alternating runs)
     ctx = load_profile(path, progress=progress, max_events=max_events, memory_limit=memory_limit,
                        on_scan=warm_imports)
+    check_focus(ctx, rank, step)
     if progress:
         progress("breakdown", 0, 1)
 
@@ -121,13 +177,6 @@ def _run_stages(ctx: AnalysisContext, rank: int | None, step: int | None,
     bd = breakdown_stage.compute(ctx.con)
     breakdown_stage.store(ctx.con, bd)
     ctx.breakdown = bd
-    if rank is not None and rank not in ctx.ranks:
-        ctx.warnings.append(Warning_("focus", f"--rank {rank} is not in this profile (ranks: {_short(ctx.ranks)})"))
-        rank = None
-    if step is not None and bd is not None and step not in set(bd["step"]):
-        steps = sorted({int(s) for s in bd["step"]})
-        ctx.warnings.append(Warning_("focus", f"--step {step} is not in this profile (steps: {_short(steps)})"))
-        step = None
     ctx.focus_rank, ctx.focus_step = choose_focus(ctx, rank, step)
     if progress:
         progress("critical path", 0, 1)
@@ -141,10 +190,6 @@ def _run_stages(ctx: AnalysisContext, rank: int | None, step: int | None,
                 "do not apply; the breakdown treats host operators as compute (see README)",
             )
         )
-
-
-def _short(items: list[int]) -> str:
-    return ", ".join(map(str, items[:10])) + (" …" if len(items) > 10 else "")
 
 
 def _critical_path(ctx: AnalysisContext) -> dict[str, Any]:
@@ -187,13 +232,22 @@ def analyze(
     :func:`advisor.stages.critical_path.summarise_segments`)."""
     cfg = cfg or Config()
     t_start = time.perf_counter()
+    memory_limit = check_options(cfg, memory_limit)  # a bad option fails before the profile is read
     ctx = build_context(path, rank=rank, step=step, progress=progress, max_events=max_events, memory_limit=memory_limit,
                         beside_rules=True)
     if keep is not None:
         keep.append(ctx)
     if progress:
         progress("rules", 0, 1)
-    return analyze_context(ctx, cfg, t_start, rank=rank, step=step, debug=debug, full_critical_path=full_critical_path)
+    try:
+        return analyze_context(ctx, cfg, t_start, rank=rank, step=step, debug=debug,
+                               full_critical_path=full_critical_path)
+    except BaseException:
+        # the stages' thread may still be inside DuckDB: an exception that reaches the top of the
+        # program while it is would end the interpreter under it (an abort, not the exception)
+        with contextlib.suppress(BaseException):
+            ctx.wait_stages()
+        raise
 
 
 def analyze_context(ctx: AnalysisContext, cfg: Config | None = None, t_start: float | None = None, *,
@@ -217,8 +271,8 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
     """Assemble the Report from a context that stages and rules have run on."""
     bd = ctx.breakdown
     rows: list[dict[str, Any]] = []
+    sel = bd  # the breakdown of the focus (--rank / --step): its rows and the step times
     if bd is not None and not bd.empty:
-        sel = bd
         if rank is not None:
             sel = sel[sel["rank"] == rank]
         if step is not None:
@@ -249,8 +303,8 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         "focus": {"rank": ctx.focus_rank, "step": None if ctx.focus_step == NO_STEP else ctx.focus_step},
     }
     step_stats = []
-    if bd is not None and not bd.empty:
-        for r, g in bd[bd["step"] != NO_STEP].groupby("rank"):
+    if sel is not None and not sel.empty:
+        for r, g in sel[sel["step"] != NO_STEP].groupby("rank"):
             s = g["step_us"]
             step_stats.append(
                 {

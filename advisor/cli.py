@@ -125,7 +125,44 @@ def out_formats(outs: tuple[Path, ...], fmt: str, fmt_given: bool) -> list[tuple
     return out
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class OneLineUsageError(click.UsageError):
+    """A click usage error shown as one line, ``advisor: <command>: <problem>`` (exit 2), like the
+    usage errors found after parsing; ``--help`` still shows the usage."""
+
+    def show(self, file: Any = None) -> None:
+        command = f"{self.ctx.info_name}: " if self.ctx and self.ctx.parent else ""  # a subcommand's error
+        click.echo(f"advisor: {command}{one_line(self.format_message(), 1000)}", err=True)
+
+
+# ``advisor`` alone shows the help through this error (click >= 8.2); it stays as it is
+_HELP_ERRORS: tuple[type[Exception], ...] = tuple(
+    c for c in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if c is not None)
+
+
+class Group(click.Group):
+    """The ``advisor`` group: its own and its commands' usage errors (bad choice, unknown
+    option, missing argument ...) are one line."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        with _one_line_usage_errors():
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _one_line_usage_errors():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    try:
+        yield
+    except click.UsageError as exc:
+        if isinstance(exc, (OneLineUsageError, *_HELP_ERRORS)):
+            raise
+        raise OneLineUsageError(exc.format_message(), exc.ctx) from exc
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="advisor")
 def main() -> None:
     """Rule-based bottleneck advisor for deep-learning training profiles."""
@@ -186,7 +223,7 @@ def _analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, 
              max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool, md_full: bool = False,
              full_critical_path: bool = False) -> int:
     from advisor.analyze import analyze as run_analysis
-    from advisor.gate import evaluate, parse_budgets
+    from advisor.gate import check_args, evaluate, parse_budgets
 
     if config_path is None and Path("advisor.toml").is_file():
         config_path = Path("advisor.toml")
@@ -197,6 +234,7 @@ def _analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, 
     cfg.skip += [r.upper() for r in skip]
     cfg.all_rules = cfg.all_rules or all_rules
     budget_map = parse_budgets(budgets)
+    check_args(baseline, max_regression)
     targets = out_formats(outs, fmt, _format_given())
     for out, _f in targets:
         out_dir = out.parent if str(out.parent) else Path(".")

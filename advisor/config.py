@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import re
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,8 +59,48 @@ class Config:
         return cfg
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``; did you mean 'X'?`` for the closest of ``choices``, or nothing."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check(cfg: Config, specs: Mapping[str, Any]) -> None:
+    """Every rule and threshold that ``cfg`` names exists in ``specs`` (the rule registry) and
+    every override has its threshold's type: the same checks the rules' run makes, made before
+    a profile is read."""
+    for rid in [*cfg.select, *cfg.skip, *cfg.overrides]:
+        if rid not in specs:
+            raise ConfigError(f"unknown rule {rid!r}{did_you_mean(rid, specs)} (see 'advisor rules')")
+    for rid, params in cfg.overrides.items():
+        build_thresholds(rid, specs[rid].thresholds, params)
+
+
+# what DuckDB's memory_limit takes: a number and a unit (1000^i or 1024^i bytes), or a share of the RAM
+_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(kb|mb|gb|tb|kib|mib|gib|tib|k|m|g|t|%)\s*$", re.IGNORECASE)
+
+
+def parse_memory_limit(text: str) -> str:
+    """``--memory-limit``: ``8GB``, ``512MB``, ``1.5GiB``, ``4G`` or ``80%`` (of the RAM), as DuckDB reads them.
+
+    Returns the text DuckDB is given (no spaces); anything else is a :class:`ConfigError`."""
+    m = _MEMORY_RE.match(text)
+    if not m:
+        raise ConfigError(f"--memory-limit {text!r}: expected a size such as 8GB, 512MB, 1.5GiB or a share of the RAM "
+                          "such as 80%")
+    number, unit = float(m.group(1)), m.group(2)
+    if number <= 0 or (unit == "%" and number > 100):
+        raise ConfigError(f"--memory-limit {text!r}: must be more than 0" + (" and at most 100%" if unit == "%" else ""))
+    return f"{m.group(1)}{unit}"
+
+
 def _coerce(value: Any, default: Any, where: str) -> Any:
     if not isinstance(value, str):
+        if isinstance(default, (int, float)) and not isinstance(default, bool) and (
+                isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"{where}: {value!r} is not a {type(default).__name__}")
+        if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float):
+            raise ConfigError(f"{where}: {value!r} is not an int")
         return value
     try:
         if isinstance(default, bool):
@@ -82,7 +125,7 @@ def build_thresholds(rule_id: str, cls: type, overrides: dict[str, Any]) -> Any:
     for name, value in overrides.items():
         if name not in fields:
             known = ", ".join(fields) or "none"
-            raise ConfigError(f"{rule_id}.{name}: no such threshold (known: {known})")
+            raise ConfigError(f"{rule_id}.{name}: no such threshold{did_you_mean(name, fields)} (known: {known})")
         default = fields[name].default
         kwargs[name] = _coerce(value, default, f"{rule_id}.{name}")
     return cls(**kwargs)

@@ -12,6 +12,14 @@ What is compared:
   ``--max-regression`` percent of the baseline step; the phases say where the time went.
   Findings are matched by rule, cause and ranks: *new* ones, *gone* ones, and ones whose
   severity changed.
+
+  A baseline of another kind is named as such (:func:`kind_mismatch`). A CPU-only profile against
+  one with device events is not judged: without a device timeline the breakdown counts host
+  operators as compute, so the percent between them compares two different measurements, and
+  the gate exits 2 (the wrong baseline is a usage error) after the report is written, with the
+  diff shown for reading. Another world size or another source (Kineto against Ascend) is a
+  warning: the step and its phases are defined alike, and comparing them is how one checks a
+  scale-out or a port to another accelerator; the gate judges it and says what differs.
 * **Budgets** — absolute limits on one profile, measured on the worst rank (the job runs at
   the pace of its slowest rank): ``step_ms``, ``<phase>_ms``/``_us``, ``<phase>_ratio``
   (share of the step), ``overlap_ratio_min`` (overlapped / communication, a lower bound) and
@@ -52,8 +60,8 @@ class GateResult:
         return out
 
     def fail(self, message: str) -> None:
-        """Record a failed check."""
-        self.exit_code = 1
+        """Record a failed check (exit 1, unless a usage error already set 2)."""
+        self.exit_code = max(self.exit_code, 1)
         self.messages.append(message)
 
 
@@ -175,6 +183,14 @@ def check_budgets(d: Mapping[str, Any], budgets: Mapping[str, float], res: GateR
 # ---------------------------------------------------------------------------------------------- baseline
 
 
+def check_args(baseline: Path | None, max_regression: float) -> None:
+    """What of ``--baseline`` / ``--max-regression`` can be checked before any profile is read."""
+    if max_regression < 0 or math.isnan(max_regression):
+        raise ConfigError(f"--max-regression {max_regression}: must be >= 0")
+    if baseline is not None and not Path(baseline).exists():
+        raise ConfigError(f"--baseline {baseline}: no such file or directory")
+
+
 def load_baseline(path: Path, cfg: Config | None = None) -> tuple[dict[str, Any], str]:
     """A baseline as a report dict: an earlier JSON report, or a profile (file or dir) analysed now."""
     path = Path(path)
@@ -194,6 +210,31 @@ def load_baseline(path: Path, cfg: Config | None = None) -> tuple[dict[str, Any]
     from advisor.analyze import analyze
 
     return report_data(analyze(path, cfg or Config())), "profile"
+
+
+def _family(source: str) -> str:
+    """``ascend_pt`` / ``ascend_ms`` -> ``ascend`` (one device kind, two frameworks)."""
+    return source.split("_", 1)[0]
+
+
+def kind_mismatch(current: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """How ``base`` is of another kind than ``current``: (what makes the step times incomparable,
+    what only needs saying). Fields an older report lacks are not compared."""
+    cur_p, base_p = current.get("profile") or {}, base.get("profile") or {}
+    blocking: list[str] = []
+    noted: list[str] = []
+    cur_cpu, base_cpu = cur_p.get("cpu_only"), base_p.get("cpu_only")
+    if isinstance(cur_cpu, bool) and isinstance(base_cpu, bool) and cur_cpu != base_cpu:
+        blocking.append("the baseline is a CPU-only profile and this one has device events" if base_cpu else
+                        "the baseline has device events and this profile is CPU-only")
+    cur_src = sorted({_family(str(x)) for x in cur_p.get("sources") or []})
+    base_src = sorted({_family(str(x)) for x in base_p.get("sources") or []})
+    if cur_src and base_src and cur_src != base_src:
+        noted.append(f"another source: baseline {'+'.join(base_src)}, current {'+'.join(cur_src)}")
+    cur_w, base_w = cur_p.get("world_size"), base_p.get("world_size")
+    if isinstance(cur_w, int) and isinstance(base_w, int) and cur_w != base_w:
+        noted.append(f"another world size: baseline {base_w}, current {cur_w}")
+    return blocking, noted
 
 
 def baseline_diff(current: Mapping[str, Any], base: Mapping[str, Any], max_regression: float) -> dict[str, Any]:
@@ -233,7 +274,12 @@ def baseline_diff(current: Mapping[str, Any], base: Mapping[str, Any], max_regre
         for k in cur_f
         if k in base_f and cur_f[k].get("severity") != base_f[k].get("severity")
     ]
+    blocking, noted = kind_mismatch(current, base)
     notes = []
+    if blocking:
+        notes.append("not comparable: " + "; ".join(blocking) + ": the step-time change is shown, not judged")
+    if noted:
+        notes.append("baseline of another kind: " + "; ".join(noted))
     if set(cur_r) != set(base_r):
         notes.append(f"rank sets differ: baseline {len(base_r)} ranks, current {len(cur_r)} ranks; "
                      "phase means are over each run's own ranks")
@@ -241,7 +287,9 @@ def baseline_diff(current: Mapping[str, Any], base: Mapping[str, Any], max_regre
         "baseline": str((base.get("profile") or {}).get("path", "")),
         "max_regression_pct": max_regression,
         "regression_pct": regression_pct,
-        "regressed": regression_pct is not None and regression_pct > max_regression,
+        "regressed": not blocking and regression_pct is not None and regression_pct > max_regression,
+        "comparable": not blocking,
+        "mismatch": blocking + noted,
         "phases": phases,
         "ranks": ranks[:64],
         "new_findings": [brief(f) for k, f in cur_f.items() if k not in base_f],
@@ -259,8 +307,7 @@ def evaluate(report: Report | Mapping[str, Any], *, fail_on: str | None = None, 
              cfg: Config | None = None) -> GateResult:
     """Apply the gate to a finished report (a Report or its JSON dict)."""
     res = GateResult()
-    if max_regression < 0:
-        raise ConfigError(f"--max-regression {max_regression}: must be >= 0")
+    check_args(baseline, max_regression)
     d = report_data(report) if (fail_on or baseline or budgets) else {}
     if fail_on:
         level = Severity.parse(fail_on)
@@ -276,10 +323,20 @@ def evaluate(report: Report | Mapping[str, Any], *, fail_on: str | None = None, 
         diff["baseline_kind"] = kind
         res.diff = diff
         check = {"check": "baseline", "threshold": max_regression, "value": diff["regression_pct"],
-                 "passed": not diff["regressed"]}
-        if diff["regression_pct"] is None:
+                 "passed": not diff["regressed"] and diff["comparable"], "comparable": diff["comparable"]}
+        blocking, noted = kind_mismatch(d, base)
+        if blocking:
+            check["note"] = "not comparable: " + "; ".join(blocking)
+        elif diff["regression_pct"] is None:
             check["note"] = "no step windows in one of the runs: step times not compared"
         res.checks.append(check)
+        if blocking:
+            res.exit_code = 2
+            res.messages.append(f"baseline {baseline} is not comparable: {'; '.join(blocking)}; "
+                                "the step-time change is not judged (compare profiles of one kind)")
+        elif noted:
+            res.messages.append(f"baseline {baseline} is of another kind ({'; '.join(noted)}): "
+                                "step times compared as they are")
         if diff["regressed"]:
             slower = [p for p in diff["phases"][1:] if p["delta_us"] > 0]
             slower.sort(key=lambda p: -p["delta_us"])

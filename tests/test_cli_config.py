@@ -141,3 +141,163 @@ def test_the_cli_run_keeps_the_analysis_context_until_the_process_ends(tmp_path:
     assert len(kept) == 1
     assert kept[0].con.execute("SELECT count(*) > 0 FROM events").fetchone() == (True,)
     validate_report(json.loads(out.read_text()))
+
+
+# ---- options that mean what they say: --rank / --step, --set, --memory-limit, --format --------------------------
+
+HEALTHY = TRACES / "cpu_healthy"  # README: steps #2..#7, one rank
+FLUCT = TRACES / "cpu_step_fluctuation"  # README: steps #2..#11, #8 = 241.5 ms, the others 22.7-25.1 ms
+MISSING = ROOT / "no" / "such" / "profile"
+
+
+def one_line_usage_error(p: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("advisor: "), p.stderr
+    assert "Traceback" not in p.stderr and "internal error" not in p.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.mark.parametrize(("profile", "args", "listed"), [
+    (HEALTHY, ["--step", "999"], "has steps 2-7"),
+    (HEALTHY, ["--rank", "7"], "has rank 0"),
+    (TRACES / "gloo_slow_rank", ["--rank", "1", "--step", "30"], "rank 1 of"),  # README: world size 2, steps 2-7
+    (TRACES / "cpu_no_step_marker", ["--step", "3"], "no step markers"),  # README: no ProfilerStep# events
+])
+def test_a_rank_or_step_the_profile_lacks_is_a_usage_error(profile: Path, args: list[str], listed: str) -> None:
+    p = run("analyze", str(profile), *args)
+    one_line_usage_error(p, args[-2] + " " + args[-1], listed)
+    assert p.stdout == ""  # no report of something else than what was asked
+
+
+def test_spans_compress_long_lists() -> None:
+    from advisor.analyze import spans
+
+    assert spans(list(range(64))) == "0-63"
+    assert spans([12, 3, 4, 5, 6, 7, 8, 9, 10, 11]) == "3-12"
+    assert spans([0, 2, 3, 7]) == "0, 2-3, 7"
+    assert spans(list(range(0, 40, 2))).endswith("... (20 in all)")
+
+
+def test_a_valid_step_narrows_breakdown_findings_and_verdict() -> None:
+    """cpu_step_fluctuation: the only planted fault is step #8 (241.5 ms against ~23 ms). Focused on
+    step 3 the report is one of a normal step; focused on step 8 it is the slow step's."""
+    from advisor.analyze import analyze
+    from advisor.render.terminal import render_text
+    from advisor.render.view import verdict
+    from tests.conftest import report_json
+
+    reports, texts = {}, {}
+    for step in (3, 8):
+        report = analyze(FLUCT, step=step)
+        reports[step] = d = report_json(report)
+        texts[step] = render_text(report)
+        assert {(r["rank"], r["step"]) for r in d["breakdown"]} == {(0, step)}
+        assert [s["steps"] for s in d["step_times"]] == [1]
+        assert d["profile"]["focus"] == {"rank": 0, "step": step} and d["critical_path"]["step"] == step
+        assert all(step in f["steps"] for f in d["findings"] if f["steps"])
+    normal, slow = reports[3], reports[8]
+    assert normal["breakdown"][0]["step_us"] == pytest.approx(23_800, abs=300)  # README: #3 = 23.8 ms
+    assert slow["breakdown"][0]["step_us"] == pytest.approx(241_500, abs=2_500)  # README: #8 = 241.5 ms
+    assert normal["findings"] == [] and verdict(normal)["kind"] == "clean"  # a normal step: no alarm
+    assert verdict(slow)["rule"] == "CLU003"  # the step-fluctuation finding names step 8
+    assert "fluctuates" not in texts[3] and "fluctuates" in texts[8]
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["--set", "IO001.min_shar=0.5"], ["IO001.min_shar", "did you mean 'min_share'"]),
+    (["--set", "IO01.min_share=0.5"], ["unknown rule 'IO01'", "did you mean 'IO001'"]),
+    (["--set", "IO001.min_share=lots"], ["IO001.min_share", "is not a float"]),
+    (["--rule", "IO0001"], ["unknown rule 'IO0001'", "did you mean 'IO001'"]),
+    (["--memory-limit", "lots"], ["--memory-limit 'lots'", "8GB"]),
+    (["--memory-limit", "8"], ["--memory-limit '8'"]),
+    (["--memory-limit", "0GB"], ["more than 0"]),
+    (["--memory-limit", "150%"], ["at most 100%"]),
+])
+def test_bad_options_are_refused_before_the_profile_is_read(args: list[str], needles: list[str]) -> None:
+    """The profile does not exist: the option's error, not the missing file's, shows it was checked first."""
+    p = run("analyze", str(MISSING), *args)
+    one_line_usage_error(p, *needles)
+    assert "no such file" not in p.stderr
+
+
+def test_a_bad_toml_threshold_type_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "advisor.toml").write_text('[thresholds.IO001]\nmin_share = "high"\n')
+    one_line_usage_error(run("analyze", str(MISSING), cwd=tmp_path), "IO001.min_share", "is not a float")
+    (tmp_path / "advisor.toml").write_text('[thresholds.IO001]\nmin_share = [1]\n')
+    one_line_usage_error(run("analyze", str(MISSING), cwd=tmp_path), "IO001.min_share", "is not a float")
+
+
+def test_memory_limits_are_those_duckdb_reads() -> None:
+    import duckdb
+
+    from advisor.config import parse_memory_limit
+
+    for text, expected in [("8GB", "8GB"), ("512MB", "512MB"), ("1.5 GiB", "1.5GiB"), ("4g", "4g"), ("80%", "80%")]:
+        assert parse_memory_limit(text) == expected
+        duckdb.connect().execute(f"SET memory_limit = '{expected}'")  # DuckDB takes what passes the check
+    for bad in ("lots", "8", "-1GB", "8GB'; DROP TABLE x; --", "1e3MB", "none"):
+        with pytest.raises(ConfigError):
+            parse_memory_limit(bad)
+
+
+def test_a_memory_limit_is_applied() -> None:
+    from advisor.analyze import analyze
+
+    kept: list = []
+    analyze(HEALTHY, memory_limit="2 GB", keep=kept)
+    assert kept[0].con.execute("SELECT current_setting('memory_limit')").fetchone() == ("1.8 GiB",)  # 2e9 B
+
+
+@pytest.mark.parametrize("args", [
+    ["--format", "xml"], ["--bogus"], ["--rank", "one"], [],
+])
+def test_click_usage_errors_are_one_line(args: list[str]) -> None:
+    p = run("analyze", *([str(HEALTHY)] if args else []), *args)
+    one_line_usage_error(p, "advisor: analyze: ")
+    assert "Usage:" not in p.stderr and "Try " not in p.stderr
+
+
+def test_the_groups_own_usage_errors_are_one_line() -> None:
+    one_line_usage_error(run("--bogus"), "advisor: No such option '--bogus'")
+    one_line_usage_error(run("anlyze", "x"), "advisor: No such command 'anlyze'")
+    assert run("analyze", "--help").stdout.startswith("Usage: ")
+
+
+def test_python_analyze_with_a_bad_override_raises(tmp_path: Path) -> None:
+    """In a subprocess: an abort of the interpreter (exit 134, a DuckDB thread still running
+    while the exception ends the program) would take pytest down with it."""
+    script = ("import sys\nfrom advisor.analyze import analyze\nfrom advisor.config import Config, ConfigError\n"
+              "cfg = Config()\ncfg.add_set('IO001.nope=1')\n"
+              "try:\n    analyze(sys.argv[1], cfg)\nexcept ConfigError as exc:\n    print(type(exc).__name__, exc)\n"
+              "    raise\n")
+    p = subprocess.run([sys.executable, "-c", script, str(TRACES / "gloo_slow_rank")], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300, check=False)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert p.stdout.startswith("ConfigError IO001.nope: no such threshold")
+    assert "FATAL" not in p.stderr and "terminate called" not in p.stderr
+
+
+def test_an_error_beside_the_stages_waits_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception from the rules leaves analyze() only once the stages' thread has ended (it
+    may be inside DuckDB, which an ending interpreter aborts under)."""
+    import threading
+    import time
+
+    import advisor.analyze as an
+
+    real_stages = an._run_stages
+
+    def slow_stages(*a: object, **k: object) -> None:
+        time.sleep(0.5)
+        real_stages(*a, **k)  # type: ignore[arg-type]
+
+    def failing_rules(*a: object, **k: object) -> None:
+        raise RuntimeError("planted rules failure")
+
+    monkeypatch.setattr(an, "_run_stages", slow_stages)
+    monkeypatch.setattr(an, "run_rules", failing_rules)
+    with pytest.raises(RuntimeError, match="planted rules failure"):
+        an.analyze(HEALTHY)
+    assert not [t for t in threading.enumerate() if t.name == "advisor-stages" and t.is_alive()]

@@ -167,3 +167,89 @@ def test_diff_matches_findings_by_rule_cause_ranks() -> None:
     assert [x["rule"] for x in d["gone_findings"]] == ["IO001"]
     assert d["changed_findings"][0]["baseline_severity"] == "high"
     assert baseline_diff(_report(_rows(0, 111.0)), base, 10.0)["regressed"]
+
+
+# ---- baselines of another kind ------------------------------------------------------------------
+
+TWO_RANKS = Path(__file__).resolve().parents[1] / "sample_profiles" / "kineto_two_ranks"  # GPU (NCCL), world 128
+ASCEND = Path(__file__).resolve().parents[1] / "sample_profiles" / "ascend_pt_timeline"  # NPU (torch_npu)
+
+
+@pytest.fixture(scope="module")
+def two_ranks_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from advisor.analyze import analyze
+    from advisor.render.json import render
+
+    out = tmp_path_factory.mktemp("baseline") / "two_ranks.json"
+    out.write_text(render(analyze(TWO_RANKS)))
+    return out
+
+
+@pytest.mark.parametrize(("current", "baseline", "said"), [
+    (TWO_RANKS, "healthy_json", "the baseline is a CPU-only profile and this one has device events"),
+    (HEALTHY, "two_ranks_json", "the baseline has device events and this profile is CPU-only"),
+])
+def test_device_against_cpu_only_is_not_judged(tmp_path: Path, request: pytest.FixtureRequest, current: Path,
+                                               baseline: str, said: str) -> None:
+    """A percent between a CPU-only step and a device step is not a regression: exit 2, said on
+    stderr and in the report, which is still written with the diff for reading."""
+    out = tmp_path / "r.json"
+    res = run_cli(current, "--baseline", request.getfixturevalue(baseline), "--format", "json", "--out", out)
+    assert res.returncode == 2, res.stderr
+    gate_lines = [line for line in res.stderr.splitlines() if line.startswith("advisor: gate: ")]
+    assert len(gate_lines) == 1 and "not comparable" in gate_lines[0] and said in gate_lines[0]
+    assert "step time +" not in res.stderr  # no regression verdict either way
+    data = json.loads(out.read_text())
+    validate_report(data)
+    diff = data["baseline_diff"]
+    assert diff["comparable"] is False and diff["regressed"] is False and diff["mismatch"] == [said]
+    assert diff["regression_pct"] is not None  # shown, not judged
+    check = next(c for c in data["gate"]["checks"] if c["check"] == "baseline")
+    assert check["passed"] is False and check["comparable"] is False and said in check["note"]
+    assert data["gate"]["status"] == "failed"
+
+
+def test_another_source_is_said_and_judged(tmp_path: Path, two_ranks_json: Path) -> None:
+    """Ascend (torch_npu) against Kineto (CUDA): both have device events; the step is compared and
+    the difference of source said."""
+    out = tmp_path / "r.json"
+    res = run_cli(ASCEND, "--baseline", two_ranks_json, "--format", "json", "--out", out)
+    assert res.returncode in (0, 1), res.stderr
+    assert "another source: baseline kineto, current ascend" in res.stderr
+    data = json.loads(out.read_text())
+    validate_report(data)
+    diff = data["baseline_diff"]
+    assert diff["comparable"] is True and diff["mismatch"] == ["another source: baseline kineto, current ascend"]
+    assert diff["regressed"] == (res.returncode == 1)
+
+
+def _kind(rows: list[dict], **profile: object) -> dict:
+    rep = _report(rows)
+    rep["profile"].update(profile)
+    return rep
+
+
+def test_kind_mismatch_world_size_and_exit_codes() -> None:
+    from advisor.gate import kind_mismatch
+
+    base = _kind(_rows(0, 100.0), world_size=8, sources=["kineto"], cpu_only=False)
+
+    assert kind_mismatch(_kind([], world_size=16), base) == ([], ["another world size: baseline 8, current 16"])
+    assert kind_mismatch(_kind([], world_size=None), base) == ([], [])  # unknown: not compared
+    assert kind_mismatch(_kind([], sources=["ascend_ms"]), _kind([], sources=["ascend_pt"])) == ([], [])
+    assert kind_mismatch(_kind([], cpu_only=True), base)[0]
+    d = baseline_diff(_kind(_rows(0, 150.0), world_size=16), base, 10.0)
+    assert d["comparable"] and d["regressed"] and "another world size" in d["notes"][0]
+    d = baseline_diff(_kind(_rows(0, 150.0), cpu_only=True), base, 10.0)
+    assert not d["comparable"] and not d["regressed"] and d["regression_pct"] == pytest.approx(50.0)
+
+
+def test_an_incomparable_baseline_is_exit_2_even_when_a_budget_fails(tmp_path: Path) -> None:
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(_kind(_rows(0, 100.0), cpu_only=False, world_size=8)))
+    res = evaluate(_kind(_rows(0, 150.0), cpu_only=True), baseline=base, budgets={"step_ms": 0.1})
+    assert res.exit_code == 2 and len(res.messages) == 2 and "not comparable" in res.messages[0]
+    other = evaluate(_kind(_rows(0, 150.0), cpu_only=False, world_size=16), baseline=base, budgets={"step_ms": 0.1})
+    assert other.exit_code == 1  # comparable: the +50 % step fails, and the budget
+    assert "another world size: baseline 8, current 16" in other.messages[0]
+    assert other.messages[1].startswith("step time +50.0%")

@@ -64,8 +64,8 @@ def test_stages_beside_the_rules_give_the_report_of_stages_before_them() -> None
     from advisor.analyze import analyze, analyze_context, build_context
     from tests.conftest import SAMPLES, TRACES
 
-    for path in (SAMPLES / "kineto_two_ranks", TRACES / "cpu_slow_dataloader"):
-        for focus in ({}, {"rank": 1, "step": 99}):
+    for path, rank, step in ((SAMPLES / "kineto_two_ranks", 1, 552), (TRACES / "cpu_slow_dataloader", 0, 3)):
+        for focus in ({}, {"rank": rank, "step": step}):
             beside = analyze(path, **focus)
             ctx = build_context(path, **focus)
             assert ctx._stages is None and ctx.breakdown is not None
