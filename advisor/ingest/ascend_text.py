@@ -247,6 +247,7 @@ def _traces_from_stage(
               FROM b)
         SELECT *, {_KIND_SQL} AS kind, (layer = 'hccl' AND has_op_lanes AND NOT op_lane) AS is_task FROM c"""
     )
+    _comm_streams(cur, xe)
     # -- flows: bind 'f' to the event starting at its ts on its thread, 's' to the innermost
     # event enclosing its ts (format doc §5.9); pair them by (cat, id) within a file.
     cur.execute(
@@ -419,6 +420,30 @@ def _traces_from_stage(
             {int(m.group(1)) for lab in labels if (m := re.match(r"NPU\s+(\d+)", lab or ""))}
         )
     return stats
+
+
+_HW_STREAM_SQL = "TRY_CAST(coalesce(stream_id, phys_stream_id, lc_stream_id, regexp_extract(tname, 'Stream\\s+(\\d+)', 1)) AS BIGINT)"
+
+
+def _comm_streams(cur: Any, xe: str) -> None:
+    """Device tasks on a stream that carries HCCL's tasks are communication.
+
+    HCCL runs its operators on streams of their own; the HCCL task lanes name that stream
+    (``stream id``), and a task typed HCCL marks its stream too. Every other computing-looking
+    task there (``SDMA``, ``Write Value``, an AI Vector reduce) is a step of a collective, not
+    computation. Synchronisation tasks (event record / wait) keep their kind.
+    """
+    cur.execute(
+        f"""UPDATE {xe} SET kind = 'comm'
+        WHERE layer = 'hw' AND kind IN ('kernel', 'memcpy', 'memset')
+          AND (fno, {_HW_STREAM_SQL}) IN (
+              SELECT DISTINCT fno, TRY_CAST(lc_stream_id AS BIGINT) FROM {xe}
+              WHERE layer = 'hccl' AND TRY_CAST(lc_stream_id AS BIGINT) IS NOT NULL
+              UNION
+              SELECT DISTINCT fno, {_HW_STREAM_SQL} FROM {xe}
+              WHERE layer = 'hw' AND upper(coalesce(task_type, '')) IN ('HCCL', 'HCCL_AI_CPU', 'COMMUNICATION')
+                AND {_HW_STREAM_SQL} IS NOT NULL)"""
+    )
 
 
 def _bind_starts(cur: Any, xe: str, fl: str, sb: str, p: str) -> None:
