@@ -121,6 +121,7 @@ def _run_stages(ctx: AnalysisContext, rank: int | None, step: int | None,
     bd = breakdown_stage.compute(ctx.con)
     breakdown_stage.store(ctx.con, bd)
     ctx.breakdown = bd
+    ctx.warnings.extend(Warning_(code, msg) for code, msg in breakdown_stage.vendor_check(ctx.con, bd))
     if rank is not None and rank not in ctx.ranks:
         ctx.warnings.append(Warning_("focus", f"--rank {rank} is not in this profile (ranks: {_short(ctx.ranks)})"))
         rank = None

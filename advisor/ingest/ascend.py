@@ -647,6 +647,13 @@ def _load_batch(units: list[Unit], lctx: LoadContext, cur: Any) -> list[dict[str
         if not st.loaded:
             out.append(ParseError(st.unit.root, "no file of this Ascend export could be read", code="bad_export"))
             continue
+        failed = _failed_device_sources(st, lctx)
+        if failed:
+            # the side tables alone (step table, communication summary) would pass for a CPU-only profile
+            out.append(ParseError(st.unit.root, f"no device data could be read: {failed}", code="bad_export"))
+            if lctx.units_of_rank(st.unit.rank) <= 1:
+                _drop_rank_rows(cur, st.unit.rank)
+            continue
         _missing_inputs_warnings(st.unit, lctx, st.info)
         info = st.info
         if info.get("comm_in_trace") or info.get("has_comm") or (st.unit.world_size or 0) > 1:
@@ -661,6 +668,32 @@ def _load_batch(units: list[Unit], lctx: LoadContext, cur: Any) -> list[dict[str
             }
         )
     return out
+
+
+def _drop_rank_rows(cur: Any, rank: int) -> None:
+    """Remove what the side files of a skipped rank left in the canonical tables (communication,
+    vendor step figures): without its device data the rank is not analysed at all."""
+    from advisor.schema import TABLES
+
+    for name, table in TABLES.items():
+        if name not in ("events", "profile_files", "ranks", "meta") and "rank" in table.column_names:
+            with contextlib.suppress(Exception):
+                cur.execute(f"DELETE FROM {name} WHERE rank = ?", [rank])
+
+
+def _failed_device_sources(st: _State, lctx: LoadContext) -> str | None:
+    """When an export has device sources (timeline, kernel table, profiler database) and none of
+    them loaded: each file with its problem, for a one-line error; else None."""
+    if st.info.get("form") == "db":
+        paths = st.roles.get("db", [])[:1]
+        ok = any(p.name in st.loaded for p in paths)
+    else:
+        paths = [p for role in ("trace", "kernels") if (p := st.first(role)) is not None]
+        ok = bool({"trace", "kernels"} & st.loaded)
+    if not paths or ok:
+        return None
+    problems = {w.path: w.message for w in list(getattr(lctx, "_warnings", [])) if w.path}
+    return "; ".join(f"{p}: {problems.get(str(p), 'not read')}" for p in paths)
 
 
 def _configure(st: _State, lctx: LoadContext, cur: Any) -> None:

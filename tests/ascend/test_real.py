@@ -1,0 +1,196 @@
+"""Real torch_npu exports (tests/data/ascend_real, see its README): the breakdown agrees with the
+vendor's own step table in both export forms.
+
+The vendor figures are read here with ``csv`` / ``sqlite3``, independently of the advisor.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from tests.conftest import report_json
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "ascend_real"
+TEXT = DATA / "ascend_pt_resnet_ddp_l1_text"
+DB = DATA / "ascend_pt_resnet_ddp_l1_db"
+UINT32_MAX = 4294967295
+
+
+def _rank(export: Path) -> int:
+    info = next(export.glob("profiler_info_*.json"))
+    return int(json.loads(info.read_text())["rank_id"])
+
+
+def _ro(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+
+
+def vendor_steps(root: Path) -> dict[tuple[int, int], dict[str, float]]:
+    """(rank, step) -> the vendor's Computing / Communication(Not Overlapped) / Overlapped / Stage, µs."""
+    out: dict[tuple[int, int], dict[str, float]] = {}
+    for export in sorted(root.glob("*_ascend_pt")):
+        rank = _rank(export)
+        out_dir = export / "ASCEND_PROFILER_OUTPUT"
+        if (out_dir / "step_trace_time.csv").exists():
+            with (out_dir / "step_trace_time.csv").open(newline="") as fh:
+                rows = [
+                    (r["Step"], r["Computing"], r["Communication(Not Overlapped)"], r["Overlapped"], r["Stage"])
+                    for r in csv.DictReader(fh)
+                ]
+        else:
+            con = _ro(out_dir / "analysis.db")
+            rows = con.execute(
+                "SELECT step, computing, communication_not_overlapped, overlapped, stage FROM StepTraceTime"
+            ).fetchall()
+            con.close()
+        for step, computing, cno, ov, stage in rows:
+            out[(rank, int(step))] = {
+                "computing": float(computing),
+                "cno": float(cno),
+                "overlapped": float(ov),
+                "stage": float(stage),
+            }
+    return out
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[str, dict[str, Any]]:
+    from advisor.analyze import analyze
+
+    return {form: report_json(analyze(root)) for form, root in (("text", TEXT), ("db", DB))}
+
+
+@pytest.mark.parametrize("form", ["text", "db"])
+def test_breakdown_agrees_with_vendor_step_table(form: str, reports: dict[str, dict[str, Any]]) -> None:
+    root = TEXT if form == "text" else DB
+    vendor = vendor_steps(root)
+    assert set(vendor) == {(0, 50), (1, 50)}
+    bd = {(b["rank"], b["step"]): b for b in reports[form]["breakdown"]}
+    assert set(bd) == set(vendor)  # both ranks read (a .db rank used to be dropped whole)
+    for key, v in vendor.items():
+        b = bd[key]
+        tol = 0.02 * v["stage"]
+        assert abs(b["compute_only_us"] + b["overlapped_us"] - v["computing"]) <= tol, (key, b, v)
+        assert abs(b["comm_only_us"] - v["cno"]) <= tol, (key, b, v)
+        assert abs(b["overlapped_us"] - v["overlapped"]) <= tol, (key, b, v)
+    codes = {w["code"] for w in reports[form]["warnings"]}
+    assert not codes & {"vendor_mismatch", "vendor_steps_unmatched", "cpu_only", "bad_file", "bad_db"}
+
+
+def test_text_hccl_stream_tasks_are_communication() -> None:
+    """SDMA and Write Value run on the stream HCCL's tasks name: communication, not computation.
+    Computation is then the AI Core / AI Vector kernels alone, which the vendor counts as Computing."""
+    from advisor.ingest import load_profile
+    from advisor.stages import breakdown
+
+    ctx = load_profile(TEXT)
+    kinds = ctx.con.execute(
+        "SELECT DISTINCT kind::VARCHAR FROM events WHERE device AND name IN ('SDMA', 'Write Value')"
+    ).fetchall()
+    assert kinds == [("comm",)]
+    bd = breakdown.compute(ctx.con)
+    vendor = vendor_steps(TEXT)
+    for r in bd.itertuples():
+        # kernels only (no memcpy): within 0.1 % of the vendor's Computing
+        assert abs(r.kernel_us - vendor[(r.rank, r.step)]["computing"]) <= 0.001 * vendor[(r.rank, r.step)]["computing"]
+
+
+def test_db_not_applicable_ids_read_as_null() -> None:
+    """4294967295 in COMMUNICATION_TASK_INFO means 'not applicable': the row is kept, the id is NULL."""
+    from advisor.ingest import load_profile
+
+    expected = {}
+    for export in sorted(DB.glob("*_ascend_pt")):
+        con = _ro(next((export / "ASCEND_PROFILER_OUTPUT").glob("ascend_pytorch_profiler_*.db")))
+        n, n_dst = con.execute(
+            "SELECT count(*), sum(dstRank = ?) FROM COMMUNICATION_TASK_INFO h JOIN TASK t USING (globalTaskId)",
+            [UINT32_MAX],
+        ).fetchone()
+        con.close()
+        expected[_rank(export)] = (n, n_dst)
+    assert all(n_dst > 0 for _, n_dst in expected.values())  # the data has them
+    ctx = load_profile(DB)
+    got = {
+        r: (n, n_null)
+        for r, n, n_null in ctx.con.execute(
+            "SELECT rank, count(*), count(*) FILTER (WHERE dst_rank IS NULL) FROM comm_tasks GROUP BY rank"
+        ).fetchall()
+    }
+    assert got == expected
+    assert not [w for w in ctx.warnings if w.code in ("bad_file", "bad_db")]
+
+
+def _corrupt(db: Path) -> None:
+    raw = db.read_bytes()
+    db.write_bytes(raw[:100] + b"\x00" * 4096 + raw[4196:])  # pages after the header overwritten
+
+
+def test_every_device_source_failing_is_an_input_error(tmp_path: Path) -> None:
+    root = tmp_path / "prof"
+    shutil.copytree(DB, root)
+    dbs = sorted(root.glob("*/ASCEND_PROFILER_OUTPUT/ascend_pytorch_profiler_*.db"))
+    for db in dbs:
+        _corrupt(db)
+    p = subprocess.run(
+        [sys.executable, "-m", "advisor.cli", "analyze", str(root), "--format", "json", "--out", str(tmp_path / "r.json")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in p.stderr
+    assert last.startswith("advisor: ") and "ascend_pytorch_profiler_" in last and "SQLite" in last
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_one_rank_without_device_data_is_skipped(tmp_path: Path) -> None:
+    """The other rank is still analysed; the skipped rank leaves nothing behind (its analysis.db read fine)."""
+    from advisor.ingest import load_profile
+
+    root = tmp_path / "prof"
+    shutil.copytree(DB, root)
+    bad = next(root.glob("rank0_ascend_pt/ASCEND_PROFILER_OUTPUT/ascend_pytorch_profiler_*.db"))
+    _corrupt(bad)
+    ctx = load_profile(root)
+    assert ctx.ranks == [1]
+    assert any(w.code == "bad_export" and str(bad) in w.message for w in ctx.warnings)
+    for table in ("vendor_steps", "comm_ops", "comm_matrix"):
+        assert ctx.con.execute(f"SELECT count(*) FROM {table} WHERE rank = 0").fetchone()[0] == 0
+
+
+def test_vendor_check_names_both_figures_and_unmatched_steps() -> None:
+    import duckdb
+
+    from advisor.schema import create_all
+    from advisor.stages import breakdown
+
+    con = duckdb.connect()
+    create_all(con)
+    # rank 0 step 3: Computing 10 ms, Communication(Not Overlapped) 20 ms, Overlapped 5 ms, Stage 100 ms
+    con.execute("INSERT INTO vendor_steps (rank, step, computing_ns, comm_not_overlapped_ns, overlapped_ns, free_ns, stage_ns) "
+                "VALUES (0, 3, 10000000, 20000000, 5000000, 70000000, 100000000), "
+                "(0, 9, 1, 1, 1, 1, 100000000)")
+    df = pd.DataFrame([
+        # compute 13 ms (3 % of Stage off), comm_only 21 ms (1 %), overlapped 5 ms
+        {"rank": 0, "step": 3, "compute_only_us": 8000.0, "overlapped_us": 5000.0, "comm_only_us": 21000.0},
+        {"rank": 0, "step": 4, "compute_only_us": 1.0, "overlapped_us": 0.0, "comm_only_us": 0.0},
+    ])
+    out = breakdown.vendor_check(con, df)
+    mism = [m for c, m in out if c == "vendor_mismatch"]
+    assert len(mism) == 1 and "13000.0" in mism[0] and "10000.0" in mism[0] and "Computing" in mism[0]
+    unmatched = [m for c, m in out if c == "vendor_steps_unmatched"]
+    assert len(unmatched) == 1 and "9" in unmatched[0] and "3, 4" in unmatched[0]
+    # within 2 %: silent
+    df.loc[0, "compute_only_us"] = 6500.0  # 11.5 ms: 1.5 % of Stage
+    assert [c for c, _ in breakdown.vendor_check(con, df.iloc[:1])] == ["vendor_steps_unmatched"]
