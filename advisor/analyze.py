@@ -159,6 +159,8 @@ def _critical_path(ctx: AnalysisContext) -> dict[str, Any]:
     from advisor.stages import critical_path as cp_stage
 
     cp = cp_stage.compute(ctx.con, rank, step, int(win[0]), int(win[1]))
+    if cp.get("note"):
+        ctx.warnings.append(Warning_("critical_path_no_links", f"critical path (rank {rank}): {cp['note']}"))
     if cp["step"] == NO_STEP:
         cp["step"] = None
     return cp
