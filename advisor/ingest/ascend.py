@@ -166,7 +166,7 @@ def _role(p: Path, root: Path, in_layout: bool) -> str | None:
     name = p.name
     low = name.lower()
     rel = p.relative_to(root).parts if p.is_relative_to(root) else (name,)
-    under_prof = any(_PROF_DIR_RE.match(x) for x in rel[:-1])
+    under_prof = bool(_PROF_DIR_RE.match(root.name)) or any(_PROF_DIR_RE.match(x) for x in rel[:-1])
     if in_layout and _EXPORT_DIR_RE.search(root.name):
         # inside *_ascend_pt: the export root itself (info, metadata), ASCEND_PROFILER_OUTPUT,
         # and the device info of the raw CANN folder; FRAMEWORK/, logs/, PROF_* data are raw.
@@ -307,6 +307,13 @@ def _db_rank(p: Path) -> int | None:
         con.close()
 
 
+_RAW_PROF_HINT = (
+    "raw CANN profile (PROF_*) without exported data: nothing to read; export it with "
+    "`msprof --export=on --output=<this PROF_* folder>` (writes mindstudio_profiler_output/ and msprof_*.db), "
+    "or record with torch_npu.profiler (a *_ascend_pt export, experimental_config export_type text or db)"
+)
+
+
 def claim(files: list[Path], warn: Any) -> list[Unit]:
     """Group the Ascend files among ``files`` into one unit per rank export."""
     groups: dict[Path, dict[str, Any]] = {}
@@ -346,10 +353,13 @@ def claim(files: list[Path], warn: Any) -> list[Unit]:
         if not (g["in_layout"] or g["strong"]):
             continue
         if not any(r in DATA_ROLES for r in roles):
-            if g["in_layout"] and (roles.get("info") or roles.get("metadata")):
+            if _PROF_DIR_RE.match(root.name) and roles.get("device_info"):
+                warn("no_ascend_data", _RAW_PROF_HINT, root)
+            elif g["in_layout"] and (roles.get("info") or roles.get("metadata")):
                 warn(
                     "no_ascend_data",
-                    "Ascend export without ASCEND_PROFILER_OUTPUT data (parsing unfinished or failed?); skipped",
+                    "Ascend export without ASCEND_PROFILER_OUTPUT data (parsing unfinished or failed?); skipped; "
+                    "export it with torch_npu.profiler.profiler.analyse(profiler_path='<the folder holding it>')",
                     root,
                 )
             continue

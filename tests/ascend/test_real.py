@@ -63,27 +63,41 @@ def vendor_steps(root: Path) -> dict[tuple[int, int], dict[str, float]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def reports() -> dict[str, dict[str, Any]]:
-    from advisor.analyze import analyze
-
-    return {form: report_json(analyze(root)) for form, root in (("text", TEXT), ("db", DB))}
-
-
-@pytest.mark.parametrize("form", ["text", "db"])
-def test_breakdown_agrees_with_vendor_step_table(form: str, reports: dict[str, dict[str, Any]]) -> None:
-    root = TEXT if form == "text" else DB
-    vendor = vendor_steps(root)
-    assert set(vendor) == {(0, 50), (1, 50)}
-    bd = {(b["rank"], b["step"]): b for b in reports[form]["breakdown"]}
-    assert set(bd) == set(vendor)  # both ranks read (a .db rank used to be dropped whole)
+def _assert_agrees(bd: list[dict[str, Any]], vendor: dict[tuple[int, int], dict[str, float]]) -> None:
+    by_key = {(int(b["rank"]), int(b["step"])): b for b in bd}
+    assert set(by_key) == set(vendor)  # both ranks read (a .db rank used to be dropped whole)
     for key, v in vendor.items():
-        b = bd[key]
+        b = by_key[key]
         tol = 0.02 * v["stage"]
         assert abs(b["compute_only_us"] + b["overlapped_us"] - v["computing"]) <= tol, (key, b, v)
         assert abs(b["comm_only_us"] - v["cno"]) <= tol, (key, b, v)
         assert abs(b["overlapped_us"] - v["overlapped"]) <= tol, (key, b, v)
-    codes = {w["code"] for w in reports[form]["warnings"]}
+
+
+@pytest.mark.parametrize("form", ["text", "db"])
+def test_breakdown_agrees_with_vendor_step_table(form: str) -> None:
+    from advisor.ingest import load_profile
+    from advisor.stages import breakdown
+
+    root = TEXT if form == "text" else DB
+    vendor = vendor_steps(root)
+    assert set(vendor) == {(0, 50), (1, 50)}
+    ctx = load_profile(root)
+    assert not [w for w in ctx.warnings if w.code in ("bad_file", "bad_db", "bad_export")]
+    bd = breakdown.compute(ctx.con)
+    _assert_agrees(bd.to_dict("records"), vendor)
+    assert breakdown.vendor_check(ctx.con, bd) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["text", "db"])
+def test_report_agrees_with_vendor_step_table(form: str) -> None:
+    from advisor.analyze import analyze
+
+    root = TEXT if form == "text" else DB
+    data = report_json(analyze(root))
+    _assert_agrees(data["breakdown"], vendor_steps(root))
+    codes = {w["code"] for w in data["warnings"]}
     assert not codes & {"vendor_mismatch", "vendor_steps_unmatched", "cpu_only", "bad_file", "bad_db"}
 
 
@@ -194,3 +208,87 @@ def test_vendor_check_names_both_figures_and_unmatched_steps() -> None:
     # within 2 %: silent
     df.loc[0, "compute_only_us"] = 6500.0  # 11.5 ms: 1.5 % of Stage
     assert [c for c, _ in breakdown.vendor_check(con, df.iloc[:1])] == ["vendor_steps_unmatched"]
+
+
+def _level0(src: Path, dst: Path) -> None:
+    """A Level0 export of the same step: torch_npu drops the CANN layer and its flows at Level0
+    (format doc §2.5); here every flow event goes too, so no device task has a launch link."""
+    import gzip
+
+    shutil.copytree(src, dst)
+    tv = dst / "ASCEND_PROFILER_OUTPUT" / "trace_view.json.gz"
+    events = json.loads(gzip.decompress(tv.read_bytes()))
+    cann = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+            and e["args"].get("name") == "CANN"}
+    kept = [e for e in events if e.get("pid") not in cann and e.get("ph") not in ("s", "f", "t")]
+    tv.write_bytes(gzip.compress(json.dumps(kept).encode()))
+
+
+def test_level0_critical_path_follows_the_device(tmp_path: Path) -> None:
+    from advisor.analyze import analyze
+
+    src = TEXT / "rank0_ascend_pt"
+    _level0(src, tmp_path / "rank0_ascend_pt")
+    data = report_json(analyze(tmp_path / "rank0_ascend_pt"))
+    cp = data["critical_path"]
+    assert "launch links" in cp["note"]
+    assert any(w["code"] == "critical_path_no_links" for w in data["warnings"])
+    v = vendor_steps(TEXT)[(0, 50)]
+    # the communication the vendor finds overlapping nothing holds the device alone: a path that
+    # follows the device passes through it; no host call waiting on the device owns that time
+    assert cp["by_kind_us"]["communication"] >= 0.9 * v["cno"]
+    host = [o for o in cp["ops"] if o["kind"] == "host"]
+    assert max(o["total_us"] for o in host) < 0.1 * cp["length_us"]
+
+
+PROF = "PROF_000001_20250109071234567_ABCDEFGHIJ"  # stand-alone msprof folder name (format doc §2.3)
+
+
+def test_msprof_text_export_is_read(tmp_path: Path) -> None:
+    """msprof's mindstudio_profiler_output/msprof_<ts>.json is the trace_view format without the
+    framework events (format doc §18): built here from rank 0's timeline."""
+    import gzip
+
+    from advisor.ingest import load_profile
+    from advisor.stages import breakdown
+
+    out = tmp_path / PROF / "mindstudio_profiler_output"
+    out.mkdir(parents=True)
+    (tmp_path / PROF / "device_0").mkdir()
+    (tmp_path / PROF / "device_0" / "info.json.0").write_text('{"DeviceInfo": [{"id": 0}], "rank_id": -1}')
+    events = json.loads(gzip.decompress((TEXT / "rank0_ascend_pt/ASCEND_PROFILER_OUTPUT/trace_view.json.gz").read_bytes()))
+    framework = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+                 and e["args"].get("name") in ("Python", "Overlap Analysis")}
+    (out / "msprof_20250109071300.json").write_text(json.dumps([e for e in events if e.get("pid") not in framework]))
+    ctx = load_profile(tmp_path)
+    assert ctx.ranks == [0] and ctx.has_device
+    bd = breakdown.compute(ctx.con)
+    assert len(bd) == 1  # no step marker: the whole trace, which holds the one recorded step
+    v = vendor_steps(TEXT)[(0, 50)]
+    b = bd.iloc[0]
+    assert abs(b["compute_only_us"] + b["overlapped_us"] - v["computing"]) <= 0.02 * v["stage"]
+    assert abs(b["comm_only_us"] - v["cno"]) <= 0.02 * v["stage"]
+
+
+def test_msprof_db_is_read(tmp_path: Path) -> None:
+    """PROF_*/msprof_<ts>.db is CANN's unified db (format doc §18); the torch_npu db is that db plus
+    the framework's tables, so a copy of it stands in for one."""
+    from advisor.ingest import load_profile
+
+    (tmp_path / PROF).mkdir()
+    shutil.copy(DB / "rank0_ascend_pt/ASCEND_PROFILER_OUTPUT/ascend_pytorch_profiler_0.db",
+                tmp_path / PROF / "msprof_20250109071300.db")
+    ctx = load_profile(tmp_path)
+    assert ctx.ranks == [0] and ctx.has_device
+
+
+def test_raw_msprof_folder_is_refused_with_what_to_export(tmp_path: Path) -> None:
+    prof = tmp_path / PROF
+    (prof / "device_0" / "data").mkdir(parents=True)
+    (prof / "device_0" / "info.json.0").write_text('{"DeviceInfo": [{"id": 0}], "rank_id": -1}')
+    (prof / "device_0" / "data" / "aicore.data.0.slice_0").write_bytes(b"\x5a\x00" * 64)
+    p = subprocess.run([sys.executable, "-m", "advisor.cli", "analyze", str(tmp_path)],
+                       capture_output=True, text=True, check=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and PROF in lines[0] and "msprof --export=on" in lines[0] and "_ascend_pt" in lines[0]
