@@ -268,6 +268,7 @@ def load_profiler_db(
         f"{p}_ops",
         f"{p}_ct",
         f"{p}_host",
+        f"{p}_cw",
     ]
     try:
         if not (db.has("TASK") or db.has("PYTORCH_API") or db.has("CANN_API")):
@@ -462,7 +463,16 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
             )
             if isinstance(r[0], int)
         ]
+    # ... while a communication operator runs (a stream shared with computation keeps its kernels:
+    # it runs one task at a time, so none of them falls inside a collective)
+    cw = f"{p}_cw"
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE {cw} (s BIGINT, e BIGINT)")
+    if comm_streams and db.has("COMMUNICATION_OP"):
+        o = partial(_ci, db, "COMMUNICATION_OP", "")
+        _insert_chunks(cur, db, f"SELECT {o('startNs')}, {o('endNs')} FROM COMMUNICATION_OP",
+                       [("s", _I64), ("e", _I64)], f"INSERT INTO {cw} SELECT * FROM _chunk WHERE s IS NOT NULL", {}, "_chunk")
     kind = f"""CASE WHEN list_contains($cs, k.dev * 4294967296 + k.stream) AND ({kind}) IN ('kernel', 'memcpy', 'memset')
+                    AND EXISTS (SELECT 1 FROM {cw} w WHERE k.start >= w.s AND k.start < w.e)
                THEN 'comm' ELSE {kind} END"""
     corr = "NULLIF(k.conn, 4294967295)" if has_cann else "x.ext"
     cur.execute(

@@ -426,23 +426,33 @@ _HW_STREAM_SQL = "TRY_CAST(coalesce(stream_id, phys_stream_id, lc_stream_id, reg
 
 
 def _comm_streams(cur: Any, xe: str) -> None:
-    """Device tasks on a stream that carries HCCL's tasks are communication.
+    """Device tasks of a collective are communication, whatever their task type.
 
-    HCCL runs its operators on streams of their own; the HCCL task lanes name that stream
-    (``stream id``), and a task typed HCCL marks its stream too. Every other computing-looking
-    task there (``SDMA``, ``Write Value``, an AI Vector reduce) is a step of a collective, not
-    computation. Synchronisation tasks (event record / wait) keep their kind.
+    HCCL runs a collective's tasks on the streams its task lanes name (``stream id``; a task
+    typed HCCL marks its stream too). A computing-looking task there (``SDMA``, ``Write Value``,
+    an AI Vector reduce) that runs while a communication operator of the same export runs is a
+    step of that collective, not computation. A stream shared with computation keeps its kernels:
+    a stream runs one task at a time, so none of them falls inside a collective. Synchronisation
+    tasks (event record / wait) keep their kind.
     """
     cur.execute(
         f"""UPDATE {xe} SET kind = 'comm'
-        WHERE layer = 'hw' AND kind IN ('kernel', 'memcpy', 'memset')
-          AND (fno, {_HW_STREAM_SQL}) IN (
-              SELECT DISTINCT fno, TRY_CAST(lc_stream_id AS BIGINT) FROM {xe}
-              WHERE layer = 'hccl' AND TRY_CAST(lc_stream_id AS BIGINT) IS NOT NULL
-              UNION
-              SELECT DISTINCT fno, {_HW_STREAM_SQL} FROM {xe}
-              WHERE layer = 'hw' AND upper(coalesce(task_type, '')) IN ('HCCL', 'HCCL_AI_CPU', 'COMMUNICATION')
-                AND {_HW_STREAM_SQL} IS NOT NULL)"""
+        WHERE rid IN (
+            WITH streams AS (
+                SELECT DISTINCT fno, TRY_CAST(lc_stream_id AS BIGINT) AS s FROM {xe}
+                WHERE layer = 'hccl' AND TRY_CAST(lc_stream_id AS BIGINT) IS NOT NULL
+                UNION
+                SELECT DISTINCT fno, {_HW_STREAM_SQL} FROM {xe}
+                WHERE layer = 'hw' AND upper(coalesce(task_type, '')) IN ('HCCL', 'HCCL_AI_CPU', 'COMMUNICATION')
+                  AND {_HW_STREAM_SQL} IS NOT NULL
+            ),
+            cand AS (
+                SELECT rid, fno, ts_ns FROM {xe}
+                WHERE layer = 'hw' AND kind IN ('kernel', 'memcpy', 'memset') AND (fno, {_HW_STREAM_SQL}) IN (FROM streams)
+            ),
+            ops AS (SELECT fno, ts_ns AS s, ts_ns + dur_ns AS e FROM {xe} WHERE layer = 'hccl' AND NOT is_task)
+            SELECT DISTINCT c.rid FROM cand c JOIN ops o ON o.fno = c.fno AND c.ts_ns >= o.s AND c.ts_ns < o.e
+        )"""
     )
 
 

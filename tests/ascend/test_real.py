@@ -292,3 +292,35 @@ def test_raw_msprof_folder_is_refused_with_what_to_export(tmp_path: Path) -> Non
     assert p.returncode == 2 and "Traceback" not in p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and PROF in lines[0] and "msprof --export=on" in lines[0] and "_ascend_pt" in lines[0]
+
+
+def test_db_computing_task_inside_a_collective_on_its_stream_is_communication(tmp_path: Path) -> None:
+    """Two copies of a compute task moved onto the HCCL stream: the one inside a communication
+    operator's window is a step of that collective, the one outside stays a kernel."""
+    from advisor.ingest import load_profile
+
+    shutil.copytree(DB / "rank0_ascend_pt", tmp_path / "rank0_ascend_pt")
+    path = next((tmp_path / "rank0_ascend_pt" / "ASCEND_PROFILER_OUTPUT").glob("ascend_pytorch_profiler_*.db"))
+    con = sqlite3.connect(path)
+    (stream,) = con.execute(
+        "SELECT DISTINCT t.streamId FROM TASK t JOIN COMMUNICATION_TASK_INFO h USING (globalTaskId)").fetchone()
+    op_start, op_end = con.execute("SELECT startNs, endNs FROM COMMUNICATION_OP ORDER BY startNs LIMIT 1").fetchone()
+    first_op = con.execute("SELECT min(startNs) FROM COMMUNICATION_OP").fetchone()[0]
+    gid = con.execute("SELECT globalTaskId FROM COMPUTE_TASK_INFO LIMIT 1").fetchone()[0]
+    top = con.execute("SELECT max(globalTaskId) FROM TASK").fetchone()[0]
+    cols = [d[1] for d in con.execute("PRAGMA table_info(TASK)")]
+    ccols = [d[1] for d in con.execute("PRAGMA table_info(COMPUTE_TASK_INFO)")]
+    for new, start in ((top + 1, (op_start + op_end) // 2), (top + 2, first_op - 10_000_000)):
+        sel = ", ".join({"globalTaskId": str(new), "streamId": str(stream), "startNs": str(start),
+                         "endNs": str(start + 1000)}.get(c, c) for c in cols)
+        con.execute(f"INSERT INTO TASK ({', '.join(cols)}) SELECT {sel} FROM TASK WHERE globalTaskId = ?", [gid])
+        csel = ", ".join(str(new) if c == "globalTaskId" else c for c in ccols)
+        con.execute(f"INSERT INTO COMPUTE_TASK_INFO ({', '.join(ccols)}) SELECT {csel} FROM COMPUTE_TASK_INFO "
+                    "WHERE globalTaskId = ?", [gid])
+    con.commit()
+    con.close()
+    ctx = load_profile(tmp_path / "rank0_ascend_pt")
+    got = dict(ctx.con.execute(
+        "SELECT start_ns, kind::VARCHAR FROM events WHERE device AND stream = ? AND start_ns IN (?, ?)",
+        [stream, (op_start + op_end) // 2, first_op - 10_000_000]).fetchall())
+    assert got == {(op_start + op_end) // 2: "comm", first_op - 10_000_000: "kernel"}
