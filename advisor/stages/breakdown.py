@@ -368,7 +368,7 @@ def vendor_check(con: Any, df: pd.DataFrame | None) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     unmatched: dict[int, tuple[list[int], list[int]]] = {}
     for rank, step, computing, cno, ov, stage, form in rows:
-        table = "StepTraceTime" if form == "db" else "step_trace_time.csv"
+        table = "analysis.db StepTraceTime" if form == "db" else "step_trace_time.csv"
         b = ours.get((int(rank), int(step)))
         if b is None and not any(rk == rank for rk, _ in ours):
             continue  # a rank without any breakdown is reported where it was skipped
