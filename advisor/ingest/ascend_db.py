@@ -449,9 +449,7 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
                WHEN upper(coalesce(st.value, '')) LIKE '%MEMSET%' THEN 'memset'
                WHEN upper(coalesce(st.value, '')) LIKE 'KERNEL%' OR upper(coalesce(st.value, '')) LIKE 'FFTS%' THEN 'kernel'
                ELSE 'other' END"""
-    # corr: the CANN connection id the task shares with the launch API; without CANN_API rows
-    # (Level0) the launching torch op's id instead. ext_id: the torch op's id (format doc §17.1).
-    # HCCL runs on streams of its own: a computing-looking task there is a step of a collective
+    # a computing-looking task on a stream HCCL uses is a step of a collective ...
     comm_streams: list[int] = []
     if db.has("COMMUNICATION_TASK_INFO"):
         comm_streams = [
@@ -474,6 +472,8 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
     kind = f"""CASE WHEN list_contains($cs, k.dev * 4294967296 + k.stream) AND ({kind}) IN ('kernel', 'memcpy', 'memset')
                     AND EXISTS (SELECT 1 FROM {cw} w WHERE k.start >= w.s AND k.start < w.e)
                THEN 'comm' ELSE {kind} END"""
+    # corr: the CANN connection id the task shares with the launch API; without CANN_API rows
+    # (Level0) the launching torch op's id instead. ext_id: the torch op's id (format doc §17.1).
     corr = "NULLIF(k.conn, 4294967295)" if has_cann else "x.ext"
     cur.execute(
         f"""INSERT INTO {EVENTS_INSERT}
