@@ -177,6 +177,7 @@ def _run_stages(ctx: AnalysisContext, rank: int | None, step: int | None,
     bd = breakdown_stage.compute(ctx.con)
     breakdown_stage.store(ctx.con, bd)
     ctx.breakdown = bd
+    ctx.warnings.extend(Warning_(code, msg) for code, msg in breakdown_stage.vendor_check(ctx.con, bd))
     ctx.focus_rank, ctx.focus_step = choose_focus(ctx, rank, step)
     if progress:
         progress("critical path", 0, 1)
@@ -203,6 +204,8 @@ def _critical_path(ctx: AnalysisContext) -> dict[str, Any]:
     from advisor.stages import critical_path as cp_stage
 
     cp = cp_stage.compute(ctx.con, rank, step, int(win[0]), int(win[1]))
+    if cp.get("note"):
+        ctx.warnings.append(Warning_("critical_path_no_links", f"critical path (rank {rank}): {cp['note']}"))
     if cp["step"] == NO_STEP:
         cp["step"] = None
     return cp

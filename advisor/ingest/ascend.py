@@ -166,7 +166,7 @@ def _role(p: Path, root: Path, in_layout: bool) -> str | None:
     name = p.name
     low = name.lower()
     rel = p.relative_to(root).parts if p.is_relative_to(root) else (name,)
-    under_prof = any(_PROF_DIR_RE.match(x) for x in rel[:-1])
+    under_prof = bool(_PROF_DIR_RE.match(root.name)) or any(_PROF_DIR_RE.match(x) for x in rel[:-1])
     if in_layout and _EXPORT_DIR_RE.search(root.name):
         # inside *_ascend_pt: the export root itself (info, metadata), ASCEND_PROFILER_OUTPUT,
         # and the device info of the raw CANN folder; FRAMEWORK/, logs/, PROF_* data are raw.
@@ -307,6 +307,13 @@ def _db_rank(p: Path) -> int | None:
         con.close()
 
 
+_RAW_PROF_HINT = (
+    "raw CANN profile (PROF_*) without exported data: nothing to read; export it with "
+    "`msprof --export=on --output=<this PROF_* folder>` (writes mindstudio_profiler_output/ and msprof_*.db), "
+    "or record with torch_npu.profiler (a *_ascend_pt export, experimental_config export_type text or db)"
+)
+
+
 def claim(files: list[Path], warn: Any) -> list[Unit]:
     """Group the Ascend files among ``files`` into one unit per rank export."""
     groups: dict[Path, dict[str, Any]] = {}
@@ -346,10 +353,13 @@ def claim(files: list[Path], warn: Any) -> list[Unit]:
         if not (g["in_layout"] or g["strong"]):
             continue
         if not any(r in DATA_ROLES for r in roles):
-            if g["in_layout"] and (roles.get("info") or roles.get("metadata")):
+            if _PROF_DIR_RE.match(root.name) and roles.get("device_info"):
+                warn("no_ascend_data", _RAW_PROF_HINT, root)
+            elif g["in_layout"] and (roles.get("info") or roles.get("metadata")):
                 warn(
                     "no_ascend_data",
-                    "Ascend export without ASCEND_PROFILER_OUTPUT data (parsing unfinished or failed?); skipped",
+                    "Ascend export without ASCEND_PROFILER_OUTPUT data (parsing unfinished or failed?); skipped; "
+                    "export it with torch_npu.profiler.profiler.analyse(profiler_path='<the folder holding it>')",
                     root,
                 )
             continue
@@ -647,6 +657,13 @@ def _load_batch(units: list[Unit], lctx: LoadContext, cur: Any) -> list[dict[str
         if not st.loaded:
             out.append(ParseError(st.unit.root, "no file of this Ascend export could be read", code="bad_export"))
             continue
+        failed = _failed_device_sources(st, lctx)
+        if failed:
+            # the side tables alone (step table, communication summary) would pass for a CPU-only profile
+            out.append(ParseError(st.unit.root, f"no device data could be read: {failed}", code="bad_export"))
+            if lctx.units_of_rank(st.unit.rank) <= 1:
+                _drop_rank_rows(cur, st.unit.rank)
+            continue
         _missing_inputs_warnings(st.unit, lctx, st.info)
         info = st.info
         if info.get("comm_in_trace") or info.get("has_comm") or (st.unit.world_size or 0) > 1:
@@ -661,6 +678,32 @@ def _load_batch(units: list[Unit], lctx: LoadContext, cur: Any) -> list[dict[str
             }
         )
     return out
+
+
+def _drop_rank_rows(cur: Any, rank: int) -> None:
+    """Remove what the side files of a skipped rank left in the canonical tables (communication,
+    vendor step figures): without its device data the rank is not analysed at all."""
+    from advisor.schema import TABLES
+
+    for name, table in TABLES.items():
+        if name not in ("events", "profile_files", "ranks", "meta") and "rank" in table.column_names:
+            with contextlib.suppress(Exception):
+                cur.execute(f"DELETE FROM {name} WHERE rank = ?", [rank])
+
+
+def _failed_device_sources(st: _State, lctx: LoadContext) -> str | None:
+    """When an export has device sources (timeline, kernel table, profiler database) and none of
+    them loaded: each file with its problem, for a one-line error; else None."""
+    if st.info.get("form") == "db":
+        paths = st.roles.get("db", [])[:1]
+        ok = any(p.name in st.loaded for p in paths)
+    else:
+        paths = [p for role in ("trace", "kernels") if (p := st.first(role)) is not None]
+        ok = bool({"trace", "kernels"} & st.loaded)
+    if not paths or ok:
+        return None
+    problems = {w.path: w.message for w in list(getattr(lctx, "_warnings", [])) if w.path}
+    return "; ".join(f"{p}: {problems.get(str(p), 'not read')}" for p in paths)
 
 
 def _configure(st: _State, lctx: LoadContext, cur: Any) -> None:

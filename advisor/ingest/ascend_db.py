@@ -131,6 +131,12 @@ def _ci(db: Db, table: str, alias: str, *names: str, cast: str = "INTEGER") -> s
     return "NULL" if c == "NULL" else f"CAST({alias + '.' if alias else ''}{c} AS {cast})"
 
 
+def _int32(col: str) -> str:
+    """SQL: an id column as INTEGER, NULL where the export writes a sentinel (UINT32 max, "not applicable")
+    or any value outside INTEGER's range, so one such value never fails the whole statement."""
+    return f"CASE WHEN {col} BETWEEN -2147483648 AND 2147483647 AND {col} <> 4294967295 THEN {col}::INTEGER END"
+
+
 def _coerce(v: Any, typ: pa.DataType) -> Any:
     """Slow path for a column whose values do not fit its type (corrupt or odd databases)."""
     if v is None:
@@ -146,6 +152,13 @@ def _coerce(v: Any, typ: pa.DataType) -> Any:
         return None
 
 
+def _settle(cur: Any) -> None:
+    """Finish a result still open on ``cur``: DuckDB refuses ``register`` while one is pending."""
+    complete = getattr(cur, "complete", None)
+    if complete is not None:
+        complete()
+
+
 def _insert_chunks(
     cur: Any,
     db: Db,
@@ -158,6 +171,7 @@ def _insert_chunks(
     """Stream ``sql`` from SQLite and run ``insert_sql`` (which reads ``view``) once per chunk."""
     n = 0
     for tbl in db.chunks(sql, schema):
+        _settle(cur)
         cur.register(view, tbl)
         try:
             cur.execute(insert_sql, params)
@@ -254,6 +268,7 @@ def load_profiler_db(
         f"{p}_ops",
         f"{p}_ct",
         f"{p}_host",
+        f"{p}_cw",
     ]
     try:
         if not (db.has("TASK") or db.has("PYTORCH_API") or db.has("CANN_API")):
@@ -331,7 +346,7 @@ def _meta(cur: Any, db: Db, rank: int, sid: str, meta_rows: list[tuple[str, str]
         have = {k for k, _ in meta_rows}
         meta_rows.extend(r for r in rows if r[0] not in have)
         info.update({k: v for k, v in minfo.items() if k not in info})
-        if not cur.execute("SELECT count(*) FROM comm_groups WHERE rank = ?", [rank]).fetchone()[0]:
+        if not cur.execute("SELECT count(*) FROM comm_groups WHERE rank = ?", [rank]).fetchall()[0][0]:
             insert_groups(cur, rank, groups)  # profiler_metadata.json, when present, was loaded already
     if db.has("HOST_INFO"):
         for uid, name in db.con.execute(
@@ -434,6 +449,29 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
                WHEN upper(coalesce(st.value, '')) LIKE '%MEMSET%' THEN 'memset'
                WHEN upper(coalesce(st.value, '')) LIKE 'KERNEL%' OR upper(coalesce(st.value, '')) LIKE 'FFTS%' THEN 'kernel'
                ELSE 'other' END"""
+    # a computing-looking task on a stream HCCL uses is a step of a collective ...
+    comm_streams: list[int] = []
+    if db.has("COMMUNICATION_TASK_INFO"):
+        comm_streams = [
+            int(r[0])
+            for r in db.con.execute(
+                f"""SELECT DISTINCT CAST(t.{db.pick("TASK", "deviceId")} AS INTEGER) * 4294967296
+                                    + CAST(t.{db.pick("TASK", "streamId")} AS INTEGER)
+                    FROM TASK t JOIN COMMUNICATION_TASK_INFO h ON h.globalTaskId = t.globalTaskId"""
+            )
+            if isinstance(r[0], int)
+        ]
+    # ... while a communication operator runs (a stream shared with computation keeps its kernels:
+    # it runs one task at a time, so none of them falls inside a collective)
+    cw = f"{p}_cw"
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE {cw} (s BIGINT, e BIGINT)")
+    if comm_streams and db.has("COMMUNICATION_OP"):
+        o = partial(_ci, db, "COMMUNICATION_OP", "")
+        _insert_chunks(cur, db, f"SELECT {o('startNs')}, {o('endNs')} FROM COMMUNICATION_OP",
+                       [("s", _I64), ("e", _I64)], f"INSERT INTO {cw} SELECT * FROM _chunk WHERE s IS NOT NULL", {}, "_chunk")
+    kind = f"""CASE WHEN list_contains($cs, k.dev * 4294967296 + k.stream) AND ({kind}) IN ('kernel', 'memcpy', 'memset')
+                    AND EXISTS (SELECT 1 FROM {cw} w WHERE k.start >= w.s AND k.start < w.e)
+               THEN 'comm' ELSE {kind} END"""
     # corr: the CANN connection id the task shares with the launch API; without CANN_API rows
     # (Level0) the launching torch op's id instead. ext_id: the torch op's id (format doc §17.1).
     corr = "NULLIF(k.conn, 4294967295)" if has_cann else "x.ext"
@@ -447,16 +485,16 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
         LEFT JOIN {sid} sn ON sn.id = k.name LEFT JOIN {sid} st ON st.id = k.ttype LEFT JOIN {sid} sc ON sc.id = k.core
         LEFT JOIN {sid} si ON si.id = k.ish LEFT JOIN {sid} sd ON sd.id = k.idt
         WHERE k.start IS NOT NULL AND k.end_ IS NOT NULL""",
-        {"rank": rank, "fid": fid},
+        {"rank": rank, "fid": fid, "cs": comm_streams},
     )
-    n: int = cur.execute(f"SELECT count(*) FROM {ktask} WHERE start IS NOT NULL AND end_ IS NOT NULL").fetchone()[0]
+    n: int = cur.execute(f"SELECT count(*) FROM {ktask} WHERE start IS NOT NULL AND end_ IS NOT NULL").fetchall()[0][0]
     # wait before each task on its stream: the kernel_details 'Wait Time(us)' definition (gap since the previous task)
     cur.execute(
         f"""INSERT INTO kernels
         WITH w AS (SELECT *, greatest(start - lag(end_) OVER (PARTITION BY dev, stream ORDER BY start), 0) AS wait
                    FROM {ktask} WHERE start IS NOT NULL AND end_ IS NOT NULL)
         SELECT $rank, NULL, sn.value, so.value, upper(sc.value), k.start, greatest(k.end_ - k.start, 0), k.wait,
-               k.block::INTEGER, k.mix::INTEGER, si.value, sd.value, sf.value, s2.value, s3.value, s4.value,
+               {_int32("k.block")}, {_int32("k.mix")}, si.value, sd.value, sf.value, s2.value, s3.value, s4.value,
                NULL, NULL, pm.pmu, NULL
         FROM w k
         LEFT JOIN {sid} sn ON sn.id = k.name LEFT JOIN {sid} so ON so.id = k.optype LEFT JOIN {sid} sc ON sc.id = k.core
@@ -512,7 +550,7 @@ def _comm(
             WHERE o.start IS NOT NULL AND o.end_ IS NOT NULL""",
             {"rank": rank, "fid": fid},
         )
-        n = cur.execute(f"SELECT count(*) FROM {ops} WHERE start IS NOT NULL AND end_ IS NOT NULL").fetchone()[0]
+        n = cur.execute(f"SELECT count(*) FROM {ops} WHERE start IS NOT NULL AND end_ IS NOT NULL").fetchall()[0][0]
         # kernel_details.csv lists every HCCL operator as a task with core type HCCL (format doc §6.3): same here
         cur.execute(
             f"""INSERT INTO kernels (rank, step, name, op_type, core_type, start_ns, dur_ns, block_dim)
@@ -558,8 +596,8 @@ def _comm(
         )
         cur.execute(
             f"""INSERT INTO comm_tasks
-            SELECT $rank, NULL, so.value, sg.value, h.plane::INTEGER, coalesce(sn.value, ''), stt.value, h.start,
-                   greatest(h.end_ - h.start, 0), h.src::INTEGER, h.dst::INTEGER, tr.value, lk.value, coalesce(h.size, 0)
+            SELECT $rank, NULL, so.value, sg.value, {_int32("h.plane")}, coalesce(sn.value, ''), stt.value, h.start,
+                   greatest(h.end_ - h.start, 0), {_int32("h.src")}, {_int32("h.dst")}, tr.value, lk.value, coalesce(h.size, 0)
             FROM {ct} h LEFT JOIN {ops} o ON o.op_id = h.op_id
             LEFT JOIN {sid} so ON so.id = o.name LEFT JOIN {sid} sg ON sg.id = h.grp LEFT JOIN {sid} sn ON sn.id = h.name
             LEFT JOIN {sid} stt ON stt.id = h.ttype LEFT JOIN {trans_t} tr ON tr.id = h.transport LEFT JOIN {link_t} lk ON lk.id = h.link
@@ -618,7 +656,7 @@ def _cann_api(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, api_t: st
         {"rank": rank, "fid": fid},
     )
     return cast(int, cur.execute(
-        f"SELECT count(*) FROM {cann} WHERE start IS NOT NULL AND end_ IS NOT NULL").fetchone()[0])
+        f"SELECT count(*) FROM {cann} WHERE start IS NOT NULL AND end_ IS NOT NULL").fetchall()[0][0])
 
 
 def _pytorch_stage(cur: Any, db: Db, p: str) -> None:
@@ -771,6 +809,7 @@ def _steps_from_step_time(cur: Any, db: Db, rank: int, p: str) -> None:
     rows = [r for r in rows if None not in r]
     if not rows:
         return
+    _settle(cur)
     cur.register("_st", pa.table({"step": [r[0] for r in rows], "s": [r[1] for r in rows], "e": [r[2] for r in rows]}))
     try:
         cur.execute(

@@ -247,6 +247,7 @@ def _traces_from_stage(
               FROM b)
         SELECT *, {_KIND_SQL} AS kind, (layer = 'hccl' AND has_op_lanes AND NOT op_lane) AS is_task FROM c"""
     )
+    _comm_streams(cur, xe)
     # -- flows: bind 'f' to the event starting at its ts on its thread, 's' to the innermost
     # event enclosing its ts (format doc §5.9); pair them by (cat, id) within a file.
     cur.execute(
@@ -419,6 +420,40 @@ def _traces_from_stage(
             {int(m.group(1)) for lab in labels if (m := re.match(r"NPU\s+(\d+)", lab or ""))}
         )
     return stats
+
+
+_HW_STREAM_SQL = "TRY_CAST(coalesce(stream_id, phys_stream_id, lc_stream_id, regexp_extract(tname, 'Stream\\s+(\\d+)', 1)) AS BIGINT)"
+
+
+def _comm_streams(cur: Any, xe: str) -> None:
+    """Device tasks of a collective are communication, whatever their task type.
+
+    HCCL runs a collective's tasks on the streams its task lanes name (``stream id``; a task
+    typed HCCL marks its stream too). A computing-looking task there (``SDMA``, ``Write Value``,
+    an AI Vector reduce) that runs while a communication operator of the same export runs is a
+    step of that collective, not computation. A stream shared with computation keeps its kernels:
+    a stream runs one task at a time, so none of them falls inside a collective. Synchronisation
+    tasks (event record / wait) keep their kind.
+    """
+    cur.execute(
+        f"""UPDATE {xe} SET kind = 'comm'
+        WHERE rid IN (
+            WITH streams AS (
+                SELECT DISTINCT fno, TRY_CAST(lc_stream_id AS BIGINT) AS s FROM {xe}
+                WHERE layer = 'hccl' AND TRY_CAST(lc_stream_id AS BIGINT) IS NOT NULL
+                UNION
+                SELECT DISTINCT fno, {_HW_STREAM_SQL} FROM {xe}
+                WHERE layer = 'hw' AND upper(coalesce(task_type, '')) IN ('HCCL', 'HCCL_AI_CPU', 'COMMUNICATION')
+                  AND {_HW_STREAM_SQL} IS NOT NULL
+            ),
+            cand AS (
+                SELECT rid, fno, ts_ns FROM {xe}
+                WHERE layer = 'hw' AND kind IN ('kernel', 'memcpy', 'memset') AND (fno, {_HW_STREAM_SQL}) IN (FROM streams)
+            ),
+            ops AS (SELECT fno, ts_ns AS s, ts_ns + dur_ns AS e FROM {xe} WHERE layer = 'hccl' AND NOT is_task)
+            SELECT DISTINCT c.rid FROM cand c JOIN ops o ON o.fno = c.fno AND c.ts_ns >= o.s AND c.ts_ns < o.e
+        )"""
+    )
 
 
 def _bind_starts(cur: Any, xe: str, fl: str, sb: str, p: str) -> None:

@@ -329,3 +329,76 @@ def store(con: Any, df: pd.DataFrame) -> None:
     cur.register("_breakdown_df", df)
     cur.execute("CREATE OR REPLACE TABLE breakdown AS SELECT * FROM _breakdown_df")
     cur.unregister("_breakdown_df")
+
+
+#: Largest gap, as a share of the vendor's Stage, between a figure here and the vendor's own.
+VENDOR_TOLERANCE = 0.02
+
+_VENDOR_SQL = """
+SELECT v.rank, v.step, v.computing_ns, v.comm_not_overlapped_ns, v.overlapped_ns,
+       coalesce(NULLIF(v.stage_ns, 0), v.computing_ns + v.comm_not_overlapped_ns + v.free_ns) AS stage_ns,
+       r.form
+FROM vendor_steps v
+LEFT JOIN (SELECT rank, max(value) AS form FROM meta WHERE key = 'ascend.form' GROUP BY rank) r USING (rank)
+ORDER BY v.rank, v.step
+"""
+
+
+def vendor_check(con: Any, df: pd.DataFrame | None) -> list[tuple[str, str]]:
+    """Compare the breakdown with the exporter's own step table (Ascend ``step_trace_time.csv`` /
+    ``analysis.db`` ``StepTraceTime``, canonical ``vendor_steps``), rank by rank and step by step.
+
+    compute_only + overlapped is compared with Computing, comm_only with Communication(Not
+    Overlapped), overlapped with Overlapped. A gap above :data:`VENDOR_TOLERANCE` of the
+    vendor's Stage gives a warning naming both figures; steps are matched by id, and ids that
+    do not match are reported, not paired by guess. Returns (code, message) pairs.
+    """
+    try:
+        rows = con.cursor().execute(_VENDOR_SQL).fetchall()
+    except Exception:  # noqa: BLE001 - no vendor_steps / meta table: nothing to compare
+        return []
+    if not rows or df is None:
+        return []
+    cols = ("compute_only_us", "overlapped_us", "comm_only_us")
+    values = [df[c].to_numpy(dtype=np.float64) for c in cols]
+    ours: dict[tuple[int, int], tuple[float, float, float]] = {
+        (int(rk), int(st)): (float(values[0][i]), float(values[1][i]), float(values[2][i]))
+        for i, (rk, st) in enumerate(zip(df["rank"].to_numpy(), df["step"].to_numpy(), strict=True))
+    }
+    out: list[tuple[str, str]] = []
+    unmatched: dict[int, tuple[list[int], list[int]]] = {}
+    for rank, step, computing, cno, ov, stage, form in rows:
+        table = "analysis.db StepTraceTime" if form == "db" else "step_trace_time.csv"
+        b = ours.get((int(rank), int(step)))
+        if b is None and not any(rk == rank for rk, _ in ours):
+            continue  # a rank without any breakdown is reported where it was skipped
+        if b is None:
+            theirs = sorted(int(s) for (rk, s) in ours if rk == rank)
+            unmatched.setdefault(int(rank), (theirs, []))[1].append(int(step))
+            continue
+        if not stage or stage <= 0:
+            continue
+        compute_only, overlapped, comm_only = b
+        pairs = (
+            ("compute_only + overlapped", compute_only + overlapped, "Computing", computing),
+            ("comm_only", comm_only, "Communication(Not Overlapped)", cno),
+            ("overlapped", overlapped, "Overlapped", ov),
+        )
+        for ours_name, value, vendor_name, vendor_ns in pairs:
+            if vendor_ns is None:
+                continue
+            vendor_us = vendor_ns / 1000.0
+            gap = abs(value - vendor_us) / (stage / 1000.0)
+            if gap > VENDOR_TOLERANCE:
+                out.append((
+                    "vendor_mismatch",
+                    (f"rank {rank} step {step}: {ours_name} {value:.1f} µs here, {vendor_name} {vendor_us:.1f} µs "
+                     f"in the export's {table} ({gap:.1%} of its Stage {stage / 1000.0:.1f} µs apart)"),
+                ))
+    for rank, (have, vendor) in sorted(unmatched.items()):
+        out.append((
+            "vendor_steps_unmatched",
+            (f"rank {rank}: the export's step table lists step(s) {', '.join(map(str, sorted(vendor)[:10]))} that "
+             f"the breakdown does not have (its steps: {', '.join(map(str, have[:10])) or 'none'}); not compared"),
+        ))
+    return out

@@ -216,6 +216,10 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
             waits[(dv, int(st))][0].append(int(c))
             waits[(dv, int(st))][1].append((ws, wc))
     recorded = bool(waits)  # the window's stream waits are recorded: no inferred completion edges
+    # device tasks without any launch link (torch_npu Level0: no CANN layer, no flows): which host
+    # call waited for which task is unknown, so a host operator during which device work ended
+    # hands the walk to that work (device order) rather than owning the time itself
+    no_links = bool(dev_all) and not dev_corrs
     # device tasks per (device, stream number) in correlation (launch) order, and by end (only
     # read through the records above)
     by_corr: dict[tuple[str, int], tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
@@ -389,6 +393,14 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
         if b < t:
             add(b, t, "idle (host: Python / untraced)", "idle")
             t = b
+        if no_links and kind[i] != "dataloader":
+            d = last_end_in(dev_end_vals, dev_ends_sorted, max(a, int(start[i])), t)
+            if d is not None:
+                credit_event(i, int(end[d]), t)
+                t = int(end[d])
+                mode = ("dev", d)
+                edges["device order (no launch links)"] += 1
+                continue
         # a sync (or a blocking call) waits for device work finishing inside it
         if kind[i] in ("sync",) or (kind[i] == "runtime" and "Memcpy" in name[i] and "Async" not in name[i]):
             d = released_by(i, max(a, int(start[i])), t)
@@ -414,6 +426,12 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
     # whether cross-stream waits were recorded by the profiler or inferred from timing
     result["edges"] = dict(sorted(edges.items(), key=lambda kv: -kv[1]))
     result["stream_waits"] = "recorded" if recorded else ("inferred" if dev_all else None)
+    if no_links:
+        result["note"] = (
+            "the device tasks carry no launch links (no CANN layer or flow events, e.g. a torch_npu Level0 "
+            "export): which host call waited for which task is not known; the path follows device order "
+            "where device work ran, and host time on it may include waits for the device"
+        )
     result["ops_total"] = len(ops)
     result["path_us"] = round(total, 3)
     by_kind: dict[str, float] = defaultdict(float)
