@@ -257,8 +257,10 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
                     "std_us": round(float(s.std(ddof=0)), 3),
                 }
             )
+    from advisor.engine.chain import median_steps, summary
     from advisor.render.json import clean
 
+    savings = summary(findings, median_steps(bd, NO_STEP))
     return Report(
         tool_version=__version__,
         profile=profile,
@@ -268,6 +270,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         warnings=_dedupe(ctx.warnings),
         rules=outcomes,
         step_times=step_stats,
+        extras={"total_saving_us": savings["total_saving_us"], "savings": savings},
     )
 
 

@@ -296,6 +296,8 @@ def _finding(f: Mapping[str, Any], explain: str | None) -> list[str]:
     out = [summary, ""]
     out.append(f"- cause: `{md_escape_code(f.get('cause'))}` ({md_escape(f.get('bottleneck'))})")
     out.append(f"- ranks: {md_escape(compact_ints(f.get('ranks')))}; steps: {md_escape(compact_ints(f.get('steps')))}")
+    if f.get("explained_by"):
+        out.append("- explained by " + ", ".join(f"`{md_escape_code(x)}`" for x in f["explained_by"]))
     if f.get("estimated_saving_us"):
         basis = f": {md_escape(f['saving_basis'])}" if f.get("saving_basis") else ""
         out.append(f"- estimated saving: up to {fmt_us(f['estimated_saving_us'])} per step"

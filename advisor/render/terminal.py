@@ -184,6 +184,8 @@ def _findings(console: Console, d: dict[str, Any], verbose: bool) -> None:
         line.append(f"{saving:>{width}}", style="green")
         line.append("  " + one_line(str(f.get("title", "")), 400))
         console.print(line, no_wrap=True, overflow="ellipsis")
+        if f.get("explained_by"):
+            console.print(Text(f"{'':19}explained by {', '.join(f['explained_by'])}", style="dim"), no_wrap=True)
         if verbose:
             console.print(_details(f), no_wrap=True, overflow="ellipsis")
     console.print()
