@@ -139,11 +139,12 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         host = blocking_syncs(g[~g["on_device"]])
         per_step = len(host) / n_steps
         # each idle gap once (several sync points can precede the same device work)
-        idle_us = float(g.groupby("next_busy")["idle_ns"].max().sum()) / 1000.0 / n_steps if rank in dev_ranks else 0.0
+        pts = pd.concat([host, g[g["on_device"]]])
+        idle_us = float(pts.groupby("next_busy")["idle_ns"].max().sum()) / 1000.0 / n_steps if rank in dev_ranks else 0.0
         share = (idle_us / step_us if step_us else 0.0) if rank in dev_ranks else None
         if share is not None and share < ctx.t.min_idle_share or share is None and per_step < ctx.t.min_per_step:
             continue
-        top = _top(ctx, pd.concat([host, g[g["on_device"]]]), n_steps, rank in dev_ranks)
+        top = _top(ctx, pts, n_steps, rank in dev_ranks)
         evidence = {
             "sync_points_per_step": round(per_step, 2),
             "dtoh_copies_per_step": round(int(g["on_device"].sum()) / n_steps, 2),
@@ -180,16 +181,17 @@ def blocking_syncs(host: Any) -> Any:
     """One row per blocking sync of one rank: host sync points that overlap in time, on any thread
     (``aten::item`` -> ``aclrtSynchronizeStream`` -> ``aclrtMemcpy``, the framework and the runtime
     often on different threads), are one wait. Each row is the earliest (then longest) event of its
-    group, with the group's time span as ``dur_ns`` and its largest device idle after it."""
+    group, with the group's time span as ``dur_ns`` and the device idle after the last of them ends."""
     if host.empty:
         return host
     h = host.sort_values(["start_ns", "dur_ns"], ascending=[True, False])
     prev_end = h["end_ns"].cummax().shift()
     group = (prev_end.isna() | (h["start_ns"] >= prev_end)).cumsum()
-    agg = h.groupby(group).agg(s=("start_ns", "min"), e=("end_ns", "max"), idle=("idle_ns", "max"))
+    start = h.groupby(group)["start_ns"].min()
+    last = h.loc[h.groupby(group)["end_ns"].idxmax()]  # the host is free when the last of them ends
     first = h.groupby(group).head(1)  # in start order, as the groups are numbered
-    return first.assign(dur_ns=(agg["e"] - agg["s"]).to_numpy(), end_ns=agg["e"].to_numpy(),
-                        idle_ns=agg["idle"].to_numpy())
+    return first.assign(dur_ns=last["end_ns"].to_numpy() - start.to_numpy(), end_ns=last["end_ns"].to_numpy(),
+                        idle_ns=last["idle_ns"].to_numpy(), next_busy=last["next_busy"].to_numpy())
 
 
 def _quiet_ranks(ctx: RuleContext[Thresholds], df: Any, bd: Any, dev_ranks: set[int]) -> set[int]:
