@@ -11,8 +11,8 @@ shows as step fluctuation. The runner calls, after every rule has run:
   follows from it (CAUSES.md) stay as the rule measured them.
 * :func:`link`: finding A *explains* finding B when B's cause is one A's cause can explain
   (``explains = [...]`` in ``rules/causes.toml``) and both concern the same time: they share a
-  rank (or one names none), most of B's steps are A's steps, A's saving (where both are known)
-  is at least half of B's, and where B blames ranks
+  rank (or one names none), most of B's steps are A's steps, A's saving is not zero and (where
+  both are known) at least half of B's, and where B blames ranks
   (``slowest_ranks``, e.g. the member a collective waits for) A names one of them. Links into a
   slow rank or a step fluctuation also need :func:`advisor.engine.explain.annotate`'s test that
   the explaining finding is specific to that rank or those steps. A finding nothing explains is a
@@ -161,8 +161,8 @@ def link(findings: Sequence[Finding], causes: Mapping[str, Sequence[str]] | None
                 continue
             ok = (ai, bi) in annotated if b.cause in REFINED else same_time(a, b)
             sa, sb = a.estimated_saving_us, b.estimated_saving_us
-            if sa is not None and sb is not None and (sa <= 0 or sa < MIN_SAVING_SHARE * sb):
-                ok = False
+            if sa is not None and (sa <= 0 or sb is not None and sa < MIN_SAVING_SHARE * sb):
+                ok = False  # nothing to remove explains nothing
             if ok and not _reaches(edges, bi, ai):
                 edges.setdefault(ai, set()).add(bi)
     parents: dict[int, list[int]] = {}
