@@ -145,6 +145,14 @@ def test_root_without_saving_carries_the_largest_saving_it_explains() -> None:
     assert s["verdict"] == root.id and s["total_saving_us"] == 5_000.0
 
 
+def test_summary_of_a_filtered_list_counts_orphans_as_roots() -> None:
+    wait = _f("COM001", "comm.slow_synchronization", 6_000.0, ranks=(0, 1), slowest_ranks="1")
+    straggler = _f("CLU001", "cluster.slow_rank", 5_000.0, ranks=(1,))
+    linked = chain.link([wait, straggler])
+    s = chain.summary(linked[:1], {0: 20_000.0, 1: 20_000.0})  # the straggler filtered out (--rank 0)
+    assert s["verdict"] == wait.id and s["total_saving_us"] == 6_000.0
+
+
 def test_total_is_capped_at_the_step() -> None:
     a = _f("A01", "cpu.operator_dispatch", 15_000.0)
     b = _f("B01", "io.slow_data_processing", 12_000.0)

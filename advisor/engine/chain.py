@@ -228,7 +228,8 @@ def summary(findings: Sequence[Finding], med: Mapping[int, float]) -> dict[str, 
     items = list(findings)
     idx = {f.id: i for i, f in enumerate(items)}
     edges = {i: {idx[b] for b in f.explains if b in idx} for i, f in enumerate(items)}
-    roots = [i for i, f in enumerate(items) if f.root]
+    # a finding whose explainers were filtered out of the report (--rank / --step) counts as a root here
+    roots = [i for i, f in enumerate(items) if f.root or not any(e in idx for e in f.explained_by)]
     chain = {i: chain_saving(i, items, edges) for i in roots}
     verdict = min(roots, key=lambda i: (chain[i] is None, -(chain[i] or 0.0), -items[i].severity, i), default=None)
     ranks = sorted(set(med) | {r for i in roots for r in items[i].ranks})
