@@ -320,6 +320,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
                     "std_us": round(float(s.std(ddof=0)), 3),
                 }
             )
+    from advisor.engine.chain import median_steps, summary
     from advisor.render.json import clean
     from advisor.stages.comm_links import links
     from advisor.stages.critical_path import summarise_segments
@@ -327,6 +328,10 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
     cp = ctx.critical_path or {"rank": None, "step": None, "length_us": 0.0, "ops": []}
     if not full_critical_path and cp.get("segments"):
         cp = summarise_segments(cp)
+    savings = summary(findings, median_steps(bd, NO_STEP))
+    extras: dict[str, Any] = {"total_saving_us": savings["total_saving_us"], "savings": savings}
+    if comm := links(ctx.con):
+        extras["comm_matrix"] = comm
     return Report(
         tool_version=__version__,
         profile=profile,
@@ -336,7 +341,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         warnings=_dedupe(ctx.warnings),
         rules=outcomes,
         step_times=step_stats,
-        extras={"comm_matrix": comm} if (comm := links(ctx.con)) else {},
+        extras=extras,
     )
 
 

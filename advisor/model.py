@@ -113,6 +113,12 @@ class Finding:
     optimizations: tuple[Optimization, ...] = ()
     top: tuple[Mapping[str, Any], ...] = ()
     explains: tuple[str, ...] = ()
+    # the chain of findings (advisor.engine.chain): the findings that explain this one (ids), whether
+    # nothing explains it (a root cause), and the root it traces back to (the one with the largest saving)
+    explained_by: tuple[str, ...] = ()
+    root: bool = True
+    root_id: str | None = None
+    uid: str = ""  # set when two findings of one report would share an id
 
     @property
     def bottleneck(self) -> str:
@@ -122,6 +128,8 @@ class Finding:
     @property
     def id(self) -> str:
         """Stable id: hash of rule and what is affected, so diffs across runs line up."""
+        if self.uid:
+            return self.uid
         key = f"{self.rule}|{self.cause}|{self.ranks}|{self.ops[:5]}"
         return self.rule + "-" + hashlib.sha1(key.encode()).hexdigest()[:8]
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = (ROOT / ".." / "shared").resolve()
+SHARED = Path(os.environ.get("ADVISOR_SHARED") or ROOT / ".." / "shared").resolve()  # a worktree elsewhere sets it
 SAMPLES = SHARED / "samples"
 SCHEMA_PATH = SHARED / "contract" / "report.schema.json"
 TRACES = ROOT / "tests" / "data" / "kineto"
@@ -38,6 +41,27 @@ def validate_report(data: dict) -> None:
     if errors:
         msgs = "; ".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
         raise AssertionError(f"report does not match report.schema.json: {msgs}")
+    over = saving_problems(data)
+    if over:
+        raise AssertionError("saving above the median step of its ranks: " + "; ".join(over[:5]))
+
+
+def saving_problems(data: dict) -> list[str]:
+    """Every saving the report claims above the median step of the ranks it names (of every rank
+    for a finding that names none), from the report's own step_times; the total saving too."""
+    import statistics
+
+    med = {int(s["rank"]): float(s["median_us"]) for s in data.get("step_times") or []}
+    out = []
+    for f in data.get("findings") or []:
+        saving = f.get("estimated_saving_us")
+        vals = [med[r] for r in (f.get("ranks") or med) if r in med]
+        if saving is not None and vals and saving > statistics.median(vals) * (1 + 1e-6) + 1e-3:
+            out.append(f"{f.get('id', f['rule'])}: {saving} µs > {statistics.median(vals)} µs")
+    total, rank = data.get("total_saving_us"), (data.get("savings") or {}).get("total_saving_rank")
+    if total is not None and rank in med and total > med[rank] * (1 + 1e-6) + 1e-3:
+        out.append(f"total_saving_us: {total} µs > rank {rank}'s median step {med[rank]} µs")
+    return out
 
 
 def report_json(report) -> dict:
@@ -55,3 +79,35 @@ def samples() -> Path:
     if not SAMPLES.is_dir():
         pytest.skip("../shared/samples not present")
     return SAMPLES
+
+
+_OVER_SAVINGS: list[str] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _check_every_report() -> Iterator[None]:
+    """Every Report the suite builds (analyze, analyze_context, the CLI in-process) is checked for
+    savings above the median step of their ranks (:func:`saving_problems`)."""
+    import advisor.analyze as analyze_mod
+    from advisor.render.json import report_dict
+
+    orig = analyze_mod.build_report
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        report = orig(*args, **kwargs)
+        _OVER_SAVINGS.extend(f"{report.profile.get('path')}: {p}" for p in saving_problems(report_dict(report)))
+        return report
+
+    analyze_mod.build_report = checked
+    yield
+    analyze_mod.build_report = orig
+
+
+@pytest.fixture(autouse=True)
+def _no_saving_above_step() -> Iterator[None]:
+    """Fail the test that built a report claiming a saving above its step."""
+    _OVER_SAVINGS.clear()
+    yield
+    if _OVER_SAVINGS:
+        over, _OVER_SAVINGS[:] = list(_OVER_SAVINGS), []
+        pytest.fail("saving above the median step of its ranks: " + "; ".join(over[:5]))

@@ -110,6 +110,12 @@ def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[l
         from advisor.engine.merge import merge_per_rank
 
         findings = merge_per_rank(findings)
+    from advisor.engine import chain
+    from advisor.schema import NO_STEP
+
+    med_steps = chain.median_steps(ctx.breakdown, NO_STEP)
+    # one account of savings: no saving above the median step of the ranks a finding names
+    findings = chain.cap_savings(chain.unique_ids(findings), med_steps)
     if findings and ctx.breakdown is not None and not ctx.breakdown.empty:
         from advisor.engine.explain import annotate
 
@@ -118,5 +124,9 @@ def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[l
             findings = annotate(findings, steps_by_rank=steps_by_rank)
         except Exception as exc:  # noqa: BLE001 - cross-referencing is a nicety; never lose the findings over it
             ctx.warnings.append(Warning_("rule_error", f"cross-referencing findings failed: {type(exc).__name__}: {exc}"))
+    try:
+        findings = chain.link(findings)
+    except Exception as exc:  # noqa: BLE001 - linking is an account of the findings; never lose them over it
+        ctx.warnings.append(Warning_("rule_error", f"linking findings into chains failed: {type(exc).__name__}: {exc}"))
     findings.sort(key=lambda f: (f.estimated_saving_us is None, -(f.estimated_saving_us or 0), -f.severity, f.rule))
     return findings, outcomes

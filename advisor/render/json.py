@@ -47,6 +47,9 @@ def finding_dict(f: Finding) -> dict[str, Any]:
         "optimizations": [{"id": o.id, "title": o.title, "how": o.how} for o in f.optimizations],
         "top": [dict(t) for t in f.top],
         "explains": list(f.explains),
+        "explained_by": list(f.explained_by),
+        "root": f.root,
+        "root_id": f.root_id,
     }
 
 

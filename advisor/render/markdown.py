@@ -368,6 +368,8 @@ def _finding(f: Mapping[str, Any], explain: str | None, *, full: bool = False) -
     out = [summary, ""]
     out.append(f"- cause: `{md_escape_code(f.get('cause'))[:80]}` ({md_escape(f.get('bottleneck'), 40)})")
     out.append(f"- ranks: {md_escape(compact_ints(f.get('ranks')))}; steps: {md_escape(compact_ints(f.get('steps')))}")
+    if f.get("explained_by"):
+        out.append("- explained by " + ", ".join(f"`{md_escape_code(x)}`" for x in f["explained_by"]))
     if f.get("estimated_saving_us"):
         basis = f": {md_escape(f['saving_basis'], 300)}" if f.get("saving_basis") else ""
         out.append(f"- estimated saving: up to {fmt_us(f['estimated_saving_us'])} per step"

@@ -260,6 +260,8 @@ def _findings(console: Console, d: dict[str, Any], verbose: bool) -> None:
         grid.add_column(ratio=1, overflow="fold")
         grid.add_row("", Text(sev, style=SEV_STYLE.get(sev, "")), str(f.get("rule", "")), Text(saving, style="green"),
                      Text(one_line(str(f.get("title", "")), 400)))
+        if f.get("explained_by"):
+            grid.add_row("", "", "", "", Text(f"explained by {', '.join(f['explained_by'])}", style="dim"))
         opts = f.get("optimizations") or []
         if opts and not verbose:
             grid.add_row("", "", "", "", Text("→ " + one_line(str(opts[0].get("title", "")), 300), style="cyan"))

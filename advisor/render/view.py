@@ -179,7 +179,8 @@ def verdict(d: Mapping[str, Any]) -> dict[str, Any]:
     """What limits the step: the top finding with its saving, else the largest phase."""
     findings = d.get("findings") or []
     if findings:
-        f = findings[0]
+        vid = (d.get("savings") or {}).get("verdict")  # the root cause with the largest saving
+        f = next((x for x in findings if x.get("id") == vid), findings[0])
         saving = f.get("estimated_saving_us")
         frac = f.get("saving_fraction")
         text = f"{f['severity'].upper()}: {f['title']}"

@@ -26,6 +26,13 @@ in each group); when no group is named, all ranks form one group. For each group
 * in both cases the group must show the waiting the straggler causes: the other ranks' median
   wait is at least ``min_wait_share`` of the step and larger than the straggler's own wait.
 
+A rank flagged in some steps is a straggler only when its excess is significant across steps: over
+every step its group has in common, its own time minus the median of the others' must have a mean
+above k standard errors (with fewer than three steps: flagged in every one), and the others' wait
+it causes, amortised over those steps, must reach ``min_wait_share`` of the step. A rank slow in
+one step of many is a slow step (cluster.step_fluctuation), not a straggler. The peers a finding
+names are the ranks that waited, never another rank flagged in the same step.
+
 Both bounds also require the excess to exceed ``min_excess_ratio`` of the peers' median own time
 (above PRISM's up-to-14 % spatial GEMM variation between healthy GPUs). The component (compute,
 host, free) with the largest excess over the peers is named. The saving per flagged step is the
@@ -41,13 +48,14 @@ check load balance (uneven pipeline stages, uneven expert routing, uneven sequen
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
-from rules.cluster._stats import forward_search, median, stdev
+from rules.cluster._stats import forward_search, mean, median, stdev
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     common_steps: dict[int, set[int]] = {}
     group_names: dict[int, set[str]] = {}
     peers_of: dict[int, set[int]] = {}
+    lead_of: dict[int, list[float]] = {}  # rank -> per common step: own time minus the others' median
     for gname, members in groups_of(ctx, all_ranks):
         steps = sorted({s for (r, s) in by_rs if r in members})
         for step in steps:
@@ -126,8 +135,13 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 if step not in best or hit["saving_us"] > best[step]["saving_us"]:
                     best[step] = hit
                 group_names.setdefault(r, set()).add(gname)
-                peers_of.setdefault(r, set()).update(p for p in present if p != r)
+                peers_of.setdefault(r, set()).update(hit["peers"])
+            for r in present:
+                others = [float(by_rs[(p, step)]["own_us"]) for p in present if p != r]
+                lead_of.setdefault(r, []).append(float(by_rs[(r, step)]["own_us"]) - median(others))
     for rank, per_step in sorted(hits.items()):
+        if not _significant(ctx, per_step, lead_of.get(rank, []), len(common_steps[rank])):
+            continue
         yield _finding(ctx, rank, per_step, len(common_steps[rank]), sorted(group_names[rank]),
                        sorted(peers_of[rank]), by_rs)
 
@@ -163,9 +177,23 @@ def _test_step(ctx: RuleContext[Thresholds], present: list[int], step: int,
         yield {
             "rank": r, "step": step, "own_us": own[i], "peer_own_us": peer_own, "peer_wait_us": peer_wait,
             "wait_us": float(row["wait_us"]), "step_us": step_us, "excess_us": excess,
-            "saving_us": min(excess, peer_wait), "method": method, "group_size": len(present),
+            "saving_us": min(excess, peer_wait), "method": method, "group_size": len(present), "peers": peers,
             "components": {c: float(row[c]) - median([float(by_rs[(p, step)][c]) for p in peers]) for c, _ in COMPONENTS},
         }
+
+
+def _significant(ctx: RuleContext[Thresholds], per_step: dict[int, dict[str, Any]], lead: list[float],
+                 n_common: int) -> bool:
+    """Whether a rank's excess holds across steps (k standard errors of its mean lead over the others'
+    median own time) and the wait it causes, amortised over the common steps, is large enough."""
+    if len(lead) >= 3:
+        if mean(lead) <= ctx.t.k * stdev(lead) / math.sqrt(len(lead)):
+            return False
+    elif len(per_step) < n_common:
+        return False
+    hs = list(per_step.values())
+    amortised = sum(h["saving_us"] for h in hs) / max(n_common, 1)
+    return bool(amortised >= ctx.t.min_wait_share * median([float(h["step_us"]) for h in hs]))
 
 
 def _finding(ctx: RuleContext[Thresholds], rank: int, per_step: dict[int, dict[str, Any]], n_common: int,

@@ -25,6 +25,13 @@ group when R_wait over all its matched instances (time-weighted) reaches ``min_w
 slowest member is the rank with the least wait (ties within ``tie_share`` of the longest duration
 all count: several members can arrive last together), scored by the wait it caused the others.
 
+A slowest member is a straggler only when it is significant across steps and large enough: per
+step, the others' median wait minus its own wait is the time the group spends on it; the mean of
+that over the steps must exceed k standard errors (LLMPrism's k-σ, k = 3; with fewer than three
+steps it must be positive in every step) and ``min_wait_share`` of the step. Equal ranks whose
+arrival order changes from step to step (a DDP job with large buckets) give a mean near zero and
+no finding, however large R_wait is. The waiting rank named is never one of the slowest.
+
 The saving is, per step, the largest total wait of one member (capped at the time that member
 spent inside the collectives, so concurrent collectives are not counted twice; the median over
 steps): an upper bound of what removing the imbalance gives back, since a wait hidden under other
@@ -37,8 +44,10 @@ host overhead, compute, frequency drop) and at cluster.slow_rank. Balance per-ra
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
@@ -57,6 +66,11 @@ class Thresholds:
     )
     min_instances: int = knob(1, "matched collective instances a group needs before it is judged")
     top_n: int = knob(5, "collective instances listed in the finding")
+    k: float = knob(3.0, "the slowest member's per-step lead over the others' wait must exceed k standard errors "
+                    "across steps", "LLMPrism §IV-D k-sigma rule, k = 3")
+    min_wait_share: float = knob(
+        0.05, "the others' mean wait per step on the slowest member, as a share of the step",
+        "first principles: as CLU001; 5 % is above the CAUSES.md medium cutoff (3 %)")
     tie_share: float = knob(0.05, "members whose wait is within this share of the instance's longest duration of "
                             "the least wait all count as arriving last")
 
@@ -171,11 +185,20 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         slowest_share = float(slow[slow["rank"] == slowest][keys].drop_duplicates().shape[0] / len(per_inst))
         # a member cannot wait longer than it spent inside the collectives of that step
         per_rank_step = g.groupby(["rank", "step"])["w"].sum()
+        lead = _lead_per_step(per_rank_step, slowest)
+        lead_mean = float(lead.mean()) if len(lead) else 0.0
+        lead_se = float(lead.std(ddof=1)) / math.sqrt(len(lead)) if len(lead) >= 3 else 0.0
+        significant = lead_mean > ctx.t.k * lead_se if len(lead) >= 3 else bool(len(lead) and (lead > 0).all())
+        s_slow = step_us(ctx, slowest)
+        if not significant or lead_mean / 1000.0 < ctx.t.min_wait_share * s_slow:
+            continue
         cap = inside.loc[grp].reindex(per_rank_step.index)
         per_rank_step = per_rank_step.clip(upper=cap.fillna(per_rank_step))
         worst_per_step = per_rank_step.groupby("step").max()
         saving_us = float(worst_per_step.median()) / 1000.0
-        waiting_rank = int(per_rank_step.groupby("rank").median().idxmax())
+        waits = per_rank_step.groupby("rank").median()
+        waiting_rank = int(waits.drop(index=slowest_ranks, errors="ignore").idxmax()) if len(
+            waits.drop(index=slowest_ranks, errors="ignore")) else int(waits.idxmax())
         s_us = step_us(ctx, waiting_rank)
         ranks = sorted(int(r) for r in g["rank"].unique())
         per_inst = per_inst.assign(r=per_inst["w"] / per_inst["d"]).sort_values("w", ascending=False)
@@ -208,6 +231,11 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 "total_collective_ms": ms(total_d),
                 "wait_per_step_ms_median": round(saving_us / 1000.0, 3),
                 "waiting_rank": waiting_rank,
+                "slowest_lead_us_per_step": round(lead_mean / 1000.0, 1),
+                "slowest_lead_se_us": round(lead_se / 1000.0, 1),
+                "steps_compared": len(lead),
+                "k": ctx.t.k,
+                "min_wait_share": ctx.t.min_wait_share,
                 "wait_source": "exported wait time" if has_wait else "duration minus the group's shortest duration",
                 "group": grp or None,
             },
@@ -223,6 +251,15 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             top=top,
         )
     _check_counts(ctx)
+
+
+def _lead_per_step(per_rank_step: Any, slowest: int) -> Any:
+    """Per step (ns): the other members' median wait minus the slowest member's own wait."""
+    w = per_rank_step.unstack("rank")
+    if slowest not in w.columns or w.shape[1] < 2:
+        return w.iloc[:0, 0] if w.shape[1] else w
+    others = w.drop(columns=[slowest]).median(axis=1, skipna=True)
+    return (others - w[slowest]).dropna()
 
 
 def _check_counts(ctx: RuleContext[Thresholds]) -> None:

@@ -14,7 +14,10 @@ Sync points are host events named ``aten::item``, ``aten::_local_scalar_dense``,
 ``aten::nonzero``, ``aten::is_nonzero``, anything with ``SyncBatchNorm`` or
 ``batch_norm_gather_stats``, any ``*Synchronize*`` runtime call (kind ``sync``), and Python calls
 ``<built-in method item|tolist|nonzero of Tensor ...>``; nested ones (``aten::item`` inside the
-Python ``item`` call, ``_local_scalar_dense`` inside ``aten::item``) count once. Device-side
+Python ``item`` call, ``_local_scalar_dense`` inside ``aten::item``) count once, and so do sync
+points that overlap in time on different threads of one rank (``aten::item`` on the Python thread,
+``aclrtSynchronizeStream`` / ``aclrtMemcpy`` on the runtime's): one blocking sync, one count, its
+time the union of their spans. Device-side
 ``Memcpy DtoH`` copies are sync points too. The call stack comes from ``events.stack`` when the
 export has it, else from the enclosing Python frames (``with_stack=True``).
 
@@ -41,6 +44,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, SupportsInt, cast
+
+import pandas as pd
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding, Severity
@@ -131,14 +136,15 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         n_steps = len(steps_r)
         step_us = float(steps_r["step_us"].mean())
         g = g[g["step"].isin(steps_r["step"])]
-        host = g[~g["on_device"]]
+        host = blocking_syncs(g[~g["on_device"]])
         per_step = len(host) / n_steps
         # each idle gap once (several sync points can precede the same device work)
-        idle_us = float(g.groupby("next_busy")["idle_ns"].max().sum()) / 1000.0 / n_steps if rank in dev_ranks else 0.0
+        pts = pd.concat([host, g[g["on_device"]]])
+        idle_us = float(pts.groupby("next_busy")["idle_ns"].max().sum()) / 1000.0 / n_steps if rank in dev_ranks else 0.0
         share = (idle_us / step_us if step_us else 0.0) if rank in dev_ranks else None
         if share is not None and share < ctx.t.min_idle_share or share is None and per_step < ctx.t.min_per_step:
             continue
-        top = _top(ctx, g, n_steps, rank in dev_ranks)
+        top = _top(ctx, pts, n_steps, rank in dev_ranks)
         evidence = {
             "sync_points_per_step": round(per_step, 2),
             "dtoh_copies_per_step": round(int(g["on_device"].sum()) / n_steps, 2),
@@ -169,6 +175,23 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 saving_basis="not measurable on a CPU-only trace: there is no device queue to drain",
                 ranks=[rank], steps=sorted({int(s) for s in host["step"]}), ops=names, top=top,
             )
+
+
+def blocking_syncs(host: Any) -> Any:
+    """One row per blocking sync of one rank: host sync points that overlap in time, on any thread
+    (``aten::item`` -> ``aclrtSynchronizeStream`` -> ``aclrtMemcpy``, the framework and the runtime
+    often on different threads), are one wait. Each row is the earliest (then longest) event of its
+    group, with the group's time span as ``dur_ns`` and the device idle after the last of them ends."""
+    if host.empty:
+        return host
+    h = host.sort_values(["start_ns", "dur_ns"], ascending=[True, False])
+    prev_end = h["end_ns"].cummax().shift()
+    group = (prev_end.isna() | (h["start_ns"] >= prev_end)).cumsum()
+    start = h.groupby(group)["start_ns"].min()
+    last = h.loc[h.groupby(group)["end_ns"].idxmax()]  # the host is free when the last of them ends
+    first = h.groupby(group).head(1)  # in start order, as the groups are numbered
+    return first.assign(dur_ns=last["end_ns"].to_numpy() - start.to_numpy(), end_ns=last["end_ns"].to_numpy(),
+                        idle_ns=last["idle_ns"].to_numpy(), next_busy=last["next_busy"].to_numpy())
 
 
 def _quiet_ranks(ctx: RuleContext[Thresholds], df: Any, bd: Any, dev_ranks: set[int]) -> set[int]:
@@ -209,8 +232,6 @@ def _summary(top: list[dict[str, Any]]) -> str:
 
 def _stacks(ctx: RuleContext[Thresholds], g: object, ids: list[int]) -> dict[int, str]:
     """Call stack per sync point id: events.stack when recorded, else the enclosing Python frames (innermost last)."""
-    import pandas as pd
-
     sel = g[g["id"].isin(ids)]  # type: ignore[index]
     out: dict[int, str] = {}
     for r in sel.itertuples():

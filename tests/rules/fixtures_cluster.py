@@ -305,3 +305,39 @@ def gen_baseline8(out: Any) -> Any:
 
     generate("baseline8", out)
     return out
+
+
+def _sync_group_per_step(compute_ms: dict[int, list[float]], step_ms: float = 33.0, comm_end_ms: float = 32.0,
+                         group: str = "dp0") -> dict[str, list[dict[str, Any]]]:
+    """As :func:`_sync_group`, with rank r computing ``compute_ms[r][i]`` ms in step i + 1."""
+    events: list[dict[str, Any]] = []
+    comm_ops: list[dict[str, Any]] = []
+    for r, cs in compute_ms.items():
+        for i, c in enumerate(cs):
+            s0 = i * step_ms
+            events.append(_step_marker(r, i + 1, s0, step_ms))
+            events.append(_dev(r, "kernel", "MatMul", s0, c))
+            events.append(_dev(r, "comm", "hcom_allReduce", s0 + c, comm_end_ms - c, stream=9))
+            comm_ops.append(_comm_op(r, i + 1, group, s0 + c, comm_end_ms - c))
+    return {"events": events, "comm_ops": comm_ops}
+
+
+def one_slow_step_group_of_8() -> dict[str, list[dict[str, Any]]]:
+    """8 ranks, 6 steps; rank 5 computes 30 ms in step 3 only, 10 ms otherwise (the others 9.7-10.3 ms).
+
+    Rank 5's lead over the others' median own time per step is about 0, 0, 20, 0, 0, 0 ms: mean 3.3 ms,
+    sample σ 8.2 ms, standard error 8.2 / √6 = 3.3 ms, so the mean is 1 standard error, not 3: one slow
+    step, not a straggler (cluster.step_fluctuation reports it).
+    """
+    c = {r: [v] * 6 for r, v in enumerate(JITTER_MS)}
+    c[5] = [10.0, 10.0, 30.0, 10.0, 10.0, 10.0]
+    return _sync_group_per_step(c)
+
+
+def two_slow_ranks_group_of_8() -> dict[str, list[dict[str, Any]]]:
+    """8 ranks, 5 steps; ranks 2 and 5 compute 30 ms per step, the other six 9.7-10.3 ms. Both are
+    stragglers; neither is the other's peer: the ranks that wait are 0, 1, 3, 4, 6, 7."""
+    c = dict(enumerate(JITTER_MS))
+    c[2] = 30.0
+    c[5] = 30.0
+    return _sync_group(c)

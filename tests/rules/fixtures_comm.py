@@ -324,3 +324,37 @@ def gen_baseline8(out: Any) -> Any:
 
     generate("baseline8", out)
     return out
+
+
+def _nccl_pairs(durations: list[tuple[float, float]], compute_ms: float = 40.0) -> Rows:
+    """Kineto-like: 2 ranks, one NCCL all-reduce per step; step s has ``durations[s - 1]`` = (rank 0's,
+    rank 1's) kernel duration in ms, both ending at 52 ms into the 100 ms step (the shorter arrived last)."""
+    steps = tuple(range(1, len(durations) + 1))
+    rows = _base(2, steps=steps, source="kineto", compute_ms={0: compute_ms, 1: compute_ms})
+    ops = []
+    name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+    for s, pair in zip(steps, durations, strict=True):
+        t = T0 + (s - 1) * STEP_NS
+        for r, dur in enumerate(pair):
+            start = t + int((52.0 - dur) * MS)
+            ops.append({"rank": r, "name": name, "op_type": "allreduce", "group_name": "0", "start_ns": start,
+                        "dur_ns": int(dur * MS), "bytes": 1_048_576 * 4})
+            rows["events"].append(_comm_event(r, name, start, int(dur * MS)))
+    rows["comm_ops"] = ops
+    return rows
+
+
+def alternating_arrival_kineto_nccl() -> Rows:
+    """Equal ranks whose arrival order alternates (a DDP job whose bucket timing varies): 6 steps, in odd
+    steps rank 1 arrives 9 ms late (durations 12 / 3 ms), in even steps rank 0 does (3 / 12 ms).
+
+    R_wait = 6 x 9 / (6 x 15) = 0.6, above 0.2; but neither rank is late across steps: rank 0's lead per
+    step (rank 1's wait minus its own) is -9, +9, -9, +9, -9, +9 ms, mean 0. No straggler, no finding.
+    """
+    return _nccl_pairs([(12.0, 3.0), (3.0, 12.0)] * 3)
+
+
+def slightly_late_rank_kineto_nccl() -> Rows:
+    """Rank 1 arrives 1 ms late in each of 6 steps (durations 3 / 2 ms): R_wait = 1 / 5 = 0.2 and the lead
+    is +1 ms in every step (significant), but 1 ms is 1 % of the 100 ms step, below min_wait_share (5 %)."""
+    return _nccl_pairs([(3.0, 2.0)] * 6)

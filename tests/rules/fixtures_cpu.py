@@ -161,3 +161,26 @@ def gen_ascend_baseline(out: Any) -> Any:
 
     generate("baseline8", out)
     return out
+
+
+def ascend_sync_across_threads() -> Rows:
+    """3 steps of 10 ms on a device, as torch_npu exports a blocking ``.item()``: the framework's
+    ``aten::item`` 0.2-4.2 ms on the Python thread (tid 100), the runtime's
+    ``AscendCL@aclrtSynchronizeStream`` 0.3-4.15 ms and inside it ``AscendCL@aclrtMemcpy`` 4.0-4.1 ms on the
+    runtime's thread (tid 200). Device: kernel 0.1-4.05 ms, idle until 6.2 ms, kernel 6.2-9.9 ms.
+
+    One blocking sync per step (the three events overlap in time), lasting the union of their spans,
+    0.2-4.2 ms = 4.0 ms; the device idles 6.2 - 4.2 = 2.0 ms after it (20 % of the step).
+    """
+    cann = {"pid": "100", "tid": "200", "device": False}
+    ev = _steps(3)
+    for s in range(3):
+        t = BASE + s * STEP_NS
+        ev += [
+            _ev("kernel", "fwd_kernel", t + 100 * US, 3950 * US, DEV),
+            _ev("kernel", "bwd_kernel", t + 6200 * US, 3700 * US, DEV),
+            _ev("host_op", "aten::item", t + 200 * US, 4000 * US),
+            _ev("sync", "AscendCL@aclrtSynchronizeStream", t + 300 * US, 3850 * US, cann),
+            _ev("sync", "AscendCL@aclrtMemcpy", t + 4000 * US, 100 * US, cann),
+        ]
+    return {"events": ev}

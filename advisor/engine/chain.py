@@ -1,0 +1,256 @@
+"""One account of savings: cap each finding's saving at its step, link the findings that describe
+the same time into chains, and sum the roots only.
+
+Rules run independently, so two of them often report the same lost time from two sides: an RDMA
+retransmission makes a link slow, the slow link makes its peers wait in the collective, the wait
+shows as step fluctuation. The runner calls, after every rule has run:
+
+* :func:`cap_savings`: a saving is at most the median step of the ranks the finding names (no fix
+  removes more than the whole step). A capped finding keeps what the rule claimed in
+  ``evidence["saving_capped_from_us"]``; its share of the step (at most 1) and the severity that
+  follows from it (CAUSES.md) stay as the rule measured them.
+* :func:`link`: finding A *explains* finding B when B's cause is one A's cause can explain
+  (``explains = [...]`` in ``rules/causes.toml``) and both concern the same time: they share a
+  rank (or one names none), most of B's steps are A's steps, A's saving is not zero and (where
+  both are known) at least half of B's, and where B blames ranks
+  (``slowest_ranks``, e.g. the member a collective waits for) A names one of them. Links into a
+  slow rank or a step fluctuation also need :func:`advisor.engine.explain.annotate`'s test that
+  the explaining finding is specific to that rank or those steps. A finding nothing explains is a
+  *root*; the others point to their direct explainers (``explained_by``) and to the root they
+  trace back to (``root_id``).
+* :func:`summary`: the report's total saving sums the roots only, per rank, and is the largest
+  rank's sum capped at that rank's median step; the verdict is the root with the largest saving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from advisor.model import Finding, severity_for_fraction
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+# causes whose links need explain.annotate's specificity test, not only a shared rank and step
+REFINED = frozenset({"cluster.slow_rank", "cluster.step_fluctuation"})
+# share of the explained finding's steps the explaining one must also name
+MIN_STEP_OVERLAP = 0.5
+# where both savings are known, the explaining finding accounts for at least this share of the
+# explained one's (a cause that removes a fraction of the time does not explain all of it)
+MIN_SAVING_SHARE = 0.5
+# a saving within this relative margin of the cap is not a cap (rounding of the rule's figures)
+CAP_TOLERANCE = 1e-6
+
+
+@functools.cache
+def explains_map() -> dict[str, tuple[str, ...]]:
+    """cause id -> the causes it can explain, from ``rules/causes.toml`` (``explains = [...]``)."""
+    from advisor.causes import CAUSES_FILE
+
+    data = tomllib.loads(CAUSES_FILE.read_text(encoding="utf-8"))
+    return {cid: tuple(body.get("explains", ())) for cid, body in data["causes"].items()}
+
+
+def median_steps(breakdown: Any, no_step: int) -> dict[int, float]:
+    """Median step time (µs) of each rank over its real steps (rows outside any step left out)."""
+    if breakdown is None or breakdown.empty:
+        return {}
+    bd = breakdown[breakdown["step"] != no_step]
+    return {int(r): float(s.median()) for r, s in bd.groupby("rank")["step_us"] if len(s)}
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def step_cap(f: Finding, med: Mapping[int, float]) -> float | None:
+    """The most a finding can save per step: the median step of the ranks it names (every rank
+    for a finding that names none); None without step times for them."""
+    vals = [med[r] for r in (f.ranks or tuple(med)) if r in med]
+    return _median(vals) if vals else None
+
+
+def cap_savings(findings: Iterable[Finding], med: Mapping[int, float]) -> list[Finding]:
+    """Each saving at most :func:`step_cap`; a capped finding records the claimed figure. A finding
+    with a share of the step has the severity CAUSES.md gives that share."""
+    out = []
+    for f in findings:
+        if f.saving_fraction is not None and f.severity != severity_for_fraction(f.saving_fraction):
+            f = dataclasses.replace(f, severity=severity_for_fraction(f.saving_fraction))  # CAUSES.md's bands
+        cap = step_cap(f, med)
+        s = f.estimated_saving_us
+        if cap is None or s is None or s <= cap * (1 + CAP_TOLERANCE):
+            out.append(f)
+            continue
+        ev = dict(f.evidence)
+        ev["saving_capped_from_us"] = round(s, 3)
+        basis = (f.saving_basis + "; " if f.saving_basis else "") + "capped at the median step of the ranks it names"
+        # the share stays the rule's (of the step it measured, at most 1) and so does the severity
+        # that follows from it: a stall longer than the median step is still the whole step
+        out.append(dataclasses.replace(f, estimated_saving_us=round(cap, 3), evidence=ev, saving_basis=basis))
+    return out
+
+
+def unique_ids(findings: Iterable[Finding]) -> list[Finding]:
+    """Give the second and later findings that share an id a suffixed one (``-2``, ``-3`` ...)."""
+    seen: dict[str, int] = {}
+    out = []
+    for f in findings:
+        n = seen.get(f.id, 0) + 1
+        seen[f.id] = n
+        out.append(f if n == 1 else dataclasses.replace(f, uid=f"{f.id}-{n}"))
+    return out
+
+
+def _blamed(f: Finding) -> set[int]:
+    """Ranks a finding blames among those it names (the member a collective waits for), else none."""
+    text = str(f.evidence.get("slowest_ranks", f.evidence.get("slowest_rank", "")))
+    return {int(p) for p in text.replace("…", "").split(",") if p.strip().isdigit()}
+
+
+def same_time(a: Finding, b: Finding) -> bool:
+    """Whether ``a`` and ``b`` concern the same ranks and steps (see the module doc)."""
+    if a.ranks and b.ranks and not set(a.ranks) & set(b.ranks):
+        return False
+    blamed = _blamed(b)
+    if blamed and a.ranks and not blamed & set(a.ranks):
+        return False
+    shared = len(set(a.steps) & set(b.steps))
+    return not (a.steps and b.steps and shared < MIN_STEP_OVERLAP * len(set(b.steps)))
+
+
+def _reaches(edges: Mapping[int, set[int]], src: int, dst: int) -> bool:
+    stack, seen = [src], {src}
+    while stack:
+        x = stack.pop()
+        if x == dst:
+            return True
+        for y in edges.get(x, ()):
+            if y not in seen:
+                seen.add(y)
+                stack.append(y)
+    return False
+
+
+def link(findings: Sequence[Finding], causes: Mapping[str, Sequence[str]] | None = None) -> list[Finding]:
+    """Return ``findings`` with ``explains``, ``explained_by``, ``root`` and ``root_id`` set.
+
+    ``findings`` carry :func:`advisor.engine.explain.annotate`'s links in ``explains``; they are
+    kept where ``causes`` declares them, and are the only links into :data:`REFINED` causes."""
+    causes = explains_map() if causes is None else causes
+    items = list(findings)
+    idx = {f.id: i for i, f in enumerate(items)}
+    annotated = {(i, idx[b]) for i, f in enumerate(items) for b in f.explains if b in idx}
+    # strongest explanations first, so that where two links would close a cycle the larger saving wins
+    order = sorted(range(len(items)), key=lambda i: (-(items[i].estimated_saving_us or 0.0), i))
+    edges: dict[int, set[int]] = {}
+    for ai in order:
+        a = items[ai]
+        can = set(causes.get(a.cause, ()))
+        for bi in range(len(items)):
+            b = items[bi]
+            if bi == ai or b.cause == a.cause or b.cause not in can:
+                continue
+            ok = (ai, bi) in annotated if b.cause in REFINED else same_time(a, b)
+            sa, sb = a.estimated_saving_us, b.estimated_saving_us
+            if sa is not None and (sa <= 0 or sb is not None and sa < MIN_SAVING_SHARE * sb):
+                ok = False  # nothing to remove explains nothing
+            if ok and not _reaches(edges, bi, ai):
+                edges.setdefault(ai, set()).add(bi)
+    parents: dict[int, list[int]] = {}
+    for ai in order:
+        for bi in sorted(edges.get(ai, ())):
+            parents.setdefault(bi, []).append(ai)
+    chain = {i: chain_saving(i, items, edges) for i in range(len(items))}
+    out = []
+    for i, f in enumerate(items):
+        ps = parents.get(i, [])
+        root_id = None
+        if ps:
+            roots = [r for r in _ancestors(i, parents) if r not in parents]
+            best = min(roots, key=lambda r: (-(chain[r] or 0.0), -items[r].severity, r))
+            root_id = items[best].id
+        ev = dict(f.evidence)
+        if ps:
+            ev["explained_by"] = ", ".join(items[p].id for p in ps)
+        else:
+            ev.pop("explained_by", None)
+        out.append(dataclasses.replace(
+            f, explains=tuple(items[b].id for b in sorted(edges.get(i, ()))),
+            explained_by=tuple(items[p].id for p in ps), root=not ps, root_id=root_id, evidence=ev))
+    return out
+
+
+def _ancestors(i: int, parents: Mapping[int, list[int]]) -> list[int]:
+    out: list[int] = []
+    stack, seen = list(parents.get(i, [])), set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        out.append(x)
+        stack.extend(parents.get(x, []))
+    return sorted(out)
+
+
+def chain_saving(i: int, items: Sequence[Finding], edges: Mapping[int, set[int]]) -> float | None:
+    """A finding's own saving, or where it has none the largest saving of what it explains (the
+    same time, seen from another side)."""
+    own = items[i].estimated_saving_us
+    if own is not None:
+        return float(own)
+    best: float | None = None
+    stack, seen = list(edges.get(i, ())), set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        s = items[x].estimated_saving_us
+        if s is not None and (best is None or s > best):
+            best = float(s)
+        stack.extend(edges.get(x, ()))
+    return best
+
+
+def summary(findings: Sequence[Finding], med: Mapping[int, float]) -> dict[str, Any]:
+    """Report-level account: the roots, the verdict (root with the largest saving), and the total
+    saving (roots only, per rank; the largest rank's sum, capped at that rank's median step)."""
+    items = list(findings)
+    idx = {f.id: i for i, f in enumerate(items)}
+    edges = {i: {idx[b] for b in f.explains if b in idx} for i, f in enumerate(items)}
+    # a finding whose explainers were filtered out of the report (--rank / --step) counts as a root here
+    roots = [i for i, f in enumerate(items) if f.root or not any(e in idx for e in f.explained_by)]
+    chain = {i: chain_saving(i, items, edges) for i in roots}
+    verdict = min(roots, key=lambda i: (chain[i] is None, -(chain[i] or 0.0), -items[i].severity, i), default=None)
+    ranks = sorted(set(med) | {r for i in roots for r in items[i].ranks})
+    best: tuple[float, int | None, float, float | None] | None = None  # (total, rank, uncapped, cap)
+    for r in ranks or [None]:  # type: ignore[list-item]
+        parts = [chain[i] for i in roots if chain[i] is not None and (r is None or not items[i].ranks
+                                                                       or r in items[i].ranks)]
+        if not parts:
+            continue
+        raw = float(sum(p for p in parts if p is not None))
+        cap = med.get(r) if r is not None else None
+        total = min(raw, cap) if cap else raw
+        if best is None or total > best[0]:
+            best = (total, r, raw, cap)
+    out: dict[str, Any] = {
+        "total_saving_us": None if best is None else round(best[0], 3),
+        "total_saving_fraction": round(best[0] / best[3], 4) if best and best[3] else None,
+        "total_saving_rank": None if best is None else best[1],
+        "roots": [items[i].id for i in roots],
+        "verdict": None if verdict is None else items[verdict].id,
+    }
+    if best is not None and best[2] > best[0] * (1 + CAP_TOLERANCE):
+        out["total_saving_capped_from_us"] = round(best[2], 3)
+    return out
