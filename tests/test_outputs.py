@@ -273,7 +273,8 @@ def test_out_format_follows_the_extension_and_is_repeatable(tmp_path: Path) -> N
     assert outs[1].read_text().startswith("## advisor: ")
     data = json.loads(outs[2].read_text())
     validate_report(data)
-    assert data["findings"][0]["title"] in lines[0]
+    root = next(f for f in data["findings"] if f["id"] == data["savings"]["verdict"])
+    assert root["title"] in lines[0]
 
 
 @pytest.mark.parametrize(("args", "message"), [
