@@ -1,0 +1,100 @@
+"""Kineto event classification, the critical path's thread, platform advice and missing ranks.
+
+Synthetic traces plant each mechanism; the real traces in ``tests/data/kineto_real`` (see its
+README) check the verdicts an expert reads in them, with numbers recomputed from the raw JSON.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+from advisor.analyze import analyze_context
+from advisor.config import Config
+from advisor.ingest import load_profile
+from advisor.testing import context_from_tables
+from tests.conftest import ROOT
+
+REAL = ROOT / "tests" / "data" / "kineto_real"
+US = 1_000
+
+
+def _trace(tmp_path: Path, events: list[dict[str, Any]], dist: dict[str, Any] | None = None) -> Path:
+    doc: dict[str, Any] = {"schemaVersion": 1, "traceEvents": events}
+    if dist is not None:
+        doc["distributedInfo"] = dist
+    (tmp_path / "rank-0.json").write_text(json.dumps(doc))
+    return tmp_path
+
+
+def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1, pid: int = 1, **args: Any) -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def _raw(path: Path) -> dict[str, Any]:
+    with gzip.open(next(path.glob("*.json.gz")), "rt", encoding="utf-8") as fh:
+        return dict(json.load(fh))
+
+
+# -- classification ---------------------------------------------------------------------------
+
+def test_blocking_copies_are_syncs_async_ones_are_not(tmp_path: Path) -> None:
+    names = {"hipMemcpyWithStream": "sync", "cudaMemcpy": "sync", "hipMemcpy": "sync", "cudaDeviceSynchronize": "sync",
+             "cudaMemcpyAsync": "runtime", "hipMemcpyAsync": "runtime", "cudaLaunchKernel": "runtime",
+             "cudaFree": "runtime"}
+    ev = [_x("cuda_runtime", n, 10.0 * i, 5.0, correlation=i + 1) for i, n in enumerate(names)]
+    ctx = load_profile(_trace(tmp_path, ev))
+    got = dict(ctx.con.execute("SELECT name, kind FROM events").fetchall())
+    assert got == names
+
+
+def test_mtia_device_events_are_device_kernels(tmp_path: Path) -> None:
+    ev = [_x("cpu_op", "aten::mm", 0.0, 50.0), _x("mtia_runtime", "mtiaLaunchKernel", 5.0, 5.0, correlation=1),
+          _x("mtia_ccp_events", "mm_kernel", 20.0, 30.0, tid=7, pid=0, correlation=1)]
+    ctx = load_profile(_trace(tmp_path, ev))
+    assert ctx.con.execute("SELECT kind, device FROM events WHERE name = 'mm_kernel'").fetchall() == [("kernel", True)]
+    assert ctx.con.execute("SELECT has_device FROM ranks").fetchall() == [(True,)]
+
+
+def test_send_recv_kernels_of_an_all_to_all_are_a_collective(tmp_path: Path) -> None:
+    kernel = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+    ev = [_x("cpu_op", "nccl:all_to_all", 0.0, 40.0), _x("cuda_runtime", "cudaLaunchKernel", 10.0, 5.0, correlation=1),
+          _x("kernel", kernel, 20.0, 100.0, tid=7, pid=0, correlation=1),
+          _x("cpu_op", "nccl:send", 200.0, 40.0), _x("cuda_runtime", "cudaLaunchKernel", 210.0, 5.0, correlation=2),
+          _x("kernel", kernel, 220.0, 100.0, tid=7, pid=0, correlation=2)]
+    ctx = load_profile(_trace(tmp_path, ev))
+    got = ctx.con.execute("SELECT op_type FROM comm_ops ORDER BY start_ns").fetchall()
+    assert got == [("alltoall",), ("sendrecv",)]
+
+
+def _cpu003(rows: dict[str, list[dict[str, Any]]]) -> list[Any]:
+    report = analyze_context(context_from_tables(rows), Config(select=["CPU003"]))
+    return [f for f in report.findings if f.rule == "CPU003"]
+
+
+def _sync_rows(py_name: str, copy_name: str) -> dict[str, list[dict[str, Any]]]:
+    """3 steps of 10 ms: a 4 ms kernel, then ``py_name`` on the host and ``copy_name`` on the device,
+    then the device idles 5 ms before its next kernel."""
+    host = {"pid": "1", "tid": "1", "device": False}
+    dev = {"pid": "0", "tid": "7", "device": True, "stream": 7}
+    ev: list[dict[str, Any]] = []
+    base = 1_700_000_000_000_000_000
+    for s in range(3):
+        b = base + s * 10_000 * US
+        ev += [{"rank": 0, "kind": "step", "name": f"ProfilerStep#{s}", "start_ns": b, "dur_ns": 10_000 * US,
+                "cat": "user_annotation", **host},
+               {"rank": 0, "kind": "kernel", "name": "gemm", "start_ns": b, "dur_ns": 4_000 * US, **dev},
+               {"rank": 0, "kind": "python", "name": py_name, "start_ns": b + 4_000 * US, "dur_ns": 60 * US, **host},
+               {"rank": 0, "kind": "memcpy", "name": copy_name, "start_ns": b + 4_000 * US, "dur_ns": 50 * US, **dev},
+               {"rank": 0, "kind": "kernel", "name": "gemm", "start_ns": b + 9_000 * US, "dur_ns": 500 * US, **dev}]
+    return {"events": ev}
+
+
+def test_numpy_item_and_copies_into_pinned_memory_are_not_syncs() -> None:
+    quiet = _sync_rows("<built-in method item of numpy.float64 object at 0x7f0>", "Memcpy DtoH (Device -> Pinned)")
+    assert _cpu003(quiet) == []
+    loud = _sync_rows("<built-in method item of Tensor object at 0x7f0>", "Memcpy DtoH (Device -> Pageable)")
+    (f,) = _cpu003(loud)
+    assert f.evidence["sync_points_per_step"] == 1 and f.evidence["dtoh_copies_per_step"] == 1
