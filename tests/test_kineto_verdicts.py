@@ -11,11 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from advisor.analyze import analyze_context
+from advisor.analyze import analyze, analyze_context
 from advisor.config import Config
 from advisor.ingest import load_profile
 from advisor.testing import context_from_tables
-from tests.conftest import ROOT
+from tests.conftest import ROOT, report_json
 
 REAL = ROOT / "tests" / "data" / "kineto_real"
 US = 1_000
@@ -98,3 +98,31 @@ def test_numpy_item_and_copies_into_pinned_memory_are_not_syncs() -> None:
     loud = _sync_rows("<built-in method item of Tensor object at 0x7f0>", "Memcpy DtoH (Device -> Pageable)")
     (f,) = _cpu003(loud)
     assert f.evidence["sync_points_per_step"] == 1 and f.evidence["dtoh_copies_per_step"] == 1
+
+
+# -- critical path thread ---------------------------------------------------------------------
+
+def test_a_background_thread_that_waits_is_never_the_critical_path(tmp_path: Path) -> None:
+    ev = [_x("user_annotation", "ProfilerStep#1", 0.0, 1000.0),
+          # a monitor thread waiting across the whole window, ending last
+          _x("python_function", "threading.py(359): wait", 0.0, 1000.0, tid=2),
+          _x("cpu_op", "aten::mm", 100.0, 300.0), _x("cuda_runtime", "cudaLaunchKernel", 350.0, 20.0, correlation=1),
+          _x("kernel", "gemm", 380.0, 500.0, tid=7, pid=0, correlation=1)]
+    report = analyze(_trace(tmp_path, ev))
+    names = [o["name"] for o in report.critical_path["ops"]]
+    assert "gemm" in names and not [n for n in names if "threading" in n]
+
+
+def test_bert_critical_path_runs_on_the_main_thread() -> None:
+    path = REAL / "kineto_mi300_hf_bert_small"
+    doc = _raw(path)
+    # the thread that makes the runtime calls drives the device; every other thread's events are off the path
+    launcher = {(e["pid"], e["tid"]) for e in doc["traceEvents"] if e.get("cat") == "cuda_runtime"}
+    assert len(launcher) == 1
+    others = {e["name"] for e in doc["traceEvents"]
+              if e.get("ph") == "X" and e.get("cat") in ("python_function", "cpu_op")
+              and (e["pid"], e["tid"]) not in launcher}
+    assert any("threading.py" in n for n in others)
+    data = report_json(analyze(path))
+    ops = [o["name"] for o in data["critical_path"]["ops"]]
+    assert ops and not set(ops) & others
