@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from advisor.analyze import analyze, analyze_context
+from advisor.causes import Applies, for_platform, optimizations_for
 from advisor.config import Config
 from advisor.ingest import load_profile
 from advisor.testing import context_from_tables
@@ -126,3 +130,46 @@ def test_bert_critical_path_runs_on_the_main_thread() -> None:
     data = report_json(analyze(path))
     ops = [o["name"] for o in data["critical_path"]["ops"]]
     assert ops and not set(ops) & others
+
+
+# -- platform advice --------------------------------------------------------------------------
+
+def test_applies_filters_by_platform_and_operators() -> None:
+    ascend_only = Applies(("ascend",))
+    assert ascend_only.holds("ascend", ()) and not ascend_only.holds("cuda", ()) and ascend_only.holds(None, ())
+    gpu = Applies(("gpu",))
+    assert gpu.holds("rocm", ()) and gpu.holds("cuda", ()) and not gpu.holds("cpu", ()) and not gpu.holds("ascend", ())
+    syncbn = Applies((), "SyncBatchNorm")
+    assert syncbn.holds("cuda", ("aten::SyncBatchNorm",)) and not syncbn.holds("cuda", ("aten::item",))
+
+
+def test_optimizations_fit_the_platform() -> None:
+    def ids(cause: str, platform: str | None, ops: tuple[str, ...] = ()) -> list[str]:
+        return [o.id for o in optimizations_for(cause, platform, ops)]
+
+    assert "disable_jit_compile" in ids("cpu.operator_compilation", "ascend")
+    assert "disable_jit_compile" not in ids("cpu.operator_compilation", "cuda")
+    assert "graph_capture" in ids("cpu.operator_dispatch", "rocm")
+    assert "graph_capture" not in ids("cpu.operator_dispatch", "cpu")
+    assert "allocator_segments" in ids("cpu.operator_dispatch", "cuda", ("cudaFree",))
+    assert "allocator_segments" not in ids("cpu.operator_dispatch", "cuda", ("cudaLaunchKernel",))
+    assert "avoid_syncbn" not in ids("cpu.host_device_sync", "cuda", ("aten::item",))
+    assert "avoid_syncbn" in ids("cpu.host_device_sync", "cuda", ("SyncBatchNorm",))
+    for cause in ("compute.affinity_api", "compute.format_conversion", "cpu.operator_compilation"):
+        for o in optimizations_for(cause, "cuda", ()):
+            assert not re.search(r"torch_npu|npu_", o.how), (cause, o.id)
+
+
+def test_advice_text_drops_ascend_alternatives_elsewhere() -> None:
+    text = "scaled_dot_product_attention / FlashAttention (torch_npu.npu_fusion_attention)"
+    assert for_platform(text, "cuda") == "scaled_dot_product_attention / FlashAttention"
+    assert for_platform("torch_npu.npu_rotary_mul / a fused RoPE kernel", "rocm") == "a fused RoPE kernel"
+    assert for_platform(text, "ascend") == text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(p.name for p in REAL.iterdir() if p.is_dir()))
+def test_no_gpu_trace_gets_torch_npu_advice(name: str) -> None:
+    data = report_json(analyze(REAL / name))
+    npu = [f["rule"] for f in data["findings"] if re.search(r"torch_npu|npu_", json.dumps(f))]
+    assert not npu
