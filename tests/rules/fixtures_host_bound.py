@@ -1,8 +1,9 @@
-"""Canonical-row fixtures for CPU007 (host-bound device): facts planted by construction.
+"""Canonical-row fixtures for CPU007 (host-bound device) and CMP006's kernels built for few SMs:
+facts planted by construction.
 
 Each builder returns ``{table: [rows]}`` for :func:`advisor.testing.context_from_tables`; times are
 integer ns, three ``ProfilerStep#N`` markers of 10 ms tile the timeline. The planted magnitudes are
-written next to each builder and asserted in ``tests/rules/cases/CPU007.toml``.
+written next to each builder and asserted in ``tests/rules/cases/CPU007.toml`` / ``CMP006.toml``.
 """
 
 from __future__ import annotations
@@ -51,3 +52,17 @@ def sync_bound() -> Rows:
         ev.append(_ev("runtime", "cudaLaunchKernel", b + 9260 * US, 30 * US, corr=corr))
         ev.append(_ev("kernel", "big_gemm_kernel", b + 9300 * US, 600 * US, DEV, corr=corr))
     return {"events": ev}
+
+
+def gpu_small_grid_by_design() -> Rows:
+    """Like ``fixtures_compute.gpu_small_grid`` (A100, 108 SMs), but the 40-block kernel is DeepEP's
+    expert-parallel dispatch and a persistent matmul uses 108 blocks: kernels built to use few cores."""
+    from tests.rules.fixtures_compute import gpu_small_grid
+
+    tables = gpu_small_grid()
+    for e in tables["events"]:
+        if e.get("name") == "void small_grid_kernel<float>(float*)":
+            e["name"] = "void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*)"
+        elif e.get("name") == "void big_grid_kernel<float>(float*)":
+            e["name"], e["block_dim"] = "matmul_kernel_persistent", 20
+    return tables
