@@ -18,6 +18,7 @@ from advisor.analyze import analyze, analyze_context
 from advisor.causes import Applies, for_platform, optimizations_for
 from advisor.config import Config
 from advisor.ingest import load_profile
+from advisor.model import Finding, Severity
 from advisor.testing import context_from_tables
 from tests.conftest import ROOT, report_json
 
@@ -173,3 +174,76 @@ def test_no_gpu_trace_gets_torch_npu_advice(name: str) -> None:
     data = report_json(analyze(REAL / name))
     npu = [f["rule"] for f in data["findings"] if re.search(r"torch_npu|npu_", json.dumps(f))]
     assert not npu
+
+
+# -- missing ranks ----------------------------------------------------------------------------
+
+def test_one_rank_of_eight_warns_and_communication_names_the_missing_peers() -> None:
+    host = {"pid": "1", "tid": "1", "device": False}
+    ctx = context_from_tables({
+        "events": [{"rank": 0, "kind": "step", "name": "ProfilerStep#1", "start_ns": 0, "dur_ns": 1_000_000, **host}],
+        "ranks": [{"rank": 0, "source": "kineto", "world_size": 8, "has_device": False, "rank_source": "test",
+                   "files": ""}],
+    })
+    from advisor.analyze import _missing_ranks
+
+    comm = Finding(rule="COM001", cause="comm.slow_synchronization", severity=Severity.HIGH, title="t", evidence={})
+    other = Finding(rule="CPU002", cause="cpu.operator_dispatch", severity=Severity.HIGH, title="t", evidence={})
+    out = _missing_ranks(ctx, [comm, other])
+    (warning,) = [w.message for w in ctx.warnings if w.code == "missing_ranks"]
+    assert warning.startswith("7 of 8 ranks missing (world size 8, ranks present: 0)")
+    assert "peers not in the profile" in out[0].detail and out[0].evidence["ranks_missing"] == 7
+    assert out[1] is other
+
+
+@pytest.mark.slow
+def test_b200_rank_is_host_bound_and_seven_ranks_are_missing() -> None:
+    path = REAL / "kineto_b200_vllm_tp8_rank0"
+    doc = _raw(path)
+    assert doc["distributedInfo"]["world_size"] == 8 and doc["distributedInfo"]["rank"] == 0
+    data = report_json(analyze(path))
+    assert any(w["code"] == "missing_ranks" and w["message"].startswith("7 of 8 ranks missing")
+               for w in data["warnings"])
+    (f,) = [f for f in data["findings"] if f["rule"] == "CPU007"]
+    assert f["severity"] in ("medium", "high", "critical") and f["cause"] == "cpu.operator_dispatch"
+    assert "graph_capture" in {o["id"] for o in f["optimizations"]}
+    # the kernel + memcpy union over the whole window, counted from the raw events
+    assert f["evidence"]["device_busy_share"] == pytest.approx(_busy_share(doc), abs=0.002)
+
+
+def _busy_share(doc: dict[str, Any]) -> float:
+    """Union of the device events over the window of all timed events (no step marker: one window)."""
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X" and "dur" in e and e.get("cat") not in ("Trace", "ac2g")]
+    lo = min(float(e["ts"]) for e in ev)
+    hi = max(float(e["ts"]) + float(e["dur"]) for e in ev)
+    busy, cur_s, cur_e = 0.0, None, 0.0
+    for s, e in sorted((float(x["ts"]), float(x["ts"]) + float(x["dur"])) for x in ev
+                       if x.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")):
+        if cur_s is None or s > cur_e:
+            busy += 0.0 if cur_s is None else cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += 0.0 if cur_s is None else cur_e - cur_s
+    return busy / (hi - lo)
+
+
+@pytest.mark.slow
+def test_sglang_blocking_copies_are_a_sync_verdict() -> None:
+    path = REAL / "kineto_mi300_sglang_prefilldecode"
+    doc = _raw(path)
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X" and "dur" in e and e.get("cat") not in ("Trace", "ac2g")]
+    lo = min(float(e["ts"]) for e in ev)
+    hi = max(float(e["ts"]) + float(e["dur"]) for e in ev)
+    dev = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in ev if e.get("cat") in ("kernel", "gpu_memcpy")]
+    # device idle inside the blocking copies (the device events do not overlap each other there)
+    idle_in_copies = sum(float(e["dur"]) - sum(max(0.0, min(float(e["ts"]) + float(e["dur"]), b) - max(float(e["ts"]), a))
+                                               for a, b in dev)
+                         for e in ev if e["name"] == "hipMemcpyWithStream")
+    data = report_json(analyze(path))
+    (f,) = [f for f in data["findings"] if f["rule"] == "CPU007"]
+    assert f["cause"] == "cpu.host_device_sync" and f["severity"] in ("medium", "high", "critical")
+    assert f["evidence"]["main_reason"] == "sync"
+    assert f["evidence"]["host_work_share"] >= idle_in_copies / (hi - lo) - 1e-4
+    assert f["evidence"]["host_work_share"] <= 1.0 - _busy_share(doc) + 1e-4
+    assert "hipMemcpyWithStream" in f["ops"]
