@@ -66,3 +66,19 @@ def gpu_small_grid_by_design() -> Rows:
         elif e.get("name") == "void big_grid_kernel<float>(float*)":
             e["name"], e["block_dim"] = "matmul_kernel_persistent", 20
     return tables
+
+
+def slow_rank_all_to_all() -> Rows:
+    """``fixtures_comm.slow_rank_kineto_nccl`` with the all-reduce replaced by an all-to-all run as NCCL
+    ``SendRecv`` kernels (comm_ops type ``alltoall``, as the Kineto reader types them under a host
+    all-to-all): rank 0 lasts 12 ms, rank 1 arrives 9 ms later and lasts 3 ms; R_wait = 9 / 15 = 0.6."""
+    from tests.rules.fixtures_comm import slow_rank_kineto_nccl
+
+    rows = slow_rank_kineto_nccl()
+    name = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+    for op in rows["comm_ops"]:
+        op["name"], op["op_type"] = name, "alltoall"
+    for e in rows["events"]:
+        if e["kind"] == "comm":
+            e["name"] = name
+    return rows
