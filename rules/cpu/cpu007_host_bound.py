@@ -77,18 +77,37 @@ SELECT w.rank, median((w.end_ns - w.start_ns - b.busy_ns) / (w.end_ns - w.start_
 FROM win w JOIN busy b USING (rank, step) GROUP BY w.rank
 """
 
+# the host events of the threads that drive the device (all threads when none makes runtime calls); Python
+# frames (with_stack traces hold tens of thousands, nested deep) only as their union per thread, named "Python"
 HOST_SQL = """
-WITH drivers AS (SELECT DISTINCT tid FROM events WHERE rank = $rank AND NOT device AND kind IN ('runtime', 'sync'))
-SELECT tid, start_ns AS s, start_ns + dur_ns AS e, name,
+WITH drivers AS (SELECT DISTINCT tid FROM events WHERE rank = $rank AND NOT device AND kind IN ('runtime', 'sync')),
+sel AS (
+    SELECT tid, kind, name, start_ns AS s, start_ns + dur_ns AS e FROM events
+    WHERE rank = $rank AND NOT device AND dur_ns > 0 AND start_ns < $hi AND start_ns + dur_ns > $lo
+      AND kind IN ('sync', 'runtime', 'dataloader', 'host_op', 'python', 'comm', 'queue', 'other')
+      AND (tid IN (SELECT tid FROM drivers) OR NOT EXISTS (SELECT 1 FROM drivers))
+),
+py AS (
+    SELECT tid, s, e, max(e) OVER (PARTITION BY tid ORDER BY s, e DESC
+                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+    FROM sel WHERE kind = 'python'
+),
+py_isl AS (
+    SELECT tid, min(s) AS s, max(e) AS e FROM (
+        SELECT tid, s, e, sum(CASE WHEN reach IS NULL OR s > reach THEN 1 ELSE 0 END)
+                          OVER (PARTITION BY tid ORDER BY s, e DESC ROWS UNBOUNDED PRECEDING) AS isl
+        FROM py
+    ) GROUP BY tid, isl
+)
+SELECT tid, s, e, name,
        CASE WHEN kind = 'sync' THEN 0
             WHEN kind = 'runtime' AND regexp_matches(name, $alloc_re) THEN 1
             WHEN kind = 'dataloader' THEN 2
             WHEN kind = 'runtime' THEN 3
             ELSE 4 END AS cls
-FROM events
-WHERE rank = $rank AND NOT device AND dur_ns > 0 AND start_ns < $hi AND start_ns + dur_ns > $lo
-  AND kind IN ('sync', 'runtime', 'dataloader', 'host_op', 'python', 'comm', 'queue', 'other')
-  AND (tid IN (SELECT tid FROM drivers) OR NOT EXISTS (SELECT 1 FROM drivers))
+FROM sel WHERE kind <> 'python'
+UNION ALL
+SELECT tid, s, e, 'Python' AS name, 4 AS cls FROM py_isl
 ORDER BY tid, s, e DESC
 """
 
