@@ -186,6 +186,7 @@ def _rank(ctx: RuleContext[Thresholds], rank: int, steps: pd.DataFrame) -> Findi
     n_steps = len(steps)
     per = np.zeros((n_steps, len(CLASS_NAMES)))
     wait: dict[str, float] = {}  # ns the device idled while each host call / operator was the innermost one
+    blocking: set[str] = set()  # the names among them that are sync or allocator calls
     if len(i_s) and len(hs):
         pts = np.unique(np.concatenate([i_s, i_e, hs, he]))
         pts = pts[(pts >= lo) & (pts <= hi)]
@@ -214,9 +215,11 @@ def _rank(ctx: RuleContext[Thresholds], rank: int, steps: pd.DataFrame) -> Findi
             per[:, code] = np.bincount(seg_j[sel], weights=dur[sel], minlength=n_steps)
         calls = np.isin(best, HOST_WORK)
         names = host["name"].to_numpy()
-        for i, d in zip(who[calls], dur[calls], strict=True):
+        for i, c, d in zip(who[calls], best[calls], dur[calls], strict=True):
             nm = str(names[int(i)])
             wait[nm] = wait.get(nm, 0.0) + float(d)
+            if c <= ALLOC:
+                blocking.add(nm)
     idle_ns = np.bincount(i_j, weights=(i_e - i_s).astype(float), minlength=n_steps)
     rows = [{"step": step_ids[j], "step_ns": int(w_e[j] - w_s[j]), "idle_ns": float(idle_ns[j]),
              **{nm: float(per[j, code]) for code, nm in CLASS_NAMES.items()}}
@@ -241,7 +244,7 @@ def _rank(ctx: RuleContext[Thresholds], rank: int, steps: pd.DataFrame) -> Findi
     cause = "cpu.host_device_sync" if main == "sync" else "cpu.operator_dispatch"
     reason = {
         "sync": "the host blocks in sync calls (blocking copies, synchronize) while the device has nothing queued",
-        "allocator": "the host blocks in allocator calls (cudaMalloc / cudaFree) that wait for the device",
+        "allocator": "the host blocks in allocator calls (cudaMalloc / cudaFree, hipFree) that wait for the device",
         "launch": f"the host spends the time launching kernels ({short_share:.0%} of {n_k / n:.0f} kernels per step "
                   f"run under {ctx.t.short_kernel_us:g} µs)",
         "framework_python": f"the host runs Python and framework code between launches ({short_share:.0%} of "
@@ -266,6 +269,7 @@ def _rank(ctx: RuleContext[Thresholds], rank: int, steps: pd.DataFrame) -> Findi
         saving_us=min(saving, step_us), step_us=step_us, cause=cause,
         saving_basis="median per-step device idle time during which the threads driving the device were in sync, "
         "allocator, launch, framework or Python work (data loading excluded)",
-        ranks=[rank], steps=[int(s) for s in df["step"]], ops=[nm for nm, _ in top_calls],
+        # ops: the blocking calls only, so that ranks bound the same way merge into one finding
+        ranks=[rank], steps=[int(s) for s in df["step"]], ops=sorted(nm for nm, _ in top_calls if nm in blocking),
         top=[{"host_call": nm, "device_idle_us_per_step": round(d / 1000.0 / n, 1)} for nm, d in top_calls],
     )
