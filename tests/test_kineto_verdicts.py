@@ -111,6 +111,8 @@ def test_a_background_thread_that_waits_is_never_the_critical_path(tmp_path: Pat
     ev = [_x("user_annotation", "ProfilerStep#1", 0.0, 1000.0),
           # a monitor thread waiting across the whole window, ending last
           _x("python_function", "threading.py(359): wait", 0.0, 1000.0, tid=2),
+          # ... which once queried the device (a usage reporter): a runtime call that launches nothing
+          _x("cuda_runtime", "cudaGetDeviceProperties", 5.0, 3.0, tid=2, correlation=99),
           _x("cpu_op", "aten::mm", 100.0, 300.0), _x("cuda_runtime", "cudaLaunchKernel", 350.0, 20.0, correlation=1),
           _x("kernel", "gemm", 380.0, 500.0, tid=7, pid=0, correlation=1)]
     report = analyze(_trace(tmp_path, ev))

@@ -42,8 +42,9 @@ window start. The dependencies it follows, each a real edge that can be named:
   was started from the main thread (the one holding the step marker, or where another thread
   makes the device calls, the one making most of them); the walk moves there.
 
-The walk runs only on threads that do the step's work: those making runtime / sync calls when
-any does, else those running framework operators. A background thread that only waits (tqdm's
+The walk runs only on threads that do the step's work: those launching the window's device
+tasks (a runtime call with the task's correlation; else any runtime / sync call), else those
+running framework operators. A background thread that only waits (tqdm's
 monitor, a usage reporter in ``threading.py``) spans the window but is never the path.
 
 Gaps where the chosen track was doing nothing become ``idle`` segments on the path, so the
@@ -175,10 +176,15 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
     # the threads the path may run on: those that drive the device (runtime / sync calls), else those
     # running framework operators; a background thread that only waits (a progress-bar monitor, a
     # reporter sleeping in threading.py) is never what the step waits on
+    dev_corr = {corr[i] for i in range(n) if device[i] and corr[i] is not None}
     launches: dict[str, int] = defaultdict(int)
     for th, ix in by_thread.items():
-        launches[th] = sum(1 for i in ix if kind[i] in ("runtime", "sync"))
+        launches[th] = sum(1 for i in ix if kind[i] in ("runtime", "sync") and corr[i] in dev_corr)
     drivers = {th for th, c in launches.items() if c}
+    if not drivers:  # no launch linked to its device task: the threads making runtime calls
+        for th, ix in by_thread.items():
+            launches[th] = sum(1 for i in ix if kind[i] in ("runtime", "sync"))
+        drivers = {th for th, c in launches.items() if c}
     workers = drivers or {th for th, ix in by_thread.items() if any(kind[i] in WORK_KINDS for i in ix)} or set(by_thread)
     marker_tid = next((tid[i] for i in range(n) if kind[i] == "step"), None)
     if drivers and marker_tid not in drivers:

@@ -11,7 +11,7 @@ by its host whatever the kernels do; tuning kernels then saves nothing.
 ## How it is detected
 Per step of each rank with device events: the device busy time is the union of its kernels,
 copies, memsets and communication; the idle time is the rest of the step window. During each
-idle instant, what the threads that drive the device (those that make runtime / driver calls)
+idle instant, what the threads that drive the device (those whose runtime calls launch its tasks)
 are doing is read from their innermost event: a sync call (``*Synchronize``, blocking copies such
 as ``cudaMemcpy`` / ROCm's ``hipMemcpyWithStream``), an allocator call (``cudaMalloc`` /
 ``cudaFree``, ``hip*``), another runtime call (kernel launches), framework operators or Python
@@ -77,10 +77,16 @@ SELECT w.rank, median((w.end_ns - w.start_ns - b.busy_ns) / (w.end_ns - w.start_
 FROM win w JOIN busy b USING (rank, step) GROUP BY w.rank
 """
 
-# the host events of the threads that drive the device (all threads when none makes runtime calls); Python
+# the host events of the threads that drive the device (those launching device tasks, else those making runtime
+# calls, else all); Python
 # frames (with_stack traces hold tens of thousands, nested deep) only as their union per thread, named "Python"
 HOST_SQL = """
-WITH drivers AS (SELECT DISTINCT tid FROM events WHERE rank = $rank AND NOT device AND kind IN ('runtime', 'sync')),
+WITH calls AS (SELECT tid, corr FROM events WHERE rank = $rank AND NOT device AND kind IN ('runtime', 'sync')),
+launchers AS (  -- threads whose runtime calls launched device tasks (a thread that only queries the device is not one)
+    SELECT DISTINCT tid FROM calls
+    WHERE corr IN (SELECT corr FROM events WHERE rank = $rank AND device AND corr IS NOT NULL)
+),
+drivers AS (SELECT tid FROM launchers UNION SELECT DISTINCT tid FROM calls WHERE NOT EXISTS (SELECT 1 FROM launchers)),
 sel AS (
     SELECT tid, kind, name, start_ns AS s, start_ns + dur_ns AS e FROM events
     WHERE rank = $rank AND NOT device AND dur_ns > 0 AND start_ns < $hi AND start_ns + dur_ns > $lo
