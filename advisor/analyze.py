@@ -260,6 +260,7 @@ def analyze_context(ctx: AnalysisContext, cfg: Config | None = None, t_start: fl
     cfg = cfg or Config()
     t_start = time.perf_counter() if t_start is None else t_start
     findings, outcomes = run_rules(ctx, cfg, debug=debug)
+    findings = _missing_ranks(ctx, findings)
     if rank is not None or step is not None:
         findings = [
             f
@@ -267,6 +268,39 @@ def analyze_context(ctx: AnalysisContext, cfg: Config | None = None, t_start: fl
             if (rank is None or not f.ranks or rank in f.ranks) and (step is None or not f.steps or step in f.steps)
         ]
     return build_report(ctx, findings, outcomes, t_start, rank=rank, step=step, full_critical_path=full_critical_path)
+
+
+# causes whose findings are about exposed communication time, part of which waits on the other members
+_PEER_CAUSES = ("comm.slow_synchronization", "parallel.poor_overlap")
+
+
+def _missing_ranks(ctx: AnalysisContext, findings: list[Any]) -> list[Any]:
+    """Warn when the exported world size is larger than the ranks the profile holds, and say in the
+    communication findings that their waits may be on peers the profile does not hold."""
+    import dataclasses
+
+    try:
+        world = ctx.query("SELECT max(world_size) AS w FROM ranks")[0]["w"]
+    except Exception:  # noqa: BLE001 -- a context without a ranks table (unit tests)
+        return findings
+    present = sorted(ctx.ranks)
+    if not world or not present or int(world) <= len(present):
+        return findings
+    world = int(world)
+    missing = world - len(present)
+    ctx.warnings.append(Warning_(
+        "missing_ranks",
+        f"{missing} of {world} ranks missing (world size {world}, ranks present: {spans(present)}): slow-rank, "
+        "wait and link analyses compare only the ranks present, and communication may wait on the others"))
+    note = (f"The profile holds {len(present)} of {world} ranks: this communication time may be spent waiting "
+            f"for peers not in the profile ({missing} ranks), whose own findings cannot be seen here.")
+    out = []
+    for f in findings:
+        if f.cause.startswith(_PEER_CAUSES):
+            f = dataclasses.replace(f, detail=(f.detail + " " + note).strip(),
+                                    evidence={**f.evidence, "ranks_missing": missing, "world_size": world})
+        out.append(f)
+    return out
 
 
 def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any], t_start: float, *, rank: int | None = None, step: int | None = None,

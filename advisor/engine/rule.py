@@ -23,7 +23,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from advisor.causes import optimizations_for
 from advisor.model import Finding, Severity, severity_for_fraction
@@ -216,9 +216,42 @@ class RuleContext(Generic[T]):
             saving_fraction=None if fraction is None else round(fraction, 4),
             saving_basis=saving_basis,
             detail=detail,
-            optimizations=optimizations_for(cause),
+            optimizations=optimizations_for(cause, platform_of(self.analysis),
+                                            (title, *(str(o) for o in ops), *(str(v) for x in top for v in x.values()))),
             top=tuple(dict(x) for x in top),
         )
+
+
+# runtime API prefixes -> the platform a Kineto trace was recorded on
+_RUNTIME_PLATFORM_SQL = """
+SELECT CASE WHEN name LIKE 'hip%' THEN 'rocm' WHEN name LIKE 'cu%' THEN 'cuda' ELSE 'gpu' END AS p, count(*) AS n
+FROM event_names WHERE NOT device AND kind IN ('runtime', 'sync') GROUP BY p ORDER BY n DESC LIMIT 1
+"""
+
+
+def platform_of(analysis: Any) -> str | None:
+    """The profile's platform for advice (see :mod:`advisor.causes`): ``ascend`` for Ascend exports,
+    ``cpu`` without device events, else ``cuda`` / ``rocm`` from the runtime calls (``gpu`` when they
+    name neither); None when it cannot be told (no ranks table). Computed once per analysis."""
+    extras = getattr(analysis, "extras", None)
+    if extras is not None and "platform" in extras:
+        return cast(str | None, extras["platform"])
+    platform: str | None = None
+    try:
+        rows = analysis.query("SELECT source, has_device, device_name FROM ranks")
+        if any(str(r["source"] or "").startswith("ascend") or "ascend" in str(r["device_name"] or "").lower()
+               for r in rows):
+            platform = "ascend"
+        elif rows and not any(r["has_device"] for r in rows):
+            platform = "cpu"
+        elif rows:
+            found = analysis.query(_RUNTIME_PLATFORM_SQL)
+            platform = str(found[0]["p"]) if found else "gpu"
+    except Exception:  # noqa: BLE001 -- a context without these tables (unit tests): advice for every platform
+        platform = None
+    if extras is not None:
+        extras["platform"] = platform
+    return platform
 
 
 def iter_findings(result: Iterable[Finding] | None) -> Iterator[Finding]:

@@ -102,7 +102,10 @@ ARGS_STRUCT = "STRUCT(" + ", ".join(f'"{key}" {_STRUCT_TYPES.get(k, "VARCHAR")}'
                                     if not k.endswith("_lower")) + ")"
 LOWER_CASE_KEYS = tuple(b'"' + _ARG_KEYS[k].encode() + b'"' for k in _ARGS if k.endswith("_lower"))
 
-DEVICE_CATS = ("kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset", "gpu_user_annotation", "cuda_sync")
+# device-side activity of other accelerators Kineto records: MTIA's command-processor events are its kernels
+OTHER_DEVICE_KERNEL_CATS = ("mtia_ccp_events",)
+DEVICE_CATS = ("kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset", "gpu_user_annotation", "cuda_sync",
+               *OTHER_DEVICE_KERNEL_CATS)
 # host-side runtime / driver API categories of Kineto (CUDA, ROCm, Intel XPU, PrivateUse1 backends, MTIA);
 # "privateuse1_driver" is not among them: some backends (AWS Neuron) log device execution under it
 RUNTIME_CATS = ("cuda_runtime", "runtime", "cuda_driver", "hip_runtime", "xpu_runtime", "xpu_driver",
@@ -110,15 +113,19 @@ RUNTIME_CATS = ("cuda_runtime", "runtime", "cuda_driver", "hip_runtime", "xpu_ru
 COMM_KERNEL_RE = r"(?i)nccl|rccl|hccl|msccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv"
 COMM_HOST_RE = r"^(nccl|gloo|mpi|ucc|hccl|c10d):|^c10d::|^record_param_comms$|^c10d_functional::"
 # categories whose ProfilerStep#N-named events are not host step markers (checked before the marker test)
-_NOT_MARK_CATS = ("kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset", "cuda_sync", "gpu_user_annotation") + RUNTIME_CATS
-SYNC_RE = r"(?i)synchronize$|^(cuda|hip)Memcpy$|^(cuda|hip)StreamQuery$"
+_NOT_MARK_CATS = ("kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset", "cuda_sync", "gpu_user_annotation",
+                  *OTHER_DEVICE_KERNEL_CATS) + RUNTIME_CATS
+# runtime calls that block the host on the device: synchronize calls, stream queries and the
+# blocking (non-Async) copies of CUDA / ROCm (``hipMemcpyWithStream`` is ROCm's blocking copy on a stream)
+SYNC_RE = (r"(?i)synchronize$|^(cuda|hip)StreamQuery$"
+           r"|^(cuda|hip)Memcpy(WithStream|2D|3D|DtoH|HtoD|DtoD|ToSymbol|FromSymbol|Peer)?$|^cuMemcpy(DtoH|HtoD)(_v2)?$")
 
 # SQL: the event kind (schema.KINDS) from ``lcat`` (lower-case category) and ``name``. A device
 # kernel is 'kernel' here; the communication ones (COMM_KERNEL_RE) become 'comm' after the scan,
 # their names tested once each (:func:`_comm_kernels`): kernel names are long, a regular
 # expression on every kernel event cost more than the rest of its row
 _KIND_SQL = f"""CASE
-    WHEN lcat = 'kernel' THEN 'kernel'
+    WHEN lcat IN {("kernel", *OTHER_DEVICE_KERNEL_CATS)} THEN 'kernel'
     WHEN lcat IN ('gpu_memcpy', 'memcpy') THEN 'memcpy'
     WHEN lcat IN ('gpu_memset', 'memset') THEN 'memset'
     WHEN lcat IN {RUNTIME_CATS} THEN CASE WHEN regexp_matches(name, '{SYNC_RE.replace("'", "''")}') THEN 'sync' ELSE 'runtime' END
@@ -797,13 +804,18 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
     win = window_lookup(cur, lookup, ranks_sql)
     try:
         step = f"CASE WHEN t.rank IN ({ranks_sql}) THEN {step_of('t.start_ns')} END"
+        a2a = _all_to_all_launches(cur, part)
         cur.execute(
             f"""INSERT INTO comm_ops
             SELECT t.rank, {step}, t.name,
-              regexp_replace(lower(regexp_extract(t.name, '(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|send_?recv|send|recv|reduce|barrier|gather|scatter)', 1, 'i')), '_', '', 'g'),
+              CASE WHEN a.corr IS NOT NULL THEN 'alltoall' ELSE
+              regexp_replace(lower(regexp_extract(t.name, '(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|send_?recv|send|recv|reduce|barrier|gather|scatter)', 1, 'i')), '_', '', 'g')
+              END,
               t.x_group, t.start_ns, t.dur_ns, NULL, NULL, NULL, NULL, t.bytes, t.file_id
-            FROM {part} t {win.join} WHERE t.kind = 'comm' AND lower(coalesce(t.cat, '')) = 'kernel'"""
+            FROM {part} t {win.join} LEFT JOIN {a2a} a ON a.rank = t.rank AND a.corr = t.corr
+            WHERE t.kind = 'comm' AND lower(coalesce(t.cat, '')) = 'kernel'"""
         )
+        cur.execute(f"DROP TABLE IF EXISTS {a2a}")
         cur.execute(f"ALTER TABLE {part} DROP COLUMN x_extra")
         cur.execute(f"ALTER TABLE {part} DROP COLUMN x_group")
         release_memory()  # before the UPDATE, the peak of the load
@@ -815,6 +827,22 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
     lctx.mark_stepped(stepped)
     lctx.add_events_part(part)
     return results
+
+
+def _all_to_all_launches(cur: Any, part: str) -> str:
+    """A temporary table (rank, corr) of the launches made inside a host all-to-all call
+    (``nccl:all_to_all``, ``c10d::alltoall_base`` ...): NCCL runs an all-to-all as ``SendRecv``
+    kernels, which are a collective of the whole group, not point-to-point transfers."""
+    name = f"{part}_a2a"
+    cur.execute(
+        f"""CREATE OR REPLACE TEMP TABLE {name} AS
+        WITH h AS (SELECT rank, tid, start_ns, start_ns + dur_ns AS end_ns FROM {part}
+                   WHERE NOT device AND kind IN ('comm', 'host_op') AND regexp_matches(name, '(?i)all_?to_?all'))
+        SELECT DISTINCT r.rank, r.corr FROM {part} r JOIN h ON r.rank = h.rank AND r.tid IS NOT DISTINCT FROM h.tid
+             AND r.start_ns >= h.start_ns AND r.start_ns < h.end_ns
+        WHERE NOT r.device AND r.kind = 'runtime' AND r.corr IS NOT NULL"""
+    )
+    return name
 
 
 def _comm_kernels(cur: Any, part: str) -> None:

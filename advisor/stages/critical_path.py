@@ -39,7 +39,13 @@ window start. The dependencies it follows, each a real edge that can be named:
   sync (``cuda_sync`` "Stream Sync" / "Event Sync" with the call's correlation), only the task
   it names can end the wait: the last task of that stream, or the event's producer;
 * **thread hand-off** – a helper thread (e.g. autograd's) with nothing earlier in the window
-  was started from the main thread (the one holding the step marker); the walk moves there.
+  was started from the main thread (the one holding the step marker, or where another thread
+  makes the device calls, the one making most of them); the walk moves there.
+
+The walk runs only on threads that do the step's work: those launching the window's device
+tasks (a runtime call with the task's correlation; else any runtime / sync call), else those
+running framework operators. A background thread that only waits (tqdm's
+monitor, a usage reporter in ``threading.py``) spans the window but is never the path.
 
 Gaps where the chosen track was doing nothing become ``idle`` segments on the path, so the
 path's length is exactly the window's wall time. Time on the path is credited to the
@@ -69,6 +75,9 @@ REPORT_KIND = {
     "comm": "communication",
     "dataloader": "io",
 }
+
+# host event kinds that are framework work (a thread with none of them, and no runtime call, only waits)
+WORK_KINDS = ("host_op", "comm", "dataloader", "queue")
 
 _EVENTS_SQL = """
 SELECT start_ns, start_ns + dur_ns AS end_ns, kind, name, device, coalesce(pid, '') AS pid, coalesce(tid, '') AS tid,
@@ -164,9 +173,28 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
     for i in range(n):
         if not device[i] and kind[i] != "step":
             by_thread[tid[i]].append(i)
-    main_tid = next((tid[i] for i in range(n) if kind[i] == "step"), None)
+    # the threads the path may run on: those that drive the device (runtime / sync calls), else those
+    # running framework operators; a background thread that only waits (a progress-bar monitor, a
+    # reporter sleeping in threading.py) is never what the step waits on
+    dev_corr = {corr[i] for i in range(n) if device[i] and corr[i] is not None}
+    launches: dict[str, int] = defaultdict(int)
+    for th, ix in by_thread.items():
+        launches[th] = sum(1 for i in ix if kind[i] in ("runtime", "sync") and corr[i] in dev_corr)
+    drivers = {th for th, c in launches.items() if c}
+    if not drivers:  # no launch linked to its device task: the threads making runtime calls
+        for th, ix in by_thread.items():
+            launches[th] = sum(1 for i in ix if kind[i] in ("runtime", "sync"))
+        drivers = {th for th, c in launches.items() if c}
+    workers = drivers or {th for th, ix in by_thread.items() if any(kind[i] in WORK_KINDS for i in ix)} or set(by_thread)
+    marker_tid = next((tid[i] for i in range(n) if kind[i] == "step"), None)
+    if drivers and marker_tid not in drivers:
+        main_tid: str | None = max(sorted(drivers), key=lambda th: launches[th])
+    else:
+        main_tid = marker_tid
     if main_tid is None and by_thread:
-        main_tid = max(by_thread, key=lambda t: len(by_thread[t]))
+        main_tid = max(sorted(workers), key=lambda th: len(by_thread[th]))
+    if main_tid is not None:
+        workers.add(main_tid)
     tracks = {t: _flatten(ix, start, end) for t, ix in by_thread.items()}
     # outermost framework op enclosing each host event (for crediting time)
     owner = list(range(n))
@@ -305,7 +333,9 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
 
     # start: the latest-ending piece of work in the window
     t = int(end_ns)
-    last = max(range(n), key=lambda i: (end[i], device[i]))
+    last = max((i for i in range(n) if device[i] or (tid[i] in workers and kind[i] != "step")), key=lambda i: (end[i], device[i]), default=None)
+    if last is None:
+        return result
     if end[last] < t:
         add(int(end[last]), t, "idle (after last operator)", "idle")
         t = int(end[last])

@@ -14,7 +14,8 @@ operation type and its order within the step (the k-th all-reduce of step N on e
 Sources: ``comm_ops`` (Ascend communication.json, Kineto NCCL/HCCL device kernels); on ranks
 without device communication, the host collectives that block for their peers (``gloo:*``,
 ``mpi:*``, ``ucc:*`` annotations; CPU-only gloo traces). Point-to-point send/recv are left out
-(their partner is one rank, not a group).
+(their partner is one rank, not a group), but not the ``SendRecv`` kernels NCCL runs an
+all-to-all with: their ``comm_ops`` type is ``alltoall``, a collective of the whole group.
 
 Per instance and member, the wait w_i is the exported wait time where the source has it (Ascend
 ``Wait Time(ms)``), else the member's duration minus the shortest duration in the group: the
@@ -81,7 +82,9 @@ src AS (
     SELECT rank, step, coalesce(group_name, '') AS grp, name, coalesce(op_type, '') AS op_type,
            start_ns, dur_ns, wait_ns, 'comm_ops' AS source
     FROM comm_ops
-    WHERE step IS NOT NULL AND dur_ns > 0 AND NOT regexp_matches(name || ' ' || coalesce(op_type, ''), $p2p)
+    WHERE step IS NOT NULL AND dur_ns > 0
+      AND (regexp_matches(coalesce(op_type, ''), '^(alltoall|allreduce|allgather|reducescatter|broadcast)$')
+           OR NOT regexp_matches(name || ' ' || coalesce(op_type, ''), $p2p))  -- a collective type wins (SendRecv kernels of an all-to-all)
     UNION ALL
     SELECT rank, step, '' AS grp, name, lower(regexp_replace(name, '^[a-z]+:', '')) AS op_type,
            start_ns, dur_ns, NULL AS wait_ns, 'host' AS source

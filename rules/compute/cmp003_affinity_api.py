@@ -51,7 +51,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.causes import for_platform
+from advisor.engine.rule import RuleContext, knob, platform_of, rule
 from advisor.model import Finding, Severity
 from rules.compute._common import KERNEL_OPS, kernel_tie_note
 
@@ -302,8 +303,10 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 matches.setdefault((int(rank), key), []).append(
                     {"step": int(step), "ops": [names[i] for i in chain], "time_ns": sum(times), "saving_ns": saving})
     opt_stats = _optimizer_stats(df[gid >= 0])
+    platform = platform_of(ctx.analysis)
     for (rank, key), ms in sorted(matches.items()):
         label, _links, fix = PATTERNS[key]
+        fix = for_platform(fix, platform)
         steps = max(1, int(n_steps.get(rank, 1)))
         saving_us = sum(m["saving_ns"] for m in ms) / 1e3 / steps
         step_us = ctx.analysis.step_us(rank) or None
@@ -350,5 +353,6 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                           "per step, the time of the per-tensor optimizer operators (upper bound of what a foreach / "
                           "fused optimizer replaces)"),
             ranks=[rank],
-            detail="Use foreach=True / fused=True optimizers (torch.optim), torch_npu.optim.NpuFused* on Ascend.",
+            detail="Use foreach=True / fused=True optimizers (torch.optim)"
+            + (", torch_npu.optim.NpuFused* on Ascend." if platform in (None, "ascend") else "."),
         )

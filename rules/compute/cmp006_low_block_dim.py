@@ -17,6 +17,12 @@ engine they ran on - AI Cores for ``AI_CORE`` / ``MIX_AIC`` tasks, AI Vector cor
 ``vector_cores`` when set, else the exporter's ``meta`` (``ai_core_num`` / ``aiv_num``), else
 ``rules/compute/devices.toml``; an unknown device is reported in a warning, not guessed.
 
+Kernels built to occupy few cores are not checked: communication kernels (kind ``comm``, HCCL /
+communication tasks), and kernels whose name matches ``by_design_re``: expert-parallel
+communication such as DeepEP's (which runs on ~20 SMs by design so the rest compute beside it),
+custom all-reduce kernels (vLLM's ``cross_device_reduce``, one-shot / two-shot, NVSHMEM,
+MSCCL++) and persistent kernels (a grid sized to the resident blocks, looping over the work).
+
 The saving is per step, ``duration x (1 - block_dim / cores)`` summed over those kernels: the time
 they would lose if their work were spread evenly over all cores (an upper bound).
 
@@ -46,6 +52,12 @@ class Thresholds:
     cores: int = knob(0, "override the AI Core / SM count; 0 = exporter meta or rules/compute/devices.toml")
     vector_cores: int = knob(0, "override the AI Vector core count; 0 = exporter meta or rules/compute/devices.toml")
     top_n: int = knob(10, "operators listed per finding")
+    by_design_re: str = knob(r"(?i)deep_?ep|cross_device_reduce|custom_?a(ll_?)?r(educe)?|one_?shot|two_?shot|nvshmem"
+                             r"|mscclpp|persistent",
+                             "kernel names built to use few cores (expert-parallel / custom communication, persistent "
+                             "kernels): not checked",
+                             "DeepEP README: its kernels use ~20 SMs by design; persistent kernels size the grid to the "
+                             "resident blocks")
 
 
 # the kernels of a rank: Ascend's kernels rows, and Kineto kernels with their launch grid (events.block_dim)
@@ -61,7 +73,7 @@ SELECT rank, step, name, coalesce(op_type, name) AS op_type, upper(coalesce(core
        coalesce(block_dim, TRY_CAST(json_extract_string(pmu, '$."blocks per SM"') AS DOUBLE) * $sm) AS blocks,
        input_shapes
 FROM {KERNELS}
-WHERE dur_ns >= $min_duration_us * 1000 AND rank = $rank
+WHERE dur_ns >= $min_duration_us * 1000 AND rank = $rank AND NOT regexp_matches(name, $by_design_re)
   AND upper(coalesce(core_type, '')) NOT IN ('HCCL', 'COMMUNICATION', 'AI_CPU', 'AICPU', 'DSA_SQE', 'SDMA_SQE',
                                               'WRITE_BACK', 'INVALID')
 """

@@ -13,12 +13,13 @@ has launched new work. Hermes (§4.2.2, Table 2 "synchronous operations"; its ca
 Sync points are host events named ``aten::item``, ``aten::_local_scalar_dense``,
 ``aten::nonzero``, ``aten::is_nonzero``, anything with ``SyncBatchNorm`` or
 ``batch_norm_gather_stats``, any ``*Synchronize*`` runtime call (kind ``sync``), and Python calls
-``<built-in method item|tolist|nonzero of Tensor ...>``; nested ones (``aten::item`` inside the
-Python ``item`` call, ``_local_scalar_dense`` inside ``aten::item``) count once, and so do sync
-points that overlap in time on different threads of one rank (``aten::item`` on the Python thread,
-``aclrtSynchronizeStream`` / ``aclrtMemcpy`` on the runtime's): one blocking sync, one count, its
-time the union of their spans. Device-side
-``Memcpy DtoH`` copies are sync points too. The call stack comes from ``events.stack`` when the
+``<built-in method item|tolist|nonzero of Tensor ...>`` (not those of numpy objects, which read no
+device value); nested ones (``aten::item`` inside the Python ``item`` call, ``_local_scalar_dense``
+inside ``aten::item``) count once, and so do sync points that overlap in time on different threads
+of one rank (``aten::item`` on the Python thread, ``aclrtSynchronizeStream`` / ``aclrtMemcpy`` on the
+runtime's): one blocking sync, one count, its time the union of their spans. Device-side
+``Memcpy DtoH`` copies into pageable memory are sync points too (a copy into pinned memory can run
+asynchronously), as are blocking runtime copies (``cudaMemcpy``, ROCm's ``hipMemcpyWithStream``). The call stack comes from ``events.stack`` when the
 export has it, else from the enclosing Python frames (``with_stack=True``).
 
 *With a device*: for each sync point, the device idle time from its end to the next device
@@ -67,13 +68,19 @@ class Thresholds:
 HOST_SYNC_RE = (r"^aten::(item|_local_scalar_dense|nonzero|is_nonzero)$|SyncBatchNorm|batch_norm_gather_stats"
                 r"|(?i:synchronize)")
 PY_SYNC_RE = r"^<built-in method (item|tolist|nonzero) of "
+# the same Python methods of host objects (numpy scalars and arrays, array.array) read no device value
+PY_NOT_SYNC_RE = r"^<built-in method [a-z_]+ of (numpy\.|array\.|memoryview)"
 DTOH_RE = r"(?i)dtoh|devicetohost|device to host|d2h"
+# a copy into pinned host memory can be asynchronous (``non_blocking=True``, the fix this rule advises);
+# one into pageable memory blocks the host until it is done
+PINNED_RE = r"(?i)pinned"
 ADDR_RE = r" at 0x[0-9a-fA-F]+"
 
 SQL = f"""
 WITH sync_names AS (  -- each distinct host event name classified once
     SELECT kind, name FROM event_names
-    WHERE NOT device AND (kind = 'sync' OR (kind = 'python' AND regexp_matches(name, $py_sync_re))
+    WHERE NOT device AND (kind = 'sync' OR (kind = 'python' AND regexp_matches(name, $py_sync_re)
+                                             AND NOT regexp_matches(name, $py_not_sync_re))
                           OR (kind NOT IN ('python', 'step') AND regexp_matches(name, $host_sync_re)))
 ),
 host_cand AS (
@@ -88,7 +95,8 @@ pts AS (
     UNION ALL
     SELECT rank, step, pid, tid, kind, name, start_ns, dur_ns, stack, true FROM events
     WHERE device AND kind = 'memcpy' AND step IS NOT NULL
-      AND name IN (SELECT name FROM event_names WHERE device AND kind = 'memcpy' AND regexp_matches(name, $dtoh_re))
+      AND name IN (SELECT name FROM event_names WHERE device AND kind = 'memcpy' AND regexp_matches(name, $dtoh_re)
+                   AND NOT regexp_matches(name, $pinned_re))
 ),
 pts_id AS MATERIALIZED (SELECT row_number() OVER (ORDER BY rank, start_ns, dur_ns, pid, tid, name) AS id, *, start_ns + dur_ns AS end_ns FROM pts),
 cur AS (  -- the last device busy period started when the sync point ends (if any), and the next one's start
@@ -121,7 +129,8 @@ ORDER BY g.id
       requires=("events", "steps", "breakdown"), thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank with sync points in its steps."""
-    df = ctx.df(SQL, {"addr_re": ADDR_RE, "py_sync_re": PY_SYNC_RE, "host_sync_re": HOST_SYNC_RE, "dtoh_re": DTOH_RE})
+    df = ctx.df(SQL, {"addr_re": ADDR_RE, "py_sync_re": PY_SYNC_RE, "host_sync_re": HOST_SYNC_RE, "dtoh_re": DTOH_RE,
+                      "py_not_sync_re": PY_NOT_SYNC_RE, "pinned_re": PINNED_RE})
     if df.empty:
         return
     bd = step_table(ctx)
