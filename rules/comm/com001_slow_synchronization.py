@@ -194,6 +194,10 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         significant = lead_mean > ctx.t.k * lead_se if len(lead) >= 3 else bool(len(lead) and (lead > 0).all())
         s_slow = step_us(ctx, slowest)
         if not significant or lead_mean / 1000.0 < ctx.t.min_wait_share * s_slow:
+            why = (f"its lead is not significant across {len(lead)} steps" if not significant else
+                   f"its lead of {lead_mean / 1e6:.2f} ms per step is under {ctx.t.min_wait_share:.0%} of the step")
+            ctx.warn(f"group {grp or '(default)'}: R_wait {r_wait:.2f}, but rank {slowest} is not a straggler ({why}); "
+                     "no finding")
             continue
         cap = inside.loc[grp].reindex(per_rank_step.index)
         per_rank_step = per_rank_step.clip(upper=cap.fillna(per_rank_step))
