@@ -7,10 +7,14 @@ from pathlib import Path
 
 import pytest
 
+import advisor
+from advisor.report_schema import SCHEMA_FILE
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = (ROOT / ".." / "shared").resolve()
 SAMPLES = SHARED / "samples"
-SCHEMA_PATH = SHARED / "contract" / "report.schema.json"
+# the report schema as the installed package ships it (``advisor schema`` prints it)
+SCHEMA_PATH = Path(advisor.__file__).resolve().parent / SCHEMA_FILE
 TRACES = ROOT / "tests" / "data" / "kineto"
 
 
@@ -25,12 +29,14 @@ _VALIDATOR = None
 
 
 def validate_report(data: dict) -> None:
-    """Validate a JSON report against ../shared/contract/report.schema.json (raises on error)."""
+    """Validate a JSON report against the report schema shipped in the package (raises on error)."""
     global _VALIDATOR
     import jsonschema
 
+    from advisor.report_schema import load_schema
+
     if _VALIDATOR is None:
-        schema = json.loads(SCHEMA_PATH.read_text())
+        schema = load_schema()
         cls = jsonschema.validators.validator_for(schema)
         cls.check_schema(schema)
         _VALIDATOR = cls(schema)
