@@ -5,7 +5,7 @@
     python benchmarks/bench_kineto.py --sizes 500MB --ranks 32 --skip-hta
     python benchmarks/bench_kineto.py --sizes 500MB --ranks 0          # no multi-rank case
 
-Inputs are built deterministically from a real sample (``../shared/samples/kineto_two_ranks``,
+Inputs are built deterministically from a real sample (``sample_profiles/kineto_two_ranks``,
 current Kineto schema): one profiler step window of a rank is repeated with timestamps shifted
 by the step length, fresh correlation / external ids (and flow ids) per copy and renumbered
 ``ProfilerStep#N`` markers. Files are written as a stream of pre-rendered event templates (no
@@ -56,7 +56,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DATA = HERE / "data"
-SAMPLE_DIR = (ROOT / ".." / "shared" / "samples" / "kineto_two_ranks").resolve()
+SAMPLE_DIR = ROOT / "sample_profiles" / "kineto_two_ranks"
 # --rank-sample cpu: many small ranks from a small CPU-only trace bundled with the project
 CPU_SAMPLE = ROOT / "sample_profiles" / "kineto_cpu_healthy" / "cpu_healthy.pt.trace.json.gz"
 GEN_VERSION = 1  # bump when the generator changes (invalidates the cache)
