@@ -223,6 +223,7 @@ def test_loose_files_recognised_by_content(tmp_path):
     assert ctx.con.execute("SELECT count(*) FROM kernels").fetchone()[0] == len(kd_rows()[1])
 
 
+@pytest.mark.slow
 def test_csv_fuzz_never_crashes(tmp_path_factory):
     hypothesis = pytest.importorskip("hypothesis")
     st = hypothesis.strategies
