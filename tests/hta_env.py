@@ -63,8 +63,12 @@ def hta_python(build: bool = True, timeout: float = 1800.0) -> Path:
         return _python(venv)
     if not build:
         raise HtaUnavailable(f"no HTA environment at {venv} (build it: python -m tests.hta_env)")
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / f"{venv.name}.lock", "w") as lock:
+    try:
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(venv.parent / f"{venv.name}.lock", "w")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        raise HtaUnavailable(f"cannot create {venv}: {exc}") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another test session may be building it
         if _ready(venv):
             return _python(venv)
