@@ -82,6 +82,7 @@ ABS_US = 1.0  # HTA works in whole microseconds
 GPU_SAMPLES = ["kineto_resnet50_num_workers_0", "kineto_two_ranks"]
 CPU_TRACES = sorted(p.name for p in TRACES.iterdir() if p.is_dir() and any(p.glob("*.json*"))) if TRACES.is_dir() else []
 
+
 def _approx(expected: float) -> object:
     return pytest.approx(expected, rel=REL, abs=ABS_US)
 
