@@ -335,6 +335,16 @@ def explain(rule_id: str) -> None:
         sys.stdout.flush()
 
 
+@main.command("schema")
+def schema_cmd() -> None:
+    """Print the JSON schema of the report (``--format json``) that dashboards can validate against."""
+    from advisor.report_schema import schema_text
+
+    with reader_may_leave():
+        click.echo(schema_text(), nl=False)
+        sys.stdout.flush()
+
+
 # analysis contexts kept until the process ends, set by run() only (see advisor.analyze.analyze's ``keep``);
 # None in-process (tests, programs calling main): a context is freed once its report is built
 _KEPT: list[Any] | None = None

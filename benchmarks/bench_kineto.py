@@ -5,7 +5,7 @@
     python benchmarks/bench_kineto.py --sizes 500MB --ranks 32 --skip-hta
     python benchmarks/bench_kineto.py --sizes 500MB --ranks 0          # no multi-rank case
 
-Inputs are built deterministically from a real sample (``../shared/samples/kineto_two_ranks``,
+Inputs are built deterministically from a real sample (``sample_profiles/kineto_two_ranks``,
 current Kineto schema): one profiler step window of a rank is repeated with timestamps shifted
 by the step length, fresh correlation / external ids (and flow ids) per copy and renumbered
 ``ProfilerStep#N`` markers. Files are written as a stream of pre-rendered event templates (no
@@ -16,7 +16,9 @@ each tool runs as a subprocess, one after the other (never concurrently):
 
 * advisor: ``python -m advisor.cli analyze INPUT --format json --out ...`` (the whole job);
 * HTA:     ``TraceAnalysis(trace_dir=...)`` + ``get_temporal_breakdown()`` (load + breakdown),
-           with a timeout (default 15 min) after which it is reported as "did not finish";
+           with a timeout (default 15 min) after which it is reported as "did not finish"; it runs
+           in HTA's own virtual environment (HTA 0.5.0 needs pandas 2.x): ``--hta-python``, by
+           default the one the HTA tests use (``tests/hta_env.py``, built on first use);
 * duckdb:  a bare ``read_json`` of the same bytes with advisor's column types, unnested into
            a table (the floor for any DuckDB-based reader).
 
@@ -56,7 +58,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DATA = HERE / "data"
-SAMPLE_DIR = (ROOT / ".." / "shared" / "samples" / "kineto_two_ranks").resolve()
+SAMPLE_DIR = ROOT / "sample_profiles" / "kineto_two_ranks"
 # --rank-sample cpu: many small ranks from a small CPU-only trace bundled with the project
 CPU_SAMPLE = ROOT / "sample_profiles" / "kineto_cpu_healthy" / "cpu_healthy.pt.trace.json.gz"
 GEN_VERSION = 1  # bump when the generator changes (invalidates the cache)
@@ -401,14 +403,14 @@ def run_advisor(case: dict, timeout: float, extra: list[str] | None = None) -> d
     return res
 
 
-def run_hta(case: dict, timeout: float) -> dict:
+def run_hta(case: dict, timeout: float, python: str) -> dict:
     # HTA wants a directory; each case already is one (params.json is not *.json.gz-or-trace... it is
     # *.json, so give HTA a directory of symlinks to the trace files only)
     d = Path(tempfile.mkdtemp(prefix="bench_hta_"))
     for f in sorted(case["dir"].glob("rank-*.json")):
         (d / f.name).symlink_to(f)
     try:
-        return run_measured([sys.executable, "-c", HTA_SCRIPT, str(d)], timeout)
+        return run_measured([python, "-c", HTA_SCRIPT, str(d)], timeout)
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -452,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="what the multi-rank case's ranks copy: kineto_two_ranks (GPU / NCCL, >= ~2.4 MB a rank) "
                          "or the bundled CPU-only trace (many small ranks)")
     ap.add_argument("--skip-hta", action="store_true", help="do not run HTA")
+    ap.add_argument("--hta-python", help="python of an environment with HTA 0.5.0 (default: the HTA tests' own, "
+                                         "built on first use by tests/hta_env.py)")
     ap.add_argument("--skip-duckdb", action="store_true", help="do not run the bare DuckDB load")
     ap.add_argument("--hta-timeout", type=float, default=900.0, help="seconds before HTA is stopped (default 15 min)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before advisor / duckdb are stopped")
@@ -480,11 +484,22 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(exc))
     cases = build_inputs(sizes, args.ranks, rank_size, log, args.rank_sample)
     have_hta = False
+    hta_py = args.hta_python or ""
     if not args.skip_hta:
-        probe = subprocess.run([sys.executable, "-c", "import hta.trace_analysis"], capture_output=True, check=False)
-        have_hta = probe.returncode == 0
-        if not have_hta:
-            log("HTA not importable (pip install holistictraceanalysis==0.5.0 'pandas<3' psutil); skipping it")
+        if not hta_py:
+            sys.path.insert(0, str(ROOT))
+            from tests.hta_env import HtaUnavailable, hta_python
+
+            try:
+                hta_py = str(hta_python())
+            except HtaUnavailable as exc:
+                log(f"HTA environment unavailable ({exc}); skipping HTA")
+        if hta_py:
+            probe = subprocess.run([hta_py, "-c", "import hta.trace_analysis"], capture_output=True, check=False)
+            have_hta = probe.returncode == 0
+            if not have_hta:
+                log(f"HTA not importable by {hta_py} (pip install holistictraceanalysis==0.5.0 pandas==2.2.3 psutil "
+                    "there); skipping it")
 
     import duckdb
 
@@ -506,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"   duckdb  {_fmt_s(duck)}  peak RSS {_mb(duck['rss'])}" + ("" if duck["rc"] == 0 or duck["timed_out"] else "\n" + duck["stderr"][-800:]))
                 ducks.append(duck)
             if i < hta_runs:  # right after the advisor run it is compared with
-                hta = run_hta(case, args.hta_timeout)
+                hta = run_hta(case, args.hta_timeout, hta_py)
                 log(f"   HTA     {_fmt_s(hta)}  peak RSS {_mb(hta['rss'])}" + ("" if hta["rc"] == 0 or hta["timed_out"] else "\n" + hta["stderr"][-800:]))
                 htas.append(hta)
                 if _done(adv) and (_done(hta) or hta["timed_out"]):

@@ -3,37 +3,57 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import advisor
+from advisor.report_schema import SCHEMA_FILE
+
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("ADVISOR_SHARED") or ROOT / ".." / "shared").resolve()  # a worktree elsewhere sets it
-SAMPLES = SHARED / "samples"
-SCHEMA_PATH = SHARED / "contract" / "report.schema.json"
+# the sample profiles shipped with the repository (each folder's README.md gives its provenance)
+SAMPLES = ROOT / "sample_profiles"
+# the report schema as the installed package ships it (``advisor schema`` prints it)
+SCHEMA_PATH = Path(advisor.__file__).resolve().parent / SCHEMA_FILE
 TRACES = ROOT / "tests" / "data" / "kineto"
 
 
 def resolve_fixture(spec: str) -> Path:
-    """'shared:NAME' -> ../shared/samples/NAME, else a path relative to the repo root."""
-    if spec.startswith("shared:"):
-        return SAMPLES / spec.split(":", 1)[1]
+    """'sample:NAME' -> sample_profiles/NAME, else a path relative to the repo root.
+
+    'shared:NAME' is the older spelling of 'sample:NAME' (the samples were once read from outside the repository).
+    """
+    kind, sep, name = spec.partition(":")
+    if sep and kind in ("sample", "shared"):
+        return SAMPLES / name
     return ROOT / spec
+
+
+def sample_dirs(pattern: str = "*") -> list[Path]:
+    """The folders of sample_profiles/ matching ``pattern``, less the copies of traces that tests take from
+    tests/data/kineto (their README names that folder as the provenance), so no profile is tested twice."""
+    out = []
+    for p in sorted(SAMPLES.glob(pattern)):
+        readme = p / "README.md"
+        if p.is_dir() and not (readme.is_file() and "Provenance: tests/data/kineto/" in readme.read_text()):
+            out.append(p)
+    return out
 
 
 _VALIDATOR = None
 
 
 def validate_report(data: dict) -> None:
-    """Validate a JSON report against ../shared/contract/report.schema.json (raises on error)."""
+    """Validate a JSON report against the report schema shipped in the package (raises on error)."""
     global _VALIDATOR
     import jsonschema
 
+    from advisor.report_schema import load_schema
+
     if _VALIDATOR is None:
-        schema = json.loads(SCHEMA_PATH.read_text())
+        schema = load_schema()
         cls = jsonschema.validators.validator_for(schema)
         cls.check_schema(schema)
         _VALIDATOR = cls(schema)
@@ -76,8 +96,7 @@ def report_json(report) -> dict:
 
 @pytest.fixture(scope="session")
 def samples() -> Path:
-    if not SAMPLES.is_dir():
-        pytest.skip("../shared/samples not present")
+    assert SAMPLES.is_dir(), f"{SAMPLES} is missing"
     return SAMPLES
 
 

@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT, SAMPLES, TRACES
+from tests.conftest import ROOT, TRACES
+from tests.conftest import sample_dirs as _samples
 
 #: Operator names that try to break out of HTML, jinja, attributes, Markdown tables and lines.
 EVIL_NAMES = (
@@ -21,10 +22,8 @@ EVIL_NAMES = (
 
 
 def sample_dirs() -> list[Path]:
-    """Every sample profile directory: ../shared/samples/* and tests/data/kineto/*."""
-    out: list[Path] = []
-    if SAMPLES.is_dir():
-        out += sorted(p for p in SAMPLES.iterdir() if p.is_dir())
+    """Every sample profile directory: sample_profiles/* (less copies of tests/data/kineto) and tests/data/kineto/*."""
+    out: list[Path] = _samples()
     out += sorted(p for p in TRACES.iterdir() if p.is_dir() and any(p.glob("*.json*")))
     return out
 

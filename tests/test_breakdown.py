@@ -1,6 +1,6 @@
 """Breakdown and critical-path invariants on every Kineto sample.
 
-For every real Kineto sample (``../shared/samples/kineto_*`` and the CPU traces in
+For every real Kineto sample (``sample_profiles/kineto_*`` and the CPU traces in
 ``tests/data/kineto/``), for every (rank, step):
 
 * the five breakdown classes (compute-only, overlapped, comm-only, host-only, free) add up to
@@ -22,13 +22,13 @@ import pytest
 from advisor.ingest import load_profile
 from advisor.stages import breakdown as breakdown_stage
 from advisor.stages import critical_path as cp_stage
-from tests.conftest import SAMPLES, SCHEMA_PATH, TRACES, report_json
+from tests.conftest import SAMPLES, SCHEMA_PATH, TRACES, report_json, sample_dirs
 
 CLASSES = ("compute_only_us", "overlapped_us", "comm_only_us", "host_only_us", "free_us")
 
 
 def _kineto_samples() -> list[Path]:
-    out = sorted(p for p in SAMPLES.glob("kineto_*") if p.is_dir()) if SAMPLES.is_dir() else []
+    out = sample_dirs("kineto_*")
     out += sorted(p for p in TRACES.iterdir() if p.is_dir() and any(p.glob("*.json*")))
     return out
 

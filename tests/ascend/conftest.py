@@ -8,15 +8,16 @@ import pytest
 
 from tests.ascend import gen_cluster
 
-SAMPLES = Path(__file__).resolve().parents[2] / ".." / "shared" / "samples"
 REPO = Path(__file__).resolve().parents[2]
-FORMAT_DOC = Path(__file__).resolve().parents[2] / ".." / "shared" / "docs" / "ascend-formats.md"
+SAMPLES = REPO / "sample_profiles"
+# the uncompressed timeline and the format doc (provenance: tests/data/ascend/README.md)
+ASCEND_DATA = REPO / "tests" / "data" / "ascend"
+FORMAT_DOC = ASCEND_DATA / "ascend-formats.md"
 
 
 @pytest.fixture(scope="session")
 def ascend_samples() -> Path:
-    if not (SAMPLES / "ascend_pt_timeline").is_dir():
-        pytest.skip("../shared/samples not present")
+    assert (SAMPLES / "ascend_pt_timeline").is_dir(), f"{SAMPLES} is missing"
     return SAMPLES
 
 

@@ -1,8 +1,8 @@
 """Synthetic torch_npu cluster exports with planted, known facts (test code, not a runtime feature).
 
 No real multi-rank Ascend export is public, so this writes one in exactly the layout, file
-names, columns, units and process/thread names of the real files (``../shared/samples``) and of
-``../shared/docs/ascend-formats.md`` (the "format doc"):
+names, columns, units and process/thread names of the real files (``sample_profiles``) and of
+``tests/data/ascend/ascend-formats.md`` (the "format doc"):
 
     <out>/<host>_<pid>_<YYYYmmddHHMMSSmmm>_ascend_pt/        one folder per rank
         profiler_info_{rank}.json, profiler_metadata.json

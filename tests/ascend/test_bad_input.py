@@ -16,11 +16,9 @@ import pytest
 from advisor.ingest import load_profile
 from advisor.ingest.base import InputError
 
-SAMPLES = Path(__file__).resolve().parents[2] / ".." / "shared" / "samples"
-TRACE = SAMPLES / "ascend_pt_timeline" / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_profiles"
+TRACE = Path(__file__).resolve().parents[1] / "data" / "ascend" / "ascend_pt_timeline" / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
 KD = SAMPLES / "ascend_pt_kernels" / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv"
-
-pytestmark = pytest.mark.skipif(not TRACE.exists(), reason="../shared/samples not present")
 
 
 def export(tmp_path: Path, files: dict[str, bytes | str], name: str = "host_1_20240102103151123_ascend_pt") -> Path:
@@ -225,6 +223,7 @@ def test_loose_files_recognised_by_content(tmp_path):
     assert ctx.con.execute("SELECT count(*) FROM kernels").fetchone()[0] == len(kd_rows()[1])
 
 
+@pytest.mark.slow
 def test_csv_fuzz_never_crashes(tmp_path_factory):
     hypothesis = pytest.importorskip("hypothesis")
     st = hypothesis.strategies

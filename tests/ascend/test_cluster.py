@@ -230,6 +230,7 @@ def test_analyze_8_ranks_report(form, faults8_text, faults8_db):
     assert pairs == {(r, s) for r in range(8) for s in facts.steps}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["text", "db"])
 def test_64_ranks(form, cluster64_text, cluster64_db):
     from advisor.analyze import analyze

@@ -14,14 +14,13 @@ import pytest
 
 from advisor.ingest import load_profile
 
-SAMPLES = Path(__file__).resolve().parents[2] / ".." / "shared" / "samples"
 REPO = Path(__file__).resolve().parents[2]
-TIMELINE = SAMPLES / "ascend_pt_timeline"
+SAMPLES = REPO / "sample_profiles"
+ASCEND_DATA = REPO / "tests" / "data" / "ascend"  # the uncompressed timeline (provenance: its README.md)
+TIMELINE = ASCEND_DATA / "ascend_pt_timeline"
 KERNELS = SAMPLES / "ascend_pt_kernels"
 TRACE = TIMELINE / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
 KD = KERNELS / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv"
-
-pytestmark = pytest.mark.skipif(not TRACE.exists(), reason="../shared/samples not present")
 
 
 def ns(us_text: str | float) -> int:
@@ -387,7 +386,7 @@ def test_kernels_sample_breakdown_exists(kernels):
 
 
 def test_sample_profile_copies_are_identical_with_provenance():
-    shared_readme = (SAMPLES / "README.md").read_text()
+    shared_readme = (ASCEND_DATA / "README.md").read_text()
     t = REPO / "sample_profiles" / "ascend_pt_timeline"
     k = REPO / "sample_profiles" / "ascend_pt_kernels"
     assert gzip.decompress((t / "ASCEND_PROFILER_OUTPUT" / "trace_view.json.gz").read_bytes()) == TRACE.read_bytes()

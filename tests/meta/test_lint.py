@@ -25,6 +25,7 @@ def test_ruff_passes() -> None:
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy not installed (pip install -e '.[test]')")
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="type-checked on 3.11+ only: pandas-stubs, pandas 3 and numpy 2.3+ need it")
 def test_mypy_strict_passes() -> None:

@@ -1,7 +1,7 @@
 """Corpus of malformed and hostile profiles, built at test time from the real samples.
 
 Nothing big is committed: every case is written by a ``build`` function into a fresh directory
-(pytest's ``tmp_path``) from the real traces in ``tests/data/kineto`` and ``../shared/samples``.
+(pytest's ``tmp_path``) from the real traces in ``tests/data/kineto`` and ``sample_profiles``.
 Each :class:`Case` says what the advisor must do with it:
 
 ``error``
@@ -48,7 +48,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / "tests" / "data" / "kineto"
-SAMPLES = (ROOT / ".." / "shared" / "samples").resolve()
+SAMPLES = ROOT / "sample_profiles"
 FOUND = Path(__file__).resolve().parent / "found"
 
 HEALTHY = TRACES / "cpu_healthy" / "cpu_healthy.pt.trace.json.gz"

@@ -212,7 +212,17 @@ def check_escaped(fmt: str, text: str, run: Run, controls: bool = False) -> None
             f"a newline in an op name broke a Markdown line{ctx}")
 
 
-@pytest.mark.parametrize("case", all_cases(), ids=lambda c: c.id)
+# One case of each kind runs in the quick suite (each case is a CLI run, ~0.6 CPU-s); the whole corpus, the
+# gzip bombs and the fuzzers' finds among it, runs with the marked tests (-m slow).
+QUICK_CASES = frozenset({
+    "truncated_json", "alone_truncated_gzip", "negative_durations", "unsorted_events", "same_rank_twice",
+    "missing_path", "fifo_in_directory", "symlink_out_file", "control_chars_in_file_name", "hostile_strings_escaped",
+    "ascend_csv_ragged_rows", "ascend_corrupt_db_only",
+})
+
+
+@pytest.mark.parametrize("case", [c if c.id in QUICK_CASES else pytest.param(c, marks=pytest.mark.slow)
+                                  for c in all_cases()], ids=lambda c: c.id)
 def test_corpus_case(case: Case, tmp_path: Path, bomb_cache: Path, request: pytest.FixtureRequest) -> None:
     for need in case.needs:
         if not _available(need):
@@ -259,6 +269,7 @@ def test_corpus_ids_unique() -> None:
     ids = [c.id for c in all_cases()]
     assert len(ids) == len(set(ids))
     assert set(KNOWN_FAILURES) <= set(ids), sorted(set(KNOWN_FAILURES) - set(ids))
+    assert QUICK_CASES <= set(ids), sorted(QUICK_CASES - set(ids))
 
 
 def test_hostile_names_cover_the_issue() -> None:

@@ -298,6 +298,7 @@ TARGETS = {
 }
 
 
+@pytest.mark.slow
 @FUZZ_SETTINGS
 @given(files=kineto_files())
 def test_fuzz_kineto_documents(files: dict[str, bytes]) -> None:
@@ -310,6 +311,7 @@ def test_fuzz_real_trace_damaged(files: dict[str, bytes]) -> None:
     check_profile(files)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _has_ascend(), reason="the Ascend reader (advisor/ingest/ascend.py) is not there yet")
 @FUZZ_SETTINGS
 @given(files=ascend_csv())

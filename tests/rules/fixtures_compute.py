@@ -2,7 +2,7 @@
 
 Two kinds:
 
-* ``ascend_pt_kernels*``: the real ``kernel_details.csv`` of ../shared/samples/ascend_pt_kernels,
+* ``ascend_pt_kernels*``: the real ``kernel_details.csv`` of sample_profiles/ascend_pt_kernels,
   mapped row by row to canonical ``kernels`` rows (and one device event per row, plus the
   ``ProfilerStep#1`` host range its ``Step Id`` column names), as the Ascend reader will once it
   lands. The CSV does not name the chip: ``Ascend910B2`` is inferred from the CSV itself - cube

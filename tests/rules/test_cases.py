@@ -6,7 +6,7 @@ Case format::
     [[case]]
     name = "slow_dataloader"
     expect = "fires"                     # or "quiet" (no finding of this rule at/above quiet_below)
-    fixture = "tests/data/kineto/cpu_slow_dataloader"   # or "shared:NAME"
+    fixture = "tests/data/kineto/cpu_slow_dataloader"   # or "sample:NAME" (sample_profiles/NAME)
     # or generator = "module:func": func(tmp_dir) writes a profile there (returns its path or None)
     # or tables = "module:func": func() returns canonical rows {table: [row dicts]} (advisor.testing)
     set = { min_share = 0.2 }            # optional threshold overrides
@@ -16,6 +16,7 @@ Case format::
     steps = [8]
     evidence = { dataloader_share = [0.70, 0.80] }   # numeric [lo, hi] or exact string
     quiet_below = "low"                  # for quiet cases: findings below this severity are tolerated (default: any finding fails)
+    slow = true                          # optional: over ~1 CPU-s; runs with the marked tests (-m slow), not the quick suite
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def _cases() -> list[Any]:
     for f in sorted(CASES_DIR.glob("*.toml")):
         data = tomllib.loads(f.read_text())
         for case in data.get("case", []):
-            out.append(pytest.param(f.stem, case, id=f"{f.stem}-{case['name']}"))
+            marks = [pytest.mark.slow] if case.get("slow") else []
+            out.append(pytest.param(f.stem, case, id=f"{f.stem}-{case['name']}", marks=marks))
     return out
 
 
