@@ -177,6 +177,10 @@ def claim(files: list[Path], ctx_warn: Any) -> list[Unit]:
         if form is None:
             ctx_warn("not_a_trace", "not a Chrome/Kineto trace (no traceEvents object or event list); skipped", p)
             continue
+        n_begin_end = _untimed(head, form, whole=len(head) < HEAD_BYTES)
+        if n_begin_end is not None:  # no rank for it: the real traces keep theirs
+            ctx_warn("empty_trace", _no_events_reason(n_begin_end) + "; skipped, given no rank", p)
+            continue
         unit = Unit(SOURCE, [p], p, run_key=worker_key(p), info={"form": form})
         dist = _distributed_info(head) or (_trailing_distributed_info(p) if form == "object" else None)
         if dist:
@@ -192,6 +196,39 @@ def claim(files: list[Path], ctx_warn: Any) -> list[Unit]:
                     break
         units.append(unit)
     return units
+
+
+HEAD_BYTES = 65536  # what read_head() reads by default: a shorter head is the whole file
+
+
+def _untimed(head: bytes, form: str, whole: bool) -> int | None:
+    """When the trace holds no complete ('X') event, the number of its begin / end ('B' / 'E')
+    events (0: none at all), else None. Known from the first bytes when the event list is empty
+    (``"traceEvents": []``) or missing, or when they are the whole file; a larger file with
+    events is taken to hold timed ones (its scan says otherwise)."""
+    import json
+
+    if form == "object":
+        key = head.find(b'"traceEvents"')
+        if key >= 0:
+            m = re.compile(rb'"traceEvents"\s*:\s*\[\s*(\]?)').match(head, key)
+            if m and m.group(1):
+                return 0
+        elif whole:
+            return 0
+    if not whole:
+        return None
+    try:
+        doc = json.loads(head)
+    except ValueError:  # not valid JSON (or not UTF-8): the scan reports it
+        return None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        return 0 if isinstance(doc, dict) and events is None else None
+    phases = [e.get("ph") for e in events if isinstance(e, dict)]
+    if "X" in phases:
+        return None
+    return sum(1 for ph in phases if ph in ("B", "E"))
 
 
 HEADER_KEYS = ("distributedInfo", "deviceProperties", "baseTimeNanoseconds", "displayTimeUnit")
