@@ -135,6 +135,39 @@ def assign_ranks(units: list[Unit], warn: Callable[..., None]) -> None:
             warn("rank_guessed", f"no rank recorded in the trace or its name; taken as rank {u.rank} by order", u.root)
 
 
+NAMED_FILES = 5  # files named in the error when every one is bad; the rest are counted
+
+
+def nothing_usable(root: Path, warnings: list[Warning_], headline: str) -> InputError:
+    """The one-line error when no file of ``root`` gave a trace: a lone bad file as
+    ``PATH: problem``; several by name (relative to ``root``) with their problems, the first
+    :data:`NAMED_FILES` of them, the others counted."""
+    problems: dict[str, str] = {}
+    for w in warnings:
+        if w.path and w.path not in problems:
+            problems[w.path] = w.message
+    if not problems:
+        return InputError(f"{one_line(root)}: {headline}")
+    if len(problems) == 1:
+        path, message = next(iter(problems.items()))
+        return InputError(f"{one_line(path)}: {message}")
+
+    def name(path: str) -> str:
+        try:
+            return one_line(Path(path).relative_to(root), 120) if root.is_dir() else one_line(path, 120)
+        except ValueError:
+            return one_line(path, 120)
+
+    def problem(path: str, message: str) -> str:  # the path is already said
+        return one_line(message.replace(f' in file "{path}"', "").replace(path, "the file"), 80)
+
+    ordered = sorted(problems.items())
+    named = [f"{name(p)} ({problem(p, m)})" for p, m in ordered[:NAMED_FILES]]
+    more = len(problems) - len(named)
+    listed = "; ".join(named) + (f"; and {more} more" if more else "")
+    return InputError(f"{one_line(root)}: {headline}; {len(problems)} files skipped: {listed}")
+
+
 def load_profile(
     path: str | Path,
     *,
@@ -175,13 +208,8 @@ def load_profile(
         units.extend(claimed)
         remaining = [f for f in remaining if f not in taken]
     if not units:
-        file_warnings = [w for w in warnings if w.path]
-        if len(file_warnings) == 1:  # one bad file: name it and its problem
-            raise InputError(f"{one_line(file_warnings[0].path)}: {file_warnings[0].message}")
-        detail = f" ({len(file_warnings)} files skipped, first: {one_line(file_warnings[0].path)}: {file_warnings[0].message})" if file_warnings else ""
-        raise InputError(
-            f"{one_line(root)}: no recognisable trace (Kineto *.json[.gz] or Ascend *_ascend_pt / *_ascend_ms export)" + detail
-        )
+        raise nothing_usable(root, warnings,
+                             "no recognisable trace (Kineto *.json[.gz] or Ascend *_ascend_pt / *_ascend_ms export)")
     assign_ranks(units, warn)
     # readers may start slow file work (Kineto: copying event lists) while the database is set up
     cleanups = [r.prefetch(units) for r in readers() if hasattr(r, "prefetch")]
@@ -257,9 +285,7 @@ def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: C
                 progress("ingest", done, len(units))
 
     if not infos:
-        first = warnings[0].message if warnings else "nothing could be read"
-        where = warnings[0].path if warnings and warnings[0].path else str(root)
-        raise InputError(f"{one_line(where)}: {first}")
+        raise nothing_usable(root, warnings, "no trace could be read")
 
     _adopt_events_parts(con, lctx.events_parts)
     _drop_far_times(con, warn)
