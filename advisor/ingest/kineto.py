@@ -50,7 +50,15 @@ from advisor.ingest.base import (
     release_memory,
     update_rows,
 )
-from advisor.ingest.jsonstream import TRAILER_MAX, LayoutError, SpilledEvents, find_close, header_value
+from advisor.ingest.jsonstream import (
+    ENCODING_ERROR,
+    TRAILER_MAX,
+    LayoutError,
+    SpilledEvents,
+    find_close,
+    header_value,
+    sanitise_json,
+)
 from advisor.ingest.steps import build_steps, drop_window_lookup, step_of, window_lookup
 from advisor.schema import DTYPE_BYTES_SQL
 
@@ -640,11 +648,16 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
                 f = _File(unit, fid, header, str(path), reread_header=header is not None)
                 if header is None:
                     f.header = _header_from_whole(cur, path)
-        res = _fill_part(cur, f"kpart_{fid}", [f], unnest, lctx)[fid]
+        try:
+            res = _fill_part(cur, f"kpart_{fid}", [f], unnest, lctx)[fid]
+        except DUCKDB_ERRORS as exc:
+            if not (isinstance(exc, UnicodeDecodeError) or ENCODING_ERROR.search(str(exc))):
+                raise
+            res = _fill_sanitised(cur, f, unnest, lctx)
     except DUCKDB_ERRORS as exc:  # duckdb raises its own error types for bad JSON / gzip / IO
         msg = "invalid data (not UTF-8)" if isinstance(exc, UnicodeDecodeError) else str(exc)
-        if spill is not None:  # name the user's file, not the copy (whose byte offsets mean nothing to them)
-            msg = re.sub(r",? at byte \d+", "", msg.replace(str(spill.path), str(path)))
+        if spill is not None or f.src != str(path):  # name the user's file, not the copy (whose byte offsets mean nothing to them)
+            msg = re.sub(r",? at byte \d+", "", msg.replace(f.src, str(path)))
         raise ParseError(path, "not a readable Kineto trace: " + _short_duckdb_error(msg)) from None
     finally:
         if spill is not None:
@@ -652,6 +665,33 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
         cur.close()
     if isinstance(res, ParseError):
         raise res
+    return res
+
+
+def _fill_sanitised(cur: Any, f: _File, unnest: str | None, lctx: LoadContext) -> dict[str, Any] | ParseError:
+    """Read ``f`` again from a copy whose strings DuckDB refused (bytes that are not UTF-8, lone
+    surrogate escapes) are replaced by U+FFFD (see :func:`sanitise_json`): one bad operator
+    name costs that name, not the trace. The replacements are counted in a warning."""
+    import os
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix="advisor-clean-", suffix=".json")
+    src = f.src
+    try:
+        with os.fdopen(fd, "wb") as out:
+            replaced = sanitise_json(Path(src), out)
+        if not replaced:  # nothing to replace: the error was another one, reported as it is
+            f.src = src
+            return _fill_part(cur, f"kpart_{f.fid}", [f], unnest, lctx)[f.fid]
+        f.src = name
+        res = _fill_part(cur, f"kpart_{f.fid}", [f], unnest, lctx)[f.fid]
+    finally:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+    lctx.warn("bad_strings", f"{replaced} invalid UTF-8 sequences or lone surrogate escapes in its strings (operator "
+              "names ...) were replaced by U+FFFD; the rest of the trace is read", f.path)
     return res
 
 

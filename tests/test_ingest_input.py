@@ -1,0 +1,163 @@
+"""Input that does not surprise (issue #20): files without events take no rank, several runs in
+one directory are not merged silently, every-file-bad errors name the files, one bad string
+does not cost a trace, hostile operator names are escaped, symbolic links are said."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from advisor.ingest import load_profile
+from advisor.ingest.base import InputError
+
+T0_US = 1_700_000_000_000_000  # 2023-11-14, µs since the epoch
+
+
+def trace(rank: int | None = None, world: int | None = None, t0_us: int = T0_US, steps: int = 3,
+          step_us: int = 10_000, names: tuple[str, ...] = ("aten::mm", "aten::add")) -> dict[str, Any]:
+    """A small Kineto trace: ``steps`` ProfilerStep windows of ``step_us`` from ``t0_us``, each
+    with one CPU operator, launch and kernel per name (kernel 800 µs, at +100 µs + 1 ms per name)."""
+    ev: list[dict[str, Any]] = []
+    for s in range(steps):
+        t = t0_us + s * step_us
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s + 1}", "pid": 1, "tid": 1,
+                   "ts": t, "dur": step_us - 10, "args": {}})
+        for i, n in enumerate(names):
+            corr = s * 10 + i
+            ev.append({"ph": "X", "cat": "cpu_op", "name": n, "pid": 1, "tid": 1, "ts": t + 10 + i * 1000,
+                       "dur": 900, "args": {"External id": corr}})
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                       "ts": t + 20 + i * 1000, "dur": 50, "args": {"correlation": corr}})
+            ev.append({"ph": "X", "cat": "kernel", "name": f"k_{n}", "pid": 0, "tid": 7, "ts": t + 100 + i * 1000,
+                       "dur": 800, "args": {"correlation": corr, "stream": 7}})
+    doc: dict[str, Any] = {"schemaVersion": 1}
+    if rank is not None:
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world}
+    doc["traceEvents"] = ev
+    return doc
+
+
+def write(path: Path, doc: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(doc)
+    if path.name.endswith(".gz"):
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return path
+
+
+def warned(ctx: Any, code: str) -> list[Any]:
+    return [w for w in ctx.warnings if w.code == code]
+
+
+# -- files without timed events ------------------------------------------------------------------
+
+@pytest.mark.parametrize("empty", [
+    {"schemaVersion": 1, "traceEvents": []},
+    {"schemaVersion": 1, "deviceProperties": [{"name": "GPU"}]},
+    {"schemaVersion": 1, "traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "x"}}]},
+])
+def test_a_json_file_without_timed_events_takes_no_rank(tmp_path: Path, empty: dict[str, Any]) -> None:
+    """``config.json`` sorts before ``trace.json``: numbered by order it took rank 0 and pushed
+    the only real trace to rank 1. Now it is skipped by name and the trace is rank 0."""
+    write(tmp_path / "config.json", empty)
+    write(tmp_path / "trace.json", trace())
+    ctx = load_profile(tmp_path)
+    assert ctx.ranks == [0]
+    assert ctx.con.execute("SELECT DISTINCT path FROM profile_files").fetchall() == [(str(tmp_path / "trace.json"),)]
+    skipped = warned(ctx, "empty_trace")
+    assert [w.path for w in skipped] == [str(tmp_path / "config.json")] and "no rank" in skipped[0].message
+    assert not any(w.path and w.path.endswith("config.json") for w in warned(ctx, "rank_guessed"))
+
+
+def test_a_gzip_file_with_an_empty_event_list_takes_no_rank(tmp_path: Path) -> None:
+    write(tmp_path / "a.json.gz", {"schemaVersion": 1, "traceEvents": []})
+    write(tmp_path / "b.json", trace())
+    ctx = load_profile(tmp_path)
+    assert ctx.ranks == [0]
+    assert [w.path for w in warned(ctx, "empty_trace")] == [str(tmp_path / "a.json.gz")]
+
+
+# -- every file bad ------------------------------------------------------------------------------
+
+def test_when_every_file_is_bad_the_error_names_them(tmp_path: Path) -> None:
+    for i in range(7):
+        (tmp_path / f"rank-{i}.json").write_text('{"traceEvents": [{"ph": "X", "ts": 1')
+    write(tmp_path / "empty.json", {"traceEvents": []})
+    with pytest.raises(InputError) as exc:
+        load_profile(tmp_path)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith(str(tmp_path))
+    assert "8 files skipped" in msg
+    # sorted by name, the first five named with their problem, the other three counted
+    assert [n for n in ("empty.json", "rank-0.json", "rank-1.json", "rank-2.json", "rank-3.json") if n in msg] == [
+        "empty.json", "rank-0.json", "rank-1.json", "rank-2.json", "rank-3.json"]
+    assert "rank-4.json" not in msg and "and 3 more" in msg
+    assert "no timed events" in msg and "not a readable Kineto trace" in msg
+
+
+def test_one_bad_file_alone_is_named_with_its_problem(tmp_path: Path) -> None:
+    (tmp_path / "rank-0.json").write_text('{"traceEvents": [{"ph": "X", "ts": 1')
+    with pytest.raises(InputError, match=r"rank-0\.json: not a readable Kineto trace"):
+        load_profile(tmp_path)
+
+
+# -- bad strings ---------------------------------------------------------------------------------
+
+def _bad_names(tmp_path: Path, how: str, name: str = "rank-0.json") -> tuple[Path, int]:
+    """A trace whose first step's two CPU operator names are made invalid (``how``): lone surrogate
+    escapes, or bytes that are not UTF-8; the number of bad sequences put in."""
+    doc = trace(rank=0, world=1)
+    doc["traceEvents"][1]["name"] = "BAD1"
+    doc["traceEvents"][4]["name"] = "BAD2"
+    text = json.dumps(doc).encode()
+    if how == "surrogate":  # a lone high half, a lone low half; a valid pair and an escaped backslash stay
+        text = text.replace(b"BAD1", b"\\ud800x").replace(b"BAD2", b"ok\\udc00")
+        text = text.replace(b'"k_aten::mm"', b'"k\\ud83d\\ude00\\\\ud800"', 1)
+        n = 2
+    else:  # two bytes that start no UTF-8 sequence, a lead byte followed by ASCII
+        text = text.replace(b"BAD1", b"a\xff\xfeb").replace(b"BAD2", b"\xc3(")
+        n = 3
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    return path, n
+
+
+@pytest.mark.parametrize("how", ["surrogate", "bytes"])
+@pytest.mark.parametrize("name", ["rank-0.json", "rank-0.json.gz"])
+def test_a_bad_operator_name_costs_the_name_not_the_trace(tmp_path: Path, how: str, name: str) -> None:
+    path, n = _bad_names(tmp_path, how, name)
+    ctx = load_profile(path)
+    # every event of the trace is there: 3 steps x (1 marker + 2 x 3 events)
+    assert ctx.con.execute("SELECT count(*) FROM events").fetchall() == [(21,)]
+    names = {r[0] for r in ctx.con.execute("SELECT DISTINCT name FROM events WHERE kind = 'host_op'").fetchall()}
+    bad = sorted(names - {"aten::mm", "aten::add"})  # the first step's two names; the later steps' are good
+    if how == "surrogate":
+        assert bad == sorted(["\ufffdx", "ok\ufffd"])
+        kernels = {r[0] for r in ctx.con.execute("SELECT DISTINCT name FROM events WHERE kind = 'kernel'").fetchall()}
+        assert "k\U0001f600\\ud800" in kernels  # the pair decoded, the escaped backslash kept
+    else:
+        assert bad == sorted(["a\ufffd\ufffdb", "\ufffd("])
+    (w,) = warned(ctx, "bad_strings")
+    assert w.path == str(path) and w.message.startswith(f"{n} invalid UTF-8")
+
+
+def test_bad_strings_in_one_file_of_a_batch_leave_the_others_untouched(tmp_path: Path) -> None:
+    _bad_names(tmp_path, "bytes", "rank-0.json")
+    write(tmp_path / "rank-1.json", trace(rank=1, world=2))
+    ctx = load_profile(tmp_path)
+    assert ctx.ranks == [0, 1]
+    assert ctx.con.execute("SELECT rank, count(*) FROM events GROUP BY rank ORDER BY rank").fetchall() == [
+        (0, 21), (1, 21)]
+    assert [w.path for w in warned(ctx, "bad_strings")] == [str(tmp_path / "rank-0.json")]
+
+
+def test_a_trace_with_no_bad_string_gets_no_such_warning(tmp_path: Path) -> None:
+    ctx = load_profile(write(tmp_path / "rank-0.json", trace(rank=0, world=1)))
+    assert not warned(ctx, "bad_strings")
