@@ -108,16 +108,22 @@ def main() -> None:
 @click.option("--budget", "budgets", multiple=True, metavar="NAME=VALUE", help="Absolute budget, e.g. step_ms=120, comm_only_ratio=0.15.")
 @click.option("--max-events", type=int, help="Refuse files with more events than this (default: no limit).")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 8GB (default: 80% of RAM).")
+@click.option("--run", "run_index", type=click.IntRange(min=1), help="Analyse run N of a directory holding several.")
+@click.option("--follow-symlinks", is_flag=True, help="Follow symbolic links that point outside PROFILE.")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence in the terminal summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 def analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: int | None, sets: tuple[str, ...],
             select: tuple[str, ...], skip: tuple[str, ...], all_rules: bool, config_path: Path | None,
             fail_on: str | None, baseline: Path | None, max_regression: float, budgets: tuple[str, ...],
-            max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool) -> None:
+            max_events: int | None, memory_limit: str | None, run_index: int | None, follow_symlinks: bool,
+            verbose: bool, debug: bool) -> None:
     """Analyse PROFILE (a trace file or a directory of rank exports) and report what limits the step."""
+    from advisor.ingest import options as ingest_options
+
     try:
-        code = _analyze(profile, fmt, out, rank, step, sets, select, skip, all_rules, config_path, fail_on, baseline,
-                        max_regression, budgets, max_events, memory_limit, verbose, debug)
+        with ingest_options(run=run_index, follow_symlinks=follow_symlinks):
+            code = _analyze(profile, fmt, out, rank, step, sets, select, skip, all_rules, config_path, fail_on,
+                            baseline, max_regression, budgets, max_events, memory_limit, verbose, debug)
     except (InputError, ConfigError, UsageFailure) as exc:
         if debug:
             traceback.print_exc()

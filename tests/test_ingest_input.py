@@ -161,3 +161,69 @@ def test_bad_strings_in_one_file_of_a_batch_leave_the_others_untouched(tmp_path:
 def test_a_trace_with_no_bad_string_gets_no_such_warning(tmp_path: Path) -> None:
     ctx = load_profile(write(tmp_path / "rank-0.json", trace(rank=0, world=1)))
     assert not warned(ctx, "bad_strings")
+
+
+# -- symbolic links ------------------------------------------------------------------------------
+
+def _linked(tmp_path: Path) -> Path:
+    """``prof/`` holds only links to two rank files and to their directory kept elsewhere."""
+    real = tmp_path / "real"
+    write(real / "rank-0.json", trace(rank=0, world=2))
+    write(real / "rank-1.json", trace(rank=1, world=2))
+    prof = tmp_path / "prof"
+    prof.mkdir()
+    (prof / "rank-0.json").symlink_to(real / "rank-0.json")
+    (prof / "rank-1.json").symlink_to(real / "rank-1.json")
+    (prof / "all").symlink_to(real, target_is_directory=True)
+    return prof
+
+
+def test_a_directory_of_links_says_how_many_were_skipped_and_why(tmp_path: Path) -> None:
+    prof = _linked(tmp_path)
+    with pytest.raises(InputError) as exc:
+        load_profile(prof)
+    msg = str(exc.value)
+    assert msg.startswith(f"{prof}: empty directory") and "3 symbolic links pointing outside it skipped" in msg
+    assert "--follow-symlinks" in msg and "\n" not in msg
+
+
+def test_links_are_followed_on_request_each_file_read_once(tmp_path: Path) -> None:
+    prof = _linked(tmp_path)
+    (prof / "loop").symlink_to(prof, target_is_directory=True)  # inside: followed, reached twice, skipped
+    ctx = load_profile(prof, follow_symlinks=True)
+    assert ctx.ranks == [0, 1]
+    assert ctx.con.execute("SELECT count(*) FROM profile_files").fetchall() == [(2,)]
+    assert sorted(Path(w.path).name for w in warned(ctx, "link_twice")) == ["rank-0.json", "rank-1.json"]
+    assert [w.path for w in warned(ctx, "link_loop")] == [str(prof / "loop")]
+    assert not warned(ctx, "link_outside")
+
+
+def test_links_beside_real_traces_are_counted_in_a_warning(tmp_path: Path) -> None:
+    prof = _linked(tmp_path)
+    write(prof / "rank-2.json", trace(rank=2, world=3))
+    (prof / "rank-0.json").unlink()
+    (prof / "rank-1.json").unlink()
+    (prof / "all").unlink()
+    write(prof / "rank-0.json", trace(rank=0, world=3))
+    write(prof / "rank-1.json", trace(rank=1, world=3))
+    (prof / "other").symlink_to(tmp_path / "real", target_is_directory=True)
+    ctx = load_profile(prof)
+    assert ctx.ranks == [0, 1, 2]
+    summary = [w for w in warned(ctx, "link_outside") if w.path == str(prof)]
+    assert len(summary) == 1 and summary[0].message.startswith("1 symbolic link pointing outside")
+
+
+def test_cli_follow_symlinks(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from advisor import cli
+    from tests.conftest import validate_report
+
+    prof = _linked(tmp_path)
+    res = CliRunner().invoke(cli.main, ["analyze", str(prof), "--format", "json"])
+    assert res.exit_code == 2 and "3 symbolic links pointing outside it skipped" in res.output
+    res = CliRunner().invoke(cli.main, ["analyze", str(prof), "--format", "json", "--follow-symlinks"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    validate_report(report)
+    assert report["profile"]["ranks"] == [0, 1]

@@ -13,8 +13,10 @@ import importlib
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from advisor.engine.context import AnalysisContext
 from advisor.ingest.base import (
     FAR_TIMES_SQL,
     FAR_TIMES_WARNING,
+    LINK_OUTSIDE,
     InputError,
     LoadContext,
     ParseError,
@@ -144,7 +147,7 @@ def nothing_usable(root: Path, warnings: list[Warning_], headline: str) -> Input
     :data:`NAMED_FILES` of them, the others counted."""
     problems: dict[str, str] = {}
     for w in warnings:
-        if w.path and w.path not in problems:
+        if w.path and w.path not in problems and w.path != str(root):
             problems[w.path] = w.message
     if not problems:
         return InputError(f"{one_line(root)}: {headline}")
@@ -168,6 +171,20 @@ def nothing_usable(root: Path, warnings: list[Warning_], headline: str) -> Input
     return InputError(f"{one_line(root)}: {headline}; {len(problems)} files skipped: {listed}")
 
 
+_OPTIONS: ContextVar[dict[str, Any] | None] = ContextVar("advisor_ingest_options", default=None)
+
+
+@contextmanager
+def options(**kwargs: Any) -> Iterator[None]:
+    """Defaults for :func:`load_profile`'s ``run`` and ``follow_symlinks`` within the block (the
+    CLI sets its options so, without threading them through every caller in between)."""
+    token = _OPTIONS.set({**(_OPTIONS.get() or {}), **kwargs})
+    try:
+        yield
+    finally:
+        _OPTIONS.reset(token)
+
+
 def load_profile(
     path: str | Path,
     *,
@@ -176,15 +193,25 @@ def load_profile(
     workers: int | None = None,
     memory_limit: str | None = None,
     on_scan: Callable[[], object] | None = None,
+    run: int | None = None,
+    follow_symlinks: bool | None = None,
 ) -> AnalysisContext:
     """Read everything recognisable under ``path`` into a fresh DuckDB connection.
 
     ``on_scan`` is called once, when the first bulk scan is about to start (see
     :meth:`LoadContext.scan_starting`), and at the latest before files are read one by one.
+    ``run``: which run (1-based) to analyse when the directory holds several (see
+    :func:`advisor.ingest.runs.split_runs`); ``follow_symlinks``: follow symbolic links that
+    point outside the directory. Both default to what :func:`options` set, else None / False.
     """
     t0 = time.perf_counter()
     root = Path(path)
     warnings: list[Warning_] = []
+    opts = _OPTIONS.get() or {}
+    if run is None:
+        run = opts.get("run")
+    if follow_symlinks is None:
+        follow_symlinks = bool(opts.get("follow_symlinks", False))
 
     def warn(code: str, message: str, p: Path | str | None = None) -> None:
         warnings.append(Warning_(code, one_line(message, 500), None if p is None else str(p)))
@@ -192,13 +219,19 @@ def load_profile(
     if not os.path.lexists(root):
         raise InputError(f"{one_line(root)}: no such file or directory")
     if root.is_dir():
-        files = list(walk_files(root, warn))
+        files = list(walk_files(root, warn, follow_links=follow_symlinks))
     elif root.is_file():
         files = [root]
     else:
         raise InputError(f"{one_line(root)}: not a regular file or directory")
+    links = sum(1 for w in warnings if w.code == LINK_OUTSIDE)
     if not files:
-        raise InputError(f"{one_line(root)}: empty directory: no trace files found")
+        said = (f": {links} symbolic link{'s' * (links != 1)} pointing outside it skipped (not followed by default: "
+                "--follow-symlinks follows them)") if links else ""
+        raise InputError(f"{one_line(root)}: empty directory: no trace files found" + said)
+    if links:
+        warn(LINK_OUTSIDE, f"{links} symbolic link{'s' * (links != 1)} pointing outside the directory skipped (not "
+             "followed by default: --follow-symlinks follows them)", root)
 
     units: list[Unit] = []
     remaining = list(files)

@@ -230,14 +230,19 @@ def overlapping_files(spans: list[tuple[Any, ...]], warn: Any) -> list[tuple[Any
 MAX_FILES = 200_000
 
 
-def walk_files(root: Path, warn: Any) -> Iterator[Path]:
+LINK_OUTSIDE = "link_outside"  # warning code of a symbolic link not followed out of the profile directory
+
+
+def walk_files(root: Path, warn: Any, follow_links: bool = False) -> Iterator[Path]:
     """Yield regular files below ``root`` without following links out of it.
 
-    Links are followed only when they resolve inside ``root``; loops, dangling links, pipes,
-    sockets and devices are skipped with a warning.
+    Links are followed only when they resolve inside ``root``, or anywhere with
+    ``follow_links``; loops (a directory reached twice), dangling links, pipes, sockets and
+    devices are skipped with a warning.
     """
     root_real = Path(os.path.realpath(root))
     seen_dirs: set[tuple[int, int]] = set()
+    seen_files: set[tuple[int, int]] = set()  # a file reached through links and by its own name is read once
     stack = [root]
     count = 0
     while stack:
@@ -261,8 +266,9 @@ def walk_files(root: Path, warn: Any) -> Iterator[Path]:
                     if not os.path.exists(target):
                         warn("dangling_link", "symbolic link points nowhere; skipped", p)
                         continue
-                    if os.path.commonpath([root_real, target]) != str(root_real):
-                        warn("link_outside", "symbolic link points outside the profile directory; not followed", p)
+                    if not follow_links and os.path.commonpath([root_real, target]) != str(root_real):
+                        warn(LINK_OUTSIDE, "symbolic link points outside the profile directory; not followed "
+                             "(--follow-symlinks follows it)", p)
                         continue
                 st = p.stat()
             except OSError as exc:
@@ -271,6 +277,10 @@ def walk_files(root: Path, warn: Any) -> Iterator[Path]:
             if stat.S_ISDIR(st.st_mode):
                 stack.append(p)
             elif stat.S_ISREG(st.st_mode):
+                if (st.st_dev, st.st_ino) in seen_files:
+                    warn("link_twice", "another name (a link) of a file already read; read once", p)
+                    continue
+                seen_files.add((st.st_dev, st.st_ino))
                 count += 1
                 if count > MAX_FILES:
                     warn("too_many_files", f"more than {MAX_FILES} files; the rest are ignored", root)
