@@ -227,3 +227,80 @@ def test_cli_follow_symlinks(tmp_path: Path) -> None:
     report = json.loads(res.stdout)
     validate_report(report)
     assert report["profile"]["ranks"] == [0, 1]
+
+
+# -- hostile operator names in an Ascend export ------------------------------------------------
+
+PAYLOADS = ("<script>alert(1)</script>", '"><img src=x onerror=alert(1)>', "</svg><script>")
+SAMPLE_PROFILES = Path(__file__).resolve().parents[1] / "sample_profiles"
+
+
+def _heaviest(totals: dict[str, float], n: int) -> list[str]:
+    return [name for name, _ in sorted(totals.items(), key=lambda kv: -kv[1])[:n]]
+
+
+def _hostile_timeline(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A copy of the torch_npu timeline sample whose heaviest CANN operator and two heaviest
+    device operators ('Ascend Hardware' process; by total duration in the trace) carry the
+    payloads as their names; the names replaced."""
+    src = SAMPLE_PROFILES / "ascend_pt_timeline" / "ASCEND_PROFILER_OUTPUT" / "trace_view.json.gz"
+    events = json.loads(gzip.decompress(src.read_bytes()))
+    process = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    heavy = []
+    for lane, n in (("CANN", 1), ("Ascend Hardware", 2)):
+        totals: dict[str, float] = {}
+        for e in events:
+            if e.get("ph") == "X" and process.get(e["pid"]) == lane:
+                totals[e["name"]] = totals.get(e["name"], 0.0) + float(e.get("dur", 0))
+        heavy += _heaviest(totals, n)
+    for e in events:
+        if e.get("name") in heavy:
+            e["name"] = PAYLOADS[heavy.index(e["name"])]
+    root = tmp_path / "host_1_20231109113342123_ascend_pt"
+    write(root / "ASCEND_PROFILER_OUTPUT" / "trace_view.json.gz", events)
+    return root, heavy
+
+
+def _hostile_kernels(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A copy of the torch_npu kernel table sample whose three heaviest kernels (by total
+    Duration(us)) carry the payloads as their Name."""
+    import csv
+    import io
+
+    src = SAMPLE_PROFILES / "ascend_pt_kernels" / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv"
+    rows = list(csv.reader(io.StringIO(src.read_text())))
+    name_col, dur_col = rows[0].index("Name"), rows[0].index("Duration(us)")
+    totals: dict[str, float] = {}
+    for r in rows[1:]:
+        totals[r[name_col]] = totals.get(r[name_col], 0.0) + float(r[dur_col])
+    heavy = _heaviest(totals, len(PAYLOADS))
+    for r in rows[1:]:
+        if r[name_col] in heavy:
+            r[name_col] = PAYLOADS[heavy.index(r[name_col])]
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    root = tmp_path / "host_1_20231109113342123_ascend_pt"
+    (root / "ASCEND_PROFILER_OUTPUT").mkdir(parents=True)
+    (root / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv").write_text(out.getvalue())
+    return root, heavy
+
+
+@pytest.mark.parametrize("make", [pytest.param(_hostile_timeline, marks=pytest.mark.slow), _hostile_kernels],
+                         ids=["timeline", "kernel_details"])
+def test_hostile_ascend_operator_names_are_escaped_in_html(tmp_path: Path, make: Any) -> None:
+    from markupsafe import escape
+
+    from advisor.analyze import analyze
+    from advisor.render.html import render
+    from tests.conftest import report_json
+
+    root, heavy = make(tmp_path)
+    report = analyze(root)
+    data = report_json(report)
+    shown = json.dumps(data)
+    html = render(report)
+    for payload, original in zip(PAYLOADS, heavy, strict=True):
+        assert json.dumps(payload)[1:-1] in shown, f"{original} replaced by {payload!r} is not in the report"
+        assert payload not in html
+        assert str(escape(payload)) in html, f"{payload!r} (was {original}) is not shown escaped"
+    assert "<script>alert" not in html and "<img" not in html and "</svg><script>" not in html
