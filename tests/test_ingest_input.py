@@ -110,9 +110,9 @@ def test_one_bad_file_alone_is_named_with_its_problem(tmp_path: Path) -> None:
 # -- bad strings ---------------------------------------------------------------------------------
 
 def _bad_names(tmp_path: Path, how: str, name: str = "rank-0.json") -> tuple[Path, int]:
-    """A trace whose first step's two CPU operator names are made invalid (``how``): lone surrogate
-    escapes, or bytes that are not UTF-8; the number of bad sequences put in."""
-    doc = trace(rank=0, world=1)
+    """A trace (rank 0 of 2) whose first step's two CPU operator names are made invalid
+    (``how``): lone surrogate escapes, or bytes that are not UTF-8; the number of bad sequences put in."""
+    doc = trace(rank=0, world=2)
     doc["traceEvents"][1]["name"] = "BAD1"
     doc["traceEvents"][4]["name"] = "BAD2"
     text = json.dumps(doc).encode()
@@ -304,3 +304,142 @@ def test_hostile_ascend_operator_names_are_escaped_in_html(tmp_path: Path, make:
         assert payload not in html
         assert str(escape(payload)) in html, f"{payload!r} (was {original}) is not shown escaped"
     assert "<script>alert" not in html and "<img" not in html and "</svg><script>" not in html
+
+
+# -- several runs in one directory ---------------------------------------------------------------
+
+DAY_US = 86_400 * 10**6
+
+
+def _paths(ctx: Any) -> list[str]:
+    return [r[0] for r in ctx.con.execute("SELECT path FROM profile_files ORDER BY path").fetchall()]
+
+
+def test_split_runs_by_world_size_and_overlap() -> None:
+    from advisor.ingest.runs import Span, split_runs
+
+    def s(label: str, rank: int, world: int | None, start: int, end: int) -> Span:
+        return Span(label, rank, world, start, end)
+
+    # cycles of one run: rank files follow each other in time, one world size: one run
+    cycles = [s("c/r0.1", 0, 2, 0, 10), s("c/r1.1", 1, 2, 1, 11), s("c/r0.2", 0, 2, 20, 30), s("c/r1.2", 1, 2, 21, 31)]
+    assert [[x.label for x in r] for r in split_runs(cycles)] == [["c/r0.1", "c/r0.2", "c/r1.1", "c/r1.2"]]
+    # two world sizes: two runs, ordered by start
+    two = [s("b/r0", 0, 1, 5, 9), s("a/r0", 0, 2, 10, 20), s("a/r1", 1, 2, 10, 20)]
+    assert [[x.label for x in r] for r in split_runs(two)] == [["b/r0"], ["a/r0", "a/r1"]]
+    # a trace naming no world size joins the one world size named
+    assert len(split_runs([s("a/r0", 0, 2, 0, 10), s("a/r1", 1, None, 0, 10)])) == 1
+    # same ranks over overlapping times: two runs, each rank file with the run of its directory
+    concurrent = [s("a/r0", 0, 2, 0, 10), s("b/r0", 0, 2, 1, 12), s("b/r1", 1, 2, 2, 12), s("a/r1", 1, 2, 3, 10)]
+    assert [[x.label for x in r] for r in split_runs(concurrent)] == [["a/r0", "a/r1"], ["b/r0", "b/r1"]]
+
+
+def _two_world_sizes(root: Path) -> Path:
+    write(root / "a" / "rank-0.json", trace(rank=0, world=2))
+    write(root / "a" / "rank-1.json", trace(rank=1, world=2))
+    write(root / "b" / "rank-0.json", trace(rank=0, world=1, t0_us=T0_US + DAY_US))
+    return root
+
+
+def _concurrent(root: Path) -> Path:
+    """Two runs of world size 2 profiled at the same time (two jobs): a/ with 10 ms steps, b/ with 12 ms."""
+    for r in (0, 1):
+        write(root / "a" / f"rank-{r}.json", trace(rank=r, world=2))
+        write(root / "b" / f"rank-{r}.json", trace(rank=r, world=2, t0_us=T0_US + 5_000, step_us=12_000))
+    return root
+
+
+@pytest.mark.parametrize("make", [_two_world_sizes, _concurrent], ids=["world_sizes", "same_ranks_overlapping"])
+def test_two_runs_are_refused_listing_each_runs_files(tmp_path: Path, make: Any) -> None:
+    root = make(tmp_path)
+    with pytest.raises(InputError) as exc:
+        load_profile(root)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith(f"{root}: 2 runs in one directory")
+    run1, run2 = msg.split("; run 2 ")
+    assert "run 1 (world size 2, 2 ranks, from 2023-11-14 22:13:20 UTC): a/rank-0.json, a/rank-1.json" in run1
+    assert "b/rank-0.json" in run2 and "--run N" in run2
+
+
+def test_run_n_picks_one_run(tmp_path: Path) -> None:
+    root = _concurrent(tmp_path / "c")
+    ctx = load_profile(root, run=2)
+    assert _paths(ctx) == [str(root / "b" / "rank-0.json"), str(root / "b" / "rank-1.json")]
+    assert ctx.ranks == [0, 1]
+    # b/'s steps: ProfilerStep windows 12 ms apart, each 11.99 ms long
+    assert ctx.con.execute("SELECT DISTINCT end_ns - start_ns FROM steps WHERE step < 3").fetchall() == [(12_000_000,)]
+    assert not warned(ctx, "duplicate_rank")
+    (chosen,) = warned(ctx, "run_chosen")
+    assert chosen.message.startswith("run 2 of the 2 runs")
+    ctx = load_profile(_two_world_sizes(tmp_path / "w"), run=2)
+    assert _paths(ctx) == [str(tmp_path / "w" / "b" / "rank-0.json")]
+    with pytest.raises(InputError, match=r"--run 3: the directory holds 2 runs"):
+        load_profile(root, run=3)
+
+
+def test_profiler_cycles_of_one_run_stay_merged(tmp_path: Path) -> None:
+    """Two cycles per rank, one world size: one run, four files, two ranks, no warning about runs."""
+    for r in (0, 1):
+        write(tmp_path / f"rank-{r}.cycle1.json", trace(rank=r, world=2))
+        write(tmp_path / f"rank-{r}.cycle2.json", trace(rank=r, world=2, t0_us=T0_US + 60 * 10**6))
+    ctx = load_profile(tmp_path)
+    assert ctx.ranks == [0, 1] and len(_paths(ctx)) == 4
+    assert not [w for w in ctx.warnings if w.code in ("other_run", "duplicate_rank", "run_chosen")]
+    with pytest.raises(InputError, match=r"--run 2: the profile holds one run only"):
+        load_profile(tmp_path, run=2)
+    assert len(_paths(load_profile(tmp_path, run=1))) == 4
+
+
+def test_a_trace_from_another_run_among_the_rank_files_is_named(tmp_path: Path) -> None:
+    """old/rank-1.json: same world size, three days before the others: merged as today, and named."""
+    write(tmp_path / "rank-0.json", trace(rank=0, world=2))
+    write(tmp_path / "rank-1.json", trace(rank=1, world=2))
+    write(tmp_path / "old" / "rank-1.json", trace(rank=1, world=2, t0_us=T0_US - 3 * DAY_US))
+    ctx = load_profile(tmp_path)
+    (w,) = warned(ctx, "other_run")
+    assert w.path == str(tmp_path / "old" / "rank-1.json") and "2023-11-11 22:13:20 UTC" in w.message
+
+
+def test_a_copy_of_a_rank_file_is_still_dropped_not_a_second_run(tmp_path: Path) -> None:
+    write(tmp_path / "rank-0.json", trace(rank=0, world=2))
+    write(tmp_path / "rank-1.json", trace(rank=1, world=2))
+    write(tmp_path / "copy" / "rank-0.json", trace(rank=0, world=2))
+    ctx = load_profile(tmp_path)
+    assert ctx.ranks == [0, 1] and len(_paths(ctx)) == 2
+    assert len(warned(ctx, "duplicate_rank")) == 1
+
+
+def test_cli_refuses_two_runs_with_exit_2_and_run_picks_one(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from advisor import cli
+    from tests.conftest import validate_report
+
+    root = _two_world_sizes(tmp_path)
+    res = CliRunner().invoke(cli.main, ["analyze", str(root), "--format", "json"])
+    assert res.exit_code == 2 and "2 runs in one directory" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(cli.main, ["analyze", str(root), "--format", "json", "--run", "1"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    validate_report(report)
+    assert report["profile"]["ranks"] == [0, 1] and report["profile"]["world_size"] == 2
+
+
+# -- Kineto and Ascend in one directory ----------------------------------------------------------
+
+def test_kineto_beside_an_ascend_export_is_named_when_not_used(tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copytree(SAMPLE_PROFILES / "ascend_pt_kernels", tmp_path / "host_1_20231109113342123_ascend_pt")
+    write(tmp_path / "rank-0.json", trace(rank=0, world=1))
+    ctx = load_profile(tmp_path)
+    assert ctx.sources == ["ascend_pt"] and ctx.ranks == [0]
+    (w,) = warned(ctx, "source_unused")
+    assert w.message.startswith("Kineto traces not analysed beside the Ascend ones") and str(tmp_path / "rank-0.json") in w.message
+    # two Kineto ranks outnumber the one Ascend export: they are analysed, the export is named
+    write(tmp_path / "rank-1.json", trace(rank=1, world=2))
+    write(tmp_path / "rank-0.json", trace(rank=0, world=2))
+    ctx = load_profile(tmp_path)
+    assert ctx.sources == ["kineto"] and ctx.ranks == [0, 1]
+    (w,) = warned(ctx, "source_unused")
+    assert w.message.startswith("Ascend traces not analysed") and "host_1_20231109113342123_ascend_pt" in w.message

@@ -38,6 +38,8 @@ from advisor.ingest.base import (
     release_memory,
     walk_files,
 )
+from advisor.ingest.runs import Span, split_runs, strays, when
+from advisor.ingest.runs import describe as describe_runs
 from advisor.ingest.steps import finalize
 from advisor.model import Warning_
 from advisor.schema import create_all
@@ -147,7 +149,7 @@ def nothing_usable(root: Path, warnings: list[Warning_], headline: str) -> Input
     :data:`NAMED_FILES` of them, the others counted."""
     problems: dict[str, str] = {}
     for w in warnings:
-        if w.path and w.path not in problems and w.path != str(root):
+        if w.path and w.path not in problems and not (w.path == str(root) and root.is_dir()):  # not a file's
             problems[w.path] = w.message
     if not problems:
         return InputError(f"{one_line(root)}: {headline}")
@@ -195,6 +197,7 @@ def load_profile(
     on_scan: Callable[[], object] | None = None,
     run: int | None = None,
     follow_symlinks: bool | None = None,
+    _only: set[Path] | None = None,
 ) -> AnalysisContext:
     """Read everything recognisable under ``path`` into a fresh DuckDB connection.
 
@@ -203,12 +206,13 @@ def load_profile(
     ``run``: which run (1-based) to analyse when the directory holds several (see
     :func:`advisor.ingest.runs.split_runs`); ``follow_symlinks``: follow symbolic links that
     point outside the directory. Both default to what :func:`options` set, else None / False.
+    ``_only``: read these files of the directory only (the files of the run chosen).
     """
     t0 = time.perf_counter()
     root = Path(path)
     warnings: list[Warning_] = []
     opts = _OPTIONS.get() or {}
-    if run is None:
+    if run is None and _only is None:
         run = opts.get("run")
     if follow_symlinks is None:
         follow_symlinks = bool(opts.get("follow_symlinks", False))
@@ -219,7 +223,7 @@ def load_profile(
     if not os.path.lexists(root):
         raise InputError(f"{one_line(root)}: no such file or directory")
     if root.is_dir():
-        files = list(walk_files(root, warn, follow_links=follow_symlinks))
+        files = [f for f in walk_files(root, warn, follow_links=follow_symlinks) if _only is None or f in _only]
     elif root.is_file():
         files = [root]
     else:
@@ -243,15 +247,66 @@ def load_profile(
     if not units:
         raise nothing_usable(root, warnings,
                              "no recognisable trace (Kineto *.json[.gz] or Ascend *_ascend_pt / *_ascend_ms export)")
+    units = _one_source(root, units, warn)
     assign_ranks(units, warn)
     # readers may start slow file work (Kineto: copying event lists) while the database is set up
     cleanups = [r.prefetch(units) for r in readers() if hasattr(r, "prefetch")]
     try:
-        return _load_units(root, units, warnings, warn, t0, progress=progress, max_events=max_events,
-                           workers=workers, memory_limit=memory_limit, on_scan=on_scan)
+        ctx = _load_units(root, units, warnings, warn, t0, progress=progress, max_events=max_events,
+                          workers=workers, memory_limit=memory_limit, on_scan=on_scan)
+    except SeveralRuns as exc:
+        runs = exc.runs
+    else:
+        if run is not None and run != 1:
+            raise InputError(f"{one_line(root)}: --run {run}: the profile holds one run only")
+        return ctx
     finally:
         for cleanup in cleanups:
             cleanup()
+    if run is None:
+        raise InputError(describe_runs(root, runs))
+    if not 1 <= run <= len(runs):
+        raise InputError(f"{one_line(root)}: --run {run}: the directory holds {len(runs)} runs (1 to {len(runs)})")
+    chosen = runs[run - 1]
+    ctx = load_profile(root, progress=progress, max_events=max_events, workers=workers, memory_limit=memory_limit,
+                       on_scan=on_scan, follow_symlinks=follow_symlinks,
+                       _only={f for s in chosen for f in s.unit.files})
+    ctx.warnings.insert(0, Warning_("run_chosen", one_line(
+        f"run {run} of the {len(runs)} runs in the directory analysed (--run {run}): "
+        + ", ".join(sorted({s.label for s in chosen}))[:300], 500), str(root)))
+    return ctx
+
+
+class SeveralRuns(Exception):
+    """Raised by the load when the traces belong to several runs (:func:`split_runs`)."""
+
+    def __init__(self, runs: list[list[Span]]) -> None:
+        super().__init__(f"{len(runs)} runs")
+        self.runs = runs
+
+
+SOURCE_FAMILY = {"ascend_pt": "Ascend", "ascend_ms": "Ascend", "kineto": "Kineto"}
+
+
+def _one_source(root: Path, units: list[Unit], warn: Callable[..., None]) -> list[Unit]:
+    """Kineto traces and Ascend exports in one directory come from different runs (a torch_npu
+    run writes its timeline inside its export): the family with more rank traces is analysed,
+    Ascend on a tie (its export holds more), and the other one is named in a warning."""
+    families: dict[str, list[Unit]] = defaultdict(list)
+    for u in units:
+        families[SOURCE_FAMILY.get(u.source, u.source)].append(u)
+    if len(families) < 2:
+        return units
+    ordered = sorted(families.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    used, rest = ordered[0], ordered[1:]
+    for family, skipped in rest:
+        labels = sorted(str(u.label) for u in skipped)
+        named = ", ".join(one_line(x, 120) for x in labels[:NAMED_FILES])
+        more = f" and {len(labels) - NAMED_FILES} more" if len(labels) > NAMED_FILES else ""
+        warn("source_unused", f"{family} traces not analysed beside the {used[0]} ones ({len(used[1])} rank "
+             f"trace{'s' * (len(used[1]) != 1)}; one profile is analysed at a time): {named}{more}; "
+             "analyse them on their own by their path", root)
+    return used[1]
 
 
 def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: Callable[..., None], t0: float, *,
@@ -322,7 +377,8 @@ def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: C
 
     _adopt_events_parts(con, lctx.events_parts)
     _drop_far_times(con, warn)
-    _drop_duplicate_files(con, warn)
+    _drop_duplicate_files(con, warn, lctx.clashes)
+    _check_runs_of_files(root, con, units, infos, lctx.clashes, warn)
     _merge_tracks(con)
     _check_late_ranks(infos, warn)
     _write_ranks(con, infos)
@@ -376,7 +432,38 @@ def _drop_far_times(con: Any, warn: Callable[..., None]) -> None:
         warn("bad_events", FAR_TIMES_WARNING.format(n=n), path)
 
 
-def _drop_duplicate_files(con: Any, warn: Callable[..., None]) -> None:
+def _check_runs_of_files(root: Path, con: Any, units: list[Unit], infos: dict[int, list[tuple[Unit, dict[str, Any]]]],
+                         clashes: list[tuple[Any, ...]], warn: Callable[..., None]) -> None:
+    """Raise :class:`SeveralRuns` when the loaded rank traces belong to several runs (see
+    :func:`advisor.ingest.runs.split_runs`); else name in a warning each trace that overlaps
+    no other rank's trace (:func:`advisor.ingest.runs.strays`). ``clashes``: the spans of the
+    files dropped for overlapping another of their rank (they are no longer in the tables)."""
+    if len(units) < 2:
+        return
+    unit_of = {str(f): u for u in units for f in u.files}
+    world_of = {id(u): u.world_size or info.get("world_size") for items in infos.values() for u, info in items}
+    rows = con.cursor().execute(
+        """SELECT p.path, min(e.start_ns), max(e.start_ns + e.dur_ns)
+        FROM profile_files p JOIN events e USING (file_id) GROUP BY p.path"""
+    ).fetchall()
+    rows += [(c[2], c[3], c[4]) for c in clashes]
+    ranges: dict[int, tuple[Unit, int, int]] = {}
+    for path, a, b in rows:
+        u = unit_of.get(str(path))
+        if u is None or a is None or b is None:
+            continue
+        old = ranges.get(id(u))
+        ranges[id(u)] = (u, a, b) if old is None else (u, min(old[1], a), max(old[2], b))
+    spans = [Span(str(u.label), u.rank, world_of.get(id(u), u.world_size), a, b, u) for u, a, b in ranges.values()]
+    runs = split_runs(spans)
+    if len(runs) > 1:
+        raise SeveralRuns(runs)
+    for s in strays(runs[0]) if runs else []:
+        warn("other_run", f"rank {s.rank}'s trace, from {when(s.start)}, overlaps no other rank's trace in time: it may "
+             "come from another run (its steps are merged with the rank's other traces)", s.label)
+
+
+def _drop_duplicate_files(con: Any, warn: Callable[..., None], clashes: list[tuple[Any, ...]] | None = None) -> None:
     """Drop files that overlap another file of the same rank (see :func:`overlapping_files`)."""
     rows = con.cursor().execute(
         """SELECT p.file_id, p.rank, p.path, min(e.start_ns) AS a, max(e.start_ns + e.dur_ns) AS b, count(*) AS n
@@ -384,7 +471,7 @@ def _drop_duplicate_files(con: Any, warn: Callable[..., None]) -> None:
         WHERE p.rank IN (SELECT rank FROM profile_files GROUP BY rank HAVING count(*) > 1)
         GROUP BY ALL ORDER BY p.rank, n DESC, p.file_id"""
     ).fetchall()
-    dropped = [d[0] for d in overlapping_files(rows, warn)]
+    dropped = [d[0] for d in overlapping_files(rows, warn, clashes)]
     if dropped:
         cur = con.cursor()
         ids = ", ".join(map(str, dropped))

@@ -83,6 +83,7 @@ class LoadContext:
         self.stepped: set[int] = set()  # ranks whose events got their step on insert
         self.steps_lock = threading.Lock()
         self.events_parts: list[str] = []  # tables of finished events rows, made part of events after loading
+        self.clashes: list[tuple[Any, ...]] = []  # files dropped for overlapping another of their rank (not copies)
 
     def scan_starting(self) -> None:
         """A reader is about to start a bulk scan: DuckDB will parse on every core without the
@@ -203,24 +204,30 @@ def release_memory() -> None:
         _PURGE(b"arena.4096.purge", None, None, None, 0)  # 4096 = MALLCTL_ARENAS_ALL
 
 
-def overlapping_files(spans: list[tuple[Any, ...]], warn: Any) -> list[tuple[Any, ...]]:
+def overlapping_files(spans: list[tuple[Any, ...]], warn: Any,
+                      clashes: list[tuple[Any, ...]] | None = None) -> list[tuple[Any, ...]]:
     """Files of one rank whose time ranges overlap cannot both be that rank's timeline.
 
     ``spans``: ``(file_id, rank, path, start, end, events)`` ordered by rank, events descending.
     Cycles of one run (``repeat > 1``) follow each other in time and are kept; a file that
     overlaps a kept file of the same rank (a copy, or a file of another run claiming the same
-    rank) is dropped with a warning, keeping the one with more events. Returns the dropped spans.
+    rank) is dropped with a warning, keeping the one with more events. Returns the dropped spans;
+    those that are not a copy (same range and number of events as the kept file) are also
+    appended to ``clashes``, where the loader finds that two runs were mixed.
     """
-    kept: dict[int, list[tuple[Any, Any, str]]] = {}
+    kept: dict[int, list[tuple[Any, Any, str, Any]]] = {}
     dropped = []
     for span in spans:
         _fid, rank, fpath, a, b = span[:5]
+        n = span[5] if len(span) > 5 else None
         mine = kept.setdefault(rank, [])
         clash = next((k for k in mine if a < k[1] and k[0] < b), None)
         if clash is None:
-            mine.append((a, b, fpath))
+            mine.append((a, b, fpath, n))
             continue
         dropped.append(span)
+        if clashes is not None and (a, b, n) != (clash[0], clash[1], clash[3]):
+            clashes.append(span)
         warn("duplicate_rank", f"another file already provides rank {rank} for the same time range ({clash[2]}); this file was not used", fpath)
     return dropped
 

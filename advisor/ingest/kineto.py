@@ -926,7 +926,7 @@ def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadC
             FROM {ev} t JOIN {kf} f USING (fid) WHERE f.rank IN ({", ".join(map(str, multi))})
             GROUP BY ALL ORDER BY f.rank, f.n DESC, f.fid"""
         ).fetchall()
-        dropped = [d[0] for d in overlapping_files(spans, lctx.warn)]
+        dropped = [d[0] for d in overlapping_files(spans, lctx.warn, lctx.clashes)]
         if dropped:
             ids = ", ".join(map(str, dropped))
             cur.execute(f"DELETE FROM {kf} WHERE fid IN ({ids})")
