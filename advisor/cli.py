@@ -118,12 +118,10 @@ def analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: i
             max_events: int | None, memory_limit: str | None, run_index: int | None, follow_symlinks: bool,
             verbose: bool, debug: bool) -> None:
     """Analyse PROFILE (a trace file or a directory of rank exports) and report what limits the step."""
-    from advisor.ingest import options as ingest_options
-
     try:
-        with ingest_options(run=run_index, follow_symlinks=follow_symlinks):
-            code = _analyze(profile, fmt, out, rank, step, sets, select, skip, all_rules, config_path, fail_on,
-                            baseline, max_regression, budgets, max_events, memory_limit, verbose, debug)
+        code = _analyze(profile, fmt, out, rank, step, sets, select, skip, all_rules, config_path, fail_on, baseline,
+                        max_regression, budgets, max_events, memory_limit, verbose, debug,
+                        {"run": run_index, "follow_symlinks": follow_symlinks})
     except (InputError, ConfigError, UsageFailure) as exc:
         if debug:
             traceback.print_exc()
@@ -142,9 +140,11 @@ def analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: i
 def _analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: int | None, sets: tuple[str, ...],
              select: tuple[str, ...], skip: tuple[str, ...], all_rules: bool, config_path: Path | None,
              fail_on: str | None, baseline: Path | None, max_regression: float, budgets: tuple[str, ...],
-             max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool) -> int:
+             max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool,
+             ingest: dict[str, Any] | None = None) -> int:
     from advisor.analyze import analyze as run_analysis
     from advisor.gate import evaluate, parse_budgets
+    from advisor.ingest import options as ingest_options
 
     if config_path is None and Path("advisor.toml").is_file():
         config_path = Path("advisor.toml")
@@ -172,8 +172,9 @@ def _analyze(profile: Path, fmt: str, out: Path | None, rank: int | None, step: 
 
         progress = Progress()
     try:
-        report = run_analysis(profile, cfg, rank=rank, step=step, progress=progress, max_events=max_events,
-                              memory_limit=memory_limit, debug=debug, keep=_KEPT)
+        with ingest_options(**(ingest or {})):  # the profile's loading only, not the baseline's
+            report = run_analysis(profile, cfg, rank=rank, step=step, progress=progress, max_events=max_events,
+                                  memory_limit=memory_limit, debug=debug, keep=_KEPT)
     finally:
         if progress is not None:
             progress.close()

@@ -423,6 +423,11 @@ def test_cli_refuses_two_runs_with_exit_2_and_run_picks_one(tmp_path: Path) -> N
     report = json.loads(res.stdout)
     validate_report(report)
     assert report["profile"]["ranks"] == [0, 1] and report["profile"]["world_size"] == 2
+    # --run is the profile's: a baseline of one run is read whole
+    base = write(tmp_path / "base" / "rank-0.json", trace(rank=0, world=1)).parent
+    res = CliRunner().invoke(cli.main, ["analyze", str(root), "--format", "json", "--run", "2", "--baseline", str(base)])
+    assert res.exit_code in (0, 1), res.output
+    assert json.loads(res.stdout)["profile"]["ranks"] == [0]
 
 
 # -- Kineto and Ascend in one directory ----------------------------------------------------------
