@@ -101,6 +101,15 @@ def test_when_every_file_is_bad_the_error_names_them(tmp_path: Path) -> None:
     assert "no timed events" in msg and "not a readable Kineto trace" in msg
 
 
+def test_files_without_a_rank_are_named_with_why_they_were_skipped(tmp_path: Path) -> None:
+    """Their ranks were guessed by order before they failed: the error gives the failure."""
+    (tmp_path / "a.json").write_text('{"traceEvents": [{"ph": "X", "ts": 1')
+    (tmp_path / "b.json").write_text('{"traceEvents": [{"ph": "X", "ts": 1')
+    with pytest.raises(InputError) as exc:
+        load_profile(tmp_path)
+    assert str(exc.value).count("(not a readable Kineto trace") == 2 and "by order" not in str(exc.value)
+
+
 def test_one_bad_file_alone_is_named_with_its_problem(tmp_path: Path) -> None:
     (tmp_path / "rank-0.json").write_text('{"traceEvents": [{"ph": "X", "ts": 1')
     with pytest.raises(InputError, match=r"rank-0\.json: not a readable Kineto trace"):

@@ -141,6 +141,7 @@ def assign_ranks(units: list[Unit], warn: Callable[..., None]) -> None:
 
 
 NAMED_FILES = 5  # files named in the error when every one is bad; the rest are counted
+NOT_A_PROBLEM = ("rank_guessed", "rank_mismatch")  # warnings about a file that are not why it was skipped
 
 
 def nothing_usable(root: Path, warnings: list[Warning_], headline: str) -> InputError:
@@ -148,8 +149,8 @@ def nothing_usable(root: Path, warnings: list[Warning_], headline: str) -> Input
     ``PATH: problem``; several by name (relative to ``root``) with their problems, the first
     :data:`NAMED_FILES` of them, the others counted."""
     problems: dict[str, str] = {}
-    for w in warnings:
-        if w.path and w.path not in problems and not (w.path == str(root) and root.is_dir()):  # not a file's
+    for w in warnings:  # a file's last word: why it was skipped (not how its rank was guessed before)
+        if w.path and w.code not in NOT_A_PROBLEM and not (w.path == str(root) and root.is_dir()):
             problems[w.path] = w.message
     if not problems:
         return InputError(f"{one_line(root)}: {headline}")
@@ -443,8 +444,8 @@ def _check_runs_of_files(root: Path, con: Any, units: list[Unit], infos: dict[in
     unit_of = {str(f): u for u in units for f in u.files}
     world_of = {id(u): u.world_size or info.get("world_size") for items in infos.values() for u, info in items}
     rows = con.cursor().execute(
-        """SELECT p.path, min(e.start_ns), max(e.start_ns + e.dur_ns)
-        FROM profile_files p JOIN events e USING (file_id) GROUP BY p.path"""
+        """SELECT p.path, a, b FROM profile_files p
+        JOIN (SELECT file_id, min(start_ns) AS a, max(start_ns + dur_ns) AS b FROM events GROUP BY file_id) USING (file_id)"""
     ).fetchall()
     rows += [(c[2], c[3], c[4]) for c in clashes]
     ranges: dict[int, tuple[Unit, int, int]] = {}
