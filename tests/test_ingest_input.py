@@ -457,3 +457,12 @@ def test_kineto_beside_an_ascend_export_is_named_when_not_used(tmp_path: Path) -
     assert ctx.sources == ["kineto"] and ctx.ranks == [0, 1]
     (w,) = warned(ctx, "source_unused")
     assert w.message.startswith("Ascend traces not analysed") and "host_1_20231109113342123_ascend_pt" in w.message
+
+
+def test_a_broken_trace_with_a_bad_string_still_names_its_first_problem(tmp_path: Path) -> None:
+    """Sanitised, the truncated trace still fails: the error names the file, not the copy."""
+    path, _ = _bad_names(tmp_path, "bytes")
+    path.write_bytes(path.read_bytes()[:-200])
+    with pytest.raises(InputError) as exc:
+        load_profile(path)
+    assert str(exc.value).startswith(f"{path}: not a readable Kineto trace") and "advisor-clean" not in str(exc.value)

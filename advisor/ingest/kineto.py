@@ -653,7 +653,7 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
         except DUCKDB_ERRORS as exc:
             if not (isinstance(exc, UnicodeDecodeError) or ENCODING_ERROR.search(str(exc))):
                 raise
-            res = _fill_sanitised(cur, f, unnest, lctx)
+            res = _fill_sanitised(cur, f, unnest, lctx, exc)
     except DUCKDB_ERRORS as exc:  # duckdb raises its own error types for bad JSON / gzip / IO
         msg = "invalid data (not UTF-8)" if isinstance(exc, UnicodeDecodeError) else str(exc)
         if spill is not None or f.src != str(path):  # name the user's file, not the copy (whose byte offsets mean nothing to them)
@@ -668,21 +668,25 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
     return res
 
 
-def _fill_sanitised(cur: Any, f: _File, unnest: str | None, lctx: LoadContext) -> dict[str, Any] | ParseError:
+def _fill_sanitised(cur: Any, f: _File, unnest: str | None, lctx: LoadContext,
+                    error: BaseException) -> dict[str, Any] | ParseError:
     """Read ``f`` again from a copy whose strings DuckDB refused (bytes that are not UTF-8, lone
     surrogate escapes) are replaced by U+FFFD (see :func:`sanitise_json`): one bad operator
-    name costs that name, not the trace. The replacements are counted in a warning."""
+    name costs that name, not the trace. The replacements are counted in a warning. Raises
+    ``error`` (DuckDB's) when there was nothing to replace."""
     import os
     import tempfile
 
     fd, name = tempfile.mkstemp(prefix="advisor-clean-", suffix=".json")
     src = f.src
     try:
-        with os.fdopen(fd, "wb") as out:
-            replaced = sanitise_json(Path(src), out)
-        if not replaced:  # nothing to replace: the error was another one, reported as it is
-            f.src = src
-            return _fill_part(cur, f"kpart_{f.fid}", [f], unnest, lctx)[f.fid]
+        try:
+            with os.fdopen(fd, "wb") as out:
+                replaced = sanitise_json(Path(src), out)
+        except (OSError, EOFError, zlib.error):  # no room for the copy, a truncated gzip: DuckDB's error stands
+            replaced = 0
+        if not replaced:  # the error was another one, reported as it is
+            raise error
         f.src = name
         res = _fill_part(cur, f"kpart_{f.fid}", [f], unnest, lctx)[f.fid]
     finally:
