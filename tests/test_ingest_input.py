@@ -444,25 +444,17 @@ def test_cli_refuses_two_runs_with_exit_2_and_run_picks_one(tmp_path: Path) -> N
 def test_kineto_beside_an_ascend_export_is_named_when_not_used(tmp_path: Path) -> None:
     import shutil
 
-    shutil.copytree(SAMPLE_PROFILES / "ascend_pt_kernels", tmp_path / "host_1_20231109113342123_ascend_pt")
+    export = tmp_path / "host_1_20231109113342123_ascend_pt"
+    shutil.copytree(SAMPLE_PROFILES / "ascend_pt_kernels", export)
     write(tmp_path / "rank-0.json", trace(rank=0, world=1))
     ctx = load_profile(tmp_path)
     assert ctx.sources == ["ascend_pt"] and ctx.ranks == [0]
     (w,) = warned(ctx, "source_unused")
-    assert w.message.startswith("Kineto traces not analysed beside the Ascend ones") and str(tmp_path / "rank-0.json") in w.message
+    assert w.path == str(tmp_path / "rank-0.json") and w.message.startswith("Kineto trace not analysed")
     # two Kineto ranks outnumber the one Ascend export: they are analysed, the export is named
     write(tmp_path / "rank-1.json", trace(rank=1, world=2))
     write(tmp_path / "rank-0.json", trace(rank=0, world=2))
     ctx = load_profile(tmp_path)
     assert ctx.sources == ["kineto"] and ctx.ranks == [0, 1]
     (w,) = warned(ctx, "source_unused")
-    assert w.message.startswith("Ascend traces not analysed") and "host_1_20231109113342123_ascend_pt" in w.message
-
-
-def test_a_broken_trace_with_a_bad_string_still_names_its_first_problem(tmp_path: Path) -> None:
-    """Sanitised, the truncated trace still fails: the error names the file, not the copy."""
-    path, _ = _bad_names(tmp_path, "bytes")
-    path.write_bytes(path.read_bytes()[:-200])
-    with pytest.raises(InputError) as exc:
-        load_profile(path)
-    assert str(exc.value).startswith(f"{path}: not a readable Kineto trace") and "advisor-clean" not in str(exc.value)
+    assert w.path == str(export) and w.message.startswith("Ascend trace not analysed")

@@ -290,24 +290,23 @@ SOURCE_FAMILY = {"ascend_pt": "Ascend", "ascend_ms": "Ascend", "kineto": "Kineto
 
 
 def _one_source(root: Path, units: list[Unit], warn: Callable[..., None]) -> list[Unit]:
-    """Kineto traces and Ascend exports in one directory come from different runs (a torch_npu
-    run writes its timeline inside its export): the family with more rank traces is analysed,
-    Ascend on a tie (its export holds more), and the other one is named in a warning."""
+    """Kineto traces and Ascend exports in one directory come from different runs, or are two
+    exports of one (a torch_npu run writes its own timeline inside its export): merged, their
+    ranks would be mixed up or counted twice. The kind with more rank traces is analysed,
+    Ascend on a tie (its export holds more), and each trace of the other is named in a warning."""
     families: dict[str, list[Unit]] = defaultdict(list)
     for u in units:
         families[SOURCE_FAMILY.get(u.source, u.source)].append(u)
     if len(families) < 2:
         return units
     ordered = sorted(families.items(), key=lambda kv: (-len(kv[1]), kv[0]))
-    used, rest = ordered[0], ordered[1:]
-    for family, skipped in rest:
-        labels = sorted(str(u.label) for u in skipped)
-        named = ", ".join(one_line(x, 120) for x in labels[:NAMED_FILES])
-        more = f" and {len(labels) - NAMED_FILES} more" if len(labels) > NAMED_FILES else ""
-        warn("source_unused", f"{family} traces not analysed beside the {used[0]} ones ({len(used[1])} rank "
-             f"trace{'s' * (len(used[1]) != 1)}; one profile is analysed at a time): {named}{more}; "
-             "analyse them on their own by their path", root)
-    return used[1]
+    used, n_used = ordered[0][0], len(ordered[0][1])
+    for family, skipped in ordered[1:]:
+        for u in skipped:
+            warn("source_unused", f"{family} trace not analysed: the directory also holds {used} traces ({n_used} "
+                 f"rank{'s' * (n_used != 1)}), which are, and one kind is analysed at a time; analyse it on its own by "
+                 "its path", u.label)
+    return ordered[0][1]
 
 
 def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: Callable[..., None], t0: float, *,
