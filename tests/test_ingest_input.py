@@ -458,3 +458,13 @@ def test_kineto_beside_an_ascend_export_is_named_when_not_used(tmp_path: Path) -
     assert ctx.sources == ["kineto"] and ctx.ranks == [0, 1]
     (w,) = warned(ctx, "source_unused")
     assert w.path == str(export) and w.message.startswith("Ascend trace not analysed")
+
+
+def test_a_small_deeply_nested_file_is_judged_by_the_scan_not_the_claim(tmp_path: Path) -> None:
+    """Python's JSON parser gives up on 20,000 nested lists (RecursionError): the claim leaves the
+    file to the reader, which reads or refuses it with a warning; rank 0 is analysed."""
+    write(tmp_path / "rank-0.json", trace(rank=0, world=2))
+    (tmp_path / "rank-1.json").write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1, "args": {"a": '
+                                          + "[" * 20_000 + "]" * 20_000 + "}}]}")
+    ctx = load_profile(tmp_path)
+    assert 0 in ctx.ranks

@@ -228,7 +228,7 @@ def _untimed(head: bytes, form: str, whole: bool) -> int | None:
         return None
     try:
         doc = json.loads(head)
-    except ValueError:  # not valid JSON (or not UTF-8): the scan reports it
+    except (ValueError, RecursionError):  # not valid JSON, not UTF-8, nested too deep: the scan reports it
         return None
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):
