@@ -627,6 +627,7 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
     fid = _fid(unit, lctx)
     cur = lctx.cursor()
     spill = None
+    f: _File | None = None
     try:
         unnest = None
         if unit.info.get("form", "object") == "array":  # the bare event-list form: read as it is
@@ -656,8 +657,9 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
             res = _fill_sanitised(cur, f, unnest, lctx, exc)
     except DUCKDB_ERRORS as exc:  # duckdb raises its own error types for bad JSON / gzip / IO
         msg = "invalid data (not UTF-8)" if isinstance(exc, UnicodeDecodeError) else str(exc)
-        if spill is not None or f.src != str(path):  # name the user's file, not the copy (whose byte offsets mean nothing to them)
-            msg = re.sub(r",? at byte \d+", "", msg.replace(f.src, str(path)))
+        read = f.src if f is not None else str(path)  # what DuckDB read: the file, or a copy of its events
+        if read != str(path):  # name the user's file, not the copy (whose byte offsets mean nothing to them)
+            msg = re.sub(r",? at byte \d+", "", msg.replace(read, str(path)))
         raise ParseError(path, "not a readable Kineto trace: " + _short_duckdb_error(msg)) from None
     finally:
         if spill is not None:
