@@ -187,6 +187,8 @@ def main() -> None:
 @click.option("--budget", "budgets", multiple=True, metavar="NAME=VALUE", help="Absolute budget, e.g. step_ms=120, comm_only_ratio=0.15.")
 @click.option("--max-events", type=int, help="Refuse files with more events than this (default: no limit).")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 8GB (default: 80% of RAM).")
+@click.option("--run", "run_index", type=click.IntRange(min=1), help="Analyse run N of a directory holding several.")
+@click.option("--follow-symlinks", is_flag=True, help="Follow symbolic links that point outside PROFILE.")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence in the terminal summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @click.option("--md-full", is_flag=True, help="Markdown: embed each rule's documentation and every fix "
@@ -196,12 +198,13 @@ def main() -> None:
 def analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, step: int | None, sets: tuple[str, ...],
             select: tuple[str, ...], skip: tuple[str, ...], all_rules: bool, config_path: Path | None,
             fail_on: str | None, baseline: Path | None, max_regression: float, budgets: tuple[str, ...],
-            max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool, md_full: bool,
-            full_critical_path: bool = False) -> None:
+            max_events: int | None, memory_limit: str | None, run_index: int | None, follow_symlinks: bool,
+            verbose: bool, debug: bool, md_full: bool, full_critical_path: bool = False) -> None:
     """Analyse PROFILE (a trace file or a directory of rank exports) and report what limits the step."""
     try:
         code = _analyze(profile, fmt, outs, rank, step, sets, select, skip, all_rules, config_path, fail_on, baseline,
-                        max_regression, budgets, max_events, memory_limit, verbose, debug, md_full, full_critical_path)
+                        max_regression, budgets, max_events, memory_limit, verbose, debug, md_full, full_critical_path,
+                        {"run": run_index, "follow_symlinks": follow_symlinks})
     except (InputError, ConfigError, UsageFailure) as exc:
         if debug:
             traceback.print_exc()
@@ -221,9 +224,10 @@ def _analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, 
              select: tuple[str, ...], skip: tuple[str, ...], all_rules: bool, config_path: Path | None,
              fail_on: str | None, baseline: Path | None, max_regression: float, budgets: tuple[str, ...],
              max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool, md_full: bool = False,
-             full_critical_path: bool = False) -> int:
+             full_critical_path: bool = False, ingest: dict[str, Any] | None = None) -> int:
     from advisor.analyze import analyze as run_analysis
     from advisor.gate import check_args, evaluate, parse_budgets
+    from advisor.ingest import options as ingest_options
 
     if config_path is None and Path("advisor.toml").is_file():
         config_path = Path("advisor.toml")
@@ -253,8 +257,10 @@ def _analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, 
 
         progress = Progress()
     try:
-        report = run_analysis(profile, cfg, rank=rank, step=step, progress=progress, max_events=max_events,
-                              memory_limit=memory_limit, debug=debug, keep=_KEPT, full_critical_path=full_critical_path)
+        with ingest_options(**(ingest or {})):  # the profile's loading only, not the baseline's
+            report = run_analysis(profile, cfg, rank=rank, step=step, progress=progress, max_events=max_events,
+                                  memory_limit=memory_limit, debug=debug, keep=_KEPT,
+                                  full_critical_path=full_critical_path)
     finally:
         if progress is not None:
             progress.close()

@@ -168,3 +168,39 @@ def test_find_close_on_generated_tails() -> None:
         tail_start = max(0, len(text) - TRAILER_MAX)
         pos, keys = find_close(text[tail_start:])
         assert (tail_start + pos, keys) == (close, trailer)
+
+
+def test_sanitise_json_replaces_bad_strings_the_same_across_chunk_boundaries(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lone surrogate escapes and bytes that are not UTF-8 become U+FFFD, counted; valid pairs,
+    escaped backslashes and multi-byte characters stay; pieces of 7 bytes (cutting escapes and
+    UTF-8 sequences everywhere) give the same bytes as one piece."""
+    import io
+
+    from advisor.ingest import jsonstream
+
+    event = (b'{"name": "a\\ud800b", "x": "\\ud83d\\ude00", "y": "\\\\ud800", "z": "\\udc00\\u00e9", '
+             b'"w": "\xc3\xa9\xff\xe2\x82", "v": "\xe2\x82\xac"}')
+    src = tmp_path / "t.json"
+    src.write_bytes(b"[" + b", ".join([event] * 50) + b"]")
+    whole = io.BytesIO()
+    n_whole = jsonstream.sanitise_json(src, whole)
+    monkeypatch.setattr(jsonstream, "CHUNK", 7)
+    pieces = io.BytesIO()
+    assert jsonstream.sanitise_json(src, pieces) == n_whole == 50 * 4  # \ud800, \udc00, \xff, \xe2\x82
+    assert pieces.getvalue() == whole.getvalue()
+    events = json.loads(whole.getvalue())
+    assert events[0] == {"name": "a\ufffdb", "x": "\U0001f600", "y": "\\ud800", "z": "\ufffd\u00e9",
+                         "w": "\u00e9\ufffd\ufffd", "v": "\u20ac"}
+
+
+def test_sanitise_json_reads_gzip(tmp_path: Path) -> None:
+    import gzip
+    import io
+
+    from advisor.ingest.jsonstream import sanitise_json
+
+    src = tmp_path / "t.json.gz"
+    src.write_bytes(gzip.compress(b'[{"name": "\\ud800"}]'))
+    out = io.BytesIO()
+    assert sanitise_json(src, out) == 1 and json.loads(out.getvalue()) == [{"name": "\ufffd"}]

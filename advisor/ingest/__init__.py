@@ -13,8 +13,10 @@ import importlib
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from advisor.engine.context import AnalysisContext
 from advisor.ingest.base import (
     FAR_TIMES_SQL,
     FAR_TIMES_WARNING,
+    LINK_OUTSIDE,
     InputError,
     LoadContext,
     ParseError,
@@ -35,6 +38,8 @@ from advisor.ingest.base import (
     release_memory,
     walk_files,
 )
+from advisor.ingest.runs import Span, split_runs, strays, when
+from advisor.ingest.runs import describe as describe_runs
 from advisor.ingest.steps import finalize
 from advisor.model import Warning_
 from advisor.schema import create_all
@@ -135,6 +140,54 @@ def assign_ranks(units: list[Unit], warn: Callable[..., None]) -> None:
             warn("rank_guessed", f"no rank recorded in the trace or its name; taken as rank {u.rank} by order", u.root)
 
 
+NAMED_FILES = 5  # files named in the error when every one is bad; the rest are counted
+NOT_A_PROBLEM = ("rank_guessed", "rank_mismatch")  # warnings about a file that are not why it was skipped
+
+
+def nothing_usable(root: Path, warnings: list[Warning_], headline: str) -> InputError:
+    """The one-line error when no file of ``root`` gave a trace: a lone bad file as
+    ``PATH: problem``; several by name (relative to ``root``) with their problems, the first
+    :data:`NAMED_FILES` of them, the others counted."""
+    problems: dict[str, str] = {}
+    for w in warnings:  # a file's last word: why it was skipped (not how its rank was guessed before)
+        if w.path and w.code not in NOT_A_PROBLEM and not (w.path == str(root) and root.is_dir()):
+            problems[w.path] = w.message
+    if not problems:
+        return InputError(f"{one_line(root)}: {headline}")
+    if len(problems) == 1:
+        path, message = next(iter(problems.items()))
+        return InputError(f"{one_line(path)}: {message}")
+
+    def name(path: str) -> str:
+        try:
+            return one_line(Path(path).relative_to(root), 120) if root.is_dir() else one_line(path, 120)
+        except ValueError:
+            return one_line(path, 120)
+
+    def problem(path: str, message: str) -> str:  # the path is already said
+        return one_line(message.replace(f' in file "{path}"', "").replace(path, "the file"), 80)
+
+    ordered = sorted(problems.items())
+    named = [f"{name(p)} ({problem(p, m)})" for p, m in ordered[:NAMED_FILES]]
+    more = len(problems) - len(named)
+    listed = "; ".join(named) + (f"; and {more} more" if more else "")
+    return InputError(f"{one_line(root)}: {headline}; {len(problems)} files skipped: {listed}")
+
+
+_OPTIONS: ContextVar[dict[str, Any] | None] = ContextVar("advisor_ingest_options", default=None)
+
+
+@contextmanager
+def options(**kwargs: Any) -> Iterator[None]:
+    """Defaults for :func:`load_profile`'s ``run`` and ``follow_symlinks`` within the block (the
+    CLI sets its options so, without threading them through every caller in between)."""
+    token = _OPTIONS.set({**(_OPTIONS.get() or {}), **kwargs})
+    try:
+        yield
+    finally:
+        _OPTIONS.reset(token)
+
+
 def load_profile(
     path: str | Path,
     *,
@@ -143,15 +196,27 @@ def load_profile(
     workers: int | None = None,
     memory_limit: str | None = None,
     on_scan: Callable[[], object] | None = None,
+    run: int | None = None,
+    follow_symlinks: bool | None = None,
+    _only: set[Path] | None = None,
 ) -> AnalysisContext:
     """Read everything recognisable under ``path`` into a fresh DuckDB connection.
 
     ``on_scan`` is called once, when the first bulk scan is about to start (see
     :meth:`LoadContext.scan_starting`), and at the latest before files are read one by one.
+    ``run``: which run (1-based) to analyse when the directory holds several (see
+    :func:`advisor.ingest.runs.split_runs`); ``follow_symlinks``: follow symbolic links that
+    point outside the directory. Both default to what :func:`options` set, else None / False.
+    ``_only``: read these files of the directory only (the files of the run chosen).
     """
     t0 = time.perf_counter()
     root = Path(path)
     warnings: list[Warning_] = []
+    opts = _OPTIONS.get() or {}
+    if run is None and _only is None:
+        run = opts.get("run")
+    if follow_symlinks is None:
+        follow_symlinks = bool(opts.get("follow_symlinks", False))
 
     def warn(code: str, message: str, p: Path | str | None = None) -> None:
         warnings.append(Warning_(code, one_line(message, 500), None if p is None else str(p)))
@@ -159,13 +224,19 @@ def load_profile(
     if not os.path.lexists(root):
         raise InputError(f"{one_line(root)}: no such file or directory")
     if root.is_dir():
-        files = list(walk_files(root, warn))
+        files = [f for f in walk_files(root, warn, follow_links=follow_symlinks) if _only is None or f in _only]
     elif root.is_file():
         files = [root]
     else:
         raise InputError(f"{one_line(root)}: not a regular file or directory")
+    links = sum(1 for w in warnings if w.code == LINK_OUTSIDE)
     if not files:
-        raise InputError(f"{one_line(root)}: empty directory: no trace files found")
+        said = (f": {links} symbolic link{'s' * (links != 1)} pointing outside it skipped (not followed by default: "
+                "--follow-symlinks follows them)") if links else ""
+        raise InputError(f"{one_line(root)}: empty directory: no trace files found" + said)
+    if links:
+        warn(LINK_OUTSIDE, f"{links} symbolic link{'s' * (links != 1)} pointing outside the directory skipped (not "
+             "followed by default: --follow-symlinks follows them)", root)
 
     units: list[Unit] = []
     remaining = list(files)
@@ -175,22 +246,67 @@ def load_profile(
         units.extend(claimed)
         remaining = [f for f in remaining if f not in taken]
     if not units:
-        file_warnings = [w for w in warnings if w.path]
-        if len(file_warnings) == 1:  # one bad file: name it and its problem
-            raise InputError(f"{one_line(file_warnings[0].path)}: {file_warnings[0].message}")
-        detail = f" ({len(file_warnings)} files skipped, first: {one_line(file_warnings[0].path)}: {file_warnings[0].message})" if file_warnings else ""
-        raise InputError(
-            f"{one_line(root)}: no recognisable trace (Kineto *.json[.gz] or Ascend *_ascend_pt / *_ascend_ms export)" + detail
-        )
+        raise nothing_usable(root, warnings,
+                             "no recognisable trace (Kineto *.json[.gz] or Ascend *_ascend_pt / *_ascend_ms export)")
+    units = _one_source(root, units, warn)
     assign_ranks(units, warn)
     # readers may start slow file work (Kineto: copying event lists) while the database is set up
     cleanups = [r.prefetch(units) for r in readers() if hasattr(r, "prefetch")]
     try:
-        return _load_units(root, units, warnings, warn, t0, progress=progress, max_events=max_events,
-                           workers=workers, memory_limit=memory_limit, on_scan=on_scan)
+        ctx = _load_units(root, units, warnings, warn, t0, progress=progress, max_events=max_events,
+                          workers=workers, memory_limit=memory_limit, on_scan=on_scan)
+    except SeveralRuns as exc:
+        runs = exc.runs
+    else:
+        if run is not None and run != 1:
+            raise InputError(f"{one_line(root)}: --run {run}: the profile holds one run only")
+        return ctx
     finally:
         for cleanup in cleanups:
             cleanup()
+    if run is None:
+        raise InputError(describe_runs(root, runs))
+    if not 1 <= run <= len(runs):
+        raise InputError(f"{one_line(root)}: --run {run}: the directory holds {len(runs)} runs (1 to {len(runs)})")
+    chosen = runs[run - 1]
+    ctx = load_profile(root, progress=progress, max_events=max_events, workers=workers, memory_limit=memory_limit,
+                       on_scan=on_scan, follow_symlinks=follow_symlinks,
+                       _only={f for s in chosen for f in s.unit.files})
+    ctx.warnings.insert(0, Warning_("run_chosen", one_line(
+        f"run {run} of the {len(runs)} runs in the directory analysed (--run {run}): "
+        + ", ".join(sorted({s.label for s in chosen}))[:300], 500), str(root)))
+    return ctx
+
+
+class SeveralRuns(Exception):
+    """Raised by the load when the traces belong to several runs (:func:`split_runs`)."""
+
+    def __init__(self, runs: list[list[Span]]) -> None:
+        super().__init__(f"{len(runs)} runs")
+        self.runs = runs
+
+
+SOURCE_FAMILY = {"ascend_pt": "Ascend", "ascend_ms": "Ascend", "kineto": "Kineto"}
+
+
+def _one_source(root: Path, units: list[Unit], warn: Callable[..., None]) -> list[Unit]:
+    """Kineto traces and Ascend exports in one directory come from different runs, or are two
+    exports of one (a torch_npu run writes its own timeline inside its export): merged, their
+    ranks would be mixed up or counted twice. The kind with more rank traces is analysed,
+    Ascend on a tie (its export holds more), and each trace of the other is named in a warning."""
+    families: dict[str, list[Unit]] = defaultdict(list)
+    for u in units:
+        families[SOURCE_FAMILY.get(u.source, u.source)].append(u)
+    if len(families) < 2:
+        return units
+    ordered = sorted(families.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    used, n_used = ordered[0][0], len(ordered[0][1])
+    for family, skipped in ordered[1:]:
+        for u in skipped:
+            warn("source_unused", f"{family} trace not analysed: the directory also holds {used} traces ({n_used} "
+                 f"rank{'s' * (n_used != 1)}), which are, and one kind is analysed at a time; analyse it on its own by "
+                 "its path", u.label)
+    return ordered[0][1]
 
 
 def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: Callable[..., None], t0: float, *,
@@ -257,13 +373,12 @@ def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: C
                 progress("ingest", done, len(units))
 
     if not infos:
-        first = warnings[0].message if warnings else "nothing could be read"
-        where = warnings[0].path if warnings and warnings[0].path else str(root)
-        raise InputError(f"{one_line(where)}: {first}")
+        raise nothing_usable(root, warnings, "no trace could be read")
 
     _adopt_events_parts(con, lctx.events_parts)
     _drop_far_times(con, warn)
-    _drop_duplicate_files(con, warn)
+    _drop_duplicate_files(con, warn, lctx.clashes)
+    _check_runs_of_files(root, con, units, infos, lctx.clashes, warn)
     _merge_tracks(con)
     _check_late_ranks(infos, warn)
     _write_ranks(con, infos)
@@ -317,7 +432,38 @@ def _drop_far_times(con: Any, warn: Callable[..., None]) -> None:
         warn("bad_events", FAR_TIMES_WARNING.format(n=n), path)
 
 
-def _drop_duplicate_files(con: Any, warn: Callable[..., None]) -> None:
+def _check_runs_of_files(root: Path, con: Any, units: list[Unit], infos: dict[int, list[tuple[Unit, dict[str, Any]]]],
+                         clashes: list[tuple[Any, ...]], warn: Callable[..., None]) -> None:
+    """Raise :class:`SeveralRuns` when the loaded rank traces belong to several runs (see
+    :func:`advisor.ingest.runs.split_runs`); else name in a warning each trace that overlaps
+    no other rank's trace (:func:`advisor.ingest.runs.strays`). ``clashes``: the spans of the
+    files dropped for overlapping another of their rank (they are no longer in the tables)."""
+    if len(units) < 2:
+        return
+    unit_of = {str(f): u for u in units for f in u.files}
+    world_of = {id(u): u.world_size or info.get("world_size") for items in infos.values() for u, info in items}
+    rows = con.cursor().execute(
+        """SELECT p.path, a, b FROM profile_files p
+        JOIN (SELECT file_id, min(start_ns) AS a, max(start_ns + dur_ns) AS b FROM events GROUP BY file_id) USING (file_id)"""
+    ).fetchall()
+    rows += [(c[2], c[3], c[4]) for c in clashes]
+    ranges: dict[int, tuple[Unit, int, int]] = {}
+    for path, a, b in rows:
+        u = unit_of.get(str(path))
+        if u is None or a is None or b is None:
+            continue
+        old = ranges.get(id(u))
+        ranges[id(u)] = (u, a, b) if old is None else (u, min(old[1], a), max(old[2], b))
+    spans = [Span(str(u.label), u.rank, world_of.get(id(u), u.world_size), a, b, u) for u, a, b in ranges.values()]
+    runs = split_runs(spans)
+    if len(runs) > 1:
+        raise SeveralRuns(runs)
+    for s in strays(runs[0]) if runs else []:
+        warn("other_run", f"rank {s.rank}'s trace, from {when(s.start)}, overlaps no other rank's trace in time: it may "
+             "come from another run (its steps are merged with the rank's other traces)", s.label)
+
+
+def _drop_duplicate_files(con: Any, warn: Callable[..., None], clashes: list[tuple[Any, ...]] | None = None) -> None:
     """Drop files that overlap another file of the same rank (see :func:`overlapping_files`)."""
     rows = con.cursor().execute(
         """SELECT p.file_id, p.rank, p.path, min(e.start_ns) AS a, max(e.start_ns + e.dur_ns) AS b, count(*) AS n
@@ -325,7 +471,7 @@ def _drop_duplicate_files(con: Any, warn: Callable[..., None]) -> None:
         WHERE p.rank IN (SELECT rank FROM profile_files GROUP BY rank HAVING count(*) > 1)
         GROUP BY ALL ORDER BY p.rank, n DESC, p.file_id"""
     ).fetchall()
-    dropped = [d[0] for d in overlapping_files(rows, warn)]
+    dropped = [d[0] for d in overlapping_files(rows, warn, clashes)]
     if dropped:
         cur = con.cursor()
         ids = ", ".join(map(str, dropped))

@@ -83,6 +83,7 @@ class LoadContext:
         self.stepped: set[int] = set()  # ranks whose events got their step on insert
         self.steps_lock = threading.Lock()
         self.events_parts: list[str] = []  # tables of finished events rows, made part of events after loading
+        self.clashes: list[tuple[Any, ...]] = []  # files dropped for overlapping another of their rank (not copies)
 
     def scan_starting(self) -> None:
         """A reader is about to start a bulk scan: DuckDB will parse on every core without the
@@ -203,24 +204,30 @@ def release_memory() -> None:
         _PURGE(b"arena.4096.purge", None, None, None, 0)  # 4096 = MALLCTL_ARENAS_ALL
 
 
-def overlapping_files(spans: list[tuple[Any, ...]], warn: Any) -> list[tuple[Any, ...]]:
+def overlapping_files(spans: list[tuple[Any, ...]], warn: Any,
+                      clashes: list[tuple[Any, ...]] | None = None) -> list[tuple[Any, ...]]:
     """Files of one rank whose time ranges overlap cannot both be that rank's timeline.
 
     ``spans``: ``(file_id, rank, path, start, end, events)`` ordered by rank, events descending.
     Cycles of one run (``repeat > 1``) follow each other in time and are kept; a file that
     overlaps a kept file of the same rank (a copy, or a file of another run claiming the same
-    rank) is dropped with a warning, keeping the one with more events. Returns the dropped spans.
+    rank) is dropped with a warning, keeping the one with more events. Returns the dropped spans;
+    those that are not a copy (same range and number of events as the kept file) are also
+    appended to ``clashes``, where the loader finds that two runs were mixed.
     """
-    kept: dict[int, list[tuple[Any, Any, str]]] = {}
+    kept: dict[int, list[tuple[Any, Any, str, Any]]] = {}
     dropped = []
     for span in spans:
         _fid, rank, fpath, a, b = span[:5]
+        n = span[5] if len(span) > 5 else None
         mine = kept.setdefault(rank, [])
         clash = next((k for k in mine if a < k[1] and k[0] < b), None)
         if clash is None:
-            mine.append((a, b, fpath))
+            mine.append((a, b, fpath, n))
             continue
         dropped.append(span)
+        if clashes is not None and (a, b, n) != (clash[0], clash[1], clash[3]):
+            clashes.append(span)
         warn("duplicate_rank", f"another file already provides rank {rank} for the same time range ({clash[2]}); this file was not used", fpath)
     return dropped
 
@@ -230,14 +237,19 @@ def overlapping_files(spans: list[tuple[Any, ...]], warn: Any) -> list[tuple[Any
 MAX_FILES = 200_000
 
 
-def walk_files(root: Path, warn: Any) -> Iterator[Path]:
+LINK_OUTSIDE = "link_outside"  # warning code of a symbolic link not followed out of the profile directory
+
+
+def walk_files(root: Path, warn: Any, follow_links: bool = False) -> Iterator[Path]:
     """Yield regular files below ``root`` without following links out of it.
 
-    Links are followed only when they resolve inside ``root``; loops, dangling links, pipes,
-    sockets and devices are skipped with a warning.
+    Links are followed only when they resolve inside ``root``, or anywhere with
+    ``follow_links``; loops (a directory reached twice), dangling links, pipes, sockets and
+    devices are skipped with a warning.
     """
     root_real = Path(os.path.realpath(root))
     seen_dirs: set[tuple[int, int]] = set()
+    seen_files: set[tuple[int, int]] = set()  # a file reached through links and by its own name is read once
     stack = [root]
     count = 0
     while stack:
@@ -261,8 +273,9 @@ def walk_files(root: Path, warn: Any) -> Iterator[Path]:
                     if not os.path.exists(target):
                         warn("dangling_link", "symbolic link points nowhere; skipped", p)
                         continue
-                    if os.path.commonpath([root_real, target]) != str(root_real):
-                        warn("link_outside", "symbolic link points outside the profile directory; not followed", p)
+                    if not follow_links and os.path.commonpath([root_real, target]) != str(root_real):
+                        warn(LINK_OUTSIDE, "symbolic link points outside the profile directory; not followed "
+                             "(--follow-symlinks follows it)", p)
                         continue
                 st = p.stat()
             except OSError as exc:
@@ -271,6 +284,10 @@ def walk_files(root: Path, warn: Any) -> Iterator[Path]:
             if stat.S_ISDIR(st.st_mode):
                 stack.append(p)
             elif stat.S_ISREG(st.st_mode):
+                if (st.st_dev, st.st_ino) in seen_files:
+                    warn("link_twice", "another name (a link) of a file already read; read once", p)
+                    continue
+                seen_files.add((st.st_dev, st.st_ino))
                 count += 1
                 if count > MAX_FILES:
                     warn("too_many_files", f"more than {MAX_FILES} files; the rest are ignored", root)

@@ -15,11 +15,13 @@ caller falls back to DuckDB's whole-object reader, which then reports the precis
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
 import json
 import os
 import re
+import threading
 import zlib
 from pathlib import Path
 from typing import Any
@@ -310,3 +312,60 @@ def header_value(head: bytes, key: str) -> Any:
     except ValueError:
         return None
     return obj
+
+
+# -- strings DuckDB's JSON reader refuses ------------------------------------------------------
+
+# one JSON escape at a time, left to right: a surrogate pair (kept), a lone surrogate (replaced)
+# or any other escape (kept; consuming it keeps ``\\ud800``, an escaped backslash followed by
+# the text "ud800", as it is)
+_ESCAPE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|(\\u[dD][89a-fA-F][0-9a-fA-F]{2})|\\.",
+                     re.DOTALL)
+ENCODING_ERROR = re.compile(r"UTF-8|utf-8|surrogate")  # what DuckDB says of such a string
+
+
+_REPLACED = threading.local()  # invalid UTF-8 sequences replaced by the decoder in this thread
+
+
+def _count_and_replace(exc: UnicodeError) -> tuple[str, int]:
+    """Codecs error handler: U+FFFD for the invalid sequence, counted."""
+    _REPLACED.n = getattr(_REPLACED, "n", 0) + 1
+    return "\ufffd", exc.end  # type: ignore[attr-defined]
+
+
+codecs.register_error("advisor-count-replace", _count_and_replace)
+
+
+def sanitise_json(src: Path, out: Any) -> int:
+    """Copy the JSON text of ``src`` (gzip decompressed) to the binary file ``out`` with every
+    byte sequence that is not UTF-8 and every lone UTF-16 surrogate escape (``\\ud800`` without
+    its low half, or a low half alone) replaced by U+FFFD; the number replaced.
+
+    Escapes never span a ``}`` (that character is never part of one), so the text is worked on
+    in pieces cut after their last ``}``; the decoder carries split UTF-8 sequences over itself.
+    """
+    escapes = 0
+
+    def escape(m: re.Match[str]) -> str:
+        nonlocal escapes
+        if m.group(1) is None:
+            return m.group(0)
+        escapes += 1
+        return "\\ufffd"
+
+    _REPLACED.n = 0
+    decoder = codecs.getincrementaldecoder("utf-8")("advisor-count-replace")
+    with src.open("rb") as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
+        fh: Any = gzip.GzipFile(fileobj=raw) if gz else raw
+        carry = ""
+        while True:
+            chunk = fh.read(CHUNK)
+            text = carry + decoder.decode(chunk, not chunk)
+            cut = text.rfind("}") + 1 if chunk else len(text)
+            out.write(_ESCAPE.sub(escape, text[:cut]).encode("utf-8"))
+            carry = text[cut:]
+            if not chunk:
+                break
+    return escapes + int(_REPLACED.n)

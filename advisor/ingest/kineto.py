@@ -50,7 +50,15 @@ from advisor.ingest.base import (
     release_memory,
     update_rows,
 )
-from advisor.ingest.jsonstream import TRAILER_MAX, LayoutError, SpilledEvents, find_close, header_value
+from advisor.ingest.jsonstream import (
+    ENCODING_ERROR,
+    TRAILER_MAX,
+    LayoutError,
+    SpilledEvents,
+    find_close,
+    header_value,
+    sanitise_json,
+)
 from advisor.ingest.steps import build_steps, drop_window_lookup, step_of, window_lookup
 from advisor.schema import DTYPE_BYTES_SQL
 
@@ -184,6 +192,10 @@ def claim(files: list[Path], ctx_warn: Any) -> list[Unit]:
         if form is None:
             ctx_warn("not_a_trace", "not a Chrome/Kineto trace (no traceEvents object or event list); skipped", p)
             continue
+        n_begin_end = _untimed(head, form, whole=len(head) < HEAD_BYTES)
+        if n_begin_end is not None:  # no rank for it: the real traces keep theirs
+            ctx_warn("empty_trace", _no_events_reason(n_begin_end) + "; skipped, given no rank", p)
+            continue
         unit = Unit(SOURCE, [p], p, run_key=worker_key(p), info={"form": form})
         dist = _distributed_info(head) or (_trailing_distributed_info(p) if form == "object" else None)
         if dist:
@@ -199,6 +211,39 @@ def claim(files: list[Path], ctx_warn: Any) -> list[Unit]:
                     break
         units.append(unit)
     return units
+
+
+HEAD_BYTES = 65536  # what read_head() reads by default: a shorter head is the whole file
+
+
+def _untimed(head: bytes, form: str, whole: bool) -> int | None:
+    """When the trace holds no complete ('X') event, the number of its begin / end ('B' / 'E')
+    events (0: none at all), else None. Known from the first bytes when the event list is empty
+    (``"traceEvents": []``) or missing, or when they are the whole file; a larger file with
+    events is taken to hold timed ones (its scan says otherwise)."""
+    import json
+
+    if form == "object":
+        key = head.find(b'"traceEvents"')
+        if key >= 0:
+            m = re.compile(rb'"traceEvents"\s*:\s*\[\s*(\]?)').match(head, key)
+            if m and m.group(1):
+                return 0
+        elif whole:
+            return 0
+    if not whole:
+        return None
+    try:
+        doc = json.loads(head)
+    except (ValueError, RecursionError):  # not valid JSON, not UTF-8, nested too deep: the scan reports it
+        return None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        return 0 if isinstance(doc, dict) and events is None else None
+    phases = [e.get("ph") for e in events if isinstance(e, dict)]
+    if "X" in phases:
+        return None
+    return sum(1 for ph in phases if ph in ("B", "E"))
 
 
 HEADER_KEYS = ("distributedInfo", "deviceProperties", "baseTimeNanoseconds", "displayTimeUnit")
@@ -589,6 +634,7 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
     fid = _fid(unit, lctx)
     cur = lctx.cursor()
     spill = None
+    f: _File | None = None
     try:
         unnest = None
         if unit.info.get("form", "object") == "array":  # the bare event-list form: read as it is
@@ -610,11 +656,17 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
                 f = _File(unit, fid, header, str(path), reread_header=header is not None)
                 if header is None:
                     f.header = _header_from_whole(cur, path)
-        res = _fill_part(cur, f"kpart_{fid}", [f], unnest, lctx)[fid]
+        try:
+            res = _fill_part(cur, f"kpart_{fid}", [f], unnest, lctx)[fid]
+        except DUCKDB_ERRORS as exc:
+            if not (isinstance(exc, UnicodeDecodeError) or ENCODING_ERROR.search(str(exc))):
+                raise
+            res = _fill_sanitised(cur, f, unnest, lctx, exc)
     except DUCKDB_ERRORS as exc:  # duckdb raises its own error types for bad JSON / gzip / IO
         msg = "invalid data (not UTF-8)" if isinstance(exc, UnicodeDecodeError) else str(exc)
-        if spill is not None:  # name the user's file, not the copy (whose byte offsets mean nothing to them)
-            msg = re.sub(r",? at byte \d+", "", msg.replace(str(spill.path), str(path)))
+        read = f.src if f is not None else str(path)  # what DuckDB read: the file, or a copy of its events
+        if read != str(path):  # name the user's file, not the copy (whose byte offsets mean nothing to them)
+            msg = re.sub(r",? at byte \d+", "", msg.replace(read, str(path)))
         raise ParseError(path, "not a readable Kineto trace: " + _short_duckdb_error(msg)) from None
     finally:
         if spill is not None:
@@ -622,6 +674,37 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
         cur.close()
     if isinstance(res, ParseError):
         raise res
+    return res
+
+
+def _fill_sanitised(cur: Any, f: _File, unnest: str | None, lctx: LoadContext,
+                    error: BaseException) -> dict[str, Any] | ParseError:
+    """Read ``f`` again from a copy whose strings DuckDB refused (bytes that are not UTF-8, lone
+    surrogate escapes) are replaced by U+FFFD (see :func:`sanitise_json`): one bad operator
+    name costs that name, not the trace. The replacements are counted in a warning. Raises
+    ``error`` (DuckDB's) when there was nothing to replace."""
+    import os
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix="advisor-clean-", suffix=".json")
+    src = f.src
+    try:
+        try:
+            with os.fdopen(fd, "wb") as out:
+                replaced = sanitise_json(Path(src), out)
+        except (OSError, EOFError, zlib.error):  # no room for the copy, a truncated gzip: DuckDB's error stands
+            replaced = 0
+        if not replaced:  # the error was another one, reported as it is
+            raise error
+        f.src = name
+        res = _fill_part(cur, f"kpart_{f.fid}", [f], unnest, lctx)[f.fid]
+    finally:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+    lctx.warn("bad_strings", f"{replaced} invalid UTF-8 sequences or lone surrogate escapes in its strings (operator "
+              "names ...) were replaced by U+FFFD; the rest of the trace is read", f.path)
     return res
 
 
@@ -877,7 +960,7 @@ def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadC
             FROM {ev} t JOIN {kf} f USING (fid) WHERE f.rank IN ({", ".join(map(str, multi))})
             GROUP BY ALL ORDER BY f.rank, f.n DESC, f.fid"""
         ).fetchall()
-        dropped = [d[0] for d in overlapping_files(spans, lctx.warn)]
+        dropped = [d[0] for d in overlapping_files(spans, lctx.warn, lctx.clashes)]
         if dropped:
             ids = ", ".join(map(str, dropped))
             cur.execute(f"DELETE FROM {kf} WHERE fid IN ({ids})")
