@@ -6,6 +6,9 @@ Every fragment is plain SQL over the canonical tables; values still reach querie
 
 from __future__ import annotations
 
+import re
+import sys
+from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
@@ -105,3 +108,63 @@ FROM {targets} t JOIN events p ON p.rank = t.rank AND p.pid = t.pid AND p.tid = 
      AND NOT p.device AND p.name <> 'Python GC'
      AND p.start_ns <= t.start_ns AND p.start_ns + p.dur_ns >= t.end_ns
 GROUP BY t.id"""
+
+
+# a source frame as profilers write it: ``path/to/file.py(123): function`` (Kineto python_function events,
+# the ``Call stack`` argument of torch / torch_npu operators)
+_FRAME_RE = re.compile(r"^\s*(?P<file>[^()]+?\.py)\((?P<line>\d+)\): (?P<fn>.+?)\s*;?\s*$")
+# the framework's own packages and widely installed model / training libraries: a frame in them is not where
+# the user's code made the call (profilers write their paths relative to site-packages, so the name is all
+# that tells them apart from the user's own packages)
+_FRAMEWORK_PACKAGES = frozenset({"torch", "torch_npu", "torchair", "torchvision", "torchaudio", "mindspore",
+                                 "triton", "functorch", "transformers", "accelerate", "deepspeed", "megatron",
+                                 "apex", "lightning", "pytorch_lightning", "timm", "diffusers", "peft", "numpy",
+                                 "tqdm"})
+_LIBRARY_DIRS = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen ")
+
+
+def parse_frame(frame: str) -> tuple[str, int, str] | None:
+    """``file.py(123): fn`` -> (file, 123, fn); None for anything else (``nn.Module: X``, ``<built-in ...>``)."""
+    m = _FRAME_RE.match(frame)
+    return (m["file"], int(m["line"]), m["fn"]) if m else None
+
+
+def is_library_file(path: str) -> bool:
+    """True for a file of the framework (torch, torch_npu, MindSpore ...), of the Python standard library
+    (``threading.py``, ``contextlib.py`` ...) or of anything installed under site-packages.
+
+    Profilers often write paths relative to their ``sys.path`` entry (``torch/nn/modules/module.py``), so
+    the first path component names the package (or the standard-library module)."""
+    p = path.replace("\\", "/")
+    if any(d in p for d in _LIBRARY_DIRS):
+        return True
+    if p.startswith("/"):
+        return False
+    top = p.split("/", 1)[0].removesuffix(".py")
+    return top in _FRAMEWORK_PACKAGES or top in sys.stdlib_module_names
+
+
+def user_frame(frames: Iterable[str]) -> tuple[str, int, str] | None:
+    """The innermost source frame of user code in ``frames`` (given innermost first): (file, line, function).
+
+    Frames of the framework, the standard library and installed packages are skipped; without any user frame
+    the innermost source frame is returned (still a place to look), None when no frame names a file."""
+    parsed = [f for f in (parse_frame(x) for x in frames) if f is not None]
+    return next((f for f in parsed if not is_library_file(f[0])), parsed[0] if parsed else None)
+
+
+def fmt_source(frame: tuple[str, int, str] | None) -> str | None:
+    """(file, line, fn) -> ``file:line (fn)``."""
+    return None if frame is None else f"{frame[0]}:{frame[1]} ({frame[2]})"
+
+
+def source_of(stack: str | None, python_frames: str | None) -> str | None:
+    """Where user code made a call: from the recorded call stack (innermost first, as torch and torch_npu write
+    it) when there is one, else from the enclosing Python frames (outermost first)."""
+    if isinstance(stack, str) and stack.strip():
+        found = user_frame(stack.replace(";", "\n").splitlines())
+        if found is not None:
+            return fmt_source(found)
+    if isinstance(python_frames, str) and python_frames:
+        return fmt_source(user_frame(reversed([f for f in python_frames.split("\n") if f])))
+    return None

@@ -20,7 +20,11 @@ of one rank (``aten::item`` on the Python thread, ``aclrtSynchronizeStream`` / `
 runtime's): one blocking sync, one count, its time the union of their spans. Device-side
 ``Memcpy DtoH`` copies into pageable memory are sync points too (a copy into pinned memory can run
 asynchronously), as are blocking runtime copies (``cudaMemcpy``, ROCm's ``hipMemcpyWithStream``). The call stack comes from ``events.stack`` when the
-export has it, else from the enclosing Python frames (``with_stack=True``).
+export has it, else from the enclosing Python frames (``with_stack=True``). The finding names the
+user's source line of the costliest kind (``train.py:42 (train_step)``): the innermost frame of that
+stack outside the framework (``torch/``, ``torch_npu/``, MindSpore), the standard library
+(``threading.py``) and installed packages (``site-packages``). Kineto's Python tracer writes each
+frame with the line where it saw the function run (its first line for a call made while profiling).
 
 *With a device*: for each sync point, the device idle time from its end to the next device
 work (less any data loading in between, which IO001 reports), each idle gap counted once. It
@@ -50,7 +54,7 @@ import pandas as pd
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding, Severity
-from rules.cpu._common import fmt_ms, outermost, python_stack_sql, step_table
+from rules.cpu._common import fmt_ms, outermost, python_stack_sql, source_of, step_table
 
 
 @dataclass(frozen=True)
@@ -162,12 +166,16 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             "stack_recorded": any(t["stack"] for t in top),
         }
         names = [t["sync_point"] for t in top]
+        source = top[0]["source"] if top else None  # where the user's code makes the costliest kind of sync
+        if source:
+            evidence["source"] = source
+        at = f" at {source}" if source else ""
         if share is not None:
             evidence |= {"device_idle_after_sync_us_per_step": round(idle_us, 1), "idle_share": round(share, 4),
                          "min_idle_share": ctx.t.min_idle_share}
             yield ctx.finding(
                 title=f"Rank {rank} blocks on the device {per_step:.1f} times per step; the device then idles "
-                f"{fmt_ms(idle_us)} per step ({share:.0%} of {fmt_ms(step_us)}), mostly after {names[0]}",
+                f"{fmt_ms(idle_us)} per step ({share:.0%} of {fmt_ms(step_us)}), mostly after {names[0]}{at}",
                 evidence=evidence, saving_us=idle_us, step_us=step_us,
                 saving_basis="mean per-step device idle time from the end of each sync point to the next device work "
                 "(data loading excluded, each gap once)",
@@ -179,7 +187,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                      "accelerator cannot be measured; reported by count with severity low")
             yield ctx.finding(
                 title=f"Rank {rank} reads device values on the host {per_step:.1f} times per step "
-                f"({_summary(top)}); each would block on an accelerator",
+                f"({_summary(top)}){at}; each would block on an accelerator",
                 evidence=evidence, severity=Severity.LOW,
                 saving_basis="not measurable on a CPU-only trace: there is no device queue to drain",
                 ranks=[rank], steps=sorted({int(s) for s in host["step"]}), ops=names, top=top,
@@ -231,7 +239,7 @@ def _top(ctx: RuleContext[Thresholds], g: Any, n_steps: int, on_device: bool) ->
     return [{"sync_point": name, "count": int(r.n), "per_step": round(r.n / n_steps, 2),
              "total_us": round(r.total_us / 1000.0, 1), "max_us": round(r.max_us / 1000.0, 1),
              "device_idle_after_us": round(r.idle_us / 1000.0, 1) if on_device else None,
-             "stack": stacks.get(int(r.example), "")}
+             "stack": stacks.get(int(r.example), ("", None))[0], "source": stacks.get(int(r.example), ("", None))[1]}
             for name, r in by_name.head(ctx.t.top_n).iterrows()]
 
 
@@ -239,13 +247,15 @@ def _summary(top: list[dict[str, Any]]) -> str:
     return ", ".join(f"{float(t['per_step']):g}x {t['sync_point']}" for t in top[:3])
 
 
-def _stacks(ctx: RuleContext[Thresholds], g: object, ids: list[int]) -> dict[int, str]:
-    """Call stack per sync point id: events.stack when recorded, else the enclosing Python frames (innermost last)."""
+def _stacks(ctx: RuleContext[Thresholds], g: object, ids: list[int]) -> dict[int, tuple[str, str | None]]:
+    """Call stack per sync point id: events.stack when recorded, else the enclosing Python frames (innermost last),
+    with the user's source line found in it (``file:line (function)``, framework and library frames skipped)."""
     sel = g[g["id"].isin(ids)]  # type: ignore[index]
-    out: dict[int, str] = {}
+    out: dict[int, tuple[str, str | None]] = {}
     for r in sel.itertuples():
         if isinstance(r.stack, str) and r.stack:
-            out[int(r.id)] = "\n".join(r.stack.replace(";", "\n").splitlines()[: ctx.t.stack_frames])
+            out[int(r.id)] = ("\n".join(r.stack.replace(";", "\n").splitlines()[: ctx.t.stack_frames]),
+                              source_of(r.stack, None))
     need = sel[~sel["id"].isin(list(out))]
     if len(need):
         cur = ctx.con.cursor()
@@ -257,5 +267,5 @@ def _stacks(ctx: RuleContext[Thresholds], g: object, ids: list[int]) -> dict[int
         for id_, frames in rows:
             fr = [f for f in frames.split("\n") if f]
             fr = [f for f in fr if not f.startswith("<built-in method")] or fr
-            out[int(id_)] = "\n".join(fr[-ctx.t.stack_frames:])
+            out[int(id_)] = ("\n".join(fr[-ctx.t.stack_frames:]), source_of(None, frames))
     return out

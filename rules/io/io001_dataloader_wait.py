@@ -22,6 +22,11 @@ analysis by the evidence a Kineto trace has):
 * **fetching** (``io.slow_data_fetching``) is not decided here: host-to-device copies of the batch
   are measured by IO003 (``io.host-to-device-copy``), and queue states by IO002.
 
+Where the trace records call stacks (``events.stack``, or Kineto's Python frames with
+``with_stack=True``), the finding names the user's source line that waits: the innermost frame
+enclosing the longest wait outside the framework, the standard library and installed packages,
+i.e. the training loop's ``for batch in loader`` / ``next(it)``.
+
 The saving is the median per-step dataloader time that the device spent idle (CPU-only: the
 whole dataloader time), an upper bound on what hiding data loading can give back.
 
@@ -35,8 +40,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import pandas as pd
+
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
+from rules.cpu._common import python_stack_sql, source_of
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,14 @@ FROM per_step p JOIN names n USING (rank, step) LEFT JOIN inner_ops i USING (ran
 ORDER BY rank, step
 """
 
+# the longest wait for data of each rank: the call whose source line the finding names
+WAIT_SQL = """
+SELECT row_number() OVER (ORDER BY rank) AS id, rank, pid, tid, start_ns, start_ns + dur_ns AS end_ns, stack
+FROM (SELECT *, row_number() OVER (PARTITION BY rank ORDER BY dur_ns DESC, start_ns) AS k
+      FROM events WHERE kind = 'dataloader' AND NOT device AND step IS NOT NULL)
+WHERE k = 1
+"""
+
 
 @rule("IO001", "io.dataloader-wait", cause="io.slow_data_processing",
       causes=("io.slow_data_reading",),
@@ -80,6 +96,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     if df.empty:
         return
     has_device = ctx.analysis.has_device
+    sources: dict[int, str] | None = None
     for rank, g in df.groupby("rank"):
         # time the device could not use because it waited for data
         waiting = g["dataloader_us"].clip(upper=g["host_only_us"]) if has_device else g["dataloader_us"]
@@ -100,10 +117,15 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                                   "processing inside workers)"))
         saving = float(waiting.median())
         step_us = float(g["step_us"].median())
+        if sources is None:
+            sources = _sources(ctx)
+        source = sources.get(int(rank))
         yield ctx.finding(
             cause=cause,
-            title=f"Rank {rank} waits {share:.0%} of each step for data ({saving / 1000:.1f} ms of {step_us / 1000:.1f} ms); {why}",
+            title=f"Rank {rank} waits {share:.0%} of each step for data ({saving / 1000:.1f} ms of {step_us / 1000:.1f} ms); {why}"
+            + (f"; the loop waits at {source}" if source else ""),
             evidence={
+                **({"source": source} if source else {}),
                 "dataloader_share": round(float(share), 4),
                 "min_share": ctx.t.min_share,
                 "dataloader_us_median": round(float(g["dataloader_us"].median()), 1),
@@ -122,3 +144,24 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             steps=[int(s) for s in g["step"]],
             ops=[n for n in names.split("; ") if n][:5],
         )
+
+
+def _sources(ctx: RuleContext[Thresholds]) -> dict[int, str]:
+    """Per rank, the user's source line that waits for the next batch (the ``for batch in loader`` / ``next(it)``
+    frame): from the call stack of the longest wait when the export records one, else from the Python frames
+    enclosing it (Kineto ``with_stack``), framework and library frames skipped."""
+    waits = ctx.df(WAIT_SQL)
+    if waits.empty:
+        return {}
+    cur = ctx.con.cursor()
+    cur.register("_io001_waits", pd.DataFrame(waits[["id", "rank", "pid", "tid", "start_ns", "end_ns"]]))
+    try:
+        frames = dict(cur.execute(python_stack_sql("_io001_waits")).fetchall())
+    finally:
+        cur.unregister("_io001_waits")
+    out: dict[int, str] = {}
+    for r in waits.itertuples():
+        found = source_of(r.stack if isinstance(r.stack, str) else None, frames.get(r.id))
+        if found:
+            out[int(r.rank)] = found
+    return out
