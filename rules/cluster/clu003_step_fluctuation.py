@@ -27,6 +27,15 @@ Slow steps are then classed as *isolated* (one), *recurring*, or *periodic* (thr
 gaps within ±1 step of their median gap: e.g. a full GC every few steps, a checkpoint every N).
 The finding carries the PRISM-style step-time distribution of the rank (p50 / p90 / p99 / max
 and coefficient of variation). Ranks with the same set of slow steps are reported together.
+
+It then names what the slow steps run extra (on the representative rank): per name, the host
+events inside each step window are summed, and the mean per slow step is compared with the mean
+per other step. A name that runs in at least half of the slow steps and in no other step (a
+``save_checkpoint`` range), or that takes ``extra_min_ratio`` times longer there (a full GC pass,
+operators slowed by contention), is named when it explains at least ``extra_min_share`` of the
+slow steps' mean excess. Of names nested in each other only the outermost is kept (the
+checkpoint range, not the copies inside it). With periodic spikes the detail reads "every 10
+steps (10, 20, 30): these steps run save_checkpoint (0.90 s) that the other steps do not".
 At least ``min_steps`` steps are needed; with fewer the rule says so in the warnings.
 
 The saving is the excess of the slow steps over the baseline median, summed and amortised
@@ -42,6 +51,7 @@ do not line up with any software cause.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +75,15 @@ class Thresholds:
                           "first principles: σ needs two baseline values; the baseline is half the steps")
     periodic_min_count: int = knob(3, "slow steps needed to call the spikes periodic",
                                    "first principles: two gaps are the least that can agree")
+    extra_min_share: float = knob(
+        0.10, "host work the slow steps run extra must explain this share of their mean excess to be named",
+        "first principles: smaller items do not explain the spike; Hermes §5.2.1 uses the same 10 % for fluctuations")
+    extra_min_ratio: float = knob(
+        2.0, "work the other steps also run is named when it takes this many times longer in the slow steps",
+        "first principles: a doubling is well beyond step-to-step noise of one operation")
+    extra_max_findings: int = knob(10, "findings whose slow steps' extra work is looked up (each reads one rank's "
+                                       "events)", "run time on clusters of many ranks")
+    extra_top_n: int = knob(3, "extra items named per finding", "presentation")
 
 
 SQL = """
@@ -99,11 +118,14 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             "rank": rank, "fs": fs, "times": times, "steps": steps, "excess": excess,
             "slow_times": [times[i] for i in fs.outliers],
         })
+    order = sorted(results, key=lambda k: -max(sum(g["excess"]) for g in results[k]))
+    looked_up = set(order[: ctx.t.extra_max_findings])
     for slow, group in results.items():
-        yield _finding(ctx, slow, group)
+        yield _finding(ctx, slow, group, slow in looked_up)
 
 
-def _finding(ctx: RuleContext[Thresholds], slow: tuple[int, ...], group: list[dict[str, Any]]) -> Finding:
+def _finding(ctx: RuleContext[Thresholds], slow: tuple[int, ...], group: list[dict[str, Any]],
+             look_up: bool = True) -> Finding:
     # the representative rank: the one with the largest total excess
     rep = max(group, key=lambda g: sum(g["excess"]))
     fs = rep["fs"]
@@ -144,8 +166,18 @@ def _finding(ctx: RuleContext[Thresholds], slow: tuple[int, ...], group: list[di
         for g in group for s, t in zip(g["steps"], g["times"], strict=True) if s in slow
     ]
     top.sort(key=lambda x: -x["excess_us"])
+    extras = _extra_work(ctx, rep["rank"], slow, rep["steps"], sum(rep["excess"]) / len(slow)) if look_up else []
+    extra_title, detail = _describe_extras(extras, pattern, period, slow)
+    if extras:
+        evidence |= {
+            "slow_steps_extra": "; ".join(_extra_text(x) for x in extras),
+            "slow_steps_extra_us": round(sum(x["extra_us"] for x in extras), 1),
+            "slow_steps_extra_share": round(min(1.0, sum(x["extra_us"] for x in extras) / max(
+                sum(rep["excess"]) / len(slow), 1e-9)), 4),
+        }
     return ctx.finding(
-        title=title,
+        title=title + extra_title,
+        detail=detail,
         evidence=evidence,
         saving_us=saving,
         step_us=step_us,
@@ -155,6 +187,111 @@ def _finding(ctx: RuleContext[Thresholds], slow: tuple[int, ...], group: list[di
         steps=slow,
         top=top[:20],
     )
+
+
+EXTRA_SQL = """
+WITH w AS (SELECT step, start_ns, end_ns FROM steps WHERE rank = $rank AND step >= 0)
+SELECT e.step, regexp_replace(e.name, ' at 0x[0-9a-fA-F]+', '') AS name, sum(e.dur_ns) / 1000.0 AS us
+FROM events e JOIN w ON w.step = e.step
+WHERE e.rank = $rank AND NOT e.device AND e.kind <> 'step' AND e.start_ns >= w.start_ns
+  AND e.start_ns + e.dur_ns <= w.end_ns
+GROUP BY ALL
+"""
+
+# the candidates' events in the slow steps that no other candidate event encloses on the same thread
+OUTERMOST_SQL = """
+WITH w AS (SELECT step, start_ns, end_ns FROM steps WHERE rank = $rank AND step >= 0 AND list_contains($slow, step)),
+cand AS (
+    SELECT e.rank, e.pid, e.tid, regexp_replace(e.name, ' at 0x[0-9a-fA-F]+', '') AS name, e.start_ns, e.dur_ns
+    FROM events e JOIN w ON w.step = e.step
+    WHERE e.rank = $rank AND NOT e.device AND e.kind <> 'step' AND e.start_ns >= w.start_ns
+      AND e.start_ns + e.dur_ns <= w.end_ns
+      AND list_contains($names, regexp_replace(e.name, ' at 0x[0-9a-fA-F]+', ''))
+),
+top AS (
+    SELECT * FROM (
+        SELECT c.*, max(c.start_ns + c.dur_ns) OVER (
+            PARTITION BY c.pid, c.tid ORDER BY c.start_ns, c.dur_ns DESC
+            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+        FROM cand c
+    ) WHERE prev_end IS NULL OR prev_end <= start_ns
+)
+SELECT DISTINCT name FROM top
+"""
+
+
+def _extra_work(ctx: RuleContext[Thresholds], rank: int, slow: tuple[int, ...], steps: list[int],
+                excess_us: float) -> list[dict[str, Any]]:
+    """Host work the slow steps run that the other steps do not (``only``), or run much longer (``longer``).
+
+    Per event name (host events inside the step windows), the mean time per slow step is compared with the
+    mean per other step. A name is named when it explains at least ``extra_min_share`` of the slow steps' mean
+    excess and either runs in at least half of the slow steps and in no other step, or takes
+    ``extra_min_ratio`` times longer in them. Of names nested in each other (a ``save_checkpoint`` range and
+    the copies inside it) only the outermost is kept."""
+    normal = [s for s in steps if s not in slow]
+    if not normal or excess_us <= 0:
+        return []
+    per: dict[str, dict[int, float]] = {}
+    for r in ctx.query(EXTRA_SQL, {"rank": rank}):
+        per.setdefault(str(r["name"]), {})[int(r["step"])] = float(r["us"])
+    cands: dict[str, dict[str, Any]] = {}
+    for name, by_step in per.items():
+        slow_us = sum(by_step.get(s, 0.0) for s in slow) / len(slow)
+        normal_us = sum(by_step.get(s, 0.0) for s in normal) / len(normal)
+        in_slow = sum(1 for s in slow if s in by_step)
+        in_normal = sum(1 for s in normal if s in by_step)
+        extra = slow_us - normal_us
+        if extra < ctx.t.extra_min_share * excess_us:
+            continue
+        if in_normal == 0 and 2 * in_slow >= len(slow):
+            kind = "only"
+        elif in_normal and slow_us >= ctx.t.extra_min_ratio * normal_us:
+            kind = "longer"
+        else:
+            continue
+        cands[name] = {"name": name, "kind": kind, "slow_us": slow_us, "normal_us": normal_us, "extra_us": extra,
+                       "slow_steps_with": in_slow, "normal_steps_with": in_normal}
+    if not cands:
+        return []
+    keep = {str(r["name"]) for r in ctx.query(OUTERMOST_SQL, {"rank": rank, "slow": list(slow), "names": list(cands)})}
+    out = sorted((c for n, c in cands.items() if n in keep), key=lambda c: (c["kind"] != "only", -c["extra_us"]))
+    return out[: ctx.t.extra_top_n]
+
+
+def _extra_text(x: dict[str, Any]) -> str:
+    if x["kind"] == "only":
+        return f"{x['name']} {_ms(x['slow_us'])} per slow step, in no other step"
+    return f"{x['name']} {_ms(x['slow_us'])} per slow step vs {_ms(x['normal_us'])} in the others"
+
+
+def _describe_extras(extras: list[dict[str, Any]], pattern: str, period: int | None,
+                     slow: tuple[int, ...]) -> tuple[str, str]:
+    """Title suffix and detail sentence naming what the slow steps run extra (empty when nothing stands out)."""
+    if not extras:
+        return "", ""
+    only = [x for x in extras if x["kind"] == "only"]
+    longer = [x for x in extras if x["kind"] == "longer"]
+    one = len(slow) == 1
+    parts = []
+    if only:
+        parts.append(("this step runs " if one else "these steps run ")
+                     + ", ".join(f"{x['name']} ({_ms(x['slow_us'])})" for x in only[:2]) + " that the other steps do not")
+    if longer:
+        parts.append(", ".join(f"{x['name']} takes {_ms(x['slow_us'])} in {'it' if one else 'them'} vs "
+                               f"{_ms(x['normal_us'])} in the other steps" for x in longer[:2]))
+    sentence = title = "; ".join(parts)  # the title already gives the period
+    if pattern == "periodic" and period:
+        gaps = {b - a for a, b in itertools.pairwise(slow)}
+        listed = ", ".join(map(str, slow[:6])) + (" …" if len(slow) > 6 else "")
+        sentence = f"{'every' if len(gaps) == 1 else 'about every'} {period} steps ({listed}): {sentence}"
+    detail = (sentence[0].upper() + sentence[1:] + ". Host events compared per name between the slow steps and the "
+              "others; nested ones are named by the outermost.")
+    return f"; {title}", detail
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e6:.2f} s" if us >= 1e6 else (f"{us / 1000:.1f} ms" if us >= 1000 else f"{us:.0f} µs")
 
 
 def _short(items: list[int]) -> str:
