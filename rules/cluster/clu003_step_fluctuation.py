@@ -278,15 +278,17 @@ def _describe_extras(extras: list[dict[str, Any]], pattern: str, period: int | N
         parts.append(("this step runs " if one else "these steps run ")
                      + ", ".join(f"{x['name']} ({_ms(x['slow_us'])})" for x in only[:2]) + " that the other steps do not")
     if longer:
-        parts.append(", ".join(f"{x['name']} takes {_ms(x['slow_us'])} in {'it' if one else 'them'} vs "
+        parts.append(", ".join(f"{x['name']} takes {_ms(x['slow_us'])} in {'this step' if one else 'these steps'} vs "
                                f"{_ms(x['normal_us'])} in the other steps" for x in longer[:2]))
     sentence = title = "; ".join(parts)  # the title already gives the period
+    gaps = {b - a for a, b in itertools.pairwise(slow)}
+    listed = ", ".join(map(str, slow[:6])) + (" …" if len(slow) > 6 else "")
     if pattern == "periodic" and period:
-        gaps = {b - a for a, b in itertools.pairwise(slow)}
-        listed = ", ".join(map(str, slow[:6])) + (" …" if len(slow) > 6 else "")
-        sentence = f"{'every' if len(gaps) == 1 else 'about every'} {period} steps ({listed}): {sentence}"
-    detail = (sentence[0].upper() + sentence[1:] + ". Host events compared per name between the slow steps and the "
-              "others; nested ones are named by the outermost.")
+        sentence = f"{'Every' if len(gaps) == 1 else 'About every'} {period} steps ({listed}): {sentence}"
+    else:
+        sentence = f"Step{'' if one else 's'} {listed}: {sentence}"
+    detail = sentence + ". Host events compared per name between the slow steps and the others; nested ones are " \
+        "named by the outermost."
     return f"; {title}", detail
 
 
