@@ -160,9 +160,13 @@ def fmt_source(frame: tuple[str, int, str] | None) -> str | None:
 
 def source_of(stack: str | None, python_frames: str | None) -> str | None:
     """Where user code made a call: from the recorded call stack (innermost first, as torch and torch_npu write
-    it) when there is one, else from the enclosing Python frames (outermost first)."""
+    it; one that starts at ``<module>`` is read the other way) when there is one, else from the enclosing Python
+    frames (outermost first)."""
     if isinstance(stack, str) and stack.strip():
-        found = user_frame(stack.replace(";", "\n").splitlines())
+        frames = [f for f in stack.replace(";", "\n").splitlines() if f.strip()]
+        if frames[0].rstrip("; ").endswith(": <module>") and not frames[-1].rstrip("; ").endswith(": <module>"):
+            frames.reverse()  # written outermost first: the script's top level is always the outermost frame
+        found = user_frame(frames)
         if found is not None:
             return fmt_source(found)
     if isinstance(python_frames, str) and python_frames:

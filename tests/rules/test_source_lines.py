@@ -63,6 +63,8 @@ def test_user_frame_is_the_innermost_outside_libraries() -> None:
     assert source_of("torch/x.py(1): f;\ntrain.py(9): g", None) == "train.py:9 (g)"
     assert source_of(None, "train.py(9): g\ntorch/x.py(1): f") == "train.py:9 (g)"
     assert source_of(None, None) is None
+    # a recorded stack written outermost first (it starts at the script's top level) is read the other way
+    assert source_of("train.py(90): <module>\ntrain.py(9): g\ntorch/x.py(1): f", None) == "train.py:9 (g)"
 
 
 # -- CPU003 --------------------------------------------------------------------------------------
