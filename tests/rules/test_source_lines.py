@@ -8,6 +8,8 @@ standard-library (``multiprocessing/``) and installed-library (``transformers/``
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -156,3 +158,21 @@ def test_io001_names_the_line_from_a_recorded_stack() -> None:
 def test_io001_without_stacks_names_no_line() -> None:
     (f,) = _findings(_dataloader_rows(python_frames=False), "IO001")
     assert "source" not in f["evidence"] and "waits at" not in f["title"]
+
+
+def test_io001_names_the_line_in_a_kineto_with_stack_trace(tmp_path: Path) -> None:
+    """The same planted loop written as a Kineto trace (torch 2.x format, µs): ingest keeps the Python frames."""
+    def x(cat: str, name: str, ts: float, dur: float) -> dict[str, Any]:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": 7, "ts": ts, "dur": dur, "args": {}}
+
+    ev = [x("python_function", "train.py(90): <module>", 1000.0, 40_000.0),
+          x("python_function", "train.py(57): train", 1500.0, 39_000.0)]
+    for s in range(3):
+        t = 2000.0 + s * 10_000.0
+        ev += [x("user_annotation", f"ProfilerStep#{s + 1}", t, 10_000.0),
+               x("python_function", "torch/utils/data/dataloader.py(733): __next__", t + 100, 5200.0),
+               x("user_annotation", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t + 200, 5000.0),
+               x("cpu_op", "aten::mm", t + 5400, 4500.0)]
+    (tmp_path / "worker0.pt.trace.json").write_text(json.dumps({"schemaVersion": 1, "traceEvents": ev}))
+    (f,) = _findings(tmp_path, "IO001")
+    assert f["evidence"]["source"] == "train.py:57 (train)"
