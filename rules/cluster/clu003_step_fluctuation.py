@@ -27,6 +27,7 @@ Slow steps are then classed as *isolated* (one), *recurring*, or *periodic* (thr
 gaps within ±1 step of their median gap: e.g. a full GC every few steps, a checkpoint every N).
 The finding carries the PRISM-style step-time distribution of the rank (p50 / p90 / p99 / max
 and coefficient of variation). Ranks with the same set of slow steps are reported together.
+At least ``min_steps`` steps are needed; with fewer the rule says so in the warnings.
 
 It then names what the slow steps run extra (on the representative rank): per name, the host
 events inside each step window are summed, and the mean per slow step is compared with the mean
@@ -34,9 +35,8 @@ per other step. A name that runs in at least half of the slow steps and in no ot
 ``save_checkpoint`` range), or that takes ``extra_min_ratio`` times longer there (a full GC pass,
 operators slowed by contention), is named when it explains at least ``extra_min_share`` of the
 slow steps' mean excess. Of names nested in each other only the outermost is kept (the
-checkpoint range, not the copies inside it). With periodic spikes the detail reads "every 10
+checkpoint range, not the copies inside it). With periodic spikes the detail reads "Every 10
 steps (10, 20, 30): these steps run save_checkpoint (0.90 s) that the other steps do not".
-At least ``min_steps`` steps are needed; with fewer the rule says so in the warnings.
 
 The saving is the excess of the slow steps over the baseline median, summed and amortised
 over all profiled steps: what removing the spikes would give back per step on average.
@@ -77,7 +77,7 @@ class Thresholds:
                                    "first principles: two gaps are the least that can agree")
     extra_min_share: float = knob(
         0.10, "host work the slow steps run extra must explain this share of their mean excess to be named",
-        "first principles: smaller items do not explain the spike; Hermes §5.2.1 uses the same 10 % for fluctuations")
+        "first principles: an item below a tenth of the excess does not explain the spike")
     extra_min_ratio: float = knob(
         2.0, "work the other steps also run is named when it takes this many times longer in the slow steps",
         "first principles: a doubling is well beyond step-to-step noise of one operation")
