@@ -172,3 +172,23 @@ def test_ascend_link_rules_never_judge_kineto_rows() -> None:
     ran = {r["rule"]: r for r in data["rules"]}
     assert ran["COM004"]["status"] == "ran" and ran["COM006"]["status"] == "ran", (ran["COM004"], ran["COM006"])
     assert not {f["rule"] for f in data["findings"]} & {"COM004", "COM006"}
+
+
+def test_malformed_p2p_arguments_cost_only_those_transfers(tmp_path: Path) -> None:
+    """Arguments of the wrong shape (concrete inputs that are no list, dims that are no JSON list, a
+    peer that is no number) leave the trace readable: those transfers are left out with a warning,
+    the good one stays (rank 0 -> 1, 16 float = 64 B)."""
+    from advisor.analyze import analyze
+
+    bad = [_op("c10d::send", 11200.0, 50.0, {"Concrete Inputs": "x"}),
+           _op("gloo:send", 11210.0, 20.0, {"Input Dims": "abc", "Input type": 5}, cat="user_annotation"),
+           _op("record_param_comms", 11400.0, 50.0, {"Collective name": "send", "Dst Rank": "two", "Rank": [1]}),
+           _op("c10d::recv_", 11600.0, 50.0, {"Concrete Inputs": {"2": 1}}),
+           _op("c10d::send", 21200.0, 50.0, {"Concrete Inputs": ["", "", "1", "0"]}),
+           _op("gloo:send", 21210.0, 20.0, {"Input Dims": [[16]], "Input type": ["float"]}, cat="user_annotation")]
+    _trace(tmp_path / "bad", 0, bad, [WORLD])
+    data = report_json(analyze(tmp_path / "bad"))
+    assert data["comm_matrix"] == [{"src": 0, "dst": 1, "bytes": 64, "bandwidth_gbps": None, "transport": "GLOO",
+                                    "transfers": 1}]
+    warned = [w["message"] for w in data["warnings"] if w["code"] == "p2p_peer"]
+    assert len(warned) == 1 and warned[0].startswith("3 point-to-point transfer(s) record no peer rank")

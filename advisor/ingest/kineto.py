@@ -455,7 +455,8 @@ def _p2p_sql(arg: Callable[[str], str]) -> str:
             {arg("pg_name")}, {arg("pg_ranks")}, {num("rank_start")}, {num("rank_stride")}) AS {_P2P_TYPE})
         WHEN name IN ({", ".join(_sql_str(k) for k in P2P_C10D_OPS)}) THEN CAST(ROW('c10d',
             CASE WHEN name = 'c10d::send' THEN 'send' ELSE 'recv' END, NULL,
-            TRY_CAST(json_extract_string({arg("concrete")}, '$[2]') AS BIGINT), NULL, NULL, NULL, NULL) AS {_P2P_TYPE})
+            CASE WHEN json_valid({arg("concrete")}) THEN TRY_CAST(json_extract_string({arg("concrete")}, '$[2]') AS BIGINT)
+            END, NULL, NULL, NULL, NULL) AS {_P2P_TYPE})
         END"""
 
 
@@ -952,9 +953,10 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
 # a backend's annotation of one point-to-point transfer, e.g. ``gloo:send``, ``nccl:send 0->1``
 _P2P_ANNOTATION_RE = r"^(\w+):(send|recv)\b"
 # SQL: bytes of such an annotation, from its first input (dims x dtype; "c10::BFloat16" -> "bfloat16")
-_ANNOTATION_BYTES = ("CAST(list_aggregate(TRY_CAST(json_extract(shapes, '$[0]') AS BIGINT[]), 'product') AS BIGINT) * ("
+_ANNOTATION_BYTES = ("CASE WHEN json_valid(shapes) AND json_valid(dtypes) THEN "
+                     "CAST(list_aggregate(TRY_CAST(json_extract(shapes, '$[0]') AS BIGINT[]), 'product') AS BIGINT) * ("
                      + DTYPE_BYTES_SQL.format(d="regexp_replace(json_extract_string(dtypes, '$[0]'), '^c10::', '')")
-                     + ")")
+                     + ") END")
 
 
 def _p2p_links(cur: Any, part: str, join: str, step: str, files: list[_File], lctx: LoadContext) -> None:
@@ -1005,16 +1007,26 @@ def _p2p_links(cur: Any, part: str, join: str, step: str, files: list[_File], lc
         return
     by_fid = {f.fid: f for f in files}
     out: list[tuple[Any, ...]] = []
-    unmapped: dict[int, int] = {}
+    no_peer: dict[int, int] = {}  # file id -> transfers without a peer rank
+    unmapped: dict[int, int] = {}  # file id -> transfers whose group-local peer has no global rank
     for rank, fid, step_no, op, glob, local, pg, pg_ranks, start, stride, nbytes, backend in rows:
-        f = by_fid.get(fid)
-        dist = _dist_of(f)
-        peer = glob if glob is not None and glob >= 0 else _global_peer(rank, local, pg, pg_ranks, start, stride, dist)
+        dist = _dist_of(by_fid.get(fid))
+        if glob is not None and glob >= 0:
+            peer: int | None = int(glob)
+        elif local is None or local < 0:
+            no_peer[fid] = no_peer.get(fid, 0) + 1
+            continue
+        else:
+            peer = _global_peer(rank, local, pg, pg_ranks, start, stride, dist)
         if peer is None:
             unmapped[fid] = unmapped.get(fid, 0) + 1
             continue
         src, dst = (rank, peer) if op == "send" else (peer, rank)
         out.append((rank, step_no, pg, op, src, dst, f"kineto:{backend or _backend_of(dist, pg)}", nbytes, None, None))
+    for fid, n in no_peer.items():
+        lctx.warn("p2p_peer", f"{n} point-to-point transfer(s) record no peer rank (no 'Src Rank' / 'Dst Rank' / "
+                  "'Rank' argument, or a c10d::send / recv_ without its concrete inputs: record_shapes off); left out "
+                  "of the communication matrix", by_fid[fid].path if fid in by_fid else None)
     for fid, n in unmapped.items():
         lctx.warn("p2p_peer", f"{n} point-to-point transfer(s) name their peer only as a rank within a process group "
                   "whose global ranks the trace does not give (no 'Process Group Ranks', or distributedInfo.pg_config "
@@ -1059,11 +1071,9 @@ def _pg_configs(dist: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in cfg if isinstance(c, dict)] if isinstance(cfg, list) else []
 
 
-def _global_peer(rank: int, local: int | None, pg: str | None, pg_ranks: str | None, start: int | None,
+def _global_peer(rank: int, local: int, pg: str | None, pg_ranks: str | None, start: int | None,
                  stride: int | None, dist: dict[str, Any]) -> int | None:
     """The global rank of the group-local peer ``local``, or None when the trace does not say."""
-    if local is None or local < 0:
-        return None
     ranks = _rank_list(pg_ranks)
     if ranks and local < len(ranks):
         return ranks[local]
