@@ -977,6 +977,8 @@ def _p2p_links(cur: Any, part: str, join: str, step: str, files: list[_File], lc
     direction of the data, ``transport`` ``kineto:<backend>`` (see advisor.stages.comm_links),
     ``transit_ns`` NULL: the op's duration includes waiting for the peer.
     """
+    if cur.execute(f"SELECT 1 FROM {part} WHERE x_p2p IS NOT NULL LIMIT 1").fetchone() is None:
+        return
     rows = cur.execute(
         f"""WITH p AS (
             SELECT row_number() OVER () AS pid, t.rank, t.file_id, t.tid, t.start_ns, t.start_ns + t.dur_ns AS end_ns,
