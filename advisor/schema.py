@@ -239,7 +239,8 @@ TABLES: dict[str, Table] = {
         ),
         _t(
             "comm_matrix",
-            "point-to-point links (Ascend communication_matrix.json), per rank, step and operator",
+            # Kineto rows: one per transfer, transport 'kineto:<backend>', no transit time (advisor.stages.comm_links)
+            "point-to-point links (Ascend communication_matrix.json, Kineto send / recv), per rank, step and operator",
             ("rank", "INTEGER", "rank whose export held the row"),
             ("step", "INTEGER", "step"),
             ("group_name", "VARCHAR", "group"),

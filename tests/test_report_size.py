@@ -127,3 +127,29 @@ def test_full_critical_path_option_keeps_every_segment(tmp_path: Path) -> None:
     assert f["critical_path"]["ops"] == m["critical_path"]["ops"]
     assert _by_kind(f["critical_path"]["segments"]) == pytest.approx(_by_kind(m["critical_path"]["segments"]), abs=1e-3)
     assert full.stat().st_size > 2 * merged.stat().st_size
+
+
+REAL = Path(__file__).parent / "data" / "kineto_real"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["kineto_b200_vllm_tp8_rank0", "kineto_mi300_sglang_prefilldecode",
+                                  "kineto_mi300_hf_bert_small"])
+def test_real_traces_give_small_reports(tmp_path: Path, name: str) -> None:
+    """Issue #20: the B200 trace (0.8 MB gzip, 14 MB of JSON) gave a 6.4 MB JSON report, 4.4 MB of
+    it critical-path segments (``--full-critical-path`` still does). Every report of these real
+    traces of a few MB stays within 2 MB, in each format, and the merged segments still tile the path."""
+    paths = {ext: tmp_path / f"r.{ext}" for ext in ("json", "html", "md")}
+    args: list[Any] = []
+    for p in paths.values():
+        args += ["--out", p]
+    res = run_cli(REAL / name, *args)
+    assert res.returncode == 0, res.stderr
+    for p in paths.values():
+        assert p.stat().st_size <= 2_000_000, (p.name, p.stat().st_size)
+    data = json.loads(paths["json"].read_text())
+    validate_report(data)
+    cp = data["critical_path"]
+    if cp.get("segments"):
+        _tiles(cp["segments"], cp["length_us"])
+        assert _by_kind(cp["segments"]) == pytest.approx(cp["by_kind_us"], abs=1e-3)

@@ -89,6 +89,13 @@ _ARGS = {
     "flops": '$.flops', "stack": '$."Call stack"', "meta_name": '$.name', "nelems": '$."In msg nelems"',
     "dtype": '$.dtype', "pg_name": '$."Process Group Name"', "pg_desc": '$."Process Group Description"',
     "grid": '$.grid', "wait_stream": '$.wait_on_stream', "wait_corr": '$.wait_on_cuda_event_record_corr_id',
+    # the peer of a point-to-point operation (:func:`_p2p_links`): record_param_comms' collective
+    # name, global peer ("Src Rank" of a recv, "Dst Rank" of a send), group-local peer ("Rank") and
+    # the group's global ranks; gloo's c10d::send / c10d::recv_ give the group-local peer as their
+    # third concrete input
+    "coll": '$."Collective name"', "p2p_src": '$."Src Rank"', "p2p_dst": '$."Dst Rank"', "p2p_peer": '$.Rank',
+    "pg_ranks": '$."Process Group Ranks"', "rank_start": '$."Global rank start"',
+    "rank_stride": '$."Global rank stride"', "concrete": '$."Concrete Inputs"',
 }
 ARG_PATHS = tuple(_ARGS.values())
 _ARG_INDEX = {k: i + 1 for i, k in enumerate(_ARGS)}  # 1-based, as SQL lists are
@@ -414,7 +421,8 @@ def _events_sql(unnest: str, struct: bool = False, numeric: bool = False) -> str
            CASE WHEN lcat = 'kernel' THEN TRY_CAST(list_aggregate(TRY_CAST({_arg("grid")} AS BIGINT[]), 'product') AS INTEGER)
            END AS block_dim,
            {sync_id("wait_stream")} AS wait_stream, {sync_id("wait_corr")} AS wait_corr,
-           CASE WHEN lcat = 'kernel' THEN coalesce({_arg("pg_name")}, {_arg("pg_desc")}) END AS x_group
+           CASE WHEN lcat = 'kernel' THEN coalesce({_arg("pg_name")}, {_arg("pg_desc")}) END AS x_group,
+           {_p2p_sql(_arg)} AS x_p2p
     FROM (
         SELECT fid, e.ph AS ph, e.cat AS cat, lower(coalesce(e.cat, '')) AS lcat, e.name AS name, e.pid AS pid,
                e.tid AS tid, {_to_ns('e.ts', numeric)} AS ts_ns, {_to_ns('e.dur', numeric)} AS dur_ns,
@@ -422,6 +430,34 @@ def _events_sql(unnest: str, struct: bool = False, numeric: bool = False) -> str
         FROM ({unnest})
         WHERE e.ph IN ('X', 'M', 'B', 'E')
     )"""
+
+
+# host operators that name the peer of a point-to-point transfer: record_param_comms (any backend
+# that records its parameters: NCCL, XCCL ...) and the c10d dispatcher ops (gloo records only these)
+P2P_C10D_OPS = ("c10d::send", "c10d::recv_", "c10d::recv")
+_P2P_TYPE = ("STRUCT(via VARCHAR, op VARCHAR, peer_global BIGINT, peer_local BIGINT, pg VARCHAR, pg_ranks VARCHAR, "
+             "rank_start BIGINT, rank_stride BIGINT)")
+
+
+def _p2p_sql(arg: Callable[[str], str]) -> str:
+    """SQL: for a host operator of a point-to-point transfer, what the trace says of its peer
+    (:data:`_P2P_TYPE`: ``via`` 'param' for record_param_comms, 'c10d' for a c10d op; ``op``
+    send / recv; ``peer_global`` the global peer where torch wrote it; ``peer_local`` the group-local peer;
+    the group's name, ranks, start and stride); NULL for every other event. ``arg``: :func:`_arg_of`."""
+    coll = f"lower({arg('coll')})"
+
+    def num(key: str) -> str:
+        return f"TRY_CAST({arg(key)} AS BIGINT)"
+
+    return f"""CASE WHEN lcat NOT IN ('cpu_op', 'operator') THEN NULL
+        WHEN name = 'record_param_comms' AND {coll} IN ('send', 'recv') THEN CAST(ROW('param', {coll},
+            CASE {coll} WHEN 'send' THEN {num("p2p_dst")} ELSE {num("p2p_src")} END, {num("p2p_peer")},
+            {arg("pg_name")}, {arg("pg_ranks")}, {num("rank_start")}, {num("rank_stride")}) AS {_P2P_TYPE})
+        WHEN name IN ({", ".join(_sql_str(k) for k in P2P_C10D_OPS)}) THEN CAST(ROW('c10d',
+            CASE WHEN name = 'c10d::send' THEN 'send' ELSE 'recv' END, NULL,
+            CASE WHEN json_valid({arg("concrete")}) THEN TRY_CAST(json_extract_string({arg("concrete")}, '$[2]') AS BIGINT)
+            END, NULL, NULL, NULL, NULL) AS {_P2P_TYPE})
+        END"""
 
 
 def _sql_str(text: str) -> str:
@@ -767,7 +803,7 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None, lctx
             try:
                 scan = unnest or _array_scan(kf, struct, numeric)
                 cur.execute(
-                    f"CREATE TABLE {part} AS SELECT {cols}, x_extra, x_group "
+                    f"CREATE TABLE {part} AS SELECT {cols}, x_extra, x_group, x_p2p "
                     f"FROM ({_events_sql(scan, struct, numeric)}) JOIN {kf} f USING (fid)",
                     {"paths": [f.src for f in files]},
                 )
@@ -899,8 +935,10 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
             WHERE t.kind = 'comm' AND lower(coalesce(t.cat, '')) = 'kernel'"""
         )
         cur.execute(f"DROP TABLE IF EXISTS {a2a}")
+        _p2p_links(cur, part, win.join, step, files, lctx)
         cur.execute(f"ALTER TABLE {part} DROP COLUMN x_extra")
         cur.execute(f"ALTER TABLE {part} DROP COLUMN x_group")
+        cur.execute(f"ALTER TABLE {part} DROP COLUMN x_p2p")
         release_memory()  # before the UPDATE, the peak of the load
         if stepped:
             cur.execute(f"UPDATE {part} t SET step = s.step FROM {lookup} s WHERE t.rank IN ({ranks_sql}) AND {win.match}")
@@ -910,6 +948,161 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
     lctx.mark_stepped(stepped)
     lctx.add_events_part(part)
     return results
+
+
+# a backend's annotation of one point-to-point transfer, e.g. ``gloo:send``, ``nccl:send 0->1``
+_P2P_ANNOTATION_RE = r"^(\w+):(send|recv)\b"
+# SQL: bytes of such an annotation, from its first input (dims x dtype; "c10::BFloat16" -> "bfloat16")
+_ANNOTATION_BYTES = ("CASE WHEN json_valid(shapes) AND json_valid(dtypes) THEN "
+                     "CAST(list_aggregate(TRY_CAST(json_extract(shapes, '$[0]') AS BIGINT[]), 'product') AS BIGINT) * ("
+                     + DTYPE_BYTES_SQL.format(d="regexp_replace(json_extract_string(dtypes, '$[0]'), '^c10::', '')")
+                     + ") END")
+
+
+def _p2p_links(cur: Any, part: str, join: str, step: str, files: list[_File], lctx: LoadContext) -> None:
+    """Point-to-point transfers of the part -> ``comm_matrix``, one row per transfer.
+
+    The peer is read where the trace writes it: record_param_comms' ``Dst Rank`` / ``Src Rank``
+    (global), else its ``Rank`` (the peer within the process group) mapped to a global rank by the
+    group's ranks (``Process Group Ranks``, ``Global rank start`` / ``stride``, or the group in
+    ``distributedInfo.pg_config``); gloo's ``c10d::send`` / ``c10d::recv_`` (which gloo records
+    without record_param_comms) give the group-local peer only, mapped when every group of
+    ``pg_config`` that holds the rank maps it to the same global rank. A c10d op that holds a
+    record_param_comms transfer is the same transfer and is not counted again. Bytes: the
+    record's ``In msg nelems`` x ``dtype``, else the backend's annotation inside the op
+    (``gloo:send``: its input's dims x dtype), which also names the backend. A peer that cannot
+    be mapped is not guessed: the transfer is left out, with a warning.
+
+    Rows: ``rank`` the trace's rank, ``name`` send / recv, ``src_rank`` -> ``dst_rank`` the
+    direction of the data, ``transport`` ``kineto:<backend>`` (see advisor.stages.comm_links),
+    ``transit_ns`` NULL: the op's duration includes waiting for the peer.
+    """
+    if cur.execute(f"SELECT 1 FROM {part} WHERE x_p2p IS NOT NULL LIMIT 1").fetchone() is None:
+        return
+    rows = cur.execute(
+        f"""WITH p AS (
+            SELECT row_number() OVER () AS pid, t.rank, t.file_id, t.tid, t.start_ns, t.start_ns + t.dur_ns AS end_ns,
+                   t.bytes, t.x_p2p AS x, {step} AS step
+            FROM {part} t {join} WHERE t.x_p2p IS NOT NULL
+        ),
+        a AS (
+            SELECT rank, tid, start_ns, lower(regexp_extract(name, {_sql_str(_P2P_ANNOTATION_RE)}, 1)) AS backend,
+                   {_ANNOTATION_BYTES} AS bytes
+            FROM {part} WHERE kind = 'comm' AND NOT device AND regexp_matches(name, {_sql_str(_P2P_ANNOTATION_RE)})
+              AND rank IN (SELECT DISTINCT rank FROM p)
+        ),
+        j AS (
+            SELECT p.pid, arg_min(a.bytes, a.start_ns) AS bytes, arg_min(a.backend, a.start_ns) AS backend
+            FROM p JOIN a ON a.rank = p.rank AND a.tid IS NOT DISTINCT FROM p.tid
+                         AND a.start_ns >= p.start_ns AND a.start_ns <= p.end_ns
+            GROUP BY p.pid
+        )
+        SELECT p.rank, p.file_id, p.step, p.x.op, p.x.peer_global, p.x.peer_local, p.x.pg, p.x.pg_ranks, p.x.rank_start,
+               p.x.rank_stride, coalesce(p.bytes, j.bytes), j.backend
+        FROM p LEFT JOIN j USING (pid)
+        WHERE p.x.via = 'param' OR NOT EXISTS (
+            SELECT 1 FROM p q WHERE q.x.via = 'param' AND q.rank = p.rank AND q.tid IS NOT DISTINCT FROM p.tid
+              AND q.start_ns >= p.start_ns AND q.start_ns <= p.end_ns)
+        ORDER BY p.rank, p.start_ns"""
+    ).fetchall()
+    if not rows:
+        return
+    by_fid = {f.fid: f for f in files}
+    out: list[tuple[Any, ...]] = []
+    no_peer: dict[int, int] = {}  # file id -> transfers without a peer rank
+    unmapped: dict[int, int] = {}  # file id -> transfers whose group-local peer has no global rank
+    for rank, fid, step_no, op, glob, local, pg, pg_ranks, start, stride, nbytes, backend in rows:
+        dist = _dist_of(by_fid.get(fid))
+        if glob is not None and glob >= 0:
+            peer: int | None = int(glob)
+        elif local is None or local < 0:
+            no_peer[fid] = no_peer.get(fid, 0) + 1
+            continue
+        else:
+            peer = _global_peer(rank, local, pg, pg_ranks, start, stride, dist)
+        if peer is None:
+            unmapped[fid] = unmapped.get(fid, 0) + 1
+            continue
+        src, dst = (rank, peer) if op == "send" else (peer, rank)
+        out.append((rank, step_no, pg, op, src, dst, f"kineto:{backend or _backend_of(dist, pg)}", nbytes, None, None))
+    for fid, n in no_peer.items():
+        lctx.warn("p2p_peer", f"{n} point-to-point transfer(s) record no peer rank (no 'Src Rank' / 'Dst Rank' / "
+                  "'Rank' argument, or a c10d::send / recv_ without its concrete inputs: record_shapes off); left out "
+                  "of the communication matrix", by_fid[fid].path if fid in by_fid else None)
+    for fid, n in unmapped.items():
+        lctx.warn("p2p_peer", f"{n} point-to-point transfer(s) name their peer only as a rank within a process group "
+                  "whose global ranks the trace does not give (no 'Process Group Ranks', or distributedInfo.pg_config "
+                  "missing or ambiguous); left out of the communication matrix",
+                  by_fid[fid].path if fid in by_fid else None)
+    if out:
+        insert_rows(cur, "comm_matrix", out)
+
+
+def _dist_of(f: _File | None) -> dict[str, Any]:
+    """The ``distributedInfo`` object of a file ({} when it has none or it is not an object)."""
+    import json
+
+    text = (f.header or (None,))[0] if f is not None else None
+    try:
+        dist = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return dist if isinstance(dist, dict) else {}
+
+
+def _rank_list(value: Any) -> list[int] | None:
+    """A process group's global ranks from a JSON list or torch's text of one (``"[0, 1, 2]"``;
+    a list torch truncated, ``"[0, 1, ...]"``, gives the ranks before the ellipsis)."""
+    if isinstance(value, list):
+        items: list[Any] = value
+    elif isinstance(value, str):
+        items = re.findall(r"-?\d+|\.\.\.", value)
+        if "..." in items:
+            items = items[:items.index("...")]
+    else:
+        return None
+    try:
+        ranks = [int(x) for x in items]
+    except (TypeError, ValueError):
+        return None
+    return ranks if all(r >= 0 for r in ranks) else None
+
+
+def _pg_configs(dist: dict[str, Any]) -> list[dict[str, Any]]:
+    cfg = dist.get("pg_config")
+    return [c for c in cfg if isinstance(c, dict)] if isinstance(cfg, list) else []
+
+
+def _global_peer(rank: int, local: int, pg: str | None, pg_ranks: str | None, start: int | None,
+                 stride: int | None, dist: dict[str, Any]) -> int | None:
+    """The global rank of the group-local peer ``local``, or None when the trace does not say."""
+    ranks = _rank_list(pg_ranks)
+    if ranks and local < len(ranks):
+        return ranks[local]
+    if start is not None and start >= 0 and stride is not None and stride > 0:
+        return start + local * stride
+    groups = _pg_configs(dist)
+    if pg is not None:  # the group is named: its entry in pg_config
+        groups = [c for c in groups if str(c.get("pg_name")) == pg]
+    candidates = set()
+    for c in groups:
+        members = _rank_list(c.get("ranks"))
+        if members is None or local >= len(members) or rank not in members:
+            continue
+        candidates.add(members[local])
+    return candidates.pop() if len(candidates) == 1 else None
+
+
+def _backend_of(dist: dict[str, Any], pg: str | None) -> str:
+    """The backend of a transfer whose trace has no backend annotation: the group's in pg_config
+    (``cuda:nccl`` -> nccl), else distributedInfo's, else 'unknown'."""
+    for c in _pg_configs(dist):
+        if pg is not None and str(c.get("pg_name")) == pg:
+            configs = {part.split(":")[-1] for part in str(c.get("backend_config", "")).split(",") if part}
+            if len(configs) == 1:
+                return configs.pop().lower()
+    backend = dist.get("backend")
+    return backend.lower() if isinstance(backend, str) and backend else "unknown"
 
 
 def _all_to_all_launches(cur: Any, part: str) -> str:

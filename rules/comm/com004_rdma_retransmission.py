@@ -12,7 +12,9 @@ transport) — or of ``comm_matrix`` (per link) when the export has no bandwidth
 time exceeds ``min_transit_s`` is a suspected retransmission. As msprof-analyze does, an operator is
 not counted when another member of its group finished the same operator (same step, group and
 name in ``comm_ops``) in less than the threshold: the long time is then waiting for a late peer, not
-a retransmission. One finding per rank.
+a retransmission. One finding per rank. Point-to-point transfers read from Kineto traces are
+never judged: they have no transit time and their rows carry a ``kineto:`` transport
+(advisor.stages.comm_links).
 
 The saving per step is the transit time of those transfers minus what their bytes need at the
 RDMA peak (``peak_rdma_gbps``), median over steps with such a transfer.
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
+from advisor.stages.comm_links import NOT_KINETO_SQL
 from rules.comm._common import PeakThresholds, ms, step_us
 
 
@@ -42,7 +45,7 @@ class Thresholds(PeakThresholds):
                                 "min_retransmission_time 4000 ms")
 
 
-SQL = """
+SQL = f"""
 WITH rd AS (
     SELECT 'comm_bandwidth' AS src, rank, step, name, group_name, NULL::INTEGER AS src_rank,
            NULL::INTEGER AS dst_rank, bytes,
@@ -52,7 +55,8 @@ WITH rd AS (
     SELECT 'comm_matrix', rank, step, name, group_name, src_rank, dst_rank, bytes,
            coalesce(transit_ns, CASE WHEN bandwidth_gbps > 0 THEN bytes / bandwidth_gbps END)
     FROM comm_matrix
-    WHERE upper(transport) = 'RDMA' AND NOT EXISTS (SELECT 1 FROM comm_bandwidth WHERE upper(transport) = 'RDMA')
+    WHERE upper(transport) = 'RDMA' AND {NOT_KINETO_SQL}
+      AND NOT EXISTS (SELECT 1 FROM comm_bandwidth WHERE upper(transport) = 'RDMA')
 ),
 long AS (SELECT * FROM rd WHERE transit_ns > $min_transit_s * 1e9),
 peers AS (  -- shortest elapse time of the same operator in its group

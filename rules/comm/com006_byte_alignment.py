@@ -8,7 +8,9 @@ operators whose data size breaks this rule; it is specific to Ascend.
 ## How it is detected
 Intra-node Ascend transfers (transport HCCS or SDMA, the DMA engine behind intra-node HCCS
 traffic) larger than ``min_bytes`` in ``comm_bandwidth`` (per operator) and ``comm_matrix`` (per
-link; SDMA entries that duplicate an operator's HCCS entry are dropped) are checked for size mod ``alignment_bytes`` ≠ 0. The exported size is the sum over the
+link; SDMA entries that duplicate an operator's HCCS entry are dropped) are checked for size mod ``alignment_bytes`` ≠ 0.
+Point-to-point transfers read from Kineto traces (NCCL, gloo ...) are never checked: the rule
+is about Ascend's HCCS, and their rows carry a ``kineto:`` transport (advisor.stages.comm_links). The exported size is the sum over the
 operator's transfers: a misaligned sum proves at least one misaligned transfer (an aligned sum may
 still hide some, so the rule can miss cases but does not invent them). Sizes exported in MB are
 rounded; remainders within ``size_tolerance_bytes`` of a multiple are treated as aligned.
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding, Severity
+from advisor.stages.comm_links import NOT_KINETO_SQL
 from rules.comm._common import BW_ROWS_CTE, ms, step_us
 
 
@@ -54,7 +57,7 @@ x AS (
     UNION ALL
     SELECT 'comm_matrix', rank, step, name, upper(transport), bytes,
            coalesce(transit_ns, CASE WHEN bandwidth_gbps > 0 THEN bytes / bandwidth_gbps END)
-    FROM comm_matrix WHERE src_rank IS DISTINCT FROM dst_rank
+    FROM comm_matrix WHERE src_rank IS DISTINCT FROM dst_rank AND {NOT_KINETO_SQL}
 )
 SELECT *, bytes % $alignment_bytes AS rem,
        least(bytes % $alignment_bytes, $alignment_bytes - bytes % $alignment_bytes) > $size_tolerance_bytes
