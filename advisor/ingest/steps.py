@@ -2,12 +2,18 @@
 
 Definition (documented in the README):
 
-* Step markers are the host events ``ProfilerStep#N`` (kind ``step``).
-* Step N's window starts where its host marker starts. It ends where the marker of step N+1
-  starts when that step was profiled too (consecutive steps tile the timeline, so device work
-  that lags into the next step's host time is counted where it runs). Otherwise (the last step
-  of a profiling cycle) it ends at the later of the marker's end and the end of the last device
-  work launched from inside the marker.
+* Step markers are the host events ``ProfilerStep#N`` (kind ``step``), or a source's own host
+  step ranges (``STEP_TIME`` in a ``.db`` export), or, without either, the device tasks a vendor
+  table numbers by step (then a step's host range is its device span).
+* A step's device work is the device tasks launched from inside its host range (the launching
+  host event and the task share a correlation id).
+* Step N ends at the later of the end of its device work and where it ends on the host: the
+  marker of step N+1 when that step was profiled too, else its own marker's end. Step N+1
+  starts where step N ends, so consecutive steps tile the timeline and a device that lags
+  behind the host gives each step its own device time (no backlog piles up on the last step).
+* The first step of a profiling cycle starts at its marker, or later when the device is still
+  busy then with work no step launched (queued before the cycle): at the end of that work,
+  at the latest at the step's first device task.
 * A rank with no step marker gets one window over its whole trace (``step = -1``) and a warning.
 * Every event (and ``kernels`` / ``comm_ops`` row) belongs to the window holding its start.
 """
@@ -19,6 +25,77 @@ from dataclasses import dataclass
 from typing import Any
 
 from advisor.schema import NO_STEP
+
+#: Largest gap (ns) between a step's marker end and the next marker's start for the two to be
+#: consecutive (``prof.step()`` ends one marker and opens the next at once).
+CONSECUTIVE_NS = 1000
+
+
+def windows_sql(marks: str, src: str | None) -> str:
+    """SQL selecting ``steps`` rows (rank, step, start_ns, end_ns, host_start_ns, host_end_ns).
+
+    ``marks``: a relation (rank, step, host_start_ns, host_end_ns), one row per step. ``src``: a
+    relation with ``rank``, ``device``, ``start_ns``, ``dur_ns`` and ``corr`` (host events with
+    a correlation id and the device tasks sharing it), or None when the marks are device spans
+    already (no launch links to follow).
+    """
+    if src is None:
+        dev = "SELECT rank, step, NULL::BIGINT AS dev_start, NULL::BIGINT AS dev_end FROM _m WHERE false"
+        prior = "SELECT rank, step, NULL::BIGINT AS prior_end FROM _m WHERE false"
+    else:
+        # each launching host event finds the step whose marker holds its start (ASOF: the marker
+        # with the latest start at or before it), then the device tasks sharing its id
+        dev = f"""SELECT h.rank, m.step, min(d.start_ns) AS dev_start, max(d.start_ns + d.dur_ns) AS dev_end
+            FROM (SELECT rank, start_ns, corr FROM {src} WHERE NOT device AND corr IS NOT NULL) h
+            ASOF JOIN _m m ON h.rank = m.rank AND h.start_ns >= m.host_start_ns
+            JOIN (SELECT rank, corr, start_ns, dur_ns FROM {src} WHERE device AND corr IS NOT NULL) d
+                 ON d.rank = h.rank AND d.corr = h.corr
+            WHERE h.start_ns < m.host_end_ns
+            GROUP BY ALL"""
+        # device work running when a cycle's first step begins that this step did not launch
+        prior = f"""SELECT f.rank, f.step, max(d.start_ns + d.dur_ns) AS prior_end
+            FROM (SELECT * FROM _n WHERE first AND dev_start IS NOT NULL) f
+            JOIN (SELECT rank, start_ns, dur_ns FROM {src} WHERE device) d
+                 ON d.rank = f.rank AND d.start_ns < f.dev_start AND d.start_ns + d.dur_ns > f.host_start_ns
+            GROUP BY ALL"""
+    return f"""
+        WITH _m AS (SELECT * FROM {marks}),
+        _d AS ({dev}),
+        _o AS (
+            SELECT m.*, d.dev_start, d.dev_end,
+                   lag(m.step) OVER w AS prev_step, lag(m.host_end_ns) OVER w AS prev_host_end,
+                   lead(m.step) OVER w AS next_step, lead(m.host_start_ns) OVER w AS next_start
+            FROM _m m LEFT JOIN _d d USING (rank, step)
+            WINDOW w AS (PARTITION BY m.rank ORDER BY m.host_start_ns, m.step)
+        ),
+        _n AS (
+            SELECT *,
+                   NOT (prev_step IS NOT DISTINCT FROM step - 1
+                        AND host_start_ns >= prev_host_end - {CONSECUTIVE_NS}) AS first,
+                   greatest(CASE WHEN next_step = step + 1 AND next_start >= host_end_ns - {CONSECUTIVE_NS}
+                                 THEN next_start ELSE host_end_ns END,
+                            coalesce(dev_end, host_end_ns)) AS own_end
+            FROM _o
+        ),
+        _p AS ({prior}),
+        _c AS (  -- cycles: a first step opens one; ends never go back in time within a cycle
+            SELECT n.*, p.prior_end, sum(first::INTEGER) OVER w AS cycle
+            FROM _n n LEFT JOIN _p p USING (rank, step)
+            WINDOW w AS (PARTITION BY n.rank ORDER BY n.host_start_ns, n.step)
+        ),
+        _e AS (
+            SELECT *, max(own_end) OVER w AS end_ns,
+                   CASE WHEN first THEN greatest(host_start_ns, least(coalesce(dev_start, host_start_ns),
+                                                                      coalesce(prior_end, host_start_ns))) END
+                       AS first_start
+            FROM _c
+            WINDOW w AS (PARTITION BY rank, cycle ORDER BY host_start_ns, step ROWS UNBOUNDED PRECEDING)
+        )
+        SELECT rank, step,
+               CASE WHEN first THEN first_start
+                    ELSE lag(end_ns) OVER (PARTITION BY rank ORDER BY host_start_ns, step) END AS start_ns,
+               end_ns, host_start_ns, host_end_ns
+        FROM _e"""
 
 
 def build_steps(con: Any, src: str, warn: Callable[..., None]) -> None:
@@ -40,27 +117,8 @@ def build_steps(con: Any, src: str, warn: Callable[..., None]) -> None:
     dups = con.execute("SELECT rank, step, n FROM _marks WHERE n > 1 ORDER BY rank, step LIMIT 5").fetchall()
     for rank, step, n in dups:
         warn("duplicate_step", f"rank {rank}: step {step} is marked {n} times (duplicated events or files); merged")
-    con.execute(
-        f"""INSERT INTO steps
-        WITH nxt AS (
-            SELECT *, lead(step) OVER w AS next_step, lead(host_start_ns) OVER w AS next_start
-            FROM _marks WINDOW w AS (PARTITION BY rank ORDER BY host_start_ns)
-        ),
-        launched AS (  -- device work launched from inside the marker of the last step of each cycle
-            SELECT m.rank, m.step, max(d.start_ns + d.dur_ns) AS dev_end
-            FROM (SELECT * FROM nxt WHERE next_step IS DISTINCT FROM step + 1) m
-            JOIN {src} h ON h.rank = m.rank AND NOT h.device AND h.corr IS NOT NULL
-                 AND h.start_ns >= m.host_start_ns AND h.start_ns < m.host_end_ns
-            JOIN {src} d ON d.rank = h.rank AND d.device AND d.corr = h.corr
-            GROUP BY ALL
-        )
-        SELECT n.rank, n.step, n.host_start_ns,
-               CASE WHEN n.next_step = n.step + 1 AND n.next_start >= n.host_end_ns - 1000
-                    THEN n.next_start
-                    ELSE greatest(n.host_end_ns, coalesce(l.dev_end, n.host_end_ns)) END,
-               n.host_start_ns, n.host_end_ns
-        FROM nxt n LEFT JOIN launched l USING (rank, step)"""
-    )
+    marked = "(SELECT rank, step, host_start_ns, host_end_ns FROM _marks)"
+    con.execute(f"INSERT INTO steps {windows_sql(marked, src)}")
     con.execute("DROP TABLE _marks")
     no_marks = [r[0] for r in con.execute(
         f"SELECT DISTINCT rank FROM {src} WHERE rank NOT IN (SELECT DISTINCT rank FROM steps) ORDER BY rank"

@@ -1,0 +1,140 @@
+"""Step windows (advisor/ingest/steps.py): one definition for every source, fair to a device that
+lags behind the host.
+
+The traces are written here: every step launches the same device work (5 kernels of 19.1 ms,
+95.5 ms per step) while the host runs ahead, so each step's device time is 95.5 ms by
+construction; none may absorb the backlog of the others.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+from advisor.analyze import analyze
+from advisor.config import Config
+from advisor.ingest import load_profile
+from advisor.ingest.steps import windows_sql
+from tests.conftest import report_json
+
+MS = 1000.0  # µs per ms (trace times are µs)
+KERNEL_MS = 19.1
+KERNELS = 5
+STEP_MS = KERNEL_MS * KERNELS  # 95.5 ms of device work per step
+STEPS = 8
+
+
+def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1, pid: int = 1, **args: Any) -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def _lagging_trace(tmp_path: Path, host_step_ms: float, backlog_ms: float) -> Path:
+    """Host markers of ``host_step_ms`` each; the device runs every step's kernels back to back
+    on one stream, after ``backlog_ms`` of kernels queued before the profile (no launch in the
+    trace, as warm-up work still running when profiling starts)."""
+    ev: list[dict[str, Any]] = []
+    dev_free = 0.0
+    corr = 1
+    if backlog_ms > 0:
+        n = 4
+        for i in range(n):
+            ev.append(_x("kernel", "warmup_kernel", i * backlog_ms * MS / n, backlog_ms * MS / n, tid=7, pid=0,
+                         correlation=90_000 + i, stream=7))
+        dev_free = backlog_ms * MS
+    for i in range(STEPS):
+        step = 100 + i
+        hs = i * host_step_ms * MS
+        ev.append(_x("user_annotation", f"ProfilerStep#{step}", hs, host_step_ms * MS))
+        for j in range(KERNELS):
+            launch = hs + (j + 1) * 2 * MS
+            ev.append(_x("cpu_op", "aten::conv2d", launch - 100, 200))
+            ev.append(_x("cuda_runtime", "cudaLaunchKernel", launch, 10, correlation=corr))
+            start = max(dev_free, launch + 5)
+            ev.append(_x("kernel", "conv_kernel", start, KERNEL_MS * MS, tid=7, pid=0, correlation=corr, stream=7))
+            dev_free = start + KERNEL_MS * MS
+            corr += 1
+    (tmp_path / "rank-0.json").write_text(json.dumps({"schemaVersion": 1, "traceEvents": ev}))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("host_step_ms", "backlog_ms"),
+    [
+        (STEP_MS, 89.0),  # steady state: the host stays 89 ms ahead from the first step on
+        (90.0, 0.0),  # the host is faster: the lag grows by 5.5 ms a step, 38.5 ms by the last
+        (STEP_MS, 0.0),  # no lag at all
+    ],
+)
+def test_every_step_gets_its_own_device_time(tmp_path: Path, host_step_ms: float, backlog_ms: float) -> None:
+    ctx = load_profile(_lagging_trace(tmp_path, host_step_ms, backlog_ms))
+    rows = ctx.con.execute("SELECT step, (end_ns - start_ns) / 1e6 FROM steps ORDER BY step").fetchall()
+    assert [r[0] for r in rows] == list(range(100, 100 + STEPS))
+    # the first step also holds its host time before its first kernel (launched 2 ms in, running
+    # 5 µs later) when the device is idle then; with a backlog it starts where the backlog ends
+    lead = 0.0 if backlog_ms else 2.005
+    assert rows[0][1] == pytest.approx(STEP_MS + lead, abs=0.01)
+    for step, ms in rows[1:]:
+        assert ms == pytest.approx(STEP_MS, abs=0.01), (step, ms)
+    # every step holds exactly the kernels it launched
+    got = ctx.con.execute(
+        "SELECT step, count(*) FROM events WHERE name = 'conv_kernel' GROUP BY step ORDER BY step").fetchall()
+    assert got == [(100 + i, KERNELS) for i in range(STEPS)]
+
+
+def test_a_lagging_device_raises_no_step_alarm(tmp_path: Path) -> None:
+    report = analyze(_lagging_trace(tmp_path, STEP_MS, 89.0), Config())
+    data = report_json(report)
+    assert not [f for f in data["findings"] if f["rule"] == "CLU003"]
+    for b in data["breakdown"]:
+        assert b["step_us"] == pytest.approx(STEP_MS * MS, abs=100)
+
+
+def test_host_bound_steps_keep_the_host_window(tmp_path: Path) -> None:
+    """Device work shorter than the host step: the window is the host marker, as before."""
+    ev: list[dict[str, Any]] = []
+    for i in range(4):
+        hs = i * 100 * MS
+        ev.append(_x("user_annotation", f"ProfilerStep#{i + 1}", hs, 100 * MS))
+        ev.append(_x("cuda_runtime", "cudaLaunchKernel", hs + 10 * MS, 10, correlation=i + 1))
+        ev.append(_x("kernel", "k", hs + 10 * MS + 5, 20 * MS, tid=7, pid=0, correlation=i + 1))
+    (tmp_path / "rank-0.json").write_text(json.dumps({"schemaVersion": 1, "traceEvents": ev}))
+    ctx = load_profile(tmp_path)
+    rows = ctx.con.execute("SELECT step, start_ns, end_ns FROM steps ORDER BY step").fetchall()
+    assert rows == [(i + 1, i * 100_000_000, (i + 1) * 100_000_000) for i in range(4)]
+
+
+def _windows(marks: list[tuple[int, int, int]], src: list[tuple[bool, int, int, int | None]] | None) -> list[tuple]:
+    con = duckdb.connect()
+    con.execute("CREATE TABLE m (rank INTEGER, step INTEGER, host_start_ns BIGINT, host_end_ns BIGINT)")
+    con.executemany("INSERT INTO m VALUES (0, ?, ?, ?)", marks)
+    con.execute("CREATE TABLE e (rank INTEGER, device BOOLEAN, start_ns BIGINT, dur_ns BIGINT, corr BIGINT)")
+    if src:
+        con.executemany("INSERT INTO e VALUES (0, ?, ?, ?, ?)", src)
+    sql = windows_sql("m", "e" if src is not None else None)
+    return [tuple(r) for r in con.execute(f"SELECT step, start_ns, end_ns FROM ({sql}) ORDER BY step").fetchall()]
+
+
+def test_windows_follow_launch_links() -> None:
+    """Two steps of 100 ns on the host; each launches 150 ns of device work that runs long after
+    its launch (a lagging device): step 1 ends where its work ends (210), step 2 runs from there
+    to the end of its own work (450); unlinked work (210-300) extends no step."""
+    marks = [(1, 0, 100), (2, 100, 200)]
+    src = [(False, 10, 5, 1), (True, 60, 150, 1), (True, 210, 90, None),
+           (False, 110, 5, 2), (True, 300, 150, 2), (True, 500, 10, None)]
+    assert _windows(marks, src) == [(1, 0, 210), (2, 210, 450)]
+
+
+def test_windows_of_a_new_cycle_start_after_work_queued_before_it() -> None:
+    """A cycle's first step whose device is busy with unlaunched work until 80 starts there, not
+    at its marker (0); never later than its own first task (which starts at 80)."""
+    src = [(True, 0, 80, None), (False, 10, 5, 1), (True, 80, 100, 1)]
+    assert _windows([(1, 0, 100)], src) == [(1, 80, 180)]
+
+
+def test_windows_of_step_spans_without_links_tile() -> None:
+    """Without launch links (vendor step ids: the marks are device spans), consecutive steps tile."""
+    assert _windows([(1, 0, 90), (2, 100, 190), (4, 300, 350)], None) == [(1, 0, 100), (2, 100, 190), (4, 300, 350)]
