@@ -138,3 +138,53 @@ def test_windows_of_a_new_cycle_start_after_work_queued_before_it() -> None:
 def test_windows_of_step_spans_without_links_tile() -> None:
     """Without launch links (vendor step ids: the marks are device spans), consecutive steps tile."""
     assert _windows([(1, 0, 90), (2, 100, 190), (4, 300, 350)], None) == [(1, 0, 100), (2, 100, 190), (4, 300, 350)]
+
+
+def _cut_db_copy(src: Path, dst: Path, keep_marker: bool) -> dict[int, tuple[int, int, int]]:
+    """Copy a `.db` export, ending each rank's step on the host halfway through its marker (in
+    PYTORCH_API and STEP_TIME alike), so that device work launched before the cut runs past it;
+    ``keep_marker=False`` also deletes the ProfilerStep row, leaving STEP_TIME alone to give it.
+    Returns rank -> (host start, cut, end of the device tasks launched before the cut), read
+    with sqlite3: the tasks sharing a connection id with a CANN_API call that starts in the range."""
+    import shutil
+    import sqlite3
+
+    shutil.copytree(src, dst)
+    out = {}
+    for db in dst.glob("*_ascend_pt/ASCEND_PROFILER_OUTPUT/ascend_pytorch_profiler_*.db"):
+        rank = int(db.stem.rsplit("_", 1)[1])
+        con = sqlite3.connect(db)
+        ((start, end),) = con.execute("SELECT startNs, endNs FROM STEP_TIME").fetchall()
+        cut = (start + end) // 2
+        marker = "name IN (SELECT id FROM STRING_IDS WHERE value LIKE 'ProfilerStep#%')"
+        if keep_marker:
+            assert con.execute(f"UPDATE PYTORCH_API SET endNs = ? WHERE {marker}", (cut,)).rowcount == 1
+        else:
+            assert con.execute(f"DELETE FROM PYTORCH_API WHERE {marker}").rowcount == 1
+        con.execute("UPDATE STEP_TIME SET endNs = ?", (cut,))
+        (dev_end,) = con.execute(
+            """SELECT max(t.endNs) FROM TASK t JOIN CANN_API a ON a.connectionId = t.connectionId
+            WHERE a.startNs >= ? AND a.startNs < ?""", (start, cut)).fetchone()
+        con.commit()
+        con.close()
+        out[rank] = (start, cut, dev_end)
+    return out
+
+
+def test_db_step_time_gives_the_windows_the_step_events_give(tmp_path: Path) -> None:
+    """A `.db` export without ProfilerStep rows in PYTORCH_API takes its steps from STEP_TIME, by
+    the same definition as from the events: on the real export of tests/data/ascend_real with
+    its host step cut short, both end each step where the device work launched in it ends."""
+    src = Path(__file__).resolve().parent / "data" / "ascend_real" / "ascend_pt_resnet_ddp_l1_db"
+    facts = _cut_db_copy(src, tmp_path / "events", keep_marker=True)
+    assert _cut_db_copy(src, tmp_path / "step_time", keep_marker=False) == facts
+    q = "SELECT rank, step, start_ns, end_ns, host_start_ns, host_end_ns FROM steps ORDER BY rank, step"
+    by_events = load_profile(tmp_path / "events").con.execute(q).fetchall()
+    by_step_time = load_profile(tmp_path / "step_time").con.execute(q).fetchall()
+    assert by_step_time == by_events
+    assert [r[:2] for r in by_events] == [(0, 50), (1, 50)]
+    for rank, _step, start, end, host_start, host_end in by_events:
+        s, cut, dev_end = facts[rank]
+        assert (start, host_start, host_end) == (s, s, cut)
+        assert dev_end > cut  # precondition: the device runs past the host's cut
+        assert end == dev_end
