@@ -73,28 +73,29 @@ def test_every_step_gets_its_own_device_time(tmp_path: Path, host_step_ms: float
     ctx = load_profile(_lagging_trace(tmp_path, host_step_ms, backlog_ms))
     rows = ctx.con.execute("SELECT step, (end_ns - start_ns) / 1e6 FROM steps ORDER BY step").fetchall()
     assert [r[0] for r in rows] == list(range(100, 100 + STEPS))
-    # the first step also holds its host time before its first kernel (launched 2 ms in, running
-    # 5 µs later) when the device is idle then; with a backlog it starts where the backlog ends
-    lead = 0.0 if backlog_ms else 2.005
-    assert rows[0][1] == pytest.approx(STEP_MS + lead, abs=0.01)
-    for step, ms in rows[1:]:
+    # every step but the last is the 95.5 ms period; the last, with no step after it, also
+    # holds its host time before its first kernel (launched 2 ms into its marker)
+    for step, ms in rows[:-1]:
         assert ms == pytest.approx(STEP_MS, abs=0.01), (step, ms)
-    # every step holds exactly the kernels it launched
-    got = ctx.con.execute(
-        "SELECT step, count(*) FROM events WHERE name = 'conv_kernel' GROUP BY step ORDER BY step").fetchall()
-    assert got == [(100 + i, KERNELS) for i in range(STEPS)]
+    assert rows[-1][1] == pytest.approx(STEP_MS + 2.0, abs=0.01)
+    # every step holds exactly the kernels it launched, and the host operators of its marker
+    for name in ("conv_kernel", "aten::conv2d"):
+        got = ctx.con.execute(
+            "SELECT step, count(*) FROM events WHERE name = ? GROUP BY step ORDER BY step", [name]).fetchall()
+        assert got == [(100 + i, KERNELS) for i in range(STEPS)], name
 
 
 def test_a_lagging_device_raises_no_step_alarm(tmp_path: Path) -> None:
     report = analyze(_lagging_trace(tmp_path, STEP_MS, 89.0), Config())
     data = report_json(report)
     assert not [f for f in data["findings"] if f["rule"] == "CLU003"]
-    for b in data["breakdown"]:
-        assert b["step_us"] == pytest.approx(STEP_MS * MS, abs=100)
+    got = [b["step_us"] for b in data["breakdown"]]
+    assert got == pytest.approx([STEP_MS * MS] * (STEPS - 1) + [(STEP_MS + 2.0) * MS], abs=10)
 
 
 def test_host_bound_steps_keep_the_host_window(tmp_path: Path) -> None:
-    """Device work shorter than the host step: the window is the host marker, as before."""
+    """Device work shorter than the host step, an idle device at each launch: the windows are the
+    host markers."""
     ev: list[dict[str, Any]] = []
     for i in range(4):
         hs = i * 100 * MS
@@ -107,32 +108,46 @@ def test_host_bound_steps_keep_the_host_window(tmp_path: Path) -> None:
     assert rows == [(i + 1, i * 100_000_000, (i + 1) * 100_000_000) for i in range(4)]
 
 
-def _windows(marks: list[tuple[int, int, int]], src: list[tuple[bool, int, int, int | None]] | None) -> list[tuple]:
+def _windows(marks: list[tuple[int, int, int]], src: list[tuple[Any, ...]] | None) -> list[tuple]:
+    """Windows of ``marks`` (step, host start, host end) over ``src`` (device?, start, duration,
+    correlation id[, stream]): host events on thread 1, device tasks on stream 7 unless given."""
     con = duckdb.connect()
     con.execute("CREATE TABLE m (rank INTEGER, step INTEGER, host_start_ns BIGINT, host_end_ns BIGINT)")
     con.executemany("INSERT INTO m VALUES (0, ?, ?, ?)", marks)
-    con.execute("CREATE TABLE e (rank INTEGER, device BOOLEAN, start_ns BIGINT, dur_ns BIGINT, corr BIGINT)")
+    con.execute("CREATE TABLE e (rank INTEGER, device BOOLEAN, tid VARCHAR, start_ns BIGINT, dur_ns BIGINT, corr BIGINT)")
     if src:
-        con.executemany("INSERT INTO e VALUES (0, ?, ?, ?, ?)", src)
+        rows = [(r[0], (r[4] if len(r) > 4 else "7") if r[0] else "1", *r[1:4]) for r in src]
+        con.executemany("INSERT INTO e VALUES (0, ?, ?, ?, ?, ?)", rows)
     sql = windows_sql("m", "e" if src is not None else None)
     return [tuple(r) for r in con.execute(f"SELECT step, start_ns, end_ns FROM ({sql}) ORDER BY step").fetchall()]
 
 
 def test_windows_follow_launch_links() -> None:
-    """Two steps of 100 ns on the host; each launches 150 ns of device work that runs long after
-    its launch (a lagging device): step 1 ends where its work ends (210), step 2 runs from there
-    to the end of its own work (450); unlinked work (210-300) extends no step."""
+    """Two steps of 100 ns on the host, each launching 150 ns of device work (one stream). Step 1's
+    task, launched at 10, waits for earlier work (0-60) and starts at 60: step 1 starts 50 late.
+    Step 2's, launched at 110, waits behind step 1's and unlinked work (to 300): 190 late. The
+    last step ends where its own work ends (450); later unlinked work (500-510) extends no step."""
     marks = [(1, 0, 100), (2, 100, 200)]
-    src = [(False, 10, 5, 1), (True, 60, 150, 1), (True, 210, 90, None),
+    src = [(True, 0, 60, None), (False, 10, 5, 1), (True, 60, 150, 1), (True, 210, 90, None),
            (False, 110, 5, 2), (True, 300, 150, 2), (True, 500, 10, None)]
-    assert _windows(marks, src) == [(1, 0, 210), (2, 210, 450)]
+    assert _windows(marks, src) == [(1, 50, 290), (2, 290, 450)]
+
+
+def test_windows_do_not_move_for_a_device_idle_at_the_launch() -> None:
+    """The first task starts 10 after its launch, but nothing ran before it on its stream (a
+    launch latency, not a lag): the step starts at its marker."""
+    src = [(False, 10, 5, 1), (True, 20, 100, 1)]
+    assert _windows([(1, 0, 100)], src) == [(1, 0, 120)]
+    # work on another stream does not hold it back either; on its own stream it does
+    assert _windows([(1, 0, 100)], [(True, 0, 60, None, "20"), (False, 10, 5, 1), (True, 60, 100, 1)]) == [(1, 0, 160)]
+    assert _windows([(1, 0, 100)], [(True, 0, 60, None), (False, 10, 5, 1), (True, 60, 100, 1)]) == [(1, 50, 160)]
 
 
 def test_windows_of_a_new_cycle_start_after_work_queued_before_it() -> None:
-    """A cycle's first step whose device is busy with unlaunched work until 80 starts there, not
-    at its marker (0); never later than its own first task (which starts at 80)."""
+    """A cycle's first step whose device is busy with work from before it until 80: its first
+    task, launched at 10, waits until 80, so the step starts 70 after its marker."""
     src = [(True, 0, 80, None), (False, 10, 5, 1), (True, 80, 100, 1)]
-    assert _windows([(1, 0, 100)], src) == [(1, 80, 180)]
+    assert _windows([(1, 0, 100)], src) == [(1, 70, 180)]
 
 
 def test_windows_of_step_spans_without_links_tile() -> None:
@@ -144,8 +159,9 @@ def _cut_db_copy(src: Path, dst: Path, keep_marker: bool) -> dict[int, tuple[int
     """Copy a `.db` export, ending each rank's step on the host halfway through its marker (in
     PYTORCH_API and STEP_TIME alike), so that device work launched before the cut runs past it;
     ``keep_marker=False`` also deletes the ProfilerStep row, leaving STEP_TIME alone to give it.
-    Returns rank -> (host start, cut, end of the device tasks launched before the cut), read
-    with sqlite3: the tasks sharing a connection id with a CANN_API call that starts in the range."""
+    Returns rank -> (host start, cut, end of the device tasks launched before the cut, how long
+    the first of them waited after its launch for the task before it on its stream), read with
+    sqlite3: the tasks sharing a connection id with a CANN_API call that starts in the range."""
     import shutil
     import sqlite3
 
@@ -162,12 +178,19 @@ def _cut_db_copy(src: Path, dst: Path, keep_marker: bool) -> dict[int, tuple[int
         else:
             assert con.execute(f"DELETE FROM PYTORCH_API WHERE {marker}").rowcount == 1
         con.execute("UPDATE STEP_TIME SET endNs = ?", (cut,))
-        (dev_end,) = con.execute(
-            """SELECT max(t.endNs) FROM TASK t JOIN CANN_API a ON a.connectionId = t.connectionId
-            WHERE a.startNs >= ? AND a.startNs < ?""", (start, cut)).fetchone()
+        launched = """FROM TASK t JOIN CANN_API a ON a.connectionId = t.connectionId
+            WHERE a.startNs >= ? AND a.startNs < ?"""
+        (dev_end,) = con.execute(f"SELECT max(t.endNs) {launched}", (start, cut)).fetchone()
+        # the first launch's wait for the task before its own on its stream to end
+        (ls, ds, dev, stream) = con.execute(
+            f"SELECT a.startNs, t.startNs, t.deviceId, t.streamId {launched} ORDER BY a.startNs, t.startNs LIMIT 1",
+            (start, cut)).fetchone()
+        prev = con.execute("SELECT endNs FROM TASK WHERE deviceId = ? AND streamId = ? AND startNs < ? "
+                           "ORDER BY startNs DESC LIMIT 1", (dev, stream, ds)).fetchone()
+        delay = max(min(ds, prev[0]) - ls, 0) if prev else 0
         con.commit()
         con.close()
-        out[rank] = (start, cut, dev_end)
+        out[rank] = (start, cut, dev_end, delay)
     return out
 
 
@@ -184,7 +207,7 @@ def test_db_step_time_gives_the_windows_the_step_events_give(tmp_path: Path) -> 
     assert by_step_time == by_events
     assert [r[:2] for r in by_events] == [(0, 50), (1, 50)]
     for rank, _step, start, end, host_start, host_end in by_events:
-        s, cut, dev_end = facts[rank]
-        assert (start, host_start, host_end) == (s, s, cut)
+        s, cut, dev_end, delay = facts[rank]
+        assert (start, host_start, host_end) == (s + delay, s, cut)
         assert dev_end > cut  # precondition: the device runs past the host's cut
         assert end == dev_end

@@ -815,7 +815,7 @@ def _steps_from_step_time(cur: Any, db: Db, rank: int, p: str) -> None:
     cur.register("_st", pa.table({"step": [r[0] for r in rows], "s": [r[1] for r in rows], "e": [r[2] for r in rows]}))
     try:
         marks = f"(SELECT {int(rank)} AS rank, step, s AS host_start_ns, e AS host_end_ns FROM _st)"
-        src = f"(SELECT rank, device, start_ns, dur_ns, corr FROM events WHERE rank = {int(rank)})"
+        src = f"(SELECT rank, device, tid, start_ns, dur_ns, corr FROM events WHERE rank = {int(rank)})"
         cur.execute(f"INSERT INTO steps {windows_sql(marks, src)}")
     finally:
         cur.unregister("_st")

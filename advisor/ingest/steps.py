@@ -7,13 +7,13 @@ Definition (documented in the README):
   table numbers by step (then a step's host range is its device span).
 * A step's device work is the device tasks launched from inside its host range (the launching
   host event and the task share a correlation id).
-* Step N ends at the later of the end of its device work and where it ends on the host: the
-  marker of step N+1 when that step was profiled too, else its own marker's end. Step N+1
-  starts where step N ends, so consecutive steps tile the timeline and a device that lags
-  behind the host gives each step its own device time (no backlog piles up on the last step).
-* The first step of a profiling cycle starts at its marker, or later when the device is still
-  busy then with work no step launched (queued before the cycle): at the end of that work,
-  at the latest at the step's first device task.
+* Step N starts where its marker starts, later by the time the first device task it launched
+  waited, after its launch, for the work before it on its stream to finish: a device lagging
+  behind the host shifts the window by its lag; a device idle at the launch, not at all.
+* Step N ends where step N+1 starts when that step was profiled too (consecutive steps tile the
+  timeline); otherwise (the last step of a profiling cycle) at the later of its marker's end and
+  the end of its device work. So no backlog piles up on the last step, and device work still
+  running from before a cycle is not counted in its first step.
 * A rank with no step marker gets one window over its whole trace (``step = -1``) and a warning.
 * Every event (and ``kernels`` / ``comm_ops`` row) belongs to the window holding its start.
 """
@@ -35,36 +35,41 @@ def windows_sql(marks: str, src: str | None) -> str:
     """SQL selecting ``steps`` rows (rank, step, start_ns, end_ns, host_start_ns, host_end_ns).
 
     ``marks``: a relation (rank, step, host_start_ns, host_end_ns), one row per step. ``src``: a
-    relation with ``rank``, ``device``, ``start_ns``, ``dur_ns`` and ``corr`` (host events with
-    a correlation id and the device tasks sharing it), or None when the marks are device spans
-    already (no launch links to follow).
+    relation with ``rank``, ``device``, ``tid`` (a device task's stream), ``start_ns``, ``dur_ns``
+    and ``corr`` (host events with a correlation id and the device tasks sharing it), or None when
+    there are no launch links to follow (the steps then start where their range starts).
     """
     if src is None:
-        dev = "SELECT rank, step, NULL::BIGINT AS dev_start, NULL::BIGINT AS dev_end FROM _m WHERE false"
-        prior = "SELECT rank, step, NULL::BIGINT AS prior_end FROM _m WHERE false"
+        dev = "SELECT rank, step, NULL::BIGINT AS delay, NULL::BIGINT AS dev_end FROM _m WHERE false"
     else:
         # each launching host event finds the step whose marker holds its start (ASOF: the marker
-        # with the latest start at or before it), then the device tasks sharing its id
-        dev = f"""SELECT h.rank, m.step, min(d.start_ns) AS dev_start, max(d.start_ns + d.dur_ns) AS dev_end
-            FROM (SELECT rank, start_ns, corr FROM {src} WHERE NOT device AND corr IS NOT NULL) h
-            ASOF JOIN _m m ON h.rank = m.rank AND h.start_ns >= m.host_start_ns
-            JOIN (SELECT rank, corr, start_ns, dur_ns FROM {src} WHERE device AND corr IS NOT NULL) d
-                 ON d.rank = h.rank AND d.corr = h.corr
-            WHERE h.start_ns < m.host_end_ns
-            GROUP BY ALL"""
-        # device work running when a cycle's first step begins that this step did not launch
-        prior = f"""SELECT f.rank, f.step, max(d.start_ns + d.dur_ns) AS prior_end
-            FROM (SELECT * FROM _n WHERE first AND dev_start IS NOT NULL) f
-            JOIN (SELECT rank, start_ns, dur_ns FROM {src} WHERE device) d
-                 ON d.rank = f.rank AND d.start_ns < f.dev_start AND d.start_ns + d.dur_ns > f.host_start_ns
-            GROUP BY ALL"""
+        # with the latest start at or before it), then the device tasks sharing its id. The delay:
+        # how long the step's first launched task waited, after its launch, for the task before it
+        # on its stream (p) to finish: the device's lag behind the host when the step began
+        dev = f"""SELECT f.rank, f.step, f.dev_end,
+                   greatest(least(f.ds, coalesce(p.start_ns + p.dur_ns, f.ls)) - f.ls, 0) AS delay
+            FROM (
+                SELECT rank, step, max(de) AS dev_end, arg_min(ds, (ls, ds)) AS ds, arg_min(tid, (ls, ds)) AS tid,
+                       min(ls) AS ls
+                FROM (
+                    SELECT h.rank, m.step, h.start_ns AS ls, d.start_ns AS ds, d.start_ns + d.dur_ns AS de, d.tid
+                    FROM (SELECT rank, start_ns, corr FROM {src} WHERE NOT device AND corr IS NOT NULL) h
+                    ASOF JOIN _m m ON h.rank = m.rank AND h.start_ns >= m.host_start_ns
+                    JOIN (SELECT rank, corr, start_ns, dur_ns, tid FROM {src} WHERE device AND corr IS NOT NULL) d
+                         ON d.rank = h.rank AND d.corr = h.corr
+                    WHERE h.start_ns < m.host_end_ns
+                ) GROUP BY ALL
+            ) f
+            ASOF LEFT JOIN (SELECT rank, tid, start_ns, dur_ns FROM {src} WHERE device) p
+                 ON p.rank = f.rank AND p.tid IS NOT DISTINCT FROM f.tid AND p.start_ns < f.ds"""
     return f"""
         WITH _m AS (SELECT * FROM {marks}),
         _d AS ({dev}),
         _o AS (
-            SELECT m.*, d.dev_start, d.dev_end,
+            SELECT m.*, d.dev_end, m.host_start_ns + coalesce(d.delay, 0) AS begin_ns,
                    lag(m.step) OVER w AS prev_step, lag(m.host_end_ns) OVER w AS prev_host_end,
-                   lead(m.step) OVER w AS next_step, lead(m.host_start_ns) OVER w AS next_start
+                   lead(m.step) OVER w AS next_step, lead(m.host_start_ns) OVER w AS next_start,
+                   lead(m.host_start_ns + coalesce(d.delay, 0)) OVER w AS next_begin
             FROM _m m LEFT JOIN _d d USING (rank, step)
             WINDOW w AS (PARTITION BY m.rank ORDER BY m.host_start_ns, m.step)
         ),
@@ -72,27 +77,22 @@ def windows_sql(marks: str, src: str | None) -> str:
             SELECT *,
                    NOT (prev_step IS NOT DISTINCT FROM step - 1
                         AND host_start_ns >= prev_host_end - {CONSECUTIVE_NS}) AS first,
-                   greatest(CASE WHEN next_step = step + 1 AND next_start >= host_end_ns - {CONSECUTIVE_NS}
-                                 THEN next_start ELSE host_end_ns END,
-                            coalesce(dev_end, host_end_ns)) AS own_end
+                   CASE WHEN next_step = step + 1 AND next_start >= host_end_ns - {CONSECUTIVE_NS}
+                        THEN next_begin
+                        ELSE greatest(host_end_ns, coalesce(dev_end, host_end_ns)) END AS own_end
             FROM _o
         ),
-        _p AS ({prior}),
-        _c AS (  -- cycles: a first step opens one; ends never go back in time within a cycle
-            SELECT n.*, p.prior_end, sum(first::INTEGER) OVER w AS cycle
-            FROM _n n LEFT JOIN _p p USING (rank, step)
-            WINDOW w AS (PARTITION BY n.rank ORDER BY n.host_start_ns, n.step)
+        _c AS (  -- cycles: a first step opens one; bounds never go back in time within a cycle
+            SELECT *, sum(first::INTEGER) OVER w AS cycle
+            FROM _n WINDOW w AS (PARTITION BY rank ORDER BY host_start_ns, step)
         ),
         _e AS (
-            SELECT *, max(own_end) OVER w AS end_ns,
-                   CASE WHEN first THEN greatest(host_start_ns, least(coalesce(dev_start, host_start_ns),
-                                                                      coalesce(prior_end, host_start_ns))) END
-                       AS first_start
+            SELECT *, greatest(max(own_end) OVER w, max(CASE WHEN first THEN begin_ns END) OVER w) AS end_ns
             FROM _c
             WINDOW w AS (PARTITION BY rank, cycle ORDER BY host_start_ns, step ROWS UNBOUNDED PRECEDING)
         )
         SELECT rank, step,
-               CASE WHEN first THEN first_start
+               CASE WHEN first THEN begin_ns
                     ELSE lag(end_ns) OVER (PARTITION BY rank ORDER BY host_start_ns, step) END AS start_ns,
                end_ns, host_start_ns, host_end_ns
         FROM _e"""
@@ -102,7 +102,7 @@ def build_steps(con: Any, src: str, warn: Callable[..., None]) -> None:
     """Insert the step windows of the ranks in ``src`` that have none yet.
 
     ``src`` is a relation (table name or ``(SELECT ...)``) with the columns ``rank``,
-    ``is_mark`` (a host ``ProfilerStep#N`` event), ``device``, ``name``, ``start_ns``,
+    ``is_mark`` (a host ``ProfilerStep#N`` event), ``device``, ``tid``, ``name``, ``start_ns``,
     ``dur_ns`` and ``corr``: the canonical ``events`` table, or a reader's staged rows so that
     steps can be assigned while the events are inserted (no second pass over them).
     """
@@ -146,8 +146,14 @@ class WindowLookup:
     match: str
 
 
-def window_lookup(con: Any, name: str, ranks: str | None = None) -> WindowLookup:
+def window_lookup(con: Any, name: str, ranks: str | None = None, *, host: bool = False,
+                  alias: str = "s") -> WindowLookup:
     """Build the lookup ``name`` that gives an event its step window; return the join SQL.
+
+    ``host``: the host windows (from each marker's start to the next one's, the last to the
+    later of its end and its window's end), which give host events their step: a host event
+    belongs to the marker it runs in even when the device lags behind (the step windows, for
+    device events, are shifted by the lag). ``alias``: the name the SQL gives the window.
 
     Same answer as an ASOF join on ``steps`` (the window with the latest start at or before
     the event, if the event is before that window's end) but without sorting the events: the
@@ -159,11 +165,12 @@ def window_lookup(con: Any, name: str, ranks: str | None = None) -> WindowLookup
     ``s`` (``step``, ``end_ns``), as :func:`step_of` reads it.
     """
     where = f"WHERE rank IN ({ranks})" if ranks is not None else ""
+    bounds = "host_start_ns AS start_ns, greatest(host_end_ns, end_ns) AS end_ns" if host else "start_ns, end_ns"
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE {name}_w AS
         SELECT rank, step, start_ns,
                least(end_ns, coalesce(lead(start_ns) OVER (PARTITION BY rank ORDER BY start_ns, step), end_ns)) AS end_ns
-        FROM steps {where}"""
+        FROM (SELECT rank, step, {bounds} FROM steps {where})"""
     )
     # the width gives each rank ~4 buckets per window (+64) over its own span: the lookup holds
     # ~5 rows per window whatever the number of ranks (a width from the windows of all ranks
@@ -192,9 +199,10 @@ def window_lookup(con: Any, name: str, ranks: str | None = None) -> WindowLookup
     )
     con.execute(f"DROP TABLE {name}_w")
     # an event outside every window has no bucket (its distance to the origin may not fit a BIGINT)
-    match = (f"s.rank = t.rank AND s.bucket = CASE WHEN t.start_ns >= {origin} AND t.start_ns < {end} "
-             f"THEN {bucket('t.start_ns')} END AND t.start_ns >= s.start_ns AND t.start_ns < s.end_ns")
-    return WindowLookup(f"LEFT JOIN {name} s ON {match}", match)
+    a = alias
+    match = (f"{a}.rank = t.rank AND {a}.bucket = CASE WHEN t.start_ns >= {origin} AND t.start_ns < {end} "
+             f"THEN {bucket('t.start_ns')} END AND t.start_ns >= {a}.start_ns AND t.start_ns < {a}.end_ns")
+    return WindowLookup(f"LEFT JOIN {name} {a} ON {match}", match)
 
 
 def drop_window_lookup(con: Any, name: str) -> None:
@@ -216,7 +224,8 @@ def finalize(con: Any, warn: Callable[..., None], assigned: set[int] | frozenset
     ranks = {r[0] for r in con.execute("SELECT DISTINCT rank FROM events").fetchall()}
     have = {r[0] for r in con.execute("SELECT DISTINCT rank FROM steps").fetchall()}
     if ranks - have:
-        build_steps(con, "(SELECT rank, kind = 'step' AS is_mark, device, name, start_ns, dur_ns, corr FROM events)", warn)
+        build_steps(con, "(SELECT rank, kind = 'step' AS is_mark, device, tid, name, start_ns, dur_ns, corr FROM events)",
+                    warn)
     if ranks - set(assigned):
         _assign(con)
     for table in ("kernels", "comm_ops"):
@@ -227,11 +236,15 @@ def finalize(con: Any, warn: Callable[..., None], assigned: set[int] | frozenset
 
 
 def _assign(con: Any) -> None:
-    """Rebuild ``events`` with ``step`` = the window holding the event's start (no per-event loop)."""
+    """Rebuild ``events`` with ``step`` = the window holding the event's start, the host window
+    for a host event (no per-event loop)."""
     cols = [r[0] for r in con.execute("DESCRIBE events").fetchall()]
-    select = ", ".join(f"coalesce({step_of('t.start_ns')}, t.step) AS step" if c == "step" else f"t.{c}" for c in cols)
+    step = f"coalesce(CASE WHEN t.device THEN {step_of('t.start_ns')} ELSE {step_of('t.start_ns', 'h')} END, t.step)"
+    select = ", ".join(f"{step} AS step" if c == "step" else f"t.{c}" for c in cols)
     lookup = window_lookup(con, "_assign_w")
-    con.execute(f"CREATE TABLE _events_new AS SELECT {select} FROM events t {lookup.join}")
+    hlookup = window_lookup(con, "_assign_h", host=True, alias="h")
+    con.execute(f"CREATE TABLE _events_new AS SELECT {select} FROM events t {lookup.join} {hlookup.join}")
     drop_window_lookup(con, "_assign_w")
+    drop_window_lookup(con, "_assign_h")
     con.execute("DROP TABLE events")
     con.execute("ALTER TABLE _events_new RENAME TO events")
