@@ -90,17 +90,16 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     if few:
         ctx.warn(f"ranks {_short(few)}: fewer than {ctx.t.min_steps} steps profiled; "
                  "cross-step outliers cannot be told from noise (profile more active steps)")
-    compile_us: dict[tuple[int, int], float] = {}
+    compile_us: dict[int, dict[int, float]] = {}  # rank -> step -> host compile time
     if any(len(v) >= ctx.t.min_steps for v in per_rank.values()):
         for r in ctx.query(COMPILE_SQL, {"compile_re": COMPILE_RE, "not_compile_re": NOT_COMPILE_RE}):
             if r["step"] is not None:
-                compile_us[(int(r["rank"]), int(r["step"]))] = float(r["compile_us"])
+                compile_us.setdefault(int(r["rank"]), {})[int(r["step"])] = float(r["compile_us"])
     results: dict[tuple[int, ...], list[dict[str, Any]]] = {}
     for rank, vals in sorted(per_rank.items()):
         if len(vals) < ctx.t.min_steps:
             continue
-        warm, fs, kept = warmup_steps(vals, {s: c for (rk, s), c in compile_us.items() if rk == rank},
-                                      ctx.t.k, ctx.t.min_excess_ratio)
+        warm, fs, kept = warmup_steps(vals, compile_us.get(rank, {}), ctx.t.k, ctx.t.min_excess_ratio)
         if not fs.outliers:
             continue
         steps = [s for s, _ in kept]
