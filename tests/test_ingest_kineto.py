@@ -63,6 +63,26 @@ def test_old_schema_kinds_and_steps(samples: Path) -> None:
     assert ctx.has_device
 
 
+def _window_begin(doc: dict, m: dict) -> int:
+    """Where a step's window starts (ns), from the raw trace: at its marker, later by how long the
+    first device task it launched waited, after its launch, for the task before it on its stream."""
+    dev = sorted((e for e in doc["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+                  and "correlation" in e.get("args", {})), key=lambda e: e["ts"])
+    first_task: dict[int, dict] = {}
+    for e in dev:
+        first_task.setdefault(e["args"]["correlation"], e)
+    calls = sorted((e for e in doc["traceEvents"] if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                    and m["ts"] <= e["ts"] < m["ts"] + m["dur"]
+                    and e.get("args", {}).get("correlation") in first_task), key=lambda e: e["ts"])
+    if not calls:
+        return round(m["ts"] * 1000)
+    task = first_task[calls[0]["args"]["correlation"]]
+    before = [e for e in dev if (e["pid"], e["tid"]) == (task["pid"], task["tid"]) and e["ts"] < task["ts"]]
+    prev_end = before[-1]["ts"] + before[-1]["dur"] if before else calls[0]["ts"]
+    wait = max(min(task["ts"], prev_end) - calls[0]["ts"], 0)
+    return round(m["ts"] * 1000) + round(wait * 1000)
+
+
 def test_ranks_from_distributed_info_and_windows(samples: Path) -> None:
     ctx = load_profile(samples / "kineto_two_ranks")
     assert ctx.ranks == [0, 1]
@@ -76,9 +96,9 @@ def test_ranks_from_distributed_info_and_windows(samples: Path) -> None:
         )
         win = ctx.con.execute("SELECT step, start_ns, end_ns FROM steps WHERE rank = ? ORDER BY step", [rank]).fetchall()
         assert [w[0] for w in win] == [int(m["name"].split("#")[1]) for m in marks]
-        # consecutive steps tile the timeline: step N ends where step N+1's marker starts
-        assert win[0][2] == round(marks[1]["ts"] * 1000)
-        assert win[0][1] == round(marks[0]["ts"] * 1000)
+        # consecutive steps tile the timeline: step N ends where step N+1 starts
+        assert win[0][1] == _window_begin(doc, marks[0])
+        assert win[0][2] == win[1][1] == _window_begin(doc, marks[1])
 
 
 def test_cpu_only_trace_has_no_device_and_relative_timestamps() -> None:
@@ -184,14 +204,29 @@ def test_one_scan_for_many_files_equals_one_by_one(path: Path, monkeypatch: pyte
 @pytest.mark.parametrize("path", [*MULTI_FILE, SAMPLES / "kineto_resnet50_num_workers_0", TRACES / "cpu_no_step_marker"],
                          ids=lambda p: p.name)
 def test_steps_assigned_on_insert_match_an_asof_join(path: Path) -> None:
-    """Every event's step is the window with the latest start at or before it, if it starts before that window ends."""
+    """Every device event's step is the window with the latest start at or before it, if it starts
+    before that window ends; every host event's the same with the host windows (from a marker's
+    start to the next one's, the last to the later of its end and its window's end)."""
     con = load_profile(path).con
     diff = con.execute(
         """SELECT count(*), count(*) FILTER (WHERE e.step IS DISTINCT FROM
                      CASE WHEN s.step IS NOT NULL AND e.start_ns < s.end_ns THEN s.step END)
-        FROM events e ASOF LEFT JOIN steps s ON e.rank = s.rank AND e.start_ns >= s.start_ns"""
+        FROM events e ASOF LEFT JOIN steps s ON e.rank = s.rank AND e.start_ns >= s.start_ns
+        WHERE e.device"""
     ).fetchall()[0]
-    assert diff[0] > 0 and diff[1] == 0
+    assert diff[1] == 0
+    n = diff[0]
+    diff = con.execute(
+        """WITH h AS (SELECT rank, step, host_start_ns AS start_ns,
+                             least(greatest(host_end_ns, end_ns),
+                                   coalesce(lead(host_start_ns) OVER (PARTITION BY rank ORDER BY host_start_ns), end_ns))
+                                 AS end_ns FROM steps)
+        SELECT count(*), count(*) FILTER (WHERE e.step IS DISTINCT FROM
+                     CASE WHEN s.step IS NOT NULL AND e.start_ns < s.end_ns THEN s.step END)
+        FROM events e ASOF LEFT JOIN h s ON e.rank = s.rank AND e.start_ns >= s.start_ns
+        WHERE NOT e.device"""
+    ).fetchall()[0]
+    assert n + diff[0] > 0 and diff[1] == 0
     for table in ("kernels", "comm_ops"):
         bad = con.execute(
             f"""SELECT count(*) FROM {table} t LEFT JOIN steps s

@@ -54,6 +54,7 @@ from advisor.ingest.ascend_common import (
     warn_once,
 )
 from advisor.ingest.base import LoadContext, ParseError, Unit, read_head, update_rows
+from advisor.ingest.steps import windows_sql
 
 SOURCE = SOURCE_PT
 SOURCES = (SOURCE_PT, SOURCE_MS)
@@ -905,27 +906,18 @@ def _rollback(cur: Any) -> None:
 def _steps_from_vendor(cur: Any, ranks: list[int]) -> None:
     """Step windows from kernel ``Step Id`` / communication ``stepN`` when no ProfilerStep marker exists.
 
-    Consecutive steps tile the timeline (as in :mod:`advisor.ingest.steps`): step N runs from
-    its first device task to the first task of step N+1, the last one to its last task's end.
+    A step's range is then the span of the device tasks numbered with it; the windows follow the
+    common definition (:func:`advisor.ingest.steps.windows_sql`): consecutive steps tile, each
+    ending where its last task ends.
     """
-    cur.execute(
-        """INSERT INTO steps
-        WITH s AS (
-            SELECT rank, step, min(start_ns) AS s, max(start_ns + dur_ns) AS e FROM (
+    spans = """(SELECT rank, step, min(start_ns) AS host_start_ns, max(start_ns + dur_ns) AS host_end_ns FROM (
                 SELECT rank, step, start_ns, dur_ns FROM kernels
                 WHERE rank IN (SELECT unnest($ranks)) AND step IS NOT NULL AND start_ns IS NOT NULL
                 UNION ALL
                 SELECT rank, step, start_ns, dur_ns FROM comm_ops
                 WHERE rank IN (SELECT unnest($ranks)) AND step IS NOT NULL AND start_ns IS NOT NULL
-            ) GROUP BY rank, step
-        ),
-        n AS (SELECT *, lead(step) OVER w AS ns, lead(s) OVER w AS nxt FROM s WINDOW w AS (PARTITION BY rank ORDER BY s))
-        SELECT rank, step, s, CASE WHEN ns = step + 1 AND nxt >= s THEN greatest(nxt, s) ELSE e END, s,
-               CASE WHEN ns = step + 1 AND nxt >= s THEN greatest(nxt, s) ELSE e END
-        FROM n
-        WHERE rank NOT IN (SELECT DISTINCT rank FROM steps)""",
-        {"ranks": ranks},
-    )
+            ) WHERE rank NOT IN (SELECT DISTINCT rank FROM steps) GROUP BY rank, step)"""
+    cur.execute(f"INSERT INTO steps {windows_sql(spans, None)}", {"ranks": ranks})
 
 
 def _device_info(p: Path) -> tuple[list[tuple[str, str]], dict[str, Any]]:

@@ -39,6 +39,7 @@ from advisor.ingest.ascend_common import (
     sql_str,
 )
 from advisor.ingest.base import LoadContext, ParseError, Unit
+from advisor.ingest.steps import windows_sql
 from advisor.schema import EVENTS_INSERT
 
 CHUNK_ROWS = 250_000
@@ -801,7 +802,8 @@ def _memory_freq(cur: Any, db: Db, rank: int, sid: str) -> None:
 
 
 def _steps_from_step_time(cur: Any, db: Db, rank: int, p: str) -> None:
-    """STEP_TIME holds each ProfilerStep's host range (format doc §17.2); consecutive steps tile."""
+    """STEP_TIME holds each ProfilerStep's host range (format doc §17.2); the windows follow the
+    common definition (:func:`advisor.ingest.steps.windows_sql`) over this rank's events."""
     if not db.has("STEP_TIME"):
         return
     s = partial(_ci, db, "STEP_TIME", "")
@@ -812,17 +814,9 @@ def _steps_from_step_time(cur: Any, db: Db, rank: int, p: str) -> None:
     _settle(cur)
     cur.register("_st", pa.table({"step": [r[0] for r in rows], "s": [r[1] for r in rows], "e": [r[2] for r in rows]}))
     try:
-        cur.execute(
-            f"""INSERT INTO steps
-            WITH n AS (SELECT *, lead(step) OVER (ORDER BY s) AS ns, lead(s) OVER (ORDER BY s) AS nxt FROM _st),
-            d AS (SELECT start, end_ FROM {p}_ktask UNION ALL SELECT start, end_ FROM {p}_ops),
-            dev AS (SELECT n.step, max(d.end_) AS dev_end FROM n JOIN d ON d.start >= n.s AND d.start < n.e GROUP BY n.step)
-            SELECT $rank, n.step, n.s,
-                   CASE WHEN n.ns = n.step + 1 AND n.nxt >= n.e - 1000 THEN n.nxt ELSE greatest(n.e, coalesce(d.dev_end, n.e)) END,
-                   n.s, n.e
-            FROM n LEFT JOIN dev d USING (step)""",
-            {"rank": rank},
-        )
+        marks = f"(SELECT {int(rank)} AS rank, step, s AS host_start_ns, e AS host_end_ns FROM _st)"
+        src = f"(SELECT rank, device, tid, start_ns, dur_ns, corr FROM events WHERE rank = {int(rank)})"
+        cur.execute(f"INSERT INTO steps {windows_sql(marks, src)}")
     finally:
         cur.unregister("_st")
 

@@ -913,14 +913,15 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
             OR lower(coalesce(cat, '')) IN ('trace', 'ac2g', 'flow') OR file_id IN ({gone_sql})"""
     )
     _comm_kernels(cur, part)
-    marks = f"(SELECT rank, kind = 'step' AS is_mark, device, name, start_ns, dur_ns, corr, file_id AS fid FROM {part})"
+    marks = f"(SELECT rank, kind = 'step' AS is_mark, device, tid, name, start_ns, dur_ns, corr, file_id AS fid FROM {part})"
     stepped = _steps_from_part(cur, marks, kf, files, lctx,
                                on_drop=lambda ids: cur.execute(f"DELETE FROM {part} WHERE file_id IN ({ids})"))
     # comm_ops first, their steps by the window join (the part is still unchanged), then the
     # part's own steps by one UPDATE
     ranks_sql = ", ".join(map(str, sorted(stepped))) or "NULL"
-    lookup = f"{part}_sw"
+    lookup, hlookup = f"{part}_sw", f"{part}_sh"
     win = window_lookup(cur, lookup, ranks_sql)
+    hwin = window_lookup(cur, hlookup, ranks_sql, host=True)
     try:
         step = f"CASE WHEN t.rank IN ({ranks_sql}) THEN {step_of('t.start_ns')} END"
         a2a = _all_to_all_launches(cur, part)
@@ -940,10 +941,14 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
         cur.execute(f"ALTER TABLE {part} DROP COLUMN x_group")
         cur.execute(f"ALTER TABLE {part} DROP COLUMN x_p2p")
         release_memory()  # before the UPDATE, the peak of the load
-        if stepped:
-            cur.execute(f"UPDATE {part} t SET step = s.step FROM {lookup} s WHERE t.rank IN ({ranks_sql}) AND {win.match}")
+        if stepped:  # device events by the step windows, host events by the host windows
+            cur.execute(f"UPDATE {part} t SET step = s.step FROM {lookup} s WHERE t.rank IN ({ranks_sql}) AND t.device "
+                        f"AND {win.match}")
+            cur.execute(f"UPDATE {part} t SET step = s.step FROM {hlookup} s WHERE t.rank IN ({ranks_sql}) "
+                        f"AND NOT t.device AND {hwin.match}")
     finally:
         drop_window_lookup(cur, lookup)
+        drop_window_lookup(cur, hlookup)
     update_rows(cur, "profile_files", "events = v.value", "file_id", ok)
     lctx.mark_stepped(stepped)
     lctx.add_events_part(part)
@@ -1137,7 +1142,7 @@ def _comm_kernels(cur: Any, part: str) -> None:
 def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadContext, on_drop: Any) -> set[int]:
     """Build the step windows of the ranks whose every file is in this part (others: later).
 
-    ``ev``: the events with ``fid``, ``rank``, ``is_mark``, ``device``, ``name``, ``start_ns``,
+    ``ev``: the events with ``fid``, ``rank``, ``is_mark``, ``device``, ``tid``, ``name``, ``start_ns``,
     ``dur_ns``, ``corr``. Files of one rank whose time ranges overlap cannot both be its
     timeline: the one with fewer events is dropped here (the same rule as for files loaded one
     by one); ``on_drop(sql_ids)`` removes its rows.
@@ -1162,7 +1167,7 @@ def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadC
     src = f"{kf}_marks"  # the narrow columns the step windows need, read several times
     cur.execute(
         f"""CREATE OR REPLACE TEMP TABLE {src} AS
-        SELECT rank, is_mark, device, CASE WHEN is_mark THEN name END AS name, start_ns, dur_ns, corr FROM {ev}
+        SELECT rank, is_mark, device, tid, CASE WHEN is_mark THEN name END AS name, start_ns, dur_ns, corr FROM {ev}
         WHERE rank IN ({', '.join(map(str, sorted(whole)))})"""
     )
     try:

@@ -2,12 +2,18 @@
 
 Definition (documented in the README):
 
-* Step markers are the host events ``ProfilerStep#N`` (kind ``step``).
-* Step N's window starts where its host marker starts. It ends where the marker of step N+1
-  starts when that step was profiled too (consecutive steps tile the timeline, so device work
-  that lags into the next step's host time is counted where it runs). Otherwise (the last step
-  of a profiling cycle) it ends at the later of the marker's end and the end of the last device
-  work launched from inside the marker.
+* Step markers are the host events ``ProfilerStep#N`` (kind ``step``), or a source's own host
+  step ranges (``STEP_TIME`` in a ``.db`` export), or, without either, the device tasks a vendor
+  table numbers by step (then a step's host range is its device span).
+* A step's device work is the device tasks launched from inside its host range (the launching
+  host event and the task share a correlation id).
+* Step N starts where its marker starts, later by the time the first device task it launched
+  waited, after its launch, for the work before it on its stream to finish: a device lagging
+  behind the host shifts the window by its lag; a device idle at the launch, not at all.
+* Step N ends where step N+1 starts when that step was profiled too (consecutive steps tile the
+  timeline); otherwise (the last step of a profiling cycle) at the later of its marker's end and
+  the end of its device work. So no backlog piles up on the last step, and device work still
+  running from before a cycle is not counted in its first step.
 * A rank with no step marker gets one window over its whole trace (``step = -1``) and a warning.
 * Every event (and ``kernels`` / ``comm_ops`` row) belongs to the window holding its start.
 """
@@ -20,12 +26,83 @@ from typing import Any
 
 from advisor.schema import NO_STEP
 
+#: Largest gap (ns) between a step's marker end and the next marker's start for the two to be
+#: consecutive (``prof.step()`` ends one marker and opens the next at once).
+CONSECUTIVE_NS = 1000
+
+
+def windows_sql(marks: str, src: str | None) -> str:
+    """SQL selecting ``steps`` rows (rank, step, start_ns, end_ns, host_start_ns, host_end_ns).
+
+    ``marks``: a relation (rank, step, host_start_ns, host_end_ns), one row per step. ``src``: a
+    relation with ``rank``, ``device``, ``tid`` (a device task's stream), ``start_ns``, ``dur_ns``
+    and ``corr`` (host events with a correlation id and the device tasks sharing it), or None when
+    there are no launch links to follow (the steps then start where their range starts).
+    """
+    if src is None:
+        dev = "SELECT rank, step, NULL::BIGINT AS delay, NULL::BIGINT AS dev_end FROM _m WHERE false"
+    else:
+        # each launching host event finds the step whose marker holds its start (ASOF: the marker
+        # with the latest start at or before it), then the device tasks sharing its id. The delay:
+        # how long the step's first launched task waited, after its launch, for the task before it
+        # on its stream (p) to finish: the device's lag behind the host when the step began
+        dev = f"""SELECT f.rank, f.step, f.dev_end,
+                   greatest(least(f.ds, coalesce(p.start_ns + p.dur_ns, f.ls)) - f.ls, 0) AS delay
+            FROM (
+                SELECT rank, step, max(de) AS dev_end, arg_min(ds, (ls, ds)) AS ds, arg_min(tid, (ls, ds)) AS tid,
+                       min(ls) AS ls
+                FROM (
+                    SELECT h.rank, m.step, h.start_ns AS ls, d.start_ns AS ds, d.start_ns + d.dur_ns AS de, d.tid
+                    FROM (SELECT rank, start_ns, corr FROM {src} WHERE NOT device AND corr IS NOT NULL) h
+                    ASOF JOIN _m m ON h.rank = m.rank AND h.start_ns >= m.host_start_ns
+                    JOIN (SELECT rank, corr, start_ns, dur_ns, tid FROM {src} WHERE device AND corr IS NOT NULL) d
+                         ON d.rank = h.rank AND d.corr = h.corr
+                    WHERE h.start_ns < m.host_end_ns
+                ) GROUP BY ALL
+            ) f
+            ASOF LEFT JOIN (SELECT rank, tid, start_ns, dur_ns FROM {src} WHERE device) p
+                 ON p.rank = f.rank AND p.tid IS NOT DISTINCT FROM f.tid AND p.start_ns < f.ds"""
+    return f"""
+        WITH _m AS (SELECT * FROM {marks}),
+        _d AS ({dev}),
+        _o AS (
+            SELECT m.*, d.dev_end, m.host_start_ns + coalesce(d.delay, 0) AS begin_ns,
+                   lag(m.step) OVER w AS prev_step, lag(m.host_end_ns) OVER w AS prev_host_end,
+                   lead(m.step) OVER w AS next_step, lead(m.host_start_ns) OVER w AS next_start,
+                   lead(m.host_start_ns + coalesce(d.delay, 0)) OVER w AS next_begin
+            FROM _m m LEFT JOIN _d d USING (rank, step)
+            WINDOW w AS (PARTITION BY m.rank ORDER BY m.host_start_ns, m.step)
+        ),
+        _n AS (
+            SELECT *,
+                   NOT (prev_step IS NOT DISTINCT FROM step - 1
+                        AND host_start_ns >= prev_host_end - {CONSECUTIVE_NS}) AS first,
+                   CASE WHEN next_step = step + 1 AND next_start >= host_end_ns - {CONSECUTIVE_NS}
+                        THEN next_begin
+                        ELSE greatest(host_end_ns, coalesce(dev_end, host_end_ns)) END AS own_end
+            FROM _o
+        ),
+        _c AS (  -- cycles: a first step opens one; bounds never go back in time within a cycle
+            SELECT *, sum(first::INTEGER) OVER w AS cycle
+            FROM _n WINDOW w AS (PARTITION BY rank ORDER BY host_start_ns, step)
+        ),
+        _e AS (
+            SELECT *, greatest(max(own_end) OVER w, max(CASE WHEN first THEN begin_ns END) OVER w) AS end_ns
+            FROM _c
+            WINDOW w AS (PARTITION BY rank, cycle ORDER BY host_start_ns, step ROWS UNBOUNDED PRECEDING)
+        )
+        SELECT rank, step,
+               CASE WHEN first THEN begin_ns
+                    ELSE lag(end_ns) OVER (PARTITION BY rank ORDER BY host_start_ns, step) END AS start_ns,
+               end_ns, host_start_ns, host_end_ns
+        FROM _e"""
+
 
 def build_steps(con: Any, src: str, warn: Callable[..., None]) -> None:
     """Insert the step windows of the ranks in ``src`` that have none yet.
 
     ``src`` is a relation (table name or ``(SELECT ...)``) with the columns ``rank``,
-    ``is_mark`` (a host ``ProfilerStep#N`` event), ``device``, ``name``, ``start_ns``,
+    ``is_mark`` (a host ``ProfilerStep#N`` event), ``device``, ``tid``, ``name``, ``start_ns``,
     ``dur_ns`` and ``corr``: the canonical ``events`` table, or a reader's staged rows so that
     steps can be assigned while the events are inserted (no second pass over them).
     """
@@ -40,27 +117,8 @@ def build_steps(con: Any, src: str, warn: Callable[..., None]) -> None:
     dups = con.execute("SELECT rank, step, n FROM _marks WHERE n > 1 ORDER BY rank, step LIMIT 5").fetchall()
     for rank, step, n in dups:
         warn("duplicate_step", f"rank {rank}: step {step} is marked {n} times (duplicated events or files); merged")
-    con.execute(
-        f"""INSERT INTO steps
-        WITH nxt AS (
-            SELECT *, lead(step) OVER w AS next_step, lead(host_start_ns) OVER w AS next_start
-            FROM _marks WINDOW w AS (PARTITION BY rank ORDER BY host_start_ns)
-        ),
-        launched AS (  -- device work launched from inside the marker of the last step of each cycle
-            SELECT m.rank, m.step, max(d.start_ns + d.dur_ns) AS dev_end
-            FROM (SELECT * FROM nxt WHERE next_step IS DISTINCT FROM step + 1) m
-            JOIN {src} h ON h.rank = m.rank AND NOT h.device AND h.corr IS NOT NULL
-                 AND h.start_ns >= m.host_start_ns AND h.start_ns < m.host_end_ns
-            JOIN {src} d ON d.rank = h.rank AND d.device AND d.corr = h.corr
-            GROUP BY ALL
-        )
-        SELECT n.rank, n.step, n.host_start_ns,
-               CASE WHEN n.next_step = n.step + 1 AND n.next_start >= n.host_end_ns - 1000
-                    THEN n.next_start
-                    ELSE greatest(n.host_end_ns, coalesce(l.dev_end, n.host_end_ns)) END,
-               n.host_start_ns, n.host_end_ns
-        FROM nxt n LEFT JOIN launched l USING (rank, step)"""
-    )
+    marked = "(SELECT rank, step, host_start_ns, host_end_ns FROM _marks)"
+    con.execute(f"INSERT INTO steps {windows_sql(marked, src)}")
     con.execute("DROP TABLE _marks")
     no_marks = [r[0] for r in con.execute(
         f"SELECT DISTINCT rank FROM {src} WHERE rank NOT IN (SELECT DISTINCT rank FROM steps) ORDER BY rank"
@@ -88,8 +146,14 @@ class WindowLookup:
     match: str
 
 
-def window_lookup(con: Any, name: str, ranks: str | None = None) -> WindowLookup:
+def window_lookup(con: Any, name: str, ranks: str | None = None, *, host: bool = False,
+                  alias: str = "s") -> WindowLookup:
     """Build the lookup ``name`` that gives an event its step window; return the join SQL.
+
+    ``host``: the host windows (from each marker's start to the next one's, the last to the
+    later of its end and its window's end), which give host events their step: a host event
+    belongs to the marker it runs in even when the device lags behind (the step windows, for
+    device events, are shifted by the lag). ``alias``: the name the SQL gives the window.
 
     Same answer as an ASOF join on ``steps`` (the window with the latest start at or before
     the event, if the event is before that window's end) but without sorting the events: the
@@ -101,11 +165,12 @@ def window_lookup(con: Any, name: str, ranks: str | None = None) -> WindowLookup
     ``s`` (``step``, ``end_ns``), as :func:`step_of` reads it.
     """
     where = f"WHERE rank IN ({ranks})" if ranks is not None else ""
+    bounds = "host_start_ns AS start_ns, greatest(host_end_ns, end_ns) AS end_ns" if host else "start_ns, end_ns"
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE {name}_w AS
         SELECT rank, step, start_ns,
                least(end_ns, coalesce(lead(start_ns) OVER (PARTITION BY rank ORDER BY start_ns, step), end_ns)) AS end_ns
-        FROM steps {where}"""
+        FROM (SELECT rank, step, {bounds} FROM steps {where})"""
     )
     # the width gives each rank ~4 buckets per window (+64) over its own span: the lookup holds
     # ~5 rows per window whatever the number of ranks (a width from the windows of all ranks
@@ -134,9 +199,10 @@ def window_lookup(con: Any, name: str, ranks: str | None = None) -> WindowLookup
     )
     con.execute(f"DROP TABLE {name}_w")
     # an event outside every window has no bucket (its distance to the origin may not fit a BIGINT)
-    match = (f"s.rank = t.rank AND s.bucket = CASE WHEN t.start_ns >= {origin} AND t.start_ns < {end} "
-             f"THEN {bucket('t.start_ns')} END AND t.start_ns >= s.start_ns AND t.start_ns < s.end_ns")
-    return WindowLookup(f"LEFT JOIN {name} s ON {match}", match)
+    a = alias
+    match = (f"{a}.rank = t.rank AND {a}.bucket = CASE WHEN t.start_ns >= {origin} AND t.start_ns < {end} "
+             f"THEN {bucket('t.start_ns')} END AND t.start_ns >= {a}.start_ns AND t.start_ns < {a}.end_ns")
+    return WindowLookup(f"LEFT JOIN {name} {a} ON {match}", match)
 
 
 def drop_window_lookup(con: Any, name: str) -> None:
@@ -158,7 +224,8 @@ def finalize(con: Any, warn: Callable[..., None], assigned: set[int] | frozenset
     ranks = {r[0] for r in con.execute("SELECT DISTINCT rank FROM events").fetchall()}
     have = {r[0] for r in con.execute("SELECT DISTINCT rank FROM steps").fetchall()}
     if ranks - have:
-        build_steps(con, "(SELECT rank, kind = 'step' AS is_mark, device, name, start_ns, dur_ns, corr FROM events)", warn)
+        build_steps(con, "(SELECT rank, kind = 'step' AS is_mark, device, tid, name, start_ns, dur_ns, corr FROM events)",
+                    warn)
     if ranks - set(assigned):
         _assign(con)
     for table in ("kernels", "comm_ops"):
@@ -169,11 +236,15 @@ def finalize(con: Any, warn: Callable[..., None], assigned: set[int] | frozenset
 
 
 def _assign(con: Any) -> None:
-    """Rebuild ``events`` with ``step`` = the window holding the event's start (no per-event loop)."""
+    """Rebuild ``events`` with ``step`` = the window holding the event's start, the host window
+    for a host event (no per-event loop)."""
     cols = [r[0] for r in con.execute("DESCRIBE events").fetchall()]
-    select = ", ".join(f"coalesce({step_of('t.start_ns')}, t.step) AS step" if c == "step" else f"t.{c}" for c in cols)
+    step = f"coalesce(CASE WHEN t.device THEN {step_of('t.start_ns')} ELSE {step_of('t.start_ns', 'h')} END, t.step)"
+    select = ", ".join(f"{step} AS step" if c == "step" else f"t.{c}" for c in cols)
     lookup = window_lookup(con, "_assign_w")
-    con.execute(f"CREATE TABLE _events_new AS SELECT {select} FROM events t {lookup.join}")
+    hlookup = window_lookup(con, "_assign_h", host=True, alias="h")
+    con.execute(f"CREATE TABLE _events_new AS SELECT {select} FROM events t {lookup.join} {hlookup.join}")
     drop_window_lookup(con, "_assign_w")
+    drop_window_lookup(con, "_assign_h")
     con.execute("DROP TABLE events")
     con.execute("ALTER TABLE _events_new RENAME TO events")

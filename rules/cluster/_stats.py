@@ -106,6 +106,29 @@ def forward_search(values: Sequence[float], k: float, min_excess_ratio: float) -
                          _threshold(accepted, k, min_excess_ratio))
 
 
+def warmup_steps(
+    vals: Sequence[tuple[int, float]], compile_us: dict[int, float], k: float, min_excess_ratio: float
+) -> tuple[tuple[int, ...], ForwardSearch, list[tuple[int, float]]]:
+    """Leave warm-up steps out of a rank's (step, time) list, then search for slow steps.
+
+    Warm-up steps: those whose compile time (``compile_us`` by step) exceeds ``min_excess_ratio``
+    of the median step (the compile alone makes them slow), and the first step of a profiling
+    cycle (a step whose predecessor was not profiled) when it is the only slow step left. A slow
+    first step next to other slow steps is not told apart from them and stays. Returns the
+    warm-up steps, the search over the other steps and those steps.
+    """
+    med = median([t for _, t in vals])
+    warm = {s for s, _ in vals if compile_us.get(s, 0.0) > min_excess_ratio * med}
+    kept = [(s, t) for s, t in vals if s not in warm]
+    fs = forward_search([t for _, t in kept], k, min_excess_ratio)
+    present = {s for s, _ in vals}
+    if len(fs.outliers) == 1 and kept[fs.outliers[0]][0] - 1 not in present:
+        warm.add(kept[fs.outliers[0]][0])
+        kept = [(s, t) for s, t in kept if s not in warm]
+        fs = forward_search([t for _, t in kept], k, min_excess_ratio)
+    return tuple(sorted(warm)), fs, kept
+
+
 def _threshold(accepted: Sequence[float], k: float, min_excess_ratio: float) -> float:
     return max(mean(accepted) + k * stdev(accepted), (1.0 + min_excess_ratio) * median(accepted))
 

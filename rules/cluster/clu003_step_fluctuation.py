@@ -21,7 +21,12 @@ are tested with LLMPrism's rule, *step time > mean + k·σ* with k = 3, made rob
   baseline so far (or within the relative floor below); the first step beyond, and every slower
   one, is an outlier;
 * a step must also exceed the baseline median by ``min_excess_ratio`` (10 %, the fluctuation
-  size Hermes §5.2.1 counts), so very regular runs with a tiny σ do not flag noise.
+  size Hermes §5.2.1 counts), so very regular runs with a tiny σ do not flag noise;
+* warm-up steps are left out, of the baseline and of the outliers: a step whose host compile
+  events (CPU001's definition: JIT / CANN compiles, torch.compile's compile regions) alone take
+  more than ``min_excess_ratio`` of the median step, and the first step of a profiling cycle
+  when it is the only slow one (one-off initialisation: lazy init, autotuning, allocator
+  growth). A slow first step next to other slow steps stays an outlier.
 
 Slow steps are then classed as *isolated* (one), *recurring*, or *periodic* (three or more, at
 gaps within ±1 step of their median gap: e.g. a full GC every few steps, a checkpoint every N).
@@ -58,7 +63,8 @@ from typing import Any
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
-from rules.cluster._stats import distribution, forward_search, median, spacing_pattern
+from rules.cluster._stats import distribution, median, spacing_pattern, warmup_steps
+from rules.cpu.cpu001_operator_compilation import COMPILE_RE, COMPILE_SQL, NOT_COMPILE_RE
 
 
 @dataclass(frozen=True)
@@ -103,20 +109,25 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     if few:
         ctx.warn(f"ranks {_short(few)}: fewer than {ctx.t.min_steps} steps profiled; "
                  "cross-step outliers cannot be told from noise (profile more active steps)")
+    compile_us: dict[int, dict[int, float]] = {}  # rank -> step -> host compile time
+    if any(len(v) >= ctx.t.min_steps for v in per_rank.values()):
+        for r in ctx.query(COMPILE_SQL, {"compile_re": COMPILE_RE, "not_compile_re": NOT_COMPILE_RE}):
+            if r["step"] is not None:
+                compile_us.setdefault(int(r["rank"]), {})[int(r["step"])] = float(r["compile_us"])
     results: dict[tuple[int, ...], list[dict[str, Any]]] = {}
     for rank, vals in sorted(per_rank.items()):
         if len(vals) < ctx.t.min_steps:
             continue
-        steps = [s for s, _ in vals]
-        times = [t for _, t in vals]
-        fs = forward_search(times, ctx.t.k, ctx.t.min_excess_ratio)
+        warm, fs, kept = warmup_steps(vals, compile_us.get(rank, {}), ctx.t.k, ctx.t.min_excess_ratio)
         if not fs.outliers:
             continue
+        steps = [s for s, _ in kept]
+        times = [t for _, t in kept]
         slow = tuple(steps[i] for i in fs.outliers)
         excess = [times[i] - fs.baseline_median for i in fs.outliers]
         results.setdefault(slow, []).append({
             "rank": rank, "fs": fs, "times": times, "steps": steps, "excess": excess,
-            "slow_times": [times[i] for i in fs.outliers],
+            "slow_times": [times[i] for i in fs.outliers], "warmup": warm,
         })
     order = sorted(results, key=lambda k: -max(sum(g["excess"]) for g in results[k]))
     looked_up = set(order[: ctx.t.extra_max_findings])
@@ -159,6 +170,8 @@ def _finding(ctx: RuleContext[Thresholds], slow: tuple[int, ...], group: list[di
         "period_steps": period,
         **distribution(rep["times"]),
     }
+    if rep["warmup"]:
+        evidence["warmup_steps_excluded"] = ", ".join(str(s) for s in rep["warmup"])
     if len(ranks) > 1:
         evidence["representative_rank"] = rep["rank"]
     top = [

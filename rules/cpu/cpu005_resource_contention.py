@@ -10,8 +10,11 @@ CPU usage, but it shows the symptom.
 ## How it is detected
 Host operators are compared with themselves: for each host operator with recorded
 input shapes (``record_shapes=True``; operators without shapes, such as autograd nodes, may do
-different work in different steps and are left out), keyed by name and input shapes, its time per step is compared with its own median over the steps it appears
-in (at least ``min_steps``). A step is *contended* when, over the keys it runs, the time is at
+different work in different steps and are left out), keyed by name and input shapes, its time per step is compared with
+the time its calls in that step take at its own median time per call over the steps it appears
+in (at least ``min_steps``): a step that runs an operator more often (more layers, more
+micro-batches: 18 ``conv2d`` calls instead of 2) does more work, which is not contention, so
+the comparison is per call. A step is *contended* when, over the keys it runs, the time is at
 least ``slow_ratio`` x the keys' medians **and** keys holding at least ``min_key_share`` of that (median) time, at least
 ``min_slowed_keys`` distinct ones, are each that much slower (a step must share at least
 ``min_keys`` keys with the others, and those keys must take at least ``min_covered_share`` of the
@@ -71,17 +74,19 @@ j AS MATERIALIZED (  -- materialized: keeps DuckDB from pushing the per-step sum
     FROM events e JOIN ks ON e.name = ks.name AND e.shapes = ks.shapes
     WHERE e.kind = 'host_op' AND NOT e.device AND e.step >= 0
 ),
-k AS (SELECT rank, step, kid, sum(dur_ns) AS dur_ns FROM j GROUP BY ALL),
-med AS (
-    SELECT rank, kid, median(dur_ns) AS med_ns, count(*) AS n_steps
+k AS (SELECT rank, step, kid, sum(dur_ns) AS dur_ns, count(*) AS calls FROM j GROUP BY ALL),
+med AS (  -- the key's median time per call over the steps it runs in
+    SELECT rank, kid, median(dur_ns / calls) AS call_ns, count(*) AS n_steps
     FROM k GROUP BY ALL HAVING count(*) >= $min_steps
 ),
-keyed AS (
-    SELECT k.rank, k.step, ks.name, ks.shapes, k.dur_ns, m.med_ns, k.dur_ns >= $slow_ratio * m.med_ns AS slowed
+keyed AS (  -- med_ns: what the step's calls of the key take at that median (the same work, unslowed)
+    SELECT k.rank, k.step, ks.name, ks.shapes, k.dur_ns, m.call_ns * k.calls AS med_ns,
+           k.dur_ns >= $slow_ratio * m.call_ns * k.calls AS slowed
     FROM k JOIN med m USING (rank, kid) JOIN ks USING (kid)
 )"""
 
-# per (rank, step): the operator keys compared, how many ran slowed, their time and their medians' time
+# per (rank, step): the operator keys compared, how many ran slowed, their time and the time of the same
+# calls at the keys' median time per call
 SQL = KEYS + """
 SELECT rank, step, count(*) AS n_keys, count(*) FILTER (WHERE slowed) AS slowed, sum(dur_ns)::DOUBLE AS dur,
        sum(med_ns) AS med, coalesce(sum(med_ns) FILTER (WHERE slowed), 0.0) AS slowed_med
