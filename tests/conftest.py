@@ -94,6 +94,14 @@ def report_json(report) -> dict:
     return data
 
 
+@pytest.fixture(autouse=True)
+def _no_terminal_size_from_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests choose the terminal width themselves: a ``COLUMNS`` / ``LINES`` from the caller's shell
+    (or pytest-xdist's workers, which set 80 x 24) would change the width of piped output."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 @pytest.fixture(scope="session")
 def samples() -> Path:
     assert SAMPLES.is_dir(), f"{SAMPLES} is missing"
