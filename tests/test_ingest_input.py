@@ -83,6 +83,33 @@ def test_a_gzip_file_with_an_empty_event_list_takes_no_rank(tmp_path: Path) -> N
     assert [w.path for w in warned(ctx, "empty_trace")] == [str(tmp_path / "a.json.gz")]
 
 
+@pytest.mark.parametrize("name", ["big.json", "big.json.gz"])
+def test_a_large_file_without_timed_events_takes_no_rank(tmp_path: Path, name: str) -> None:
+    """Beyond the first 64 KiB the file is read on until a complete event shows: 3,000 metadata
+    events and 2 begin / end ones (~270 KB) hold none, so the file takes no rank."""
+    meta = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": i, "args": {"name": f"thread {i} " + "x" * 40}}
+            for i in range(3000)]
+    be = [{"ph": "B", "name": "a", "pid": 1, "tid": 1, "ts": 1}, {"ph": "E", "name": "a", "pid": 1, "tid": 1, "ts": 2}]
+    big = write(tmp_path / name, {"schemaVersion": 1, "traceEvents": meta + be})
+    assert len(gzip.decompress(big.read_bytes()) if name.endswith(".gz") else big.read_bytes()) > 200_000
+    write(tmp_path / "trace.json", trace())
+    ctx = load_profile(tmp_path)
+    assert ctx.ranks == [0]
+    skipped = warned(ctx, "empty_trace")
+    assert [w.path for w in skipped] == [str(big)] and "no rank" in skipped[0].message
+    assert "begin / end" in skipped[0].message  # what the file holds instead
+
+
+def test_a_large_trace_whose_first_complete_event_comes_late_keeps_its_rank(tmp_path: Path) -> None:
+    """A complete event after 64 KiB of metadata: the file is a trace and keeps its rank."""
+    doc = trace()
+    doc["traceEvents"] = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": i, "args": {"name": "y" * 60}}
+                          for i in range(2000)] + doc["traceEvents"]
+    write(tmp_path / "rank-0.json", doc)
+    ctx = load_profile(tmp_path)
+    assert ctx.ranks == [0] and not warned(ctx, "empty_trace")
+
+
 # -- every file bad ------------------------------------------------------------------------------
 
 def test_when_every_file_is_bad_the_error_names_them(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ to it (Kineto >= 2.1 writes relative timestamps to keep precision) and the base 
 
 from __future__ import annotations
 
+import gzip
 import re
 import zlib
 from collections.abc import Callable
@@ -199,7 +200,7 @@ def claim(files: list[Path], ctx_warn: Any) -> list[Unit]:
         if form is None:
             ctx_warn("not_a_trace", "not a Chrome/Kineto trace (no traceEvents object or event list); skipped", p)
             continue
-        n_begin_end = _untimed(head, form, whole=len(head) < HEAD_BYTES)
+        n_begin_end = _untimed(head, form, whole=len(head) < HEAD_BYTES, path=p)
         if n_begin_end is not None:  # no rank for it: the real traces keep theirs
             ctx_warn("empty_trace", _no_events_reason(n_begin_end) + "; skipped, given no rank", p)
             continue
@@ -223,11 +224,40 @@ def claim(files: list[Path], ctx_warn: Any) -> list[Unit]:
 HEAD_BYTES = 65536  # what read_head() reads by default: a shorter head is the whole file
 
 
-def _untimed(head: bytes, form: str, whole: bool) -> int | None:
+_TIMED_RE = re.compile(rb'"ph"\s*:\s*"X"')
+_BEGIN_END_RE = re.compile(rb'"ph"\s*:\s*"[BE]"')
+
+
+def _untimed_beyond_head(path: Path | None, chunk: int = 1 << 20) -> int | None:
+    """For a file larger than its head: None as soon as a complete event's ``"ph": "X"`` shows
+    (real traces have one within their first kilobytes), else, having read the whole file
+    (decompressed), the number of its begin / end events. Text inside a string that looks like
+    the phase only keeps a file, never drops one."""
+    if path is None:
+        return None
+    tail = b""
+    n_begin_end = 0
+    try:
+        with path.open("rb") as raw:
+            fh: Any = gzip.GzipFile(fileobj=raw) if raw.read(2) == b"\x1f\x8b" else raw
+            raw.seek(0)
+            while block := fh.read(chunk):
+                text = tail + block
+                if _TIMED_RE.search(text):
+                    return None
+                cut = max(len(text) - 32, 0)  # a phase split between two blocks is matched with the next one
+                n_begin_end += sum(1 for m in _BEGIN_END_RE.finditer(text) if m.start() < cut)
+                tail = text[cut:]
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error):
+        return None  # the scan reports an unreadable file
+    return n_begin_end + len(_BEGIN_END_RE.findall(tail))
+
+
+def _untimed(head: bytes, form: str, whole: bool, path: Path | None = None) -> int | None:
     """When the trace holds no complete ('X') event, the number of its begin / end ('B' / 'E')
     events (0: none at all), else None. Known from the first bytes when the event list is empty
-    (``"traceEvents": []``) or missing, or when they are the whole file; a larger file with
-    events is taken to hold timed ones (its scan says otherwise)."""
+    (``"traceEvents": []``) or missing, or when they are the whole file; a larger file whose head
+    shows no complete event is read on (decompressed) until one shows."""
     import json
 
     if form == "object":
@@ -239,7 +269,7 @@ def _untimed(head: bytes, form: str, whole: bool) -> int | None:
         elif whole:
             return 0
     if not whole:
-        return None
+        return None if _TIMED_RE.search(head) else _untimed_beyond_head(path)
     try:
         doc = json.loads(head)
     except (ValueError, RecursionError):  # not valid JSON, not UTF-8, nested too deep: the scan reports it
