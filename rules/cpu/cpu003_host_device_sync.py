@@ -258,13 +258,9 @@ def _stacks(ctx: RuleContext[Thresholds], g: object, ids: list[int]) -> dict[int
                               source_of(r.stack, None))
     need = sel[~sel["id"].isin(list(out))]
     if len(need):
-        cur = ctx.con.cursor()
-        cur.register("_cpu003_targets", pd.DataFrame(need[["id", "rank", "pid", "tid", "start_ns", "end_ns"]]))
-        try:
-            rows = cur.execute(python_stack_sql("_cpu003_targets")).fetchall()
-        finally:
-            cur.unregister("_cpu003_targets")
-        for id_, frames in rows:
+        rows = ctx.query_frames(python_stack_sql("_cpu003_targets"), {
+            "_cpu003_targets": pd.DataFrame(need[["id", "rank", "pid", "tid", "start_ns", "end_ns"]])})
+        for id_, frames in ((r["id"], r["frames"]) for r in rows):
             fr = [f for f in frames.split("\n") if f]
             fr = [f for f in fr if not f.startswith("<built-in method")] or fr
             out[int(id_)] = ("\n".join(fr[-ctx.t.stack_frames:]), source_of(None, frames))

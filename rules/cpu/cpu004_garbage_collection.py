@@ -79,7 +79,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     df = ctx.df(SQL, params) if ctx.query(GC_SQL, params)[0]["n"] else None
     bd = step_table(ctx)
     if df is None or df.empty:
-        has_py = ctx.analysis.scalar("SELECT count(*) FROM event_names WHERE kind = 'python'")
+        has_py = ctx.scalar("SELECT count(*) FROM event_names WHERE kind = 'python'")
         if has_py:
             ctx.warn("no Python GC events recorded: GC pauses cannot be judged (Kineto: with_stack=True and "
                      "experimental_config=_ExperimentalConfig(record_python_gc_info=True); torch_npu: gc_detect_threshold)")

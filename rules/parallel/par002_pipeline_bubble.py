@@ -135,7 +135,7 @@ ORDER BY p.rank, p.step
       requires=("breakdown",), thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Fire per rank when the pipeline bubble is a large share of the step."""
-    df = ctx.df(VENDOR_SQL) if ctx.analysis.rows("vendor_steps") else None
+    df = ctx.df(VENDOR_SQL) if ctx.rows("vendor_steps") else None
     if df is None or df.empty or float(df["bubble_us"].sum()) <= 0:
         params = {"p2p": P2P_RE, "notp2p": NOT_P2P_RE}
         if not ctx.query(HAS_P2P_SQL, params)[0]["n"]:

@@ -48,3 +48,17 @@ def test_every_contract_cause_has_a_rule_and_optimizations() -> None:
 def test_no_orphan_causes() -> None:
     used = {c for spec in discover().values() for c in spec.all_causes}
     assert not set(causes()) - used, "causes in rules/causes.toml that no rule can report"
+
+
+def test_rules_use_the_rule_context_not_the_analysis() -> None:
+    """Rules read the profile through RuleContext helpers (query, scalar, step_us, breakdown ...),
+    never the analysis object, its connection or the stages / analyze modules."""
+    import re
+
+    rules_dir = Path(__file__).resolve().parents[2] / "rules"
+    pattern = re.compile(r"ctx\.(analysis|con|extras)\b|ctx\.breakdown\b(?!\()|from advisor\.(stages|analyze)\b"
+                         r"|import advisor\.(stages|analyze)\b")
+    offenders = [f"{p.relative_to(rules_dir)}:{i}: {line.strip()}"
+                 for p in sorted(rules_dir.rglob("*.py"))
+                 for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not offenders, "\n".join(offenders)
