@@ -94,6 +94,7 @@ class RuleSpec(Generic[T]):
     module: str
     status: str = "stable"
     causes: tuple[str, ...] = ()
+    derived: tuple[str, ...] = ()  # shared derived tables its SQL reads (advisor.engine.derived)
 
     @property
     def all_causes(self) -> tuple[str, ...]:
@@ -122,6 +123,7 @@ def rule(
     thresholds: type = NoThresholds,
     status: str = "stable",
     causes: Sequence[str] = (),
+    derived: Sequence[str] = (),
 ) -> Callable[[Callable[[RuleContext[Any]], Iterable[Finding]]], Callable[[RuleContext[Any]], Iterable[Finding]]]:
     """Register a rule function. See the module docstring."""
 
@@ -140,6 +142,7 @@ def rule(
             module=func.__module__,
             status=status,
             causes=tuple(causes),
+            derived=tuple(derived),
         )
         if id in _REGISTRY and _REGISTRY[id].module != spec.module:
             raise ValueError(f"duplicate rule id {id} in {spec.module} and {_REGISTRY[id].module}")
@@ -325,6 +328,7 @@ def platform_of(analysis: Any) -> str | None:
         return cast(str | None, extras["platform"])
     platform: str | None = None
     try:
+        analysis.ensure_derived(("event_names",))
         rows = analysis.query("SELECT source, has_device, device_name FROM ranks")
         if any(str(r["source"] or "").startswith("ascend") or "ascend" in str(r["device_name"] or "").lower()
                for r in rows):

@@ -45,6 +45,7 @@ def _run_one(spec: RuleSpec[Any], ctx: AnalysisContext, thresholds: Any,
     rctx: RuleContext[Any] = RuleContext(spec, ctx, thresholds)
     t0 = time.perf_counter()
     try:
+        ctx.ensure_derived(spec.derived)
         got = list(iter_findings(spec.func(rctx)))
     except Exception as exc:  # noqa: BLE001 - a broken rule must not take the others down
         if debug:

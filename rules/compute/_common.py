@@ -316,7 +316,7 @@ def _build_kernel_ops(con: Any, name: str) -> None:
             cur.execute(f"DROP TABLE IF EXISTS {t}")
 
 
-KERNEL_OPS = "kernel_ops"  # built once when a rule reads it
+KERNEL_OPS = "kernel_ops"  # built once, before the first rule that declares it runs
 register(
     KERNEL_OPS,
     "Kineto device kernels launched from a host thread (rank, step, corr, start_ns, dur_ns: the kernel's; pid, "

@@ -182,7 +182,8 @@ def _peaks(t: Thresholds, dev: Device | None, dcls: str | None) -> tuple[float |
 
 
 @rule("CMP001", "compute.roofline", cause="compute.underutilization",
-      causes=("compute.memory_bound", "compute.compute_bound"), requires=("device",), thresholds=Thresholds)
+      causes=("compute.memory_bound", "compute.compute_bound"), requires=("device",), thresholds=Thresholds,
+      derived=(KERNEL_OPS,))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank and roofline class, with the top operators of that class."""
     t = ctx.t

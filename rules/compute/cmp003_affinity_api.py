@@ -255,7 +255,7 @@ def _optimizer_stats(df: pd.DataFrame) -> dict[int, dict[str, float]]:
 
 
 @rule("CMP003", "compute.affinity-api", cause="compute.affinity_api", requires=("events", "steps"),
-      thresholds=Thresholds)
+      thresholds=Thresholds, derived=("event_names", "host_op_top", "kernel_names", KERNEL_OPS))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank and pattern whose estimated saving is worth reporting."""
     ascend = bool(ctx.vendor_kernels)

@@ -114,7 +114,7 @@ GROUP BY ALL ORDER BY l.rank, dur_ns DESC
 
 
 @rule("CMP004", "compute.format-conversion", cause="compute.format_conversion", requires=("device",),
-      thresholds=Thresholds)
+      thresholds=Thresholds, derived=("kernel_names", KERNEL_OPS))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank whose conversion operators reach the share threshold."""
     if ctx.vendor_kernels:

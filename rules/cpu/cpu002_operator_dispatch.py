@@ -101,7 +101,7 @@ FROM k LEFT JOIN l USING (rank, step) LEFT JOIN gap_step g USING (rank, step)
 
 
 @rule("CPU002", "cpu.operator-dispatch", cause="cpu.operator_dispatch",
-      requires=("events", "steps", "breakdown"), thresholds=Thresholds)
+      requires=("events", "steps", "breakdown"), thresholds=Thresholds, derived=("device_busy",))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank whose steps are dominated by per-operator overhead."""
     bd = step_table(ctx)[["rank", "step", "step_us"]]

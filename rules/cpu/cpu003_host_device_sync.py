@@ -130,7 +130,8 @@ ORDER BY g.id
 """
 
 @rule("CPU003", "cpu.host-device-sync", cause="cpu.host_device_sync",
-      requires=("events", "steps", "breakdown"), thresholds=Thresholds)
+      requires=("events", "steps", "breakdown"), thresholds=Thresholds,
+      derived=("device_busy", "event_names"))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank with sync points in its steps."""
     df = ctx.df(SQL, {"addr_re": ADDR_RE, "py_sync_re": PY_SYNC_RE, "host_sync_re": HOST_SYNC_RE, "dtoh_re": DTOH_RE,

@@ -72,7 +72,8 @@ FROM gc g JOIN dev USING (id) LEFT JOIN ops USING (id)
 
 
 @rule("CPU004", "cpu.garbage-collection", cause="cpu.garbage_collection",
-      requires=("events", "steps", "breakdown"), thresholds=Thresholds)
+      requires=("events", "steps", "breakdown"), thresholds=Thresholds,
+      derived=("device_busy", "event_names"))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank whose GC pauses take a measurable share of the step."""
     params = {"gc_names": list(GC_NAMES)}

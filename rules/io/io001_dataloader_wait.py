@@ -87,7 +87,7 @@ WHERE k = 1
 
 @rule("IO001", "io.dataloader-wait", cause="io.slow_data_processing",
       causes=("io.slow_data_reading",),
-      requires=("events", "steps", "breakdown"), thresholds=Thresholds)
+      requires=("events", "steps", "breakdown"), thresholds=Thresholds, derived=("event_names",))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Fire per rank when data loading takes a large share of the step."""
     if not ctx.scalar("SELECT count(*) FROM event_names WHERE kind = 'dataloader' AND NOT device"):

@@ -132,7 +132,7 @@ ORDER BY p.rank, p.step
 
 
 @rule("PAR002", "parallel.pipeline-bubble", cause="parallel.pipeline_bubble",
-      requires=("breakdown",), thresholds=Thresholds)
+      requires=("breakdown",), thresholds=Thresholds, derived=("event_names",))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Fire per rank when the pipeline bubble is a large share of the step."""
     df = ctx.df(VENDOR_SQL) if ctx.rows("vendor_steps") else None

@@ -62,3 +62,38 @@ def test_rules_use_the_rule_context_not_the_analysis() -> None:
                  for p in sorted(rules_dir.rglob("*.py"))
                  for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
     assert not offenders, "\n".join(offenders)
+
+
+def _rule_sql_text(module_name: str) -> str:
+    """A rule module's source plus the strings and helper functions it imports from the rule packages
+    (shared SQL fragments live in ``rules/<category>/_common.py``)."""
+    import inspect
+    import re
+
+    mod = sys.modules[module_name]
+    # without the @rule(...) declaration itself
+    texts = [re.sub(r"^@rule\(.*?\)\n(?=def )", "", inspect.getsource(mod), flags=re.DOTALL | re.MULTILINE)]
+    for obj in vars(mod).values():
+        if isinstance(obj, str):
+            texts.append(obj)
+        elif callable(obj) and str(getattr(obj, "__module__", "")).startswith("rules.") \
+                and obj.__module__ != module_name:
+            try:
+                texts.append(inspect.getsource(obj))
+            except (OSError, TypeError):
+                pass
+    return "\n".join(texts)
+
+
+@pytest.mark.parametrize("rule_id", sorted(discover()))
+def test_rule_declares_the_derived_tables_its_sql_reads(rule_id: str) -> None:
+    """The runner builds only the derived tables a rule declares (``@rule(derived=...)``): every one its
+    SQL names must be declared, and every declared one named (else it is built for nothing)."""
+    import re
+
+    from advisor.engine.derived import DERIVED
+
+    spec = discover()[rule_id]
+    named = set(re.findall(r"\b(" + "|".join(map(re.escape, DERIVED)) + r")\b", _rule_sql_text(spec.module)))
+    assert named <= set(spec.derived), f"{rule_id} reads {sorted(named - set(spec.derived))} without declaring them"
+    assert set(spec.derived) <= named, f"{rule_id} declares {sorted(set(spec.derived) - named)} but never reads them"
