@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from advisor.causes import optimizations_for
+from advisor.kinds import Source
 from advisor.model import Finding, Severity, severity_for_fraction
 
 if TYPE_CHECKING:
@@ -330,7 +331,7 @@ def platform_of(analysis: Any) -> str | None:
     try:
         analysis.ensure_derived(("event_names",))
         rows = analysis.query("SELECT source, has_device, device_name FROM ranks")
-        if any(str(r["source"] or "").startswith("ascend") or "ascend" in str(r["device_name"] or "").lower()
+        if any(r["source"] in (Source.ASCEND_PT, Source.ASCEND_MS) or "ascend" in str(r["device_name"] or "").lower()
                for r in rows):
             platform = "ascend"
         elif rows and not any(r["has_device"] for r in rows):
