@@ -71,6 +71,8 @@ def test_device_presence_and_platform() -> None:
                 {"rank": 0, "kind": "kernel", "name": "gemm", "device": True, "start_ns": 30, "dur_ns": 100}])
     assert gpu.has_device
     assert gpu.platform == "cuda"
+    assert cpu.device_ranks == frozenset()
+    assert gpu.device_ranks == frozenset({0})  # the kernel ran on rank 0 only
 
 
 def test_scalar_binds_thresholds_and_params() -> None:

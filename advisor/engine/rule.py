@@ -212,6 +212,12 @@ class RuleContext(Generic[T]):
         return bool(self.analysis.has_device)
 
     @property
+    def device_ranks(self) -> frozenset[int]:
+        """The ranks with device (accelerator) events."""
+        return self.once("device_ranks", lambda: frozenset(
+            int(r["rank"]) for r in self.analysis.query("SELECT rank FROM ranks WHERE has_device")))
+
+    @property
     def vendor_kernels(self) -> int:
         """Rows of ``kernels`` from a vendor's per-operator export (Ascend), not Kineto launch grids."""
         return int(self.analysis.vendor_kernels)

@@ -139,7 +139,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     if df.empty:
         return
     bd = step_table(ctx)
-    dev_ranks = {int(r["rank"]) for r in ctx.query("SELECT rank FROM ranks WHERE has_device")}
+    dev_ranks = ctx.device_ranks
     quiet = _quiet_ranks(ctx, df, bd, dev_ranks)
     bd_of = {int(cast(SupportsInt, r)): g for r, g in bd.groupby("rank")}
     for rank, g in df.groupby("rank"):
@@ -212,7 +212,7 @@ def blocking_syncs(host: Any) -> Any:
                         idle_ns=last["idle_ns"].to_numpy(), next_busy=last["next_busy"].to_numpy())
 
 
-def _quiet_ranks(ctx: RuleContext[Thresholds], df: Any, bd: Any, dev_ranks: set[int]) -> set[int]:
+def _quiet_ranks(ctx: RuleContext[Thresholds], df: Any, bd: Any, dev_ranks: frozenset[int]) -> set[int]:
     """Ranks clearly below the thresholds, screened for all ranks at once (with slack: borderline ranks are judged
     one by one)."""
     inside = df.merge(bd[["rank", "step"]], on=["rank", "step"])

@@ -85,7 +85,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             ctx.warn("no Python GC events recorded: GC pauses cannot be judged (Kineto: with_stack=True and "
                      "experimental_config=_ExperimentalConfig(record_python_gc_info=True); torch_npu: gc_detect_threshold)")
         return
-    dev_ranks = {int(r["rank"]) for r in ctx.query("SELECT rank FROM ranks WHERE has_device")}
+    dev_ranks = ctx.device_ranks
     for rank, g in df.groupby("rank"):
         rank = int(rank)
         steps_r = bd[bd["rank"] == rank]

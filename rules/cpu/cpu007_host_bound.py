@@ -127,7 +127,7 @@ FROM events WHERE rank = $rank AND device AND kind = 'kernel' AND step IS NOT NU
       requires=("events", "steps", "breakdown"), thresholds=Thresholds, derived=("device_busy",))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank whose device waits on its host for a large part of the step."""
-    dev_ranks = {int(r["rank"]) for r in ctx.query("SELECT rank FROM ranks WHERE has_device")}
+    dev_ranks = ctx.device_ranks
     if not dev_ranks:
         return
     bd = step_table(ctx)
