@@ -101,3 +101,28 @@ def test_host_op_top_keeps_operators_no_earlier_one_covers() -> None:
     got = ctx.query("SELECT tid, name FROM host_op_top ORDER BY tid, start_ns")
     assert [(r["tid"], r["name"]) for r in got] == [("1", "aten::linear"), ("1", "aten::relu"), ("2", "aten::add")]
 
+
+
+def test_a_rule_reading_an_undeclared_derived_table_is_a_rule_error_saying_so() -> None:
+    from advisor.config import Config
+    from advisor.engine.registry import discover
+    from advisor.engine.runner import run_rules
+
+    ctx = context_from_tables({"events": [
+        {"rank": 0, "kind": "step", "name": "ProfilerStep#1", "start_ns": 0, "dur_ns": 100},
+        {"rank": 0, "kind": "kernel", "device": True, "name": "k", "start_ns": 20, "dur_ns": 10},
+    ]})
+    spec = discover()["CPU002"]
+    original = spec.func
+
+    def reads_undeclared(rctx):
+        return rctx.query("SELECT count(*) AS n FROM kernel_busy")
+
+    object.__setattr__(spec, "func", reads_undeclared)  # RuleSpec is frozen
+    try:
+        _, outcomes = run_rules(ctx, Config(select=["CPU002"]))
+    finally:
+        object.__setattr__(spec, "func", original)
+    assert [o.status for o in outcomes if o.rule == "CPU002"] == ["error"]
+    msg = next(w.message for w in ctx.warnings if w.code == "rule_error")
+    assert "derived=('kernel_busy', ...)" in msg
