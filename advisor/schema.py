@@ -361,3 +361,11 @@ def create_all(con: object) -> None:
     con.execute(KIND_TYPE_DDL)  # type: ignore[attr-defined]
     for table in TABLES.values():
         con.execute(table.ddl())  # type: ignore[attr-defined]
+
+
+#: ``comm_matrix.transport`` of a point-to-point transfer read from a Kineto trace: this prefix
+#: and the communication backend (advisor.ingest.kineto)
+KINETO_TRANSPORT_PREFIX = "kineto:"
+#: SQL condition on a ``comm_matrix`` row (its ``transport`` column): not a Kineto point-to-point
+#: row. The rules that judge Ascend link types (COM004, COM006) read only rows that pass it.
+NOT_KINETO_SQL = f"NOT starts_with(lower(coalesce(transport, '')), '{KINETO_TRANSPORT_PREFIX}')"

@@ -100,6 +100,7 @@ def test_kernel_ops_names_top_level_flops_and_conversion_operators() -> None:
     dev = {"rank": 0, "device": True, "pid": "0", "tid": "7", "kind": "kernel", "step": 1}
     ev += [{**dev, "name": f"k{c}", "start_ns": 1000 * c, "dur_ns": 10, "corr": c} for c in (1, 2, 3)]
     ctx = context_from_tables({"events": ev}, run_stages=False)
+    ctx.ensure_derived(("kernel_ops",))
     got = ctx.query("SELECT k.corr, t.name AS top, k.top_start_ns, k.top_dur_ns, k.fop_name, k.fop_flops, "
                     "k.fop_start_ns, k.fop_dur_ns, k.conv_name, k.conv_shapes, k.launch_ns, k.start_ns "
                     "FROM kernel_ops k LEFT JOIN events t ON t.rowid = k.top_oid ORDER BY corr")
@@ -174,6 +175,7 @@ def _stack_sweep(events: list[dict]) -> dict[int, tuple]:
 def test_kernel_ops_match_an_independent_stack_sweep(samples: Path, name: str) -> None:
     ctx = build_context(samples / name)
     files = {int(r["rank"]): Path(r["path"]) for r in ctx.query("SELECT rank, path FROM profile_files")}
+    ctx.ensure_derived(("kernel_ops",))
     got = ctx.query("SELECT k.rank, k.corr, t.name AS top_name, k.launch_ns - k.top_start_ns AS rel, k.fop_name "
                     "FROM kernel_ops k LEFT JOIN events t ON t.rowid = k.top_oid")
     assert got

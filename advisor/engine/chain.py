@@ -25,17 +25,10 @@ shows as step fluctuation. The runner calls, after every rule has run:
 from __future__ import annotations
 
 import dataclasses
-import functools
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from advisor.model import Finding, severity_for_fraction
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 # causes whose links need explain.annotate's specificity test, not only a shared rank and step
 REFINED = frozenset({"cluster.slow_rank", "cluster.step_fluctuation"})
@@ -48,13 +41,12 @@ MIN_SAVING_SHARE = 0.5
 CAP_TOLERANCE = 1e-6
 
 
-@functools.cache
 def explains_map() -> dict[str, tuple[str, ...]]:
-    """cause id -> the causes it can explain, from ``rules/causes.toml`` (``explains = [...]``)."""
-    from advisor.causes import CAUSES_FILE
+    """cause id -> the causes it can explain (``explains = [...]`` in ``rules/causes.toml``, or a
+    cause a rule added): from the cause registry."""
+    from advisor.causes import registry
 
-    data = tomllib.loads(CAUSES_FILE.read_text(encoding="utf-8"))
-    return {cid: tuple(body.get("explains", ())) for cid, body in data["causes"].items()}
+    return registry().explains_map()
 
 
 def median_steps(breakdown: Any, no_step: int) -> dict[int, float]:

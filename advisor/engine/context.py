@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -16,10 +16,6 @@ if TYPE_CHECKING:
 
 _PARAM_RE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
-
-@functools.lru_cache(maxsize=8)
-def _derived_re(names: tuple[str, ...]) -> re.Pattern[str]:
-    return re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
 
 _STAGE_TABLES = re.compile(r"\bbreakdown\b")  # tables the stages write
 
@@ -106,22 +102,28 @@ class AnalysisContext:
 
     # -- SQL helpers -----------------------------------------------------------------------
     def prepare(self, sql: str) -> str:
-        """Build the shared derived tables (:mod:`advisor.engine.derived`) that ``sql`` names, once.
-
-        Rules may run in parallel: a rule that needs a table another one is building waits for it.
-        """
-        from advisor.engine.derived import DERIVED  # numpy / pandas: imported once analysis starts
-
+        """Wait for the stages when ``sql`` reads a table they write (``breakdown``)."""
         if self._stages is not None and _STAGE_TABLES.search(sql):
             self.wait_stages()
-        for name in sorted(set(_derived_re(tuple(DERIVED)).findall(sql)) - self._derived):
+        return sql
+
+    def ensure_derived(self, names: Iterable[str]) -> None:
+        """Build the shared derived tables ``names`` (:mod:`advisor.engine.derived`), and those their
+        builders read, once per analysis. A rule declares the ones it reads (``@rule(derived=...)``)
+        and the runner builds them before the rule runs; rules may run in parallel: one that needs a
+        table another one is building waits for it."""
+        from advisor.engine.derived import DERIVED  # numpy / pandas: imported once analysis starts
+
+        for name in names:
+            if name in self._derived:
+                continue
+            if name not in DERIVED:
+                raise KeyError(f"unknown derived table {name!r}")
             with self._building.setdefault(name, threading.Lock()):
                 if name not in self._derived:
-                    if DERIVED[name].needs:
-                        self.prepare(" ".join(DERIVED[name].needs))
+                    self.ensure_derived(DERIVED[name].needs)
                     DERIVED[name].build(self.con, name)
                     self._derived.add(name)
-        return sql
 
     def query(self, sql: str, params: dict[str, Any] | None = None, used_only: bool = True) -> list[dict[str, Any]]:
         """Run SQL with ``$name`` parameters and return rows as dicts."""

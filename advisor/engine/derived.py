@@ -1,9 +1,11 @@
-"""Derived tables several rules share, built once per analysis on first use.
+"""Derived tables several rules share, built once per analysis when a rule that reads them runs.
 
-A rule names one in its SQL like a canonical table (``FROM device_busy``); the analysis context
-creates it the first time a query mentions it, so rules that never need it never pay for it, and
-rules that do share one copy instead of each scanning ``events`` again. Rule packages can add
-their own with :func:`register` (e.g. ``kernel_ops`` in ``rules/compute/_common.py``).
+A rule declares the ones its SQL reads (``@rule(..., derived=("device_busy",))``) and reads them
+like canonical tables (``FROM device_busy``); the runner builds them before the rule runs
+(:meth:`advisor.engine.context.AnalysisContext.ensure_derived`), so rules that never need one
+never pay for it, and rules that do share one copy instead of each scanning ``events`` again.
+Rule packages can add their own with :func:`register` (e.g. ``kernel_ops`` in
+``rules/compute/_common.py``); a meta test checks that each rule declares what its SQL names.
 """
 
 from __future__ import annotations

@@ -31,6 +31,11 @@ def validate(spec: RuleSpec[Any]) -> None:
     for req in spec.requires:
         if req not in TABLES and req not in CAPABILITIES:
             raise RegistryError(f"{spec.id}: requires unknown table or capability {req!r}")
+    from advisor.engine.derived import DERIVED
+
+    for name in spec.derived:
+        if name not in DERIVED:
+            raise RegistryError(f"{spec.id}: derived table {name!r} is not registered (advisor.engine.derived)")
     for c in spec.all_causes:
         if c not in causes():
             raise RegistryError(f"{spec.id}: cause {c!r} is not in rules/causes.toml")

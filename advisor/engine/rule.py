@@ -26,12 +26,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from advisor.causes import optimizations_for
+from advisor.kinds import Source
 from advisor.model import Finding, Severity, severity_for_fraction
 
 if TYPE_CHECKING:
     from advisor.engine.context import AnalysisContext
 
 T = TypeVar("T")
+T2 = TypeVar("T2")
 
 RULE_ID_RE = re.compile(r"^[A-Z]{2,4}\d{3}$")
 DOC_SECTIONS = ("Why it matters", "How it is detected", "What to do")
@@ -93,6 +95,7 @@ class RuleSpec(Generic[T]):
     module: str
     status: str = "stable"
     causes: tuple[str, ...] = ()
+    derived: tuple[str, ...] = ()  # shared derived tables its SQL reads (advisor.engine.derived)
 
     @property
     def all_causes(self) -> tuple[str, ...]:
@@ -121,6 +124,7 @@ def rule(
     thresholds: type = NoThresholds,
     status: str = "stable",
     causes: Sequence[str] = (),
+    derived: Sequence[str] = (),
 ) -> Callable[[Callable[[RuleContext[Any]], Iterable[Finding]]], Callable[[RuleContext[Any]], Iterable[Finding]]]:
     """Register a rule function. See the module docstring."""
 
@@ -139,6 +143,7 @@ def rule(
             module=func.__module__,
             status=status,
             causes=tuple(causes),
+            derived=tuple(derived),
         )
         if id in _REGISTRY and _REGISTRY[id].module != spec.module:
             raise ValueError(f"duplicate rule id {id} in {spec.module} and {_REGISTRY[id].module}")
@@ -163,6 +168,10 @@ class RuleContext(Generic[T]):
         """The DuckDB connection holding the canonical tables."""
         return self.analysis.con
 
+    def _params(self, params: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The threshold fields, then ``params`` (which win)."""
+        return {**dataclasses.asdict(self.t), **(params or {})}  # type: ignore[call-overload]
+
     def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """Run SQL with named parameters ($name); threshold fields are bound automatically."""
         return self.analysis.query(sql, {**dataclasses.asdict(self.t), **(params or {})}, used_only=True)  # type: ignore[call-overload]
@@ -170,6 +179,94 @@ class RuleContext(Generic[T]):
     def df(self, sql: str, params: Mapping[str, Any] | None = None) -> Any:
         """Like :meth:`query` but return a pandas DataFrame."""
         return self.analysis.df(sql, {**dataclasses.asdict(self.t), **(params or {})})  # type: ignore[call-overload]
+
+    def scalar(self, sql: str, params: Mapping[str, Any] | None = None) -> Any:
+        """Like :meth:`query` but return the first column of the first row (None without rows)."""
+        return self.analysis.scalar(sql, self._params(params))
+
+    def query_frames(self, sql: str, frames: Mapping[str, Any],
+                     params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Run SQL that also reads pandas DataFrames, each under the name given in ``frames``
+        (registered on a cursor of this query only), and return rows as dicts."""
+        from advisor.engine.context import bind
+
+        self.analysis.prepare(sql)
+        cur = self.analysis.con.cursor()
+        try:
+            for name, frame in frames.items():
+                cur.register(name, frame)
+            res = cur.execute(sql, bind(sql, self._params(params)))
+            cols = [d[0] for d in res.description]
+            return [dict(zip(cols, row, strict=True)) for row in res.fetchall()]
+        finally:
+            for name in frames:
+                cur.unregister(name)
+
+    def rows(self, table: str) -> int:
+        """Row count of a canonical table (or of the breakdown): 0 when the profile has none."""
+        return self.analysis.rows(table)
+
+    @property
+    def has_device(self) -> bool:
+        """Some rank has device (accelerator) events."""
+        return bool(self.analysis.has_device)
+
+    @property
+    def device_ranks(self) -> frozenset[int]:
+        """The ranks with device (accelerator) events."""
+        return self.once("device_ranks", lambda: frozenset(
+            int(r["rank"]) for r in self.analysis.query("SELECT rank FROM ranks WHERE has_device")))
+
+    @property
+    def vendor_kernels(self) -> int:
+        """Rows of ``kernels`` from a vendor's per-operator export (Ascend), not Kineto launch grids."""
+        return int(self.analysis.vendor_kernels)
+
+    @property
+    def platform(self) -> str | None:
+        """The profile's platform for advice: ``ascend``, ``cpu``, ``cuda``, ``rocm`` or ``gpu``
+        (None when it cannot be told); see :func:`platform_of`."""
+        return platform_of(self.analysis)
+
+    @property
+    def has_breakdown(self) -> bool:
+        """The stages produced a per-(rank, step) breakdown with at least one row."""
+        bd = self.analysis.breakdown
+        return bd is not None and not bd.empty
+
+    def breakdown(self, rank: int | None = None, step: int | None = None) -> Any:
+        """The breakdown (pandas DataFrame, one row per (rank, step): step_us, comm_us ...), optionally
+        of one rank and / or step; an empty frame with the key columns when there is none."""
+        import pandas as pd
+
+        bd = self.analysis.breakdown
+        if bd is None:
+            return pd.DataFrame(columns=["rank", "step", "step_us"])
+        if rank is not None:
+            bd = bd[bd["rank"] == rank]
+        if step is not None:
+            bd = bd[bd["step"] == step]
+        return bd
+
+    def step_us(self, rank: int | None = None, step: int | None = None) -> float | None:
+        """Step time in µs from the breakdown: one (rank, step), the median over a rank's steps, or
+        over every rank; None when the breakdown does not have it."""
+        return self.analysis.step_us(rank, step) or None
+
+    def median_step_us(self, ranks: Iterable[int]) -> float | None:
+        """Median step time in µs over the steps of ``ranks`` (None when the breakdown has none)."""
+        bd = self.analysis.breakdown
+        if bd is None or bd.empty:
+            return None
+        sel = bd[bd["rank"].isin([int(r) for r in ranks])]["step_us"]
+        return float(sel.median()) if len(sel) else None
+
+    def once(self, key: str, compute: Callable[[], T2]) -> T2:
+        """``compute()`` once per analysis under ``key``: a figure several rules read."""
+        cache = self.analysis.extras
+        if key not in cache:
+            cache[key] = compute()
+        return cast(T2, cache[key])
 
     def warn(self, message: str) -> None:
         """Say that part of the rule could not decide on the data it has (shown in warnings)."""
@@ -216,7 +313,7 @@ class RuleContext(Generic[T]):
             saving_fraction=None if fraction is None else round(fraction, 4),
             saving_basis=saving_basis,
             detail=detail,
-            optimizations=optimizations_for(cause, platform_of(self.analysis),
+            optimizations=optimizations_for(cause, self.platform,
                                             (title, *(str(o) for o in ops), *(str(v) for x in top for v in x.values()))),
             top=tuple(dict(x) for x in top),
         )
@@ -238,8 +335,9 @@ def platform_of(analysis: Any) -> str | None:
         return cast(str | None, extras["platform"])
     platform: str | None = None
     try:
+        analysis.ensure_derived(("event_names",))
         rows = analysis.query("SELECT source, has_device, device_name FROM ranks")
-        if any(str(r["source"] or "").startswith("ascend") or "ascend" in str(r["device_name"] or "").lower()
+        if any(r["source"] in (Source.ASCEND_PT, Source.ASCEND_MS) or "ascend" in str(r["device_name"] or "").lower()
                for r in rows):
             platform = "ascend"
         elif rows and not any(r["has_device"] for r in rows):

@@ -37,6 +37,15 @@ def selected(specs: dict[str, RuleSpec[Any]], cfg: Config) -> dict[str, RuleSpec
 RULE_WORKERS = 3
 
 
+def _undeclared_hint(spec: RuleSpec[Any], exc: BaseException) -> str:
+    """A hint when a rule failed because its SQL reads a shared derived table it did not declare."""
+    from advisor.engine.derived import DERIVED
+
+    text = str(exc)
+    missing = [name for name in DERIVED if name not in spec.derived and f"Table with name {name} does not exist" in text]
+    return f" (declare it: @rule(..., derived=({missing[0]!r}, ...)))" if missing else ""
+
+
 def _run_one(spec: RuleSpec[Any], ctx: AnalysisContext, thresholds: Any,
              debug: bool) -> tuple[RuleOutcome, list[Finding], list[Warning_], list[str]]:
     """Run one rule: its outcome, findings, error warning (a crash is an outcome, not an
@@ -45,11 +54,12 @@ def _run_one(spec: RuleSpec[Any], ctx: AnalysisContext, thresholds: Any,
     rctx: RuleContext[Any] = RuleContext(spec, ctx, thresholds)
     t0 = time.perf_counter()
     try:
+        ctx.ensure_derived(spec.derived)
         got = list(iter_findings(spec.func(rctx)))
     except Exception as exc:  # noqa: BLE001 - a broken rule must not take the others down
         if debug:
             traceback.print_exc()
-        msg = f"{rid} ({spec.name}) failed: {type(exc).__name__}: {exc}"
+        msg = f"{rid} ({spec.name}) failed: {type(exc).__name__}: {exc}" + _undeclared_hint(spec, exc)
         return RuleOutcome(rid, "error", msg, seconds=time.perf_counter() - t0), [], [Warning_("rule_error", msg)], []
     from advisor.engine.merge import merge_rank_notes
 

@@ -41,6 +41,7 @@ from advisor.ingest.base import (
 from advisor.ingest.runs import Span, split_runs, strays, when
 from advisor.ingest.runs import describe as describe_runs
 from advisor.ingest.steps import finalize
+from advisor.kinds import Source
 from advisor.model import Warning_
 from advisor.schema import create_all
 
@@ -286,7 +287,7 @@ class SeveralRuns(Exception):
         self.runs = runs
 
 
-SOURCE_FAMILY = {"ascend_pt": "Ascend", "ascend_ms": "Ascend", "kineto": "Kineto"}
+SOURCE_FAMILY = {s.value: s.family for s in Source}
 
 
 def _one_source(root: Path, units: list[Unit], warn: Callable[..., None]) -> list[Unit]:

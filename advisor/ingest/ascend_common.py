@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from advisor.ingest.base import LoadContext, ParseError, one_line
+from advisor.kinds import Source
 
-SOURCE_PT = "ascend_pt"
-SOURCE_MS = "ascend_ms"
+SOURCE_PT = Source.ASCEND_PT.value
+SOURCE_MS = Source.ASCEND_MS.value
 
 #: Text (JSON number or string, µs, any number of decimals) -> integer ns. Exact for up to three
 #: decimals (format doc §22.3: never via float64, ``ts`` has ns precision at ~1.7e15 µs). DuckDB's

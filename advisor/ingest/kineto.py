@@ -61,9 +61,10 @@ from advisor.ingest.jsonstream import (
     sanitise_json,
 )
 from advisor.ingest.steps import build_steps, drop_window_lookup, step_of, window_lookup
+from advisor.kinds import Source
 from advisor.schema import DTYPE_BYTES_SQL
 
-SOURCE = "kineto"
+SOURCE = Source.KINETO.value
 
 _NAME_RE = re.compile(r"\.(json|json\.gz)$", re.IGNORECASE)
 _RANK_IN_NAME = [

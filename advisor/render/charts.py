@@ -15,6 +15,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any, cast
 
+from advisor.kinds import SegmentKind
 from advisor.render.view import (
     PHASE_LABEL,
     PHASES,
@@ -30,7 +31,7 @@ WIDTH = 960
 MAX_BARS = 480  # (rank, step) bars in the per-step chart before it switches to one bar per rank
 MAX_RANK_ROWS = 64  # rows of the per-rank comparison; beyond, the busiest and the least busy ranks
 MAX_SERIES_COLOURED = 8  # ranks drawn as their own coloured line (with a legend) before min/median/max bands
-KINDS = ("compute", "communication", "host", "io", "other", "idle")
+KINDS = tuple(k.value for k in SegmentKind)
 KIND_LABEL = {"compute": "compute", "communication": "communication", "host": "host", "io": "data loading",
               "other": "other", "idle": "idle / waiting"}
 

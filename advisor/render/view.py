@@ -10,6 +10,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
+from advisor.kinds import EdgeKind, Source
 from advisor.model import Report
 
 #: Phases of the breakdown in the order they are stacked (they add up to ``step_us``).
@@ -296,7 +297,7 @@ def finding_key(f: Mapping[str, Any]) -> str:
     return f"{f.get('rule')}|{f.get('cause')}|{ranks}"
 
 
-INFERRED_EDGES = ("communication completion", "computation completion")
+INFERRED_EDGES = tuple(e.value for e in EdgeKind if e.inferred)
 
 
 def cp_edges(d: Mapping[str, Any]) -> tuple[str, str | None] | None:
@@ -309,7 +310,7 @@ def cp_edges(d: Mapping[str, Any]) -> tuple[str, str | None] | None:
         return None
     line = " · ".join(f"{k} {v}" for k, v in edges.items())
     hint = None
-    kineto = "kineto" in ((d.get("profile") or {}).get("sources") or [])
+    kineto = Source.KINETO in ((d.get("profile") or {}).get("sources") or [])
     if kineto and cp.get("stream_waits") == "inferred" and any(edges.get(k) for k in INFERRED_EDGES):
         hint = ("the cross-stream waits on this path are inferred from timing (the trace does not record them); on "
                 "CUDA, a Kineto trace taken with experimental_config=_ExperimentalConfig(enable_cuda_sync_events=True) "

@@ -29,12 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-#: ``comm_matrix.transport`` of a point-to-point transfer read from a Kineto trace: this prefix
-#: and the communication backend (advisor.ingest.kineto)
-KINETO_TRANSPORT_PREFIX = "kineto:"
-#: SQL condition on a ``comm_matrix`` row (its ``transport`` column): not a Kineto point-to-point
-#: row. The rules that judge Ascend link types (COM004, COM006) read only rows that pass it.
-NOT_KINETO_SQL = f"NOT starts_with(lower(coalesce(transport, '')), '{KINETO_TRANSPORT_PREFIX}')"
+from advisor.schema import KINETO_TRANSPORT_PREFIX, NOT_KINETO_SQL
 
 LINKS_SQL = f"""
 WITH m AS (

@@ -62,18 +62,21 @@ from typing import Any
 
 import numpy as np
 
-REPORT_KIND = {
-    "host_op": "host",
-    "runtime": "host",
-    "sync": "host",
-    "python": "host",
-    "queue": "host",
-    "other": "other",
-    "kernel": "compute",
-    "memcpy": "compute",
-    "memset": "compute",
-    "comm": "communication",
-    "dataloader": "io",
+from advisor.kinds import EdgeKind, SegmentKind
+
+# event kind -> the kind of critical-path segment its time counts as
+REPORT_KIND: dict[str, SegmentKind] = {
+    "host_op": SegmentKind.HOST,
+    "runtime": SegmentKind.HOST,
+    "sync": SegmentKind.HOST,
+    "python": SegmentKind.HOST,
+    "queue": SegmentKind.HOST,
+    "other": SegmentKind.OTHER,
+    "kernel": SegmentKind.COMPUTE,
+    "memcpy": SegmentKind.COMPUTE,
+    "memset": SegmentKind.COMPUTE,
+    "comm": SegmentKind.COMMUNICATION,
+    "dataloader": SegmentKind.IO,
 }
 
 # host event kinds that are framework work (a thread with none of them, and no runtime call, only waits)
@@ -307,9 +310,10 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
     credit: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
     segments: list[tuple[int, int, str, str]] = []
 
-    def add(a: int, b: int, nm: str, kd: str) -> None:
+    def add(a: int, b: int, nm: str, kind_: SegmentKind) -> None:
         if b <= a:
             return
+        kd = kind_.value
         c = credit[(nm, kd)]
         c[0] += (b - a) / 1000.0
         c[1] += 1
@@ -317,7 +321,7 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
 
     def credit_event(i: int, a: int, b: int) -> None:
         o = owner[i] if not device[i] else i
-        add(a, b, name[o], REPORT_KIND.get(kind[o], "other"))
+        add(a, b, name[o], REPORT_KIND.get(kind[o], SegmentKind.OTHER))
 
     def last_end_in(vals: list[int], order: list[int], a: int, b: int, key: Any = None) -> int | None:
         """Task of ``order`` (sorted by end, ends ``vals``) with the latest end in (a, b], on
@@ -337,10 +341,10 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
     if last is None:
         return result
     if end[last] < t:
-        add(int(end[last]), t, "idle (after last operator)", "idle")
+        add(int(end[last]), t, "idle (after last operator)", SegmentKind.IDLE)
         t = int(end[last])
     mode: tuple[str, Any] = ("dev", last) if device[last] else ("host", tid[last])
-    edges: dict[str, int] = defaultdict(int)  # how often the walk took each kind of edge
+    edges: dict[EdgeKind, int] = defaultdict(int)  # how often the walk took each kind of edge
     guard = 0
     while t > start_ns and guard < 4 * n + 1000:
         guard += 1
@@ -371,39 +375,39 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
                     if infer and waited is None and comm is None and kind[v] == "comm" else None)
             if waited is not None:
                 label = "communication" if kind[waited] == "comm" else "computation"
-                add(int(end[waited]), t, f"idle (waiting for {label})", "idle")
+                add(int(end[waited]), t, f"idle (waiting for {label})", SegmentKind.IDLE)
                 t = int(end[waited])
                 mode = ("dev", waited)
-                edges["recorded event wait"] += 1
+                edges[EdgeKind.RECORDED_EVENT_WAIT] += 1
             elif comm is not None:
-                add(int(end[comm]), t, "idle (waiting for communication)", "idle")
+                add(int(end[comm]), t, "idle (waiting for communication)", SegmentKind.IDLE)
                 t = int(end[comm])
                 mode = ("dev", comm)
-                edges["communication completion"] += 1
+                edges[EdgeKind.COMMUNICATION_COMPLETION] += 1
             elif comp is not None:
-                add(int(end[comp]), t, "idle (waiting for computation)", "idle")
+                add(int(end[comp]), t, "idle (waiting for computation)", SegmentKind.IDLE)
                 t = int(end[comp])
                 mode = ("dev", comp)
-                edges["computation completion"] += 1
+                edges[EdgeKind.COMPUTATION_COMPLETION] += 1
             elif launch is not None and launch_t is not None and (prev_end is None or launch_t >= prev_end):
-                add(launch_t, t, "idle (launch latency)", "idle")
+                add(launch_t, t, "idle (launch latency)", SegmentKind.IDLE)
                 t = launch_t
                 mode = ("host", tid[launch])
-                edges["launch"] += 1
+                edges[EdgeKind.LAUNCH] += 1
             elif prev is not None and prev_end is not None:
-                add(prev_end, t, "idle (device waiting)", "idle")
+                add(prev_end, t, "idle (device waiting)", SegmentKind.IDLE)
                 t = prev_end
                 mode = ("dev", prev)
-                edges["stream order"] += 1
+                edges[EdgeKind.STREAM_ORDER] += 1
             else:
                 # nothing earlier on this stream and no known launch: fall back to the main thread
                 mode = ("host", main_tid)
-                edges["unknown launch (to the main thread)"] += 1
+                edges[EdgeKind.UNKNOWN_LAUNCH] += 1
             continue
         # host mode: walk the flattened thread timeline backward from t
         tr = tracks.get(mode[1])
         if tr is None:
-            add(start_ns, t, "idle", "idle")
+            add(start_ns, t, "idle", SegmentKind.IDLE)
             t = start_ns
             break
         p = bisect.bisect_left(tr.seg_end, t)  # first segment ending at or after t
@@ -414,14 +418,14 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
         if seg < 0:
             if mode[1] != main_tid and main_tid in tracks:
                 mode = ("host", main_tid)
-                edges["thread hand-off"] += 1
+                edges[EdgeKind.THREAD_HAND_OFF] += 1
                 continue
-            add(start_ns, t, "idle (host)", "idle")
+            add(start_ns, t, "idle (host)", SegmentKind.IDLE)
             t = start_ns
             break
         a, b, i = tr.seg_start[seg], min(tr.seg_end[seg], t), tr.seg_event[seg]
         if b < t:
-            add(b, t, "idle (host: Python / untraced)", "idle")
+            add(b, t, "idle (host: Python / untraced)", SegmentKind.IDLE)
             t = b
         if no_links and kind[i] != "dataloader":
             d = last_end_in(dev_end_vals, dev_ends_sorted, max(a, int(start[i])), t)
@@ -429,7 +433,7 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
                 credit_event(i, int(end[d]), t)
                 t = int(end[d])
                 mode = ("dev", d)
-                edges["device order (no launch links)"] += 1
+                edges[EdgeKind.DEVICE_ORDER] += 1
                 continue
         # a sync (or a blocking call) waits for device work finishing inside it
         if kind[i] in ("sync",) or (kind[i] == "runtime" and "Memcpy" in name[i] and "Async" not in name[i]):
@@ -438,13 +442,13 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
                 credit_event(i, int(end[d]), t)
                 t = int(end[d])
                 mode = ("dev", d)
-                edges["sync wait"] += 1
+                edges[EdgeKind.SYNC_WAIT] += 1
                 continue
         credit_event(i, a, t)
         t = a
-        edges["host order"] += 1
+        edges[EdgeKind.HOST_ORDER] += 1
     if t > start_ns:
-        add(start_ns, t, "idle", "idle")
+        add(start_ns, t, "idle", SegmentKind.IDLE)
 
     total = sum(v[0] for v in credit.values())
     ops: list[dict[str, Any]] = sorted(
@@ -454,7 +458,7 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
     result["ops"] = ops[:top_n]
     # the dependencies the path followed, by kind (host order: one per host segment walked), and
     # whether cross-stream waits were recorded by the profiler or inferred from timing
-    result["edges"] = dict(sorted(edges.items(), key=lambda kv: -kv[1]))
+    result["edges"] = {k.value: v for k, v in sorted(edges.items(), key=lambda kv: -kv[1])}
     result["stream_waits"] = "recorded" if recorded else ("inferred" if dev_all else None)
     if no_links:
         result["note"] = (

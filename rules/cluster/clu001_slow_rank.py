@@ -95,7 +95,7 @@ COMPONENTS = (("compute_us", "compute"), ("host_only_us", "host"), ("free_us", "
 def groups_of(ctx: RuleContext[Any], all_ranks: list[int]) -> list[tuple[str, list[int]]]:
     """Communication groups (name, ranks) from comm_ops, or all ranks as one group."""
     found: dict[tuple[int, ...], list[str]] = {}
-    if ctx.analysis.rows("comm_ops"):
+    if ctx.rows("comm_ops"):
         for g in ctx.query(GROUPS_SQL):
             members = tuple(int(r) for r in g["ranks"] if int(r) in all_ranks)
             if len(members) >= 2:

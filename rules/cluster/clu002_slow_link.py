@@ -81,7 +81,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     by_tp: dict[str, list[dict[str, Any]]] = {}
     for link in links:
         by_tp.setdefault(str(link["transport"]), []).append(link)
-    st = ctx.query(STEPS_SQL) if ctx.analysis.breakdown is not None else [{}]
+    st = ctx.query(STEPS_SQL) if ctx.has_breakdown else [{}]
     n_steps = max(int(st[0].get("n") or 0), 1)
     step_us = float(st[0].get("step_us") or 0) or None
     for tp, ls in sorted(by_tp.items()):

@@ -104,9 +104,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         for i in fs.outliers:
             g = gs[i]
             ranks = [int(x) for x in g["ranks"]]
-            step_us = ctx.analysis.scalar(
-                "SELECT median(step_us) FROM breakdown WHERE list_contains($ranks, rank)", {"ranks": ranks}
-            ) if ctx.analysis.breakdown is not None else None
+            step_us = ctx.median_step_us(ranks)
             excess = durs[i] - fs.baseline_median
             yield ctx.finding(
                 title=f"Slow communication group {g['group_name']}: {op} takes {durs[i] / 1000:.2f} ms per step vs "

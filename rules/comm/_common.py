@@ -82,7 +82,7 @@ P2P_RE = r"(?i)send|recv|receive"
 
 def step_us(ctx: RuleContext[Any], rank: int | None = None) -> float:
     """Median step time in µs of ``rank`` (or of all ranks): the breakdown, else the step windows."""
-    v = ctx.analysis.step_us(rank)
+    v = ctx.step_us(rank)
     if v:
         return v
     row = ctx.query(

@@ -182,8 +182,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
 
 def _comm_share(ctx: RuleContext[Thresholds]) -> float | None:
     """Median share of the step spent in not-overlapped communication (breakdown or vendor step table)."""
-    bd = ctx.analysis.breakdown
-    if bd is not None and not bd.empty and float(bd["comm_us"].sum()) > 0:
+    bd = ctx.breakdown()
+    if not bd.empty and float(bd["comm_us"].sum()) > 0:
         return float((bd["comm_only_us"] / bd["step_us"]).median())
     row = ctx.query(
         "SELECT median(comm_not_overlapped_ns::DOUBLE / nullif(computing_ns + comm_not_overlapped_ns + free_ns, 0)) AS s "

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
-from advisor.stages.comm_links import NOT_KINETO_SQL
+from advisor.schema import NOT_KINETO_SQL
 from rules.comm._common import PeakThresholds, ms, step_us
 
 
@@ -86,8 +86,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     peak = ctx.t.peak_rdma_gbps
     for rank, g in df.groupby("rank"):
         g = g.assign(excess_ns=(g["transit_ns"] - g["bytes"].fillna(0) / peak).clip(lower=0))
-        bd = ctx.analysis.breakdown
-        n_steps = int((bd["rank"] == rank).sum()) if bd is not None else 0
+        n_steps = len(ctx.breakdown(rank=int(rank)))
         # a stall hits some steps only: amortise it over every profiled step of the rank
         saving_us = float(g["excess_ns"].sum()) / 1000.0 / max(n_steps, g["step"].nunique(), 1)
         longest = g.sort_values("transit_ns", ascending=False)

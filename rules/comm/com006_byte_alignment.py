@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding, Severity
-from advisor.stages.comm_links import NOT_KINETO_SQL
+from advisor.schema import NOT_KINETO_SQL
 from rules.comm._common import BW_ROWS_CTE, ms, step_us
 
 

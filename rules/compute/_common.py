@@ -316,7 +316,7 @@ def _build_kernel_ops(con: Any, name: str) -> None:
             cur.execute(f"DROP TABLE IF EXISTS {t}")
 
 
-KERNEL_OPS = "kernel_ops"  # built once when a rule reads it
+KERNEL_OPS = "kernel_ops"  # built once, before the first rule that declares it runs
 register(
     KERNEL_OPS,
     "Kineto device kernels launched from a host thread (rank, step, corr, start_ns, dur_ns: the kernel's; pid, "
@@ -344,8 +344,7 @@ WHERE k.all_ns > 0 ORDER BY k.rank
 def kernel_tie_note(ctx: Any) -> str | None:
     """What to say when most kernel time of some rank could not be tied to a host operator (no
     runtime launch with the kernel's correlation id, or none inside an operator); None when it can."""
-    cache = ctx.analysis.extras
-    if "kernel_tie_note" not in cache:
+    def compute() -> str | None:
         low = [(int(r["rank"]), float(r["tied_ns"]) / float(r["all_ns"])) for r in ctx.query(_TIE_SQL)
                if float(r["tied_ns"]) < KERNEL_TIE_MIN * float(r["all_ns"])]
         note = None
@@ -355,5 +354,6 @@ def kernel_tie_note(ctx: Any) -> str | None:
                     "host operator that launched it (kernel -> runtime launch with its correlation id -> operator "
                     "open on that thread): per-operator device times there are lower bounds (were runtime events "
                     "recorded?)")
-        cache["kernel_tie_note"] = note
-    return cast("str | None", cache["kernel_tie_note"])
+        return note
+
+    return cast("str | None", ctx.once("kernel_tie_note", compute))

@@ -182,16 +182,17 @@ def _peaks(t: Thresholds, dev: Device | None, dcls: str | None) -> tuple[float |
 
 
 @rule("CMP001", "compute.roofline", cause="compute.underutilization",
-      causes=("compute.memory_bound", "compute.compute_bound"), requires=("device",), thresholds=Thresholds)
+      causes=("compute.memory_bound", "compute.compute_bound"), requires=("device",), thresholds=Thresholds,
+      derived=(KERNEL_OPS,))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank and roofline class, with the top operators of that class."""
     t = ctx.t
-    rows = ctx.query(KERNELS_SQL) if ctx.analysis.rows("kernels") else []
+    rows = ctx.query(KERNELS_SQL) if ctx.rows("kernels") else []
     usable = [r for r in rows if r["flops_known"] or r["mac_ratio"] is not None or r["mte2_ratio"] is not None]
     source, table = "kernels", "kernels"
     if not usable:
         # operators carry FLOPs only with Kineto's with_flops; without any, no kernel can be attributed one
-        has_flops = ctx.analysis.scalar("SELECT count(*) FROM events WHERE kind = 'host_op' AND NOT device AND flops > 0")
+        has_flops = ctx.scalar("SELECT count(*) FROM events WHERE kind = 'host_op' AND NOT device AND flops > 0")
         rows = ctx.query(KINETO_SQL) if has_flops else []
         usable, source, table = rows, "kineto_flops", "events"
         if has_flops and (note := kernel_tie_note(ctx)):
@@ -238,7 +239,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                      "has FLOPs or bytes but not both and stays below the threshold on the known side, so its class "
                      "is undecided")
         n_steps = steps.get(rank, 1)
-        step_us = ctx.analysis.step_us(rank) or None
+        step_us = ctx.step_us(rank)
         for cls, members in classified.items():
             cls_ns = sum(float(m["dur_ns"]) for m in members)
             if not members or cls_ns < t.min_share * total_ns:

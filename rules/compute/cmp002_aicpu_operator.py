@@ -108,7 +108,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 "steps": n_steps,
             },
             saving_us=per_step_us,
-            step_us=ctx.analysis.step_us(rank) or None,
+            step_us=ctx.step_us(rank),
             saving_basis="per step, the whole time of the AI CPU operators above the floor (upper bound: the AI Core "
             "version of an operator is not free)",
             ranks=[rank],

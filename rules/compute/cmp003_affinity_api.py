@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.causes import for_platform
-from advisor.engine.rule import RuleContext, knob, platform_of, rule
+from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding, Severity
 from rules.compute._common import KERNEL_OPS, kernel_tie_note
 
@@ -255,10 +255,10 @@ def _optimizer_stats(df: pd.DataFrame) -> dict[int, dict[str, float]]:
 
 
 @rule("CMP003", "compute.affinity-api", cause="compute.affinity_api", requires=("events", "steps"),
-      thresholds=Thresholds)
+      thresholds=Thresholds, derived=("event_names", "host_op_top", "kernel_names", KERNEL_OPS))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank and pattern whose estimated saving is worth reporting."""
-    ascend = bool(ctx.analysis.vendor_kernels)
+    ascend = bool(ctx.vendor_kernels)
     wanted = {p.strip() for p in ctx.t.patterns.split(",") if p.strip()}
     if "all" in wanted:
         wanted = {*PATTERNS, "optimizer"}
@@ -303,13 +303,13 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 matches.setdefault((int(rank), key), []).append(
                     {"step": int(step), "ops": [names[i] for i in chain], "time_ns": sum(times), "saving_ns": saving})
     opt_stats = _optimizer_stats(df[gid >= 0])
-    platform = platform_of(ctx.analysis)
+    platform = ctx.platform
     for (rank, key), ms in sorted(matches.items()):
         label, _links, fix = PATTERNS[key]
         fix = for_platform(fix, platform)
         steps = max(1, int(n_steps.get(rank, 1)))
         saving_us = sum(m["saving_ns"] for m in ms) / 1e3 / steps
-        step_us = ctx.analysis.step_us(rank) or None
+        step_us = ctx.step_us(rank)
         if key != "gelu" and (not step_us or saving_us < ctx.t.min_saving_share * step_us):
             continue
         time_us = sum(m["time_ns"] for m in ms) / 1e3 / steps
@@ -337,7 +337,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         if "optimizer" not in wanted or per_step < ctx.t.min_optimizer_ops or st["multi"] > 0:
             continue
         saving_ns = st["wait_ns"] if ascend else st["time_ns"]
-        step_us = ctx.analysis.step_us(rank) or None
+        step_us = ctx.step_us(rank)
         yield ctx.finding(
             title=(f"Rank {rank}: {per_step:.0f} per-parameter optimizer operators per step and no multi-tensor "
                    f"(foreach / fused) optimizer"),

@@ -114,10 +114,10 @@ GROUP BY ALL ORDER BY l.rank, dur_ns DESC
 
 
 @rule("CMP004", "compute.format-conversion", cause="compute.format_conversion", requires=("device",),
-      thresholds=Thresholds)
+      thresholds=Thresholds, derived=("kernel_names", KERNEL_OPS))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank whose conversion operators reach the share threshold."""
-    if ctx.analysis.vendor_kernels:
+    if ctx.vendor_kernels:
         rows, source = ctx.query(ASCEND_SQL), "kernels"
     else:
         rows, source = ctx.query(KINETO_SQL), "kineto"
@@ -151,7 +151,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 "data": source,
             },
             saving_us=per_step_us,
-            step_us=ctx.analysis.step_us(rank) or None,
+            step_us=ctx.step_us(rank),
             saving_basis="per step, the device time of all conversion operators (upper bound: some casts are needed)",
             ranks=[rank],
             ops=[o["name"] for o in ops[: ctx.t.top_n]],

@@ -63,7 +63,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         return
     devices = rank_devices(ctx)
     fleet_max = max(float(r["max_mhz"]) for r in rows)
-    bd = ctx.analysis.breakdown
+    bd = ctx.breakdown()
     for r in rows:
         rank = int(r["rank"])
         name, dev = devices.get(rank, (None, None))
@@ -80,7 +80,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         if drop <= ctx.t.max_drop:
             continue
         kernel_us = None
-        if bd is not None and not bd.empty and "kernel_us" in bd:
+        if not bd.empty and "kernel_us" in bd:
             sel = bd[bd["rank"] == rank]["kernel_us"]
             kernel_us = float(sel.median()) if len(sel) else None
         yield ctx.finding(
@@ -99,7 +99,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 "kernel_us_per_step": None if kernel_us is None else round(kernel_us, 1),
             },
             saving_us=None if kernel_us is None else kernel_us * drop,
-            step_us=ctx.analysis.step_us(rank) or None,
+            step_us=ctx.step_us(rank),
             severity=None if kernel_us is not None else Severity.MEDIUM,
             saving_basis="median per-step device kernel time x the clock drop (all of it clock-bound: upper bound)",
             ranks=[rank],

@@ -149,7 +149,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 "steps": n_steps,
             },
             saving_us=saving_us,
-            step_us=ctx.analysis.step_us(rank) or None,
+            step_us=ctx.step_us(rank),
             saving_basis="per step, sum of duration x (1 - block_dim / cores): the idle-core share of each long kernel",
             ranks=[rank],
             ops=[g["op"] for g in top[: ctx.t.top_n]],

@@ -64,7 +64,7 @@ def step_join(ctx: Any, alias: str, col: str) -> str:
     the one holding a time is the one starting last before it: an ASOF join then gives the same rows
     as the range join, without comparing every row with every window of its rank.
     """
-    kind = "JOIN" if ctx.analysis.scalar(OVERLAPPING_STEPS_SQL) else "ASOF JOIN"
+    kind = "JOIN" if ctx.scalar(OVERLAPPING_STEPS_SQL) else "ASOF JOIN"
     return f"{kind} steps s ON s.rank = {alias}.rank AND {alias}.{col} >= s.start_ns"
 
 
@@ -81,8 +81,8 @@ GROUP BY i.id"""
 
 def step_table(ctx: Any) -> pd.DataFrame:
     """The breakdown as a DataFrame (rank, step, step_us, ...); empty when there is none."""
-    bd = ctx.analysis.breakdown
-    return bd if bd is not None else pd.DataFrame(columns=["rank", "step", "step_us"])
+    bd: pd.DataFrame = ctx.breakdown()
+    return bd
 
 
 def steady_steps(steps: list[int]) -> list[int]:

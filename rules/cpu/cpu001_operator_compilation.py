@@ -108,7 +108,7 @@ GROUP BY s.rank, s.name
 
 
 @rule("CPU001", "cpu.operator-compilation", cause="cpu.operator_compilation",
-      requires=("events", "steps", "breakdown"), thresholds=Thresholds)
+      requires=("events", "steps", "breakdown"), thresholds=Thresholds, derived=("event_names",))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank: compile time per step, recompiles and dynamic-shape operators."""
     comp = ctx.query(COMPILE_SQL, {"compile_re": COMPILE_RE, "not_compile_re": NOT_COMPILE_RE})

@@ -101,11 +101,11 @@ FROM k LEFT JOIN l USING (rank, step) LEFT JOIN gap_step g USING (rank, step)
 
 
 @rule("CPU002", "cpu.operator-dispatch", cause="cpu.operator_dispatch",
-      requires=("events", "steps", "breakdown"), thresholds=Thresholds)
+      requires=("events", "steps", "breakdown"), thresholds=Thresholds, derived=("device_busy",))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank whose steps are dominated by per-operator overhead."""
     bd = step_table(ctx)[["rank", "step", "step_us"]]
-    dev_ranks = {int(r["rank"]) for r in ctx.query("SELECT rank FROM ranks WHERE has_device")}
+    dev_ranks = ctx.device_ranks
     if dev_ranks:
         dev = ctx.df(DEVICE_SQL.format(step_join=step_join(ctx, "g", "gap_start")))
         dev = dev[dev["rank"].isin(dev_ranks)].merge(bd, on=["rank", "step"])

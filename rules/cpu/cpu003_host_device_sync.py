@@ -130,7 +130,8 @@ ORDER BY g.id
 """
 
 @rule("CPU003", "cpu.host-device-sync", cause="cpu.host_device_sync",
-      requires=("events", "steps", "breakdown"), thresholds=Thresholds)
+      requires=("events", "steps", "breakdown"), thresholds=Thresholds,
+      derived=("device_busy", "event_names"))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank with sync points in its steps."""
     df = ctx.df(SQL, {"addr_re": ADDR_RE, "py_sync_re": PY_SYNC_RE, "host_sync_re": HOST_SYNC_RE, "dtoh_re": DTOH_RE,
@@ -138,7 +139,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     if df.empty:
         return
     bd = step_table(ctx)
-    dev_ranks = {int(r["rank"]) for r in ctx.query("SELECT rank FROM ranks WHERE has_device")}
+    dev_ranks = ctx.device_ranks
     quiet = _quiet_ranks(ctx, df, bd, dev_ranks)
     bd_of = {int(cast(SupportsInt, r)): g for r, g in bd.groupby("rank")}
     for rank, g in df.groupby("rank"):
@@ -211,7 +212,7 @@ def blocking_syncs(host: Any) -> Any:
                         idle_ns=last["idle_ns"].to_numpy(), next_busy=last["next_busy"].to_numpy())
 
 
-def _quiet_ranks(ctx: RuleContext[Thresholds], df: Any, bd: Any, dev_ranks: set[int]) -> set[int]:
+def _quiet_ranks(ctx: RuleContext[Thresholds], df: Any, bd: Any, dev_ranks: frozenset[int]) -> set[int]:
     """Ranks clearly below the thresholds, screened for all ranks at once (with slack: borderline ranks are judged
     one by one)."""
     inside = df.merge(bd[["rank", "step"]], on=["rank", "step"])
@@ -258,13 +259,9 @@ def _stacks(ctx: RuleContext[Thresholds], g: object, ids: list[int]) -> dict[int
                               source_of(r.stack, None))
     need = sel[~sel["id"].isin(list(out))]
     if len(need):
-        cur = ctx.con.cursor()
-        cur.register("_cpu003_targets", pd.DataFrame(need[["id", "rank", "pid", "tid", "start_ns", "end_ns"]]))
-        try:
-            rows = cur.execute(python_stack_sql("_cpu003_targets")).fetchall()
-        finally:
-            cur.unregister("_cpu003_targets")
-        for id_, frames in rows:
+        rows = ctx.query_frames(python_stack_sql("_cpu003_targets"), {
+            "_cpu003_targets": pd.DataFrame(need[["id", "rank", "pid", "tid", "start_ns", "end_ns"]])})
+        for id_, frames in ((r["id"], r["frames"]) for r in rows):
             fr = [f for f in frames.split("\n") if f]
             fr = [f for f in fr if not f.startswith("<built-in method")] or fr
             out[int(id_)] = ("\n".join(fr[-ctx.t.stack_frames:]), source_of(None, frames))

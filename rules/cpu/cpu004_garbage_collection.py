@@ -72,19 +72,20 @@ FROM gc g JOIN dev USING (id) LEFT JOIN ops USING (id)
 
 
 @rule("CPU004", "cpu.garbage-collection", cause="cpu.garbage_collection",
-      requires=("events", "steps", "breakdown"), thresholds=Thresholds)
+      requires=("events", "steps", "breakdown"), thresholds=Thresholds,
+      derived=("device_busy", "event_names"))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank whose GC pauses take a measurable share of the step."""
     params = {"gc_names": list(GC_NAMES)}
     df = ctx.df(SQL, params) if ctx.query(GC_SQL, params)[0]["n"] else None
     bd = step_table(ctx)
     if df is None or df.empty:
-        has_py = ctx.analysis.scalar("SELECT count(*) FROM event_names WHERE kind = 'python'")
+        has_py = ctx.scalar("SELECT count(*) FROM event_names WHERE kind = 'python'")
         if has_py:
             ctx.warn("no Python GC events recorded: GC pauses cannot be judged (Kineto: with_stack=True and "
                      "experimental_config=_ExperimentalConfig(record_python_gc_info=True); torch_npu: gc_detect_threshold)")
         return
-    dev_ranks = {int(r["rank"]) for r in ctx.query("SELECT rank FROM ranks WHERE has_device")}
+    dev_ranks = ctx.device_ranks
     for rank, g in df.groupby("rank"):
         rank = int(rank)
         steps_r = bd[bd["rank"] == rank]

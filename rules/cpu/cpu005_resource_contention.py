@@ -106,7 +106,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank with steps in which most operators run much slower than their own median."""
     df = ctx.df(SQL)
     if df.empty:
-        if not ctx.analysis.scalar("SELECT count(*) FROM events WHERE kind = 'host_op' AND shapes IS NOT NULL AND shapes NOT IN ('', '[]')"):
+        if not ctx.scalar("SELECT count(*) FROM events WHERE kind = 'host_op' AND shapes IS NOT NULL AND shapes NOT IN ('', '[]')"):
             ctx.warn("no operator input shapes recorded (record_shapes=True): operators cannot be compared with themselves "
                      "doing the same work, so contention is not judged")
         return

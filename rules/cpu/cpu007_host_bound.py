@@ -124,10 +124,10 @@ FROM events WHERE rank = $rank AND device AND kind = 'kernel' AND step IS NOT NU
 
 
 @rule("CPU007", "cpu.host-bound", cause="cpu.operator_dispatch", causes=("cpu.host_device_sync",),
-      requires=("events", "steps", "breakdown"), thresholds=Thresholds)
+      requires=("events", "steps", "breakdown"), thresholds=Thresholds, derived=("device_busy",))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank whose device waits on its host for a large part of the step."""
-    dev_ranks = {int(r["rank"]) for r in ctx.query("SELECT rank FROM ranks WHERE has_device")}
+    dev_ranks = ctx.device_ranks
     if not dev_ranks:
         return
     bd = step_table(ctx)

@@ -87,15 +87,15 @@ WHERE k = 1
 
 @rule("IO001", "io.dataloader-wait", cause="io.slow_data_processing",
       causes=("io.slow_data_reading",),
-      requires=("events", "steps", "breakdown"), thresholds=Thresholds)
+      requires=("events", "steps", "breakdown"), thresholds=Thresholds, derived=("event_names",))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Fire per rank when data loading takes a large share of the step."""
-    if not ctx.analysis.scalar("SELECT count(*) FROM event_names WHERE kind = 'dataloader' AND NOT device"):
+    if not ctx.scalar("SELECT count(*) FROM event_names WHERE kind = 'dataloader' AND NOT device"):
         return  # no data loading recorded
     df = ctx.df(SQL)
     if df.empty:
         return
-    has_device = ctx.analysis.has_device
+    has_device = ctx.has_device
     sources: dict[int, str] | None = None
     for rank, g in df.groupby("rank"):
         # time the device could not use because it waited for data
@@ -153,12 +153,9 @@ def _sources(ctx: RuleContext[Thresholds]) -> dict[int, str]:
     waits = ctx.df(WAIT_SQL)
     if waits.empty:
         return {}
-    cur = ctx.con.cursor()
-    cur.register("_io001_waits", pd.DataFrame(waits[["id", "rank", "pid", "tid", "start_ns", "end_ns"]]))
-    try:
-        frames = dict(cur.execute(python_stack_sql("_io001_waits")).fetchall())
-    finally:
-        cur.unregister("_io001_waits")
+    frames = {r["id"]: r["frames"] for r in ctx.query_frames(
+        python_stack_sql("_io001_waits"),
+        {"_io001_waits": pd.DataFrame(waits[["id", "rank", "pid", "tid", "start_ns", "end_ns"]])})}
     out: dict[int, str] = {}
     for r in waits.itertuples():
         found = source_of(r.stack if isinstance(r.stack, str) else None, frames.get(r.id))

@@ -105,7 +105,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             stage, decided = "reading", f"host queue empty in {host.empty_share:.0%}, data queue empty in {data.empty_share:.0%} of samples"
         evidence["stage"] = stage or "undecided"
         evidence["decided_by"] = decided
-        step_us = ctx.analysis.step_us(rank) or None
+        step_us = ctx.step_us(rank)
         saving = float(dev.empty_share) * step_us if step_us else None
         cause, why = STAGES[stage] if stage else ("io.slow_data_processing", "the upstream queues were not sampled")
         yield ctx.finding(

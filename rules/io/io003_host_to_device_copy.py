@@ -80,7 +80,8 @@ FROM c JOIN ov USING (id)
 
 
 @rule("IO003", "io.host-to-device-copy", cause="io.slow_data_fetching",
-      requires=("events", "steps", "breakdown", "device"), thresholds=Thresholds)
+      requires=("events", "steps", "breakdown", "device"), thresholds=Thresholds,
+      derived=("event_names", "kernel_busy"))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank whose H2D copies keep the device from computing."""
     df = ctx.df(SQL, {"h2d_re": H2D_RE})

@@ -132,10 +132,10 @@ ORDER BY p.rank, p.step
 
 
 @rule("PAR002", "parallel.pipeline-bubble", cause="parallel.pipeline_bubble",
-      requires=("breakdown",), thresholds=Thresholds)
+      requires=("breakdown",), thresholds=Thresholds, derived=("event_names",))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Fire per rank when the pipeline bubble is a large share of the step."""
-    df = ctx.df(VENDOR_SQL) if ctx.analysis.rows("vendor_steps") else None
+    df = ctx.df(VENDOR_SQL) if ctx.rows("vendor_steps") else None
     if df is None or df.empty or float(df["bubble_us"].sum()) <= 0:
         params = {"p2p": P2P_RE, "notp2p": NOT_P2P_RE}
         if not ctx.query(HAS_P2P_SQL, params)[0]["n"]:

@@ -48,3 +48,52 @@ def test_every_contract_cause_has_a_rule_and_optimizations() -> None:
 def test_no_orphan_causes() -> None:
     used = {c for spec in discover().values() for c in spec.all_causes}
     assert not set(causes()) - used, "causes in rules/causes.toml that no rule can report"
+
+
+def test_rules_use_the_rule_context_not_the_analysis() -> None:
+    """Rules read the profile through RuleContext helpers (query, scalar, step_us, breakdown ...),
+    never the analysis object, its connection or the stages / analyze modules."""
+    import re
+
+    rules_dir = Path(__file__).resolve().parents[2] / "rules"
+    pattern = re.compile(r"ctx\.(analysis|con|extras)\b|ctx\.breakdown\b(?!\()|from advisor\.(stages|analyze)\b"
+                         r"|import advisor\.(stages|analyze)\b")
+    offenders = [f"{p.relative_to(rules_dir)}:{i}: {line.strip()}"
+                 for p in sorted(rules_dir.rglob("*.py"))
+                 for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not offenders, "\n".join(offenders)
+
+
+def _rule_sql_text(module_name: str) -> str:
+    """A rule module's source plus the strings and helper functions it imports from the rule packages
+    (shared SQL fragments live in ``rules/<category>/_common.py``)."""
+    import inspect
+    import re
+
+    mod = sys.modules[module_name]
+    # without the @rule(...) declaration itself
+    texts = [re.sub(r"^@rule\(.*?\)\n(?=def )", "", inspect.getsource(mod), flags=re.DOTALL | re.MULTILINE)]
+    for obj in vars(mod).values():
+        if isinstance(obj, str):
+            texts.append(obj)
+        elif callable(obj) and str(getattr(obj, "__module__", "")).startswith("rules.") \
+                and obj.__module__ != module_name:
+            try:
+                texts.append(inspect.getsource(obj))
+            except (OSError, TypeError):
+                pass
+    return "\n".join(texts)
+
+
+@pytest.mark.parametrize("rule_id", sorted(discover()))
+def test_rule_declares_the_derived_tables_its_sql_reads(rule_id: str) -> None:
+    """The runner builds only the derived tables a rule declares (``@rule(derived=...)``): every one its
+    SQL names must be declared, and every declared one named (else it is built for nothing)."""
+    import re
+
+    from advisor.engine.derived import DERIVED
+
+    spec = discover()[rule_id]
+    named = set(re.findall(r"\b(" + "|".join(map(re.escape, DERIVED)) + r")\b", _rule_sql_text(spec.module)))
+    assert named <= set(spec.derived), f"{rule_id} reads {sorted(named - set(spec.derived))} without declaring them"
+    assert set(spec.derived) <= named, f"{rule_id} declares {sorted(set(spec.derived) - named)} but never reads them"
