@@ -98,7 +98,7 @@ SELECT rank, step, step_us FROM breakdown WHERE step >= 0 ORDER BY rank, step
 
 
 @rule("CLU003", "cluster.step-fluctuation", cause="cluster.step_fluctuation",
-      requires=("breakdown", "multi_step"), thresholds=Thresholds)
+      requires=("breakdown", "multi_step"), thresholds=Thresholds, derived=("event_names",))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Flag ranks whose slow steps exceed a robust k-sigma bound; group ranks by slow-step set."""
     rows = ctx.query(SQL)
