@@ -16,6 +16,7 @@ from advisor.engine.context import AnalysisContext
 from advisor.engine.runner import run_rules
 from advisor.ingest import load_profile
 from advisor.model import Report, Warning_
+from advisor.options import AnalyzeOptions
 from advisor.schema import NO_STEP
 
 # what the stages and rules import (numpy, pandas: ~0.3 s), loaded beside the ingest
@@ -251,6 +252,18 @@ def analyze(
         with contextlib.suppress(BaseException):
             ctx.wait_stages()
         raise
+
+
+def run_options(opts: AnalyzeOptions, *, progress: Callable[[str, int, int], None] | None = None,
+                keep: list[AnalysisContext] | None = None) -> Report:
+    """:func:`analyze` with the options of one ``advisor analyze`` run (checked by
+    :meth:`AnalyzeOptions.build`); the profile's loader gets ``--run`` / ``--follow-symlinks``."""
+    from advisor.ingest import options as ingest_options
+
+    with ingest_options(**opts.ingest):  # the profile's loading only, not the baseline's
+        return analyze(opts.profile, opts.cfg, rank=opts.rank, step=opts.step, progress=progress,
+                       max_events=opts.max_events, memory_limit=opts.memory_limit, debug=opts.debug, keep=keep,
+                       full_critical_path=opts.full_critical_path)
 
 
 def analyze_context(ctx: AnalysisContext, cfg: Config | None = None, t_start: float | None = None, *,

@@ -59,6 +59,10 @@ class GateResult:
             out["baseline_diff"] = self.diff
         return out
 
+    def apply(self, report: Report) -> None:
+        """Put the gate's outcome and the baseline diff into the report."""
+        report.extras.update(self.report_fields())
+
     def fail(self, message: str) -> None:
         """Record a failed check (exit 1, unless a usage error already set 2)."""
         self.exit_code = max(self.exit_code, 1)
