@@ -376,9 +376,6 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
     if not full_critical_path and cp.get("segments"):
         cp = summarise_segments(cp)
     savings = summary(findings, median_steps(bd, NO_STEP))
-    extras: dict[str, Any] = {"total_saving_us": savings["total_saving_us"], "savings": savings}
-    if comm := links(ctx.con):
-        extras["comm_matrix"] = comm
     return Report(
         tool_version=__version__,
         profile=profile,
@@ -388,7 +385,8 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         warnings=_dedupe(ctx.warnings),
         rules=outcomes,
         step_times=step_stats,
-        extras=extras,
+        savings=savings,
+        comm_matrix=links(ctx.con) or None,
     )
 
 

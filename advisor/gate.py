@@ -61,7 +61,9 @@ class GateResult:
 
     def apply(self, report: Report) -> None:
         """Put the gate's outcome and the baseline diff into the report."""
-        report.extras.update(self.report_fields())
+        fields = self.report_fields()
+        report.gate = fields.get("gate")
+        report.baseline_diff = fields.get("baseline_diff")
 
     def fail(self, message: str) -> None:
         """Record a failed check (exit 1, unless a usage error already set 2)."""

@@ -157,4 +157,16 @@ class Report:
     warnings: list[Warning_] = field(default_factory=list)
     rules: list[RuleOutcome] = field(default_factory=list)
     step_times: list[dict[str, Any]] = field(default_factory=list)
-    extras: dict[str, Any] = field(default_factory=dict)
+    #: the chain's account (:func:`advisor.engine.chain.summary`): roots, verdict, total saving
+    savings: dict[str, Any] | None = None
+    #: one row per communication link (src, dst, bytes, time_us, bandwidth_gbps, ...), when the profile has them
+    comm_matrix: list[dict[str, Any]] | None = None
+    #: the CI gate's outcome (status, checks, messages), when a gate option was given (:mod:`advisor.gate`)
+    gate: dict[str, Any] | None = None
+    #: step time per phase and findings against ``--baseline`` (:func:`advisor.gate.baseline_diff`)
+    baseline_diff: dict[str, Any] | None = None
+
+    @property
+    def total_saving_us(self) -> float | None:
+        """What fixing the root causes could save per step (see :attr:`savings`)."""
+        return None if self.savings is None else self.savings.get("total_saving_us")

@@ -10,8 +10,8 @@ script (table sorting, expand/collapse) is allowed by its SHA-256 hash only.
 
 Optional inputs the page uses when present:
 
-* ``report.extras['baseline_diff']`` and ``['gate']`` (from :mod:`advisor.gate`);
-* ``report.extras['comm_matrix']``: a list of ``{"src": rank, "dst": rank, "bandwidth_gbps" |
+* ``report.baseline_diff`` and ``report.gate`` (from :mod:`advisor.gate`);
+* ``report.comm_matrix``: a list of ``{"src": rank, "dst": rank, "bandwidth_gbps" |
   "time_us" | "bytes": value}`` (or ``{"links": [...]}``) -> communication heat map;
 * finding ``top`` rows with ``intensity`` (FLOP/byte) and ``achieved_tflops`` (and ``name``) ->
   roofline scatter; the roof is drawn when a finding's evidence has ``peak_tflops`` and

@@ -55,7 +55,7 @@ def finding_dict(f: Finding) -> dict[str, Any]:
 
 def report_dict(report: Report) -> dict[str, Any]:
     """The whole report as a JSON-ready dict."""
-    out = {
+    out: dict[str, Any] = {
         "schema": SCHEMA_ID,
         "tool": {"name": "advisor", "version": report.tool_version},
         "profile": report.profile,
@@ -69,7 +69,15 @@ def report_dict(report: Report) -> dict[str, Any]:
         ],
         "step_times": report.step_times,
     }
-    out.update(report.extras)
+    if report.savings is not None:
+        out["total_saving_us"] = report.total_saving_us
+        out["savings"] = report.savings
+    if report.comm_matrix:
+        out["comm_matrix"] = report.comm_matrix
+    if report.gate is not None:
+        out["gate"] = report.gate
+    if report.baseline_diff is not None:
+        out["baseline_diff"] = report.baseline_diff
     return cast(dict[str, Any], clean(out))
 
 
