@@ -387,7 +387,23 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         step_times=step_stats,
         savings=savings,
         comm_matrix=links(ctx.con) or None,
+        rule_docs=rule_docs({f.rule for f in findings}),
     )
+
+
+def rule_docs(rule_ids: set[str]) -> dict[str, str]:
+    """``advisor explain`` text of each rule, for the report (the renderers embed it; they do not
+    read the rule registry); rules not installed here are left out."""
+    if not rule_ids:
+        return {}
+    try:
+        from advisor.engine.registry import discover
+        from advisor.render.docs import rule_markdown
+
+        specs = discover()
+        return {rid: rule_markdown(specs[rid]) for rid in sorted(rule_ids) if rid in specs}
+    except Exception:  # noqa: BLE001 -- a broken rule package must not stop the report; its rule table still shows it
+        return {}
 
 
 def _dedupe(warnings: list[Warning_]) -> list[Warning_]:

@@ -165,6 +165,8 @@ class Report:
     gate: dict[str, Any] | None = None
     #: step time per phase and findings against ``--baseline`` (:func:`advisor.gate.baseline_diff`)
     baseline_diff: dict[str, Any] | None = None
+    #: ``advisor explain`` text (Markdown) of each rule that has a finding here, for the renderers
+    rule_docs: dict[str, str] = field(default_factory=dict)
 
     @property
     def total_saving_us(self) -> float | None:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, cast
 
+from advisor.config import ConfigError
 from advisor.model import SCHEMA_ID, Finding, Report
 
 
@@ -78,9 +81,33 @@ def report_dict(report: Report) -> dict[str, Any]:
         out["gate"] = report.gate
     if report.baseline_diff is not None:
         out["baseline_diff"] = report.baseline_diff
+    if report.rule_docs:
+        out["rule_docs"] = dict(sorted(report.rule_docs.items()))
     return cast(dict[str, Any], clean(out))
 
 
-def render(report: Report) -> str:
-    """Strict JSON text (allow_nan=False: a NaN that slipped through is a bug, not output)."""
-    return json.dumps(report_dict(report), indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+def render(report: Report | Mapping[str, Any]) -> str:
+    """Strict JSON text (allow_nan=False: a NaN that slipped through is a bug, not output) of a
+    Report, or of the dict of a JSON report (written again as it is)."""
+    d = report_dict(report) if isinstance(report, Report) else clean(dict(report))
+    return json.dumps(d, indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """A JSON report written earlier (``--format json``), as the dict every renderer takes; a file
+    that is not one is a :class:`~advisor.config.ConfigError` naming it."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a JSON report (advisor analyze reads profiles)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{path}: not a readable JSON file: {exc}") from None
+    if not isinstance(data, dict) or "schema" not in data:
+        raise ConfigError(f"{path}: not an advisor JSON report (no 'schema' field; advisor analyze reads profiles)")
+    if data.get("schema") != SCHEMA_ID:
+        raise ConfigError(f"{path}: report schema {data.get('schema')!r}, expected {SCHEMA_ID!r}")
+    if not isinstance(data.get("breakdown"), list) or not isinstance(data.get("findings"), list):
+        raise ConfigError(f"{path}: report lacks 'breakdown' or 'findings'")
+    return data
