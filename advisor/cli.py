@@ -1,4 +1,4 @@
-"""Command line: ``advisor analyze``, ``advisor rules``, ``advisor explain``.
+"""Command line: ``advisor analyze``, ``advisor render``, ``advisor rules``, ``advisor explain``.
 
 Exit codes: 0 clean, 1 gate failed (``--fail-on``, ``--baseline``, ``--budget``), 2 usage or
 input error (one line on stderr, never a traceback unless ``--debug``).
@@ -20,8 +20,9 @@ import click
 
 from advisor import __version__
 from advisor.config import ConfigError
-from advisor.ingest.base import InputError, one_line
+from advisor.ingest.base import InputError
 from advisor.options import EXTENSION_FORMATS, FORMATS, AnalyzeOptions, UsageFailure, out_formats
+from advisor.text import one_line
 
 __all__ = ["EXTENSION_FORMATS", "FORMATS", "UsageFailure", "main", "out_formats", "render", "run", "write_atomic"]
 
@@ -238,6 +239,45 @@ def _analyze(opts: AnalyzeOptions) -> int:
     for msg in gate.messages:
         click.echo(f"advisor: gate: {one_line(msg, 500)}", err=True)
     return gate.exit_code
+
+
+@main.command("render")
+@click.argument("report", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(("terminal", "html", "md", "json")), default="terminal",
+              show_default=True, help="Report format.")
+@click.option("--out", type=click.Path(path_type=Path), help="Write the report here (atomically) instead of stdout.")
+@click.option("-v", "--verbose", is_flag=True, help="Show evidence in the terminal summary.")
+@click.option("--md-full", is_flag=True, help="Markdown: embed each rule's documentation and every fix.")
+def render_cmd(report: Path, fmt: str, out: Path | None, verbose: bool, md_full: bool) -> None:
+    """Render REPORT (a JSON report written by ``advisor analyze --format json``) again, in another
+    format; nothing else is read (no profile, no rule)."""
+    from advisor.render.json import read_report
+
+    try:
+        data = read_report(report)
+        if out is not None:
+            out_dir = out.parent if str(out.parent) else Path(".")
+            if not out_dir.is_dir():
+                raise UsageFailure(f"--out {out}: directory {out_dir} does not exist")
+        if fmt == "terminal" and out is None:
+            from advisor.render.terminal import print_report
+
+            with reader_may_leave():
+                print_report(data, verbose=verbose, color=None if sys.stdout.isatty() else False)
+            return
+        text = render(data, fmt, verbose=verbose, md_full=md_full)
+        if out is not None:
+            write_atomic(out, text)
+            return
+        with reader_may_leave():
+            click.echo(text, nl=False)
+            sys.stdout.flush()
+    except (ConfigError, UsageFailure) as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"{out}: cannot write: {exc.strerror or exc}")
+    except Exception as exc:  # noqa: BLE001 - never a traceback for the user
+        _fail(f"{report}: cannot render: {type(exc).__name__}: {exc}")
 
 
 @main.command("rules")
