@@ -135,6 +135,20 @@ class Finding:
 
 
 @dataclass(slots=True)
+class Profile:
+    """A loaded profile (:func:`advisor.ingest.load`): the canonical tables in a DuckDB connection
+    (``con``), where they were read from (``path``, the ``sources``' kinds), the ranks, the input
+    problems met, and the time the load took."""
+
+    con: Any
+    path: str
+    sources: list[str]
+    ranks: list[int]
+    warnings: list[Warning_] = field(default_factory=list)
+    parse_seconds: float = 0.0
+
+
+@dataclass(slots=True)
 class RuleOutcome:
     """What happened to one rule in a run."""
 
