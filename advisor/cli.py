@@ -155,7 +155,7 @@ def main() -> None:
 @click.option("--budget", "budgets", multiple=True, metavar="NAME=VALUE", help="Absolute budget, e.g. step_ms=120, comm_only_ratio=0.15.")
 @click.option("--max-events", type=int, help="Refuse files with more events than this (default: no limit).")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 8GB (default: 80% of RAM).")
-@click.option("--run", "run_index", type=click.IntRange(min=1), help="Analyse run N of a directory holding several.")
+@click.option("--run", "run", type=click.IntRange(min=1), help="Analyse run N of a directory holding several.")
 @click.option("--follow-symlinks", is_flag=True, help="Follow symbolic links that point outside PROFILE.")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence in the terminal summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
@@ -163,19 +163,12 @@ def main() -> None:
               "(longer than a pull-request comment holds).")
 @click.option("--full-critical-path", is_flag=True,
               help="Keep every critical-path segment in the report (default: merged below 0.1 % of the step).")
-def analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, step: int | None, sets: tuple[str, ...],
-            select: tuple[str, ...], skip: tuple[str, ...], all_rules: bool, config_path: Path | None,
-            fail_on: str | None, baseline: Path | None, max_regression: float, budgets: tuple[str, ...],
-            max_events: int | None, memory_limit: str | None, run_index: int | None, follow_symlinks: bool,
-            verbose: bool, debug: bool, md_full: bool, full_critical_path: bool = False) -> None:
+def analyze(**params: Any) -> None:
     """Analyse PROFILE (a trace file or a directory of rank exports) and report what limits the step."""
+    # the options above are the one declaration of the parameters: AnalyzeOptions.build takes them by name
+    profile, debug = params["profile"], params["debug"]
     try:
-        opts = AnalyzeOptions.build(
-            profile, fmt=fmt, fmt_given=_format_given(), outs=outs, rank=rank, step=step, sets=sets, select=select,
-            skip=skip, all_rules=all_rules, config_path=config_path, fail_on=fail_on, baseline=baseline,
-            max_regression=max_regression, budgets=budgets, max_events=max_events, memory_limit=memory_limit,
-            run=run_index, follow_symlinks=follow_symlinks, verbose=verbose, debug=debug, md_full=md_full,
-            full_critical_path=full_critical_path)
+        opts = AnalyzeOptions.build(fmt_given=_format_given(), **params)
         code = _analyze(opts)
     except (InputError, ConfigError, UsageFailure) as exc:
         if debug:

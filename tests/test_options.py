@@ -40,3 +40,15 @@ def test_build_rejects_a_bad_option(tmp_path: Path, kwargs: dict[str, object], e
     with pytest.raises(error, match=None) as exc:
         AnalyzeOptions.build(tmp_path / "missing", **kwargs)  # type: ignore[arg-type]
     assert text in str(exc.value)
+
+
+def test_the_analyze_command_declares_what_build_takes() -> None:
+    """The click options are the one declaration: each is a keyword of AnalyzeOptions.build, and
+    build takes nothing else (but ``fmt_given``, which click's parameter source answers)."""
+    import inspect
+
+    from advisor.cli import analyze
+
+    names = {p.name for p in analyze.params}
+    keywords = set(inspect.signature(AnalyzeOptions.build).parameters) - {"cls", "fmt_given"}
+    assert names == keywords
