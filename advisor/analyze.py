@@ -15,7 +15,7 @@ from advisor.config import Config, ConfigError, check, parse_memory_limit
 from advisor.engine.context import AnalysisContext
 from advisor.engine.runner import run_rules
 from advisor.ingest import load
-from advisor.model import Profile, Report, Warning_
+from advisor.model import Profile, Report, Warning_, clean
 from advisor.options import AnalyzeOptions
 from advisor.schema import NO_STEP
 
@@ -376,7 +376,6 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
                 }
             )
     from advisor.engine.chain import median_steps, summary
-    from advisor.render.json import clean
     from advisor.stages.comm_links import links
     from advisor.stages.critical_path import summarise_segments
 

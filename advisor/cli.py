@@ -204,7 +204,7 @@ def _analyze(opts: AnalyzeOptions) -> int:
             progress.close()
     gate = evaluate(report, fail_on=opts.fail_on, baseline=opts.baseline, max_regression=opts.max_regression,
                     budgets=opts.budgets, cfg=opts.cfg)
-    gate.apply(report)
+    report = gate.apply(report)
     for w in report.warnings:
         if w.path:
             click.echo(f"advisor: warning: {one_line(w.path, 300)}: {one_line(w.message, 300)}", err=True)

@@ -28,6 +28,7 @@ What is compared:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -59,11 +60,10 @@ class GateResult:
             out["baseline_diff"] = self.diff
         return out
 
-    def apply(self, report: Report) -> None:
-        """Put the gate's outcome and the baseline diff into the report."""
+    def apply(self, report: Report) -> Report:
+        """The report with the gate's outcome and the baseline diff."""
         fields = self.report_fields()
-        report.gate = fields.get("gate")
-        report.baseline_diff = fields.get("baseline_diff")
+        return dataclasses.replace(report, gate=fields.get("gate"), baseline_diff=fields.get("baseline_diff"))
 
     def fail(self, message: str) -> None:
         """Record a failed check (exit 1, unless a usage error already set 2)."""

@@ -4,11 +4,30 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA_ID = "advisor.report/v1"
+
+
+def clean(value: Any) -> Any:
+    """Make a value strict-JSON safe: NaN/Infinity -> None, numpy scalars -> Python, tuples -> lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if hasattr(value, "item"):  # numpy / pandas scalar
+        try:
+            return clean(value.item())
+        except (ValueError, TypeError):
+            pass
+    return str(value)
 
 
 class Severity(enum.IntEnum):
@@ -159,9 +178,11 @@ class RuleOutcome:
     seconds: float = 0.0
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Report:
-    """Everything the renderers need. Built by :func:`advisor.analyze.analyze`."""
+    """Everything the renderers need. Built by :func:`advisor.analyze.analyze`; the gate returns a
+    copy with its outcome (:meth:`advisor.gate.GateResult.apply`). Its JSON form is
+    :func:`advisor.render.json.report_dict`."""
 
     tool_version: str
     profile: dict[str, Any]

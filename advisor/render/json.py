@@ -3,31 +3,14 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
 from advisor.config import ConfigError
-from advisor.model import SCHEMA_ID, Finding, Report
+from advisor.model import SCHEMA_ID, Finding, Report, clean
 
-
-def clean(value: Any) -> Any:
-    """Make a value strict-JSON safe: NaN/Infinity -> None, numpy scalars -> Python, tuples -> lists."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [clean(v) for v in value]
-    if value is None or isinstance(value, (str, bool, int)):
-        return value
-    if hasattr(value, "item"):  # numpy / pandas scalar
-        try:
-            return clean(value.item())
-        except (ValueError, TypeError):
-            pass
-    return str(value)
+__all__ = ["clean", "finding_dict", "read_report", "render", "report_dict"]
 
 
 def finding_dict(f: Finding) -> dict[str, Any]:
