@@ -238,7 +238,9 @@ def _analyze(opts: AnalyzeOptions) -> int:
 @click.argument("report", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(("terminal", "html", "md", "json")), default="terminal",
               show_default=True, help="Report format.")
-@click.option("--out", type=click.Path(path_type=Path), help="Write the report here (atomically) instead of stdout.")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="Write the report here (atomically) instead of stdout; the format follows the extension "
+                   "(.html, .md, .json) unless --format is given.")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence in the terminal summary.")
 @click.option("--md-full", is_flag=True, help="Markdown: embed each rule's documentation and every fix.")
 def render_cmd(report: Path, fmt: str, out: Path | None, verbose: bool, md_full: bool) -> None:
@@ -249,6 +251,7 @@ def render_cmd(report: Path, fmt: str, out: Path | None, verbose: bool, md_full:
     try:
         data = read_report(report)
         if out is not None:
+            ((out, fmt),) = out_formats((out,), fmt, _format_given())
             out_dir = out.parent if str(out.parent) else Path(".")
             if not out_dir.is_dir():
                 raise UsageFailure(f"--out {out}: directory {out_dir} does not exist")

@@ -81,12 +81,16 @@ def test_render_command_writes_each_format(tmp_path: Path) -> None:
     res = runner.invoke(cli.main, ["render", str(src), "--format", "html", "--out", str(tmp_path / "r.html")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "r.html").read_text(encoding="utf-8") == html.render(rep)
+    res = runner.invoke(cli.main, ["render", str(src), "--out", str(tmp_path / "r.md")])  # the extension says md
+    assert res.exit_code == 0 and (tmp_path / "r.md").read_text(encoding="utf-8") == markdown.render(rep)
     res = runner.invoke(cli.main, ["render", str(src), "--format", "md", "--md-full"])
     assert res.exit_code == 0 and res.output == markdown.render(rep, full=True)
     res = runner.invoke(cli.main, ["render", str(src), "--format", "json"])
     assert res.exit_code == 0 and json.loads(res.output) == _round_trip(rep)
     res = runner.invoke(cli.main, ["render", str(src)])
     assert res.exit_code == 0 and "Verdict:" in res.output
+    res = runner.invoke(cli.main, ["render", str(src), "--format", "json", "--out", str(tmp_path / "x.html")])
+    assert res.exit_code == 2 and "means --format html" in res.output
 
 
 @pytest.mark.parametrize(("content", "problem"), [
