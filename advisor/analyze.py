@@ -14,8 +14,9 @@ from advisor import __version__
 from advisor.config import Config, ConfigError, check, parse_memory_limit
 from advisor.engine.context import AnalysisContext
 from advisor.engine.runner import run_rules
-from advisor.ingest import load_profile
-from advisor.model import Report, Warning_
+from advisor.ingest import load
+from advisor.model import Profile, Report, Warning_, clean
+from advisor.options import AnalyzeOptions
 from advisor.schema import NO_STEP
 
 # what the stages and rules import (numpy, pandas: ~0.3 s), loaded beside the ingest
@@ -133,6 +134,14 @@ def choose_focus(ctx: AnalysisContext, rank: int | None, step: int | None) -> tu
     return rank, step
 
 
+def context_of(profile: Profile) -> AnalysisContext:
+    """The rules' context over a loaded profile (its tables, ranks and warnings so far)."""
+    ctx = AnalysisContext(con=profile.con, path=profile.path, sources=profile.sources, ranks=profile.ranks,
+                          warnings=profile.warnings)
+    ctx.extras["parse_seconds"] = profile.parse_seconds
+    return ctx
+
+
 def build_context(
     path: str | Path,
     *,
@@ -152,8 +161,8 @@ def build_context(
     # the imports start with the first bulk scan: before it they would hold up, through the GIL,
     # the copy of the event lists (32 ranks x 10 MB: the scan started at 0.40 s instead of 0.16 s;
     # -0.09 s over 10 alternating runs)
-    ctx = load_profile(path, progress=progress, max_events=max_events, memory_limit=memory_limit,
-                       on_scan=warm_imports)
+    ctx = context_of(load(path, progress=progress, max_events=max_events, memory_limit=memory_limit,
+                          on_scan=warm_imports))
     check_focus(ctx, rank, step)
     if progress:
         progress("breakdown", 0, 1)
@@ -251,6 +260,18 @@ def analyze(
         with contextlib.suppress(BaseException):
             ctx.wait_stages()
         raise
+
+
+def run_options(opts: AnalyzeOptions, *, progress: Callable[[str, int, int], None] | None = None,
+                keep: list[AnalysisContext] | None = None) -> Report:
+    """:func:`analyze` with the options of one ``advisor analyze`` run (checked by
+    :meth:`AnalyzeOptions.build`); the profile's loader gets ``--run`` / ``--follow-symlinks``."""
+    from advisor.ingest import options as ingest_options
+
+    with ingest_options(**opts.ingest):  # the profile's loading only, not the baseline's
+        return analyze(opts.profile, opts.cfg, rank=opts.rank, step=opts.step, progress=progress,
+                       max_events=opts.max_events, memory_limit=opts.memory_limit, debug=opts.debug, keep=keep,
+                       full_critical_path=opts.full_critical_path)
 
 
 def analyze_context(ctx: AnalysisContext, cfg: Config | None = None, t_start: float | None = None, *,
@@ -355,7 +376,6 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
                 }
             )
     from advisor.engine.chain import median_steps, summary
-    from advisor.render.json import clean
     from advisor.stages.comm_links import links
     from advisor.stages.critical_path import summarise_segments
 
@@ -363,9 +383,6 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
     if not full_critical_path and cp.get("segments"):
         cp = summarise_segments(cp)
     savings = summary(findings, median_steps(bd, NO_STEP))
-    extras: dict[str, Any] = {"total_saving_us": savings["total_saving_us"], "savings": savings}
-    if comm := links(ctx.con):
-        extras["comm_matrix"] = comm
     return Report(
         tool_version=__version__,
         profile=profile,
@@ -375,8 +392,25 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         warnings=_dedupe(ctx.warnings),
         rules=outcomes,
         step_times=step_stats,
-        extras=extras,
+        savings=savings,
+        comm_matrix=links(ctx.con) or None,
+        rule_docs=rule_docs({f.rule for f in findings}),
     )
+
+
+def rule_docs(rule_ids: set[str]) -> dict[str, str]:
+    """``advisor explain`` text of each rule, for the report (the renderers embed it; they do not
+    read the rule registry); rules not installed here are left out."""
+    if not rule_ids:
+        return {}
+    try:
+        from advisor.engine.registry import discover
+        from advisor.render.docs import rule_markdown
+
+        specs = discover()
+        return {rid: rule_markdown(specs[rid]) for rid in sorted(rule_ids) if rid in specs}
+    except Exception:  # noqa: BLE001 -- a broken rule package must not stop the report; its rule table still shows it
+        return {}
 
 
 def _dedupe(warnings: list[Warning_]) -> list[Warning_]:

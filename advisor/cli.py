@@ -1,4 +1,4 @@
-"""Command line: ``advisor analyze``, ``advisor rules``, ``advisor explain``.
+"""Command line: ``advisor analyze``, ``advisor render``, ``advisor rules``, ``advisor explain``.
 
 Exit codes: 0 clean, 1 gate failed (``--fail-on``, ``--baseline``, ``--budget``), 2 usage or
 input error (one line on stderr, never a traceback unless ``--debug``).
@@ -19,15 +19,12 @@ from typing import Any
 import click
 
 from advisor import __version__
-from advisor.config import Config, ConfigError
-from advisor.ingest.base import InputError, one_line
+from advisor.config import ConfigError
+from advisor.ingest.base import InputError
+from advisor.options import EXTENSION_FORMATS, FORMATS, AnalyzeOptions, UsageFailure, out_formats
+from advisor.text import one_line
 
-FORMATS = ("terminal", "json", "html", "md")
-
-
-class UsageFailure(Exception):
-    """A usage error detected after click parsing (exit 2)."""
-
+__all__ = ["EXTENSION_FORMATS", "FORMATS", "UsageFailure", "main", "out_formats", "render", "run", "write_atomic"]
 
 def _fail(message: str, code: int = 2) -> None:
     click.echo(f"advisor: {one_line(message, 1000)}", err=True)
@@ -87,10 +84,6 @@ def render(report: Any, fmt: str, verbose: bool = False, md_full: bool = False) 
     return r(report)
 
 
-#: Report formats by file extension (``--out``).
-EXTENSION_FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".json": "json"}
-
-
 def _format_given() -> bool:
     """Whether ``--format`` was given on the command line (rather than left at its default)."""
     ctx = click.get_current_context(silent=True)
@@ -98,31 +91,6 @@ def _format_given() -> bool:
         return True
     source = ctx.get_parameter_source("fmt")
     return source is not None and source != click.core.ParameterSource.DEFAULT
-
-
-def out_formats(outs: tuple[Path, ...], fmt: str, fmt_given: bool) -> list[tuple[Path, str]]:
-    """Each ``--out`` path with the format it gets: the one its extension names, else ``--format``.
-
-    A ``--format`` that contradicts an extension, an extension that names no format without a
-    ``--format``, and one path given twice are usage errors."""
-    out: list[tuple[Path, str]] = []
-    seen: set[Path] = set()
-    for path in outs:
-        by_ext = EXTENSION_FORMATS.get(path.suffix.lower())
-        if by_ext is not None and fmt_given and fmt != by_ext:
-            raise UsageFailure(f"--out {path}: the extension {path.suffix} means --format {by_ext}, not --format {fmt}")
-        if by_ext is None and not fmt_given:
-            raise UsageFailure(f"--out {path}: no format for the extension {path.suffix or '(none)'}; "
-                               f"use .html, .md or .json, or give --format")
-        try:
-            key = path.resolve()
-        except (OSError, RuntimeError):
-            key = path.absolute()
-        if key in seen:
-            raise UsageFailure(f"--out {path}: given twice")
-        seen.add(key)
-        out.append((path, by_ext or fmt))
-    return out
 
 
 class OneLineUsageError(click.UsageError):
@@ -187,7 +155,7 @@ def main() -> None:
 @click.option("--budget", "budgets", multiple=True, metavar="NAME=VALUE", help="Absolute budget, e.g. step_ms=120, comm_only_ratio=0.15.")
 @click.option("--max-events", type=int, help="Refuse files with more events than this (default: no limit).")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 8GB (default: 80% of RAM).")
-@click.option("--run", "run_index", type=click.IntRange(min=1), help="Analyse run N of a directory holding several.")
+@click.option("--run", "run", type=click.IntRange(min=1), help="Analyse run N of a directory holding several.")
 @click.option("--follow-symlinks", is_flag=True, help="Follow symbolic links that point outside PROFILE.")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence in the terminal summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
@@ -195,16 +163,13 @@ def main() -> None:
               "(longer than a pull-request comment holds).")
 @click.option("--full-critical-path", is_flag=True,
               help="Keep every critical-path segment in the report (default: merged below 0.1 % of the step).")
-def analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, step: int | None, sets: tuple[str, ...],
-            select: tuple[str, ...], skip: tuple[str, ...], all_rules: bool, config_path: Path | None,
-            fail_on: str | None, baseline: Path | None, max_regression: float, budgets: tuple[str, ...],
-            max_events: int | None, memory_limit: str | None, run_index: int | None, follow_symlinks: bool,
-            verbose: bool, debug: bool, md_full: bool, full_critical_path: bool = False) -> None:
+def analyze(**params: Any) -> None:
     """Analyse PROFILE (a trace file or a directory of rank exports) and report what limits the step."""
+    # the options above are the one declaration of the parameters: AnalyzeOptions.build takes them by name
+    profile, debug = params["profile"], params["debug"]
     try:
-        code = _analyze(profile, fmt, outs, rank, step, sets, select, skip, all_rules, config_path, fail_on, baseline,
-                        max_regression, budgets, max_events, memory_limit, verbose, debug, md_full, full_critical_path,
-                        {"run": run_index, "follow_symlinks": follow_symlinks})
+        opts = AnalyzeOptions.build(fmt_given=_format_given(), **params)
+        code = _analyze(opts)
     except (InputError, ConfigError, UsageFailure) as exc:
         if debug:
             traceback.print_exc()
@@ -220,53 +185,26 @@ def analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, s
     sys.exit(code)
 
 
-def _analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, step: int | None, sets: tuple[str, ...],
-             select: tuple[str, ...], skip: tuple[str, ...], all_rules: bool, config_path: Path | None,
-             fail_on: str | None, baseline: Path | None, max_regression: float, budgets: tuple[str, ...],
-             max_events: int | None, memory_limit: str | None, verbose: bool, debug: bool, md_full: bool = False,
-             full_critical_path: bool = False, ingest: dict[str, Any] | None = None) -> int:
-    from advisor.analyze import analyze as run_analysis
-    from advisor.gate import check_args, evaluate, parse_budgets
-    from advisor.ingest import options as ingest_options
+def _analyze(opts: AnalyzeOptions) -> int:
+    """Analyse with checked options, write the reports, apply the gate; returns the exit code."""
+    from advisor.analyze import run_options
+    from advisor.gate import evaluate
 
-    if config_path is None and Path("advisor.toml").is_file():
-        config_path = Path("advisor.toml")
-    cfg = Config.load(config_path)
-    for s in sets:
-        cfg.add_set(s)
-    cfg.select += [r.upper() for r in select]
-    cfg.skip += [r.upper() for r in skip]
-    cfg.all_rules = cfg.all_rules or all_rules
-    budget_map = parse_budgets(budgets)
-    check_args(baseline, max_regression)
-    targets = out_formats(outs, fmt, _format_given())
-    for out, _f in targets:
-        out_dir = out.parent if str(out.parent) else Path(".")
-        if not out_dir.is_dir():
-            raise UsageFailure(f"--out {out}: directory {out_dir} does not exist")
-        try:
-            if out.resolve().is_relative_to(profile.resolve()) and profile.is_dir():
-                raise UsageFailure(f"--out {out}: refusing to write inside the profile directory")
-        except OSError:
-            pass
-
+    fmt, targets = opts.fmt, list(opts.targets)
     progress = None
-    terminal_live = fmt == "terminal" and not outs and sys.stderr.isatty()
+    terminal_live = fmt == "terminal" and not targets and sys.stderr.isatty()
     if sys.stderr.isatty():
         from advisor.render.terminal import Progress
 
         progress = Progress()
     try:
-        with ingest_options(**(ingest or {})):  # the profile's loading only, not the baseline's
-            report = run_analysis(profile, cfg, rank=rank, step=step, progress=progress, max_events=max_events,
-                                  memory_limit=memory_limit, debug=debug, keep=_KEPT,
-                                  full_critical_path=full_critical_path)
+        report = run_options(opts, progress=progress, keep=_KEPT)
     finally:
         if progress is not None:
             progress.close()
-    gate = evaluate(report, fail_on=fail_on, baseline=baseline, max_regression=max_regression, budgets=budget_map,
-                    cfg=cfg)
-    report.extras.update(gate.report_fields())
+    gate = evaluate(report, fail_on=opts.fail_on, baseline=opts.baseline, max_regression=opts.max_regression,
+                    budgets=opts.budgets, cfg=opts.cfg)
+    report = gate.apply(report)
     for w in report.warnings:
         if w.path:
             click.echo(f"advisor: warning: {one_line(w.path, 300)}: {one_line(w.message, 300)}", err=True)
@@ -277,7 +215,7 @@ def _analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, 
             texts: dict[str, str] = {}
             for out, out_fmt in targets:
                 if out_fmt not in texts:
-                    texts[out_fmt] = render(report, out_fmt, verbose=verbose, md_full=md_full)
+                    texts[out_fmt] = render(report, out_fmt, verbose=opts.verbose, md_full=opts.md_full)
                 write_atomic(out, texts[out_fmt])
             click.echo(f"Verdict: {one_line(verdict(report), 1000)}")
             for out, _f in targets:
@@ -286,13 +224,56 @@ def _analyze(profile: Path, fmt: str, outs: tuple[Path, ...], rank: int | None, 
         elif fmt == "terminal":
             from advisor.render.terminal import print_report
 
-            print_report(report, verbose=verbose, color=None if terminal_live or sys.stdout.isatty() else False)
+            print_report(report, verbose=opts.verbose,
+                         color=None if terminal_live or sys.stdout.isatty() else False)
         else:
-            click.echo(render(report, fmt, verbose=verbose, md_full=md_full), nl=False)
+            click.echo(render(report, fmt, verbose=opts.verbose, md_full=opts.md_full), nl=False)
             sys.stdout.flush()
     for msg in gate.messages:
         click.echo(f"advisor: gate: {one_line(msg, 500)}", err=True)
     return gate.exit_code
+
+
+@main.command("render")
+@click.argument("report", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(("terminal", "html", "md", "json")), default="terminal",
+              show_default=True, help="Report format.")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="Write the report here (atomically) instead of stdout; the format follows the extension "
+                   "(.html, .md, .json) unless --format is given.")
+@click.option("-v", "--verbose", is_flag=True, help="Show evidence in the terminal summary.")
+@click.option("--md-full", is_flag=True, help="Markdown: embed each rule's documentation and every fix.")
+def render_cmd(report: Path, fmt: str, out: Path | None, verbose: bool, md_full: bool) -> None:
+    """Render REPORT (a JSON report written by ``advisor analyze --format json``) again, in another
+    format; nothing else is read (no profile, no rule)."""
+    from advisor.render.json import read_report
+
+    try:
+        data = read_report(report)
+        if out is not None:
+            ((out, fmt),) = out_formats((out,), fmt, _format_given())
+            out_dir = out.parent if str(out.parent) else Path(".")
+            if not out_dir.is_dir():
+                raise UsageFailure(f"--out {out}: directory {out_dir} does not exist")
+        if fmt == "terminal" and out is None:
+            from advisor.render.terminal import print_report
+
+            with reader_may_leave():
+                print_report(data, verbose=verbose, color=None if sys.stdout.isatty() else False)
+            return
+        text = render(data, fmt, verbose=verbose, md_full=md_full)
+        if out is not None:
+            write_atomic(out, text)
+            return
+        with reader_may_leave():
+            click.echo(text, nl=False)
+            sys.stdout.flush()
+    except (ConfigError, UsageFailure) as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"{out}: cannot write: {exc.strerror or exc}")
+    except Exception as exc:  # noqa: BLE001 - never a traceback for the user
+        _fail(f"{report}: cannot render: {type(exc).__name__}: {exc}")
 
 
 @main.command("rules")

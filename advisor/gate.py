@@ -28,6 +28,7 @@ What is compared:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -58,6 +59,11 @@ class GateResult:
         if self.diff is not None:
             out["baseline_diff"] = self.diff
         return out
+
+    def apply(self, report: Report) -> Report:
+        """The report with the gate's outcome and the baseline diff."""
+        fields = self.report_fields()
+        return dataclasses.replace(report, gate=fields.get("gate"), baseline_diff=fields.get("baseline_diff"))
 
     def fail(self, message: str) -> None:
         """Record a failed check (exit 1, unless a usage error already set 2)."""

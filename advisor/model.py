@@ -4,11 +4,30 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA_ID = "advisor.report/v1"
+
+
+def clean(value: Any) -> Any:
+    """Make a value strict-JSON safe: NaN/Infinity -> None, numpy scalars -> Python, tuples -> lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if hasattr(value, "item"):  # numpy / pandas scalar
+        try:
+            return clean(value.item())
+        except (ValueError, TypeError):
+            pass
+    return str(value)
 
 
 class Severity(enum.IntEnum):
@@ -135,6 +154,20 @@ class Finding:
 
 
 @dataclass(slots=True)
+class Profile:
+    """A loaded profile (:func:`advisor.ingest.load`): the canonical tables in a DuckDB connection
+    (``con``), where they were read from (``path``, the ``sources``' kinds), the ranks, the input
+    problems met, and the time the load took."""
+
+    con: Any
+    path: str
+    sources: list[str]
+    ranks: list[int]
+    warnings: list[Warning_] = field(default_factory=list)
+    parse_seconds: float = 0.0
+
+
+@dataclass(slots=True)
 class RuleOutcome:
     """What happened to one rule in a run."""
 
@@ -145,9 +178,11 @@ class RuleOutcome:
     seconds: float = 0.0
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Report:
-    """Everything the renderers need. Built by :func:`advisor.analyze.analyze`."""
+    """Everything the renderers need. Built by :func:`advisor.analyze.analyze`; the gate returns a
+    copy with its outcome (:meth:`advisor.gate.GateResult.apply`). Its JSON form is
+    :func:`advisor.render.json.report_dict`."""
 
     tool_version: str
     profile: dict[str, Any]
@@ -157,4 +192,18 @@ class Report:
     warnings: list[Warning_] = field(default_factory=list)
     rules: list[RuleOutcome] = field(default_factory=list)
     step_times: list[dict[str, Any]] = field(default_factory=list)
-    extras: dict[str, Any] = field(default_factory=dict)
+    #: the chain's account (:func:`advisor.engine.chain.summary`): roots, verdict, total saving
+    savings: dict[str, Any] | None = None
+    #: one row per communication link (src, dst, bytes, time_us, bandwidth_gbps, ...), when the profile has them
+    comm_matrix: list[dict[str, Any]] | None = None
+    #: the CI gate's outcome (status, checks, messages), when a gate option was given (:mod:`advisor.gate`)
+    gate: dict[str, Any] | None = None
+    #: step time per phase and findings against ``--baseline`` (:func:`advisor.gate.baseline_diff`)
+    baseline_diff: dict[str, Any] | None = None
+    #: ``advisor explain`` text (Markdown) of each rule that has a finding here, for the renderers
+    rule_docs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total_saving_us(self) -> float | None:
+        """What fixing the root causes could save per step (see :attr:`savings`)."""
+        return None if self.savings is None else self.savings.get("total_saving_us")

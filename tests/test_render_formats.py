@@ -188,7 +188,7 @@ def test_terminal_and_json_keep_names(evil: Path) -> None:
 
 
 def test_optional_charts_render() -> None:
-    """Roofline rows in findings and a communication matrix in extras produce their charts (escaped)."""
+    """Roofline rows in findings and a communication matrix produce their charts (escaped)."""
     from advisor.model import Finding, Report, Severity
     from advisor.render import html
 
@@ -200,8 +200,8 @@ def test_optional_charts_render() -> None:
     r2 = Report(tool_version=rep.tool_version, profile=rep.profile, breakdown=rep.breakdown,
                 critical_path=rep.critical_path, findings=[*rep.findings, roof], warnings=rep.warnings,
                 rules=rep.rules, step_times=rep.step_times,
-                extras={"comm_matrix": [{"src": a, "dst": b, "bandwidth_gbps": 10.0 if 1 in (a, b) else 40.0}
-                                        for a in range(4) for b in range(4) if a != b]})
+                comm_matrix=[{"src": a, "dst": b, "bandwidth_gbps": 10.0 if 1 in (a, b) else 40.0}
+                             for a in range(4) for b in range(4) if a != b])
     page = html.render(r2)
     assert 'id="chart-roofline"' in page and 'id="chart-comm"' in page
     assert "<img src=x>" not in page and "&lt;img src=x&gt;" in page

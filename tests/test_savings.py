@@ -190,7 +190,7 @@ def _report(findings: list[Finding]) -> Report:
                   breakdown=[], critical_path={"rank": None, "step": None, "length_us": 0.0, "ops": []},
                   findings=findings, step_times=[{"rank": r, "steps": 3, "mean_us": v, "median_us": v, "min_us": v,
                                                   "max_us": v, "std_us": 0.0} for r, v in med.items()],
-                  extras={"total_saving_us": s["total_saving_us"], "savings": s})
+                  savings=s)
 
 
 def test_verdict_is_the_root_and_renderers_point_to_it() -> None:

@@ -18,11 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from advisor.engine.context import AnalysisContext
 from advisor.ingest.base import (
     FAR_TIMES_SQL,
     FAR_TIMES_WARNING,
@@ -42,8 +41,11 @@ from advisor.ingest.runs import Span, split_runs, strays, when
 from advisor.ingest.runs import describe as describe_runs
 from advisor.ingest.steps import finalize
 from advisor.kinds import Source
-from advisor.model import Warning_
+from advisor.model import Profile, Warning_
 from advisor.schema import create_all
+
+if TYPE_CHECKING:
+    from advisor.engine.context import AnalysisContext
 
 READER_MODULES = ("advisor.ingest.ascend", "advisor.ingest.kineto")
 
@@ -189,7 +191,15 @@ def options(**kwargs: Any) -> Iterator[None]:
         _OPTIONS.reset(token)
 
 
-def load_profile(
+def load_profile(path: str | Path, **kwargs: Any) -> AnalysisContext:
+    """:func:`load` as the engine's context (for callers that query the loaded tables or run rules
+    on them; the analysis builds its context itself). Same keywords as :func:`load`."""
+    from advisor.analyze import context_of  # the analysis builds contexts, not the loader
+
+    return context_of(load(path, **kwargs))
+
+
+def load(
     path: str | Path,
     *,
     progress: Callable[[str, int, int], None] | None = None,
@@ -200,8 +210,8 @@ def load_profile(
     run: int | None = None,
     follow_symlinks: bool | None = None,
     _only: set[Path] | None = None,
-) -> AnalysisContext:
-    """Read everything recognisable under ``path`` into a fresh DuckDB connection.
+) -> Profile:
+    """Read everything recognisable under ``path`` into a fresh DuckDB connection: the :class:`Profile`.
 
     ``on_scan`` is called once, when the first bulk scan is about to start (see
     :meth:`LoadContext.scan_starting`), and at the latest before files are read one by one.
@@ -270,9 +280,8 @@ def load_profile(
     if not 1 <= run <= len(runs):
         raise InputError(f"{one_line(root)}: --run {run}: the directory holds {len(runs)} runs (1 to {len(runs)})")
     chosen = runs[run - 1]
-    ctx = load_profile(root, progress=progress, max_events=max_events, workers=workers, memory_limit=memory_limit,
-                       on_scan=on_scan, follow_symlinks=follow_symlinks,
-                       _only={f for s in chosen for f in s.unit.files})
+    ctx = load(root, progress=progress, max_events=max_events, workers=workers, memory_limit=memory_limit,
+               on_scan=on_scan, follow_symlinks=follow_symlinks, _only={f for s in chosen for f in s.unit.files})
     ctx.warnings.insert(0, Warning_("run_chosen", one_line(
         f"run {run} of the {len(runs)} runs in the directory analysed (--run {run}): "
         + ", ".join(sorted({s.label for s in chosen}))[:300], 500), str(root)))
@@ -312,7 +321,7 @@ def _one_source(root: Path, units: list[Unit], warn: Callable[..., None]) -> lis
 
 def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: Callable[..., None], t0: float, *,
                 progress: Callable[[str, int, int], None] | None, max_events: int | None, workers: int | None,
-                memory_limit: str | None, on_scan: Callable[[], object] | None) -> AnalysisContext:
+                memory_limit: str | None, on_scan: Callable[[], object] | None) -> Profile:
     """The rest of :func:`load_profile`, once the units are claimed and their ranks assigned."""
     con = connect(memory_limit=memory_limit)
     create_all(con)
@@ -388,9 +397,8 @@ def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: C
     con.compress()
     ranks = [r[0] for r in con.execute("SELECT DISTINCT rank FROM ranks ORDER BY rank").fetchall()]
     sources = [r[0] for r in con.execute("SELECT DISTINCT source FROM ranks ORDER BY source").fetchall()]
-    ctx = AnalysisContext(con=con, path=str(root), sources=sources, ranks=ranks, warnings=warnings)
-    ctx.extras["parse_seconds"] = time.perf_counter() - t0
-    return ctx
+    return Profile(con=con, path=str(root), sources=sources, ranks=ranks, warnings=warnings,
+                   parse_seconds=time.perf_counter() - t0)
 
 
 def _adopt_events_parts(con: Any, parts: list[str]) -> None:
@@ -555,4 +563,4 @@ def _write_ranks(con: Any, infos: dict[int, list[tuple[Unit, dict[str, Any]]]]) 
     )
 
 
-__all__ = ["InputError", "ParseError", "load_profile"]
+__all__ = ["InputError", "ParseError", "Profile", "load", "load_profile"]

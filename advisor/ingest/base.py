@@ -15,6 +15,7 @@ from typing import Any
 import duckdb
 
 from advisor.model import Warning_
+from advisor.text import one_line as one_line  # noqa: PLC0414 -- re-exported: the readers import it from here
 
 
 class InputError(Exception):
@@ -29,13 +30,6 @@ class ParseError(Exception):
         self.path = str(path)
         self.message = message
         self.code = code
-
-
-def one_line(text: object, limit: int = 300) -> str:
-    """Collapse a message to one printable line (file names may hold newlines or control chars)."""
-    s = "".join(ch if ch.isprintable() else " " for ch in str(text))
-    s = " ".join(s.split())
-    return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
 @dataclass

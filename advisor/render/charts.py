@@ -473,10 +473,10 @@ COMM_METRIC_LABEL = {"bandwidth_gbps": "bandwidth", "time_us": "transit time", "
 COMM_MIN_BW_BYTES = 1 << 20
 
 
-def comm_matrix(extras: Mapping[str, Any]) -> dict[str, Any] | None:
+def comm_matrix(report: Mapping[str, Any]) -> dict[str, Any] | None:
     """Heat map of the report's ``comm_matrix``: rows ``{src, dst, bandwidth_gbps | time_us | bytes}``
     (optionally ``transport``); None when there is no link to draw."""
-    data = extras.get("comm_matrix")
+    data = report.get("comm_matrix")
     rows = data.get("links") if isinstance(data, Mapping) else data
     if not isinstance(rows, list) or not rows:
         return None

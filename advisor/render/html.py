@@ -10,8 +10,8 @@ script (table sorting, expand/collapse) is allowed by its SHA-256 hash only.
 
 Optional inputs the page uses when present:
 
-* ``report.extras['baseline_diff']`` and ``['gate']`` (from :mod:`advisor.gate`);
-* ``report.extras['comm_matrix']``: a list of ``{"src": rank, "dst": rank, "bandwidth_gbps" |
+* ``report.baseline_diff`` and ``report.gate`` (from :mod:`advisor.gate`);
+* ``report.comm_matrix``: a list of ``{"src": rank, "dst": rank, "bandwidth_gbps" |
   "time_us" | "bytes": value}`` (or ``{"links": [...]}``) -> communication heat map;
 * finding ``top`` rows with ``intensity`` (FLOP/byte) and ``achieved_tflops`` (and ``name``) ->
   roofline scatter; the roof is drawn when a finding's evidence has ``peak_tflops`` and
@@ -160,18 +160,10 @@ def md_blocks(text: str) -> list[dict[str, Any]]:
     return blocks
 
 
-def explain_texts(rule_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
-    """``advisor explain`` text of each rule, as blocks; rules not installed here are left out."""
-    if not rule_ids:
-        return {}
-    try:
-        from advisor.engine.registry import discover
-        from advisor.render.docs import rule_markdown
-
-        specs = discover()
-    except Exception:  # noqa: BLE001 -- a broken rule package must not stop the report; the rule table still shows them
-        return {}
-    return {rid: md_blocks(rule_markdown(specs[rid])) for rid in sorted(rule_ids) if rid in specs}
+def explain_texts(docs: Mapping[str, Any], rule_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
+    """``advisor explain`` text of each rule (the report's ``rule_docs``), as blocks; rules the
+    report has no text for are left out."""
+    return {rid: md_blocks(str(docs[rid])) for rid in sorted(rule_ids) if isinstance(docs.get(rid), str)}
 
 
 # Unit suffixes of evidence keys: (suffix, unit written after the value, or None where
@@ -285,7 +277,7 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
                 first_bar.append({"x": round(x, 3), "w": round(w, 3), "cls": "ph-" + p["key"][:-3],
                                   "title": f"{p['label']}: {fmt_us(p['us'])} ({fmt_ratio(p['share'])})"})
                 x += w
-    extras_known = {"gate", "baseline_diff", "comm_matrix"}
+    extras_known = {"gate", "baseline_diff", "comm_matrix", "total_saving_us", "savings", "rule_docs"}
     return {
         "d": d,
         "profile": prof,
@@ -297,7 +289,7 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
         "diff": d.get("baseline_diff"),
         "findings": findings,
         "sev_counts": {s: sum(1 for f in findings if f["severity"] == s) for s in SEVERITIES},
-        "explain": explain_texts({str(f.get("rule")) for f in findings}),
+        "explain": explain_texts(d.get("rule_docs") or {}, {str(f.get("rule")) for f in findings}),
         "outliers": sorted(outl),
         "charts": {
             "breakdown": charts.breakdown_bars(bd, outl, outl_basis),

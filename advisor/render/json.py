@@ -3,28 +3,14 @@
 from __future__ import annotations
 
 import json
-import math
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, cast
 
-from advisor.model import SCHEMA_ID, Finding, Report
+from advisor.config import ConfigError
+from advisor.model import SCHEMA_ID, Finding, Report, clean
 
-
-def clean(value: Any) -> Any:
-    """Make a value strict-JSON safe: NaN/Infinity -> None, numpy scalars -> Python, tuples -> lists."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [clean(v) for v in value]
-    if value is None or isinstance(value, (str, bool, int)):
-        return value
-    if hasattr(value, "item"):  # numpy / pandas scalar
-        try:
-            return clean(value.item())
-        except (ValueError, TypeError):
-            pass
-    return str(value)
+__all__ = ["clean", "finding_dict", "read_report", "render", "report_dict"]
 
 
 def finding_dict(f: Finding) -> dict[str, Any]:
@@ -55,7 +41,7 @@ def finding_dict(f: Finding) -> dict[str, Any]:
 
 def report_dict(report: Report) -> dict[str, Any]:
     """The whole report as a JSON-ready dict."""
-    out = {
+    out: dict[str, Any] = {
         "schema": SCHEMA_ID,
         "tool": {"name": "advisor", "version": report.tool_version},
         "profile": report.profile,
@@ -69,10 +55,42 @@ def report_dict(report: Report) -> dict[str, Any]:
         ],
         "step_times": report.step_times,
     }
-    out.update(report.extras)
+    if report.savings is not None:
+        out["total_saving_us"] = report.total_saving_us
+        out["savings"] = report.savings
+    if report.comm_matrix:
+        out["comm_matrix"] = report.comm_matrix
+    if report.gate is not None:
+        out["gate"] = report.gate
+    if report.baseline_diff is not None:
+        out["baseline_diff"] = report.baseline_diff
+    if report.rule_docs:
+        out["rule_docs"] = dict(sorted(report.rule_docs.items()))
     return cast(dict[str, Any], clean(out))
 
 
-def render(report: Report) -> str:
-    """Strict JSON text (allow_nan=False: a NaN that slipped through is a bug, not output)."""
-    return json.dumps(report_dict(report), indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+def render(report: Report | Mapping[str, Any]) -> str:
+    """Strict JSON text (allow_nan=False: a NaN that slipped through is a bug, not output) of a
+    Report, or of the dict of a JSON report (written again as it is)."""
+    d = report_dict(report) if isinstance(report, Report) else clean(dict(report))
+    return json.dumps(d, indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """A JSON report written earlier (``--format json``), as the dict every renderer takes; a file
+    that is not one is a :class:`~advisor.config.ConfigError` naming it."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a JSON report (advisor analyze reads profiles)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{path}: not a readable JSON file: {exc}") from None
+    if not isinstance(data, dict) or "schema" not in data:
+        raise ConfigError(f"{path}: not an advisor JSON report (no 'schema' field; advisor analyze reads profiles)")
+    if data.get("schema") != SCHEMA_ID:
+        raise ConfigError(f"{path}: report schema {data.get('schema')!r}, expected {SCHEMA_ID!r}")
+    if not isinstance(data.get("breakdown"), list) or not isinstance(data.get("findings"), list):
+        raise ConfigError(f"{path}: report lacks 'breakdown' or 'findings'")
+    return data

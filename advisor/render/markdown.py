@@ -115,7 +115,7 @@ def render(report: Report | Mapping[str, Any], *, max_findings: int = 20, full: 
     tail = _critical_path(d) + _confidence(d)
     findings = d.get("findings") or []
     budget = None if full else MD_LIMIT - _size(head) - _size(tail) - 2_000
-    body = _findings(findings, max_findings=max_findings, full=full, budget=budget)
+    body = _findings(findings, max_findings=max_findings, full=full, budget=budget, docs=d.get("rule_docs"))
     text = "\n".join(head + body + tail).rstrip() + "\n"
     if not full and len(text) > MD_LIMIT:  # a last resort: every section above is capped on its own
         cut = text.rfind("\n", 0, MD_LIMIT - 200)
@@ -180,7 +180,8 @@ def _breakdown(d: Mapping[str, Any]) -> list[str]:
     return out + _ranks(d)
 
 
-def _findings(findings: list[Mapping[str, Any]], *, max_findings: int, full: bool, budget: int | None) -> list[str]:
+def _findings(findings: list[Mapping[str, Any]], *, max_findings: int, full: bool, budget: int | None,
+              docs: Mapping[str, Any] | None = None) -> list[str]:
     out = [f"### Findings ({len(findings)})", ""]
     if not findings:
         return out + ["No rule fired on this profile.", ""]
@@ -196,7 +197,7 @@ def _findings(findings: list[Mapping[str, Any]], *, max_findings: int, full: boo
     if len(findings) > max_findings:
         out.append(f"\n… {len(findings) - max_findings} more findings in the HTML/JSON report.")
     out.append("")
-    explains = _explains({str(f.get("rule")) for f in shown}) if full else {}
+    explains = _explains(docs or {}, {str(f.get("rule")) for f in shown}) if full else {}
     used = _size(out)
     for i, f in enumerate(shown):
         block = _finding(f, explains.get(str(f.get("rule"))), full=full)
@@ -340,18 +341,12 @@ def _diff(diff: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _explains(rule_ids: set[str]) -> dict[str, str]:
-    try:
-        from advisor.engine.registry import discover
-        from advisor.render.docs import rule_markdown
-
-        specs = discover()
-    except Exception:  # noqa: BLE001 -- a broken rule package must not stop the report
-        return {}
+def _explains(docs: Mapping[str, Any], rule_ids: set[str]) -> dict[str, str]:
+    """Each rule's ``advisor explain`` text (the report's ``rule_docs``), its headings below the finding's."""
     out = {}
     for rid in rule_ids:
-        if rid in specs:
-            text = rule_markdown(specs[rid])
+        text = docs.get(rid)
+        if isinstance(text, str):
             out[rid] = re.sub(r"^(#{1,4}) ", lambda m: "#" * min(6, len(m.group(1)) + 3) + " ", text, flags=re.MULTILINE)
     return out
 

@@ -19,10 +19,10 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from advisor.ingest.base import one_line
 from advisor.model import Report
 from advisor.render import view
 from advisor.render.view import fmt_us
+from advisor.text import one_line
 
 SEV_STYLE = {  # colour is decoration only: the severity word is always printed
     "critical": "bold white on red",

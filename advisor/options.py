@@ -1,0 +1,140 @@
+"""What ``advisor analyze`` was asked to do: one value, built and checked before any profile is read.
+
+:meth:`AnalyzeOptions.build` takes the command line's parameters as click parsed them and makes
+every check that needs no profile (config file, ``--set``/``--rule``/``--skip`` against the rules
+installed, ``--memory-limit``, ``--budget``, ``--baseline``/``--max-regression``, the ``--out``
+paths and their formats). A bad option is a :class:`~advisor.config.ConfigError` or
+:class:`UsageFailure` naming it; the analysis then reads only checked values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from advisor.config import Config
+
+FORMATS = ("terminal", "json", "html", "md")
+
+#: Report formats by file extension (``--out``).
+EXTENSION_FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".json": "json"}
+
+
+class UsageFailure(Exception):
+    """A usage error detected after click parsing (exit 2)."""
+
+
+def out_formats(outs: tuple[Path, ...], fmt: str, fmt_given: bool) -> list[tuple[Path, str]]:
+    """Each ``--out`` path with the format it gets: the one its extension names, else ``--format``.
+
+    A ``--format`` that contradicts an extension, an extension that names no format without a
+    ``--format``, and one path given twice are usage errors."""
+    out: list[tuple[Path, str]] = []
+    seen: set[Path] = set()
+    for path in outs:
+        by_ext = EXTENSION_FORMATS.get(path.suffix.lower())
+        if by_ext is not None and fmt_given and fmt != by_ext:
+            raise UsageFailure(f"--out {path}: the extension {path.suffix} means --format {by_ext}, not --format {fmt}")
+        if by_ext is None and not fmt_given:
+            raise UsageFailure(f"--out {path}: no format for the extension {path.suffix or '(none)'}; "
+                               f"use .html, .md or .json, or give --format")
+        try:
+            key = path.resolve()
+        except (OSError, RuntimeError):
+            key = path.absolute()
+        if key in seen:
+            raise UsageFailure(f"--out {path}: given twice")
+        seen.add(key)
+        out.append((path, by_ext or fmt))
+    return out
+
+
+def check_out_dirs(targets: list[tuple[Path, str]], profile: Path) -> None:
+    """Each ``--out`` goes to an existing directory, and not inside the profile directory."""
+    for out, _f in targets:
+        out_dir = out.parent if str(out.parent) else Path(".")
+        if not out_dir.is_dir():
+            raise UsageFailure(f"--out {out}: directory {out_dir} does not exist")
+        try:
+            if out.resolve().is_relative_to(profile.resolve()) and profile.is_dir():
+                raise UsageFailure(f"--out {out}: refusing to write inside the profile directory")
+        except OSError:
+            pass
+
+
+def build_config(config_path: Path | None, sets: tuple[str, ...] | list[str] = (),
+                 select: tuple[str, ...] | list[str] = (), skip: tuple[str, ...] | list[str] = (),
+                 all_rules: bool = False) -> Config:
+    """The rule configuration: ``advisor.toml`` (``--config``, else ./advisor.toml if present), then
+    the command line's ``--set``, ``--rule``, ``--skip`` and ``--all`` on top."""
+    if config_path is None and Path("advisor.toml").is_file():
+        config_path = Path("advisor.toml")
+    cfg = Config.load(config_path)
+    for s in sets:
+        cfg.add_set(s)
+    cfg.select += [r.upper() for r in select]
+    cfg.skip += [r.upper() for r in skip]
+    cfg.all_rules = cfg.all_rules or all_rules
+    return cfg
+
+
+@dataclass(frozen=True)
+class AnalyzeOptions:
+    """Everything one ``advisor analyze`` run was asked for, checked.
+
+    ``targets``: each ``--out`` path with its format (empty: the report goes to stdout in ``fmt``).
+    ``memory_limit``: as DuckDB takes it. ``budgets``: budget name -> limit (see :mod:`advisor.gate`).
+    ``run`` / ``follow_symlinks``: how the profile's directory is read (see :func:`advisor.ingest.options`).
+    """
+
+    profile: Path
+    cfg: Config = field(default_factory=Config)
+    fmt: str = "terminal"
+    targets: tuple[tuple[Path, str], ...] = ()
+    rank: int | None = None
+    step: int | None = None
+    fail_on: str | None = None
+    baseline: Path | None = None
+    max_regression: float = 10.0
+    budgets: Mapping[str, float] = field(default_factory=dict)
+    max_events: int | None = None
+    memory_limit: str | None = None
+    run: int | None = None
+    follow_symlinks: bool = False
+    verbose: bool = False
+    debug: bool = False
+    md_full: bool = False
+    full_critical_path: bool = False
+
+    @classmethod
+    def build(cls, profile: Path, *, fmt: str = "terminal", fmt_given: bool = True, outs: tuple[Path, ...] = (),
+              rank: int | None = None, step: int | None = None, sets: tuple[str, ...] = (),
+              select: tuple[str, ...] = (), skip: tuple[str, ...] = (), all_rules: bool = False,
+              config_path: Path | None = None, fail_on: str | None = None, baseline: Path | None = None,
+              max_regression: float = 10.0, budgets: tuple[str, ...] = (), max_events: int | None = None,
+              memory_limit: str | None = None, run: int | None = None, follow_symlinks: bool = False,
+              verbose: bool = False, debug: bool = False, md_full: bool = False,
+              full_critical_path: bool = False) -> AnalyzeOptions:
+        """Check the command line's parameters (in the order their errors are reported) and
+        return them as one value; nothing of the profile is read."""
+        from advisor.gate import check_args, parse_budgets
+
+        cfg = build_config(config_path, sets, select, skip, all_rules)
+        budget_map = parse_budgets(budgets)
+        check_args(baseline, max_regression)
+        targets = out_formats(outs, fmt, fmt_given)
+        check_out_dirs(targets, profile)
+        from advisor.analyze import check_options
+
+        limit = check_options(cfg, memory_limit)
+        return cls(profile=profile, cfg=cfg, fmt=fmt, targets=tuple(targets), rank=rank, step=step, fail_on=fail_on,
+                   baseline=baseline, max_regression=max_regression, budgets=budget_map, max_events=max_events,
+                   memory_limit=limit, run=run, follow_symlinks=follow_symlinks, verbose=verbose, debug=debug,
+                   md_full=md_full, full_critical_path=full_critical_path)
+
+    @property
+    def ingest(self) -> dict[str, Any]:
+        """The loader's options for the profile (not the baseline's): see :func:`advisor.ingest.options`."""
+        return {"run": self.run, "follow_symlinks": self.follow_symlinks}
