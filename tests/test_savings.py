@@ -239,3 +239,31 @@ def test_no_profile_claims_a_saving_above_its_step(path: Path) -> None:
         assert set(f["explained_by"]) <= ids and (f["root_id"] is None or f["root_id"] in ids)
     if data["findings"]:
         assert data["savings"]["verdict"] in {f["id"] for f in data["findings"] if f["root"]}
+
+
+def test_verdict_carries_the_chain_it_explains() -> None:
+    """A root with no saving of its own that explains a critical finding: the verdict names the root,
+    with the explained finding's severity and saving, and links to the root's details."""
+    from advisor.render.view import verdict
+
+    d = {
+        "findings": [
+            {"id": "CLU003-a", "rule": "CLU003", "cause": "cluster.step_fluctuation", "severity": "critical",
+             "title": "steps fluctuate", "estimated_saving_us": 3000.0, "saving_fraction": 0.6,
+             "root": False, "root_id": "CPU001-b", "explained_by": ["CPU001-b"]},
+            {"id": "CPU001-b", "rule": "CPU001", "cause": "cpu.operator_compilation", "severity": "low",
+             "title": "dynamic shapes", "estimated_saving_us": None, "saving_fraction": None,
+             "root": True, "root_id": "CPU001-b", "explained_by": []},
+            {"id": "IO001-c", "rule": "IO001", "cause": "io.slow_data_fetching", "severity": "high",
+             "title": "data loading", "estimated_saving_us": 1000.0, "saving_fraction": 0.2,
+             "root": True, "root_id": "IO001-c", "explained_by": []},
+        ],
+        "savings": {"verdict": "CPU001-b"},
+    }
+    v = verdict(d)
+    assert (v["finding_id"], v["severity"], v["saving_us"], v["saving_fraction"]) == ("CPU001-b", "critical", 3000.0, 0.6)
+    assert v["text"].startswith("CRITICAL: dynamic shapes — up to ") and v["text"].endswith("explains 1 more finding")
+    # a root with its own saving keeps it, and its own severity when nothing it explains is worse
+    d["savings"]["verdict"] = "IO001-c"
+    v = verdict(d)
+    assert (v["severity"], v["saving_us"], v["explains"]) == ("high", 1000.0, 0)

@@ -176,20 +176,35 @@ def breakdown_summary(d: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"step_us": step, "phases": rows, "ranks": len(ranks), "rows": len(d["breakdown"])}
 
 
+def _severity_rank(severity: str) -> int:
+    """0 for critical ... 4 for info (an unknown name after info)."""
+    return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
+
+
 def verdict(d: Mapping[str, Any]) -> dict[str, Any]:
     """What limits the step: the top finding with its saving, else the largest phase."""
     findings = d.get("findings") or []
     if findings:
         vid = (d.get("savings") or {}).get("verdict")  # the root cause with the largest saving
         f = next((x for x in findings if x.get("id") == vid), findings[0])
-        saving = f.get("estimated_saving_us")
-        frac = f.get("saving_fraction")
-        text = f"{f['severity'].upper()}: {f['title']}"
+        # the root answers for the time of the findings it explains: the verdict carries the most severe
+        # of its chain and, where the root has no saving of its own, the largest saving in the chain
+        chain = [f, *(x for x in findings if x is not f and f.get("id") and x.get("root_id") == f.get("id"))]
+        severity = min((str(x.get("severity")) for x in chain), key=_severity_rank)
+        source = f
+        if f.get("estimated_saving_us") is None:
+            with_saving = [x for x in chain if x.get("estimated_saving_us") is not None]
+            source = max(with_saving, key=lambda x: float(x["estimated_saving_us"]), default=f)
+        saving = source.get("estimated_saving_us")
+        frac = source.get("saving_fraction")
+        text = f"{severity.upper()}: {f['title']}"
         if saving:
             text += f" — up to {fmt_us(saving)} per step" + (f" ({fmt_ratio(frac, 0)})" if frac else "")
-        return {"kind": "finding", "severity": f["severity"], "title": f["title"], "rule": f["rule"],
+        if len(chain) > 1:
+            text += f"; explains {len(chain) - 1} more finding{'' if len(chain) == 2 else 's'}"
+        return {"kind": "finding", "severity": severity, "title": f["title"], "rule": f["rule"],
                 "cause": f["cause"], "saving_us": saving, "saving_fraction": frac, "finding_id": f.get("id"),
-                "text": text, "others": len(findings) - 1}
+                "text": text, "others": len(findings) - 1, "explains": len(chain) - 1}
     summ = breakdown_summary(d)
     if not summ:
         return {"kind": "none", "severity": "info", "title": "No step could be analysed.",
