@@ -86,7 +86,8 @@ class AnalyzeOptions:
 
     ``targets``: each ``--out`` path with its format (empty: the report goes to stdout in ``fmt``).
     ``memory_limit``: as DuckDB takes it. ``budgets``: budget name -> limit (see :mod:`advisor.gate`).
-    ``run`` / ``follow_symlinks``: how the profile's directory is read (see :func:`advisor.ingest.options`).
+    ``run`` / ``follow_symlinks`` / ``workers``: how the profile's directory is read (see
+    :func:`advisor.ingest.options`; ``workers``: processes reading the ranks, None: decided by the loader).
     """
 
     profile: Path
@@ -103,6 +104,7 @@ class AnalyzeOptions:
     memory_limit: str | None = None
     run: int | None = None
     follow_symlinks: bool = False
+    workers: int | None = None
     verbose: bool = False
     debug: bool = False
     md_full: bool = False
@@ -115,7 +117,7 @@ class AnalyzeOptions:
               config_path: Path | None = None, fail_on: str | None = None, baseline: Path | None = None,
               max_regression: float = 10.0, budgets: tuple[str, ...] = (), max_events: int | None = None,
               memory_limit: str | None = None, run: int | None = None, follow_symlinks: bool = False,
-              verbose: bool = False, debug: bool = False, md_full: bool = False,
+              workers: int | None = None, verbose: bool = False, debug: bool = False, md_full: bool = False,
               full_critical_path: bool = False) -> AnalyzeOptions:
         """Check the command line's parameters (in the order their errors are reported) and
         return them as one value; nothing of the profile is read."""
@@ -131,10 +133,10 @@ class AnalyzeOptions:
         limit = check_options(cfg, memory_limit)
         return cls(profile=profile, cfg=cfg, fmt=fmt, targets=tuple(targets), rank=rank, step=step, fail_on=fail_on,
                    baseline=baseline, max_regression=max_regression, budgets=budget_map, max_events=max_events,
-                   memory_limit=limit, run=run, follow_symlinks=follow_symlinks, verbose=verbose, debug=debug,
+                   memory_limit=limit, run=run, follow_symlinks=follow_symlinks, workers=workers, verbose=verbose, debug=debug,
                    md_full=md_full, full_critical_path=full_critical_path)
 
     @property
     def ingest(self) -> dict[str, Any]:
         """The loader's options for the profile (not the baseline's): see :func:`advisor.ingest.options`."""
-        return {"run": self.run, "follow_symlinks": self.follow_symlinks}
+        return {"run": self.run, "follow_symlinks": self.follow_symlinks, "processes": self.workers}

@@ -182,7 +182,7 @@ _OPTIONS: ContextVar[dict[str, Any] | None] = ContextVar("advisor_ingest_options
 
 @contextmanager
 def options(**kwargs: Any) -> Iterator[None]:
-    """Defaults for :func:`load_profile`'s ``run`` and ``follow_symlinks`` within the block (the
+    """Defaults for :func:`load_profile`'s ``run``, ``follow_symlinks`` and ``processes`` within the block (the
     CLI sets its options so, without threading them through every caller in between)."""
     token = _OPTIONS.set({**(_OPTIONS.get() or {}), **kwargs})
     try:
@@ -209,6 +209,7 @@ def load(
     on_scan: Callable[[], object] | None = None,
     run: int | None = None,
     follow_symlinks: bool | None = None,
+    processes: int | None = None,
     _only: set[Path] | None = None,
 ) -> Profile:
     """Read everything recognisable under ``path`` into a fresh DuckDB connection: the :class:`Profile`.
@@ -218,6 +219,10 @@ def load(
     ``run``: which run (1-based) to analyse when the directory holds several (see
     :func:`advisor.ingest.runs.split_runs`); ``follow_symlinks``: follow symbolic links that
     point outside the directory. Both default to what :func:`options` set, else None / False.
+    ``processes``: worker processes that read the ranks (``--workers``; None: as many as are
+    worth it, see :func:`advisor.ingest.pool.pool_size`), defaulting to what :func:`options` set,
+    else 1 (in-process: a pool starts its workers with ``spawn``, which imports the caller's
+    ``__main__`` again; the CLI sets None).
     ``_only``: read these files of the directory only (the files of the run chosen).
     """
     t0 = time.perf_counter()
@@ -228,6 +233,8 @@ def load(
         run = opts.get("run")
     if follow_symlinks is None:
         follow_symlinks = bool(opts.get("follow_symlinks", False))
+    if processes is None:
+        processes = opts.get("processes", 1)
 
     def warn(code: str, message: str, p: Path | str | None = None) -> None:
         warnings.append(Warning_(code, one_line(message, 500), None if p is None else str(p)))
@@ -261,11 +268,14 @@ def load(
                              "no recognisable trace (Kineto *.json[.gz] or Ascend *_ascend_pt / *_ascend_ms export)")
     units = _one_source(root, units, warn)
     assign_ranks(units, warn)
+    from advisor.ingest.pool import pool_size
+
+    n_processes = pool_size(processes, units)
     # readers may start slow file work (Kineto: copying event lists) while the database is set up
-    cleanups = [r.prefetch(units) for r in readers() if hasattr(r, "prefetch")]
+    cleanups = [r.prefetch(units) for r in readers() if hasattr(r, "prefetch") and n_processes == 1]
     try:
         ctx = _load_units(root, units, warnings, warn, t0, progress=progress, max_events=max_events,
-                          workers=workers, memory_limit=memory_limit, on_scan=on_scan)
+                          workers=workers, memory_limit=memory_limit, on_scan=on_scan, processes=n_processes)
     except SeveralRuns as exc:
         runs = exc.runs
     else:
@@ -281,7 +291,7 @@ def load(
         raise InputError(f"{one_line(root)}: --run {run}: the directory holds {len(runs)} runs (1 to {len(runs)})")
     chosen = runs[run - 1]
     ctx = load(root, progress=progress, max_events=max_events, workers=workers, memory_limit=memory_limit,
-               on_scan=on_scan, follow_symlinks=follow_symlinks, _only={f for s in chosen for f in s.unit.files})
+               on_scan=on_scan, follow_symlinks=follow_symlinks, processes=processes, _only={f for s in chosen for f in s.unit.files})
     ctx.warnings.insert(0, Warning_("run_chosen", one_line(
         f"run {run} of the {len(runs)} runs in the directory analysed (--run {run}): "
         + ", ".join(sorted({s.label for s in chosen}))[:300], 500), str(root)))
@@ -321,19 +331,55 @@ def _one_source(root: Path, units: list[Unit], warn: Callable[..., None]) -> lis
 
 def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: Callable[..., None], t0: float, *,
                 progress: Callable[[str, int, int], None] | None, max_events: int | None, workers: int | None,
-                memory_limit: str | None, on_scan: Callable[[], object] | None) -> Profile:
-    """The rest of :func:`load_profile`, once the units are claimed and their ranks assigned."""
+                memory_limit: str | None, on_scan: Callable[[], object] | None, processes: int = 1) -> Profile:
+    """The rest of :func:`load_profile`, once the units are claimed and their ranks assigned:
+    the units are read in-process, or rank by rank in ``processes`` worker processes (see
+    :mod:`advisor.ingest.pool`); then what compares files and ranks runs here."""
     con = connect(memory_limit=memory_limit)
     create_all(con)
     lctx = LoadContext(con, warnings, max_events=max_events, on_scan=on_scan)
     for u in units:
         lctx.units_per_rank[u.rank] = lctx.units_per_rank.get(u.rank, 0) + 1
-    modules = {src: r for r in readers() for src in getattr(r, "SOURCES", (r.SOURCE,))}
-    infos: dict[int, list[tuple[Unit, dict[str, Any]]]] = defaultdict(list)
+    infos: dict[int, list[tuple[Unit, dict[str, Any] | None]]] = defaultdict(list)
     done = 0
     if progress:
         progress("ingest", 0, len(units))
-    # readers that can load many units in one scan do so first; what they leave goes one by one
+    if processes > 1:
+        _load_in_pool(con, lctx, units, infos, processes, progress=progress, memory_limit=memory_limit)
+    else:
+        for unit, info in read_units(units, lctx, workers):
+            done += 1
+            if info is not None:
+                infos[unit.rank].append((unit, info))
+            if progress:
+                progress("ingest", done, len(units))
+    read = {rank: [(u, info) for u, info in items if info is not None] for rank, items in infos.items()}
+    read = {rank: items for rank, items in read.items() if items}
+    if not read:
+        raise nothing_usable(root, warnings, "no trace could be read")
+
+    _adopt_events_parts(con, lctx.events_parts)
+    _drop_far_times(con, warn)
+    _drop_duplicate_files(con, warn, lctx.clashes)
+    _check_runs_of_files(root, con, units, read, lctx.clashes, warn)
+    _merge_tracks(con)
+    _check_late_ranks(read, warn)
+    _write_ranks(con, read)
+    finalize(con, warn, assigned=lctx.stepped)
+    _check_runs(con, warn)
+    con.compress()
+    ranks = [r[0] for r in con.execute("SELECT DISTINCT rank FROM ranks ORDER BY rank").fetchall()]
+    sources = [r[0] for r in con.execute("SELECT DISTINCT source FROM ranks ORDER BY source").fetchall()]
+    return Profile(con=con, path=str(root), sources=sources, ranks=ranks, warnings=warnings,
+                   parse_seconds=time.perf_counter() - t0)
+
+
+def read_units(units: list[Unit], lctx: LoadContext,
+               workers: int | None = None) -> Iterator[tuple[Unit, dict[str, Any] | None]]:
+    """Read ``units`` into ``lctx``'s tables; yields each unit with its ranks-table info, or
+    None when it was skipped with a warning. Readers that can load many units in one scan do so
+    first; what they leave goes one by one, in ``workers`` threads."""
+    modules = {src: r for r in readers() for src in getattr(r, "SOURCES", (r.SOURCE,))}
     pending = list(units)
     for reader in readers():
         load_many = getattr(reader, "load_many", None)
@@ -342,13 +388,9 @@ def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: C
             continue
         handled = load_many(mine, lctx)
         for i, info in handled.items():
-            done += 1
-            if info is not None:
-                infos[mine[i].rank].append((mine[i], info))
+            yield mine[i], info
         taken = {id(mine[i]) for i in handled}
         pending = [u for u in pending if id(u) not in taken]
-        if progress and handled:
-            progress("ingest", done, len(units))
 
     def run(unit: Unit) -> tuple[Unit, dict[str, Any] | None]:
         reader = modules.get(unit.source)
@@ -367,38 +409,43 @@ def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: C
     n_workers = workers or min(4, max(1, os.cpu_count() or 1), max(1, len(pending)))
     if n_workers > 1:
         with ThreadPoolExecutor(max_workers=n_workers) as pool:
-            for unit, info in pool.map(run, pending):
-                done += 1
-                if info is not None:
-                    infos[unit.rank].append((unit, info))
-                if progress:
-                    progress("ingest", done, len(units))
+            yield from pool.map(run, pending)
     else:
         for unit in pending:
-            unit, info = run(unit)
-            done += 1
-            if info is not None:
-                infos[unit.rank].append((unit, info))
-            if progress:
-                progress("ingest", done, len(units))
+            yield run(unit)
 
-    if not infos:
-        raise nothing_usable(root, warnings, "no trace could be read")
 
-    _adopt_events_parts(con, lctx.events_parts)
-    _drop_far_times(con, warn)
-    _drop_duplicate_files(con, warn, lctx.clashes)
-    _check_runs_of_files(root, con, units, infos, lctx.clashes, warn)
-    _merge_tracks(con)
-    _check_late_ranks(infos, warn)
-    _write_ranks(con, infos)
-    finalize(con, warn, assigned=lctx.stepped)
-    _check_runs(con, warn)
-    con.compress()
-    ranks = [r[0] for r in con.execute("SELECT DISTINCT rank FROM ranks ORDER BY rank").fetchall()]
-    sources = [r[0] for r in con.execute("SELECT DISTINCT source FROM ranks ORDER BY source").fetchall()]
-    return Profile(con=con, path=str(root), sources=sources, ranks=ranks, warnings=warnings,
-                   parse_seconds=time.perf_counter() - t0)
+def _load_in_pool(con: Any, lctx: LoadContext, units: list[Unit],
+                  infos: dict[int, list[tuple[Unit, dict[str, Any] | None]]], processes: int, *,
+                  progress: Callable[[str, int, int], None] | None, memory_limit: str | None) -> None:
+    """Read each rank in a worker process (:func:`advisor.ingest.pool.run_pool`) and append its
+    tables, warnings and infos to the main process's, ranks in ascending order."""
+    import tempfile
+
+    from advisor.ingest import pool
+
+    done = 0
+
+    def step(n_units: int) -> None:
+        nonlocal done
+        done += n_units
+        if progress:
+            progress("ingest", done, len(units))
+
+    with tempfile.TemporaryDirectory(prefix="advisor-ranks-") as out_dir:
+        next_id = 0
+        cur = con.cursor()
+        for us, res in pool.run_pool(units, processes, out_dir, memory_limit=memory_limit,
+                                     max_events=lctx.max_events, progress=step, on_start=lctx.scan_starting):
+            pool.adopt(cur, out_dir, res, next_id)
+            next_id += res.file_ids
+            for w in res.warnings:
+                lctx.warn(w.code, w.message, w.path)
+            lctx.stepped |= res.stepped
+            lctx.clashes.extend(res.clashes)
+            for i, info in sorted(res.infos):
+                infos[us[i].rank].append((us[i], info))
+        cur.close()
 
 
 def _adopt_events_parts(con: Any, parts: list[str]) -> None:
