@@ -52,10 +52,13 @@ def test_pool_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert pool_size(1, small) == 1
     assert pool_size(3, small) == 3
     assert pool_size(16, small) == 4  # never more workers than ranks
-    assert pool_size(None, small) == 1  # small inputs stay in-process
-    assert pool_size(None, small[:1]) == 1
     monkeypatch.setattr("advisor.ingest.pool._total_bytes", lambda units: POOL_ABOVE_BYTES)
+    assert pool_size(None, small) == 1  # no pool unless asked for
+    monkeypatch.setattr("advisor.ingest.pool.POOL_BY_DEFAULT", True)
     assert pool_size(None, small) == 4
+    monkeypatch.setattr("advisor.ingest.pool._total_bytes", lambda units: POOL_ABOVE_BYTES - 1)
+    assert pool_size(None, small) == 1  # small inputs stay in-process
+    monkeypatch.setattr("advisor.ingest.pool._total_bytes", lambda units: POOL_ABOVE_BYTES)
     assert pool_size(None, small[:1]) == 1  # one rank: nothing to share out
     monkeypatch.setattr("os.cpu_count", lambda: 1)
     assert pool_size(None, small) == 1

@@ -29,6 +29,11 @@ from advisor.model import Warning_
 #: readers and DuckDB) costs more than reading the ranks side by side saves: loaded in-process.
 POOL_ABOVE_BYTES = 256 << 20
 
+#: Whether a load without ``--workers`` may use a pool (see :func:`pool_size`). Off: the main
+#: process still receives every rank's rows, so the pool saves no memory, and the in-process
+#: load already parses on every core; it pays once the cross-rank rules read per-rank summaries.
+POOL_BY_DEFAULT = False
+
 
 @dataclass
 class RankResult:
@@ -45,13 +50,14 @@ class RankResult:
 
 def pool_size(workers: int | None, units: list[Unit]) -> int:
     """How many worker processes read the ranks: ``workers`` when given (1: none, the load runs
-    in-process), else one per core (at most one per rank) when there are several ranks, more than
-    one core and at least :data:`POOL_ABOVE_BYTES` of files; 1 otherwise."""
+    in-process), else, with :data:`POOL_BY_DEFAULT`, one per core (at most one per rank) when
+    there are several ranks, more than one core and at least :data:`POOL_ABOVE_BYTES` of files;
+    1 otherwise."""
     ranks = len({u.rank for u in units})
     if workers is not None:
         return max(1, min(int(workers), ranks))
     cores = os.cpu_count() or 1
-    if ranks < 2 or cores < 2 or _total_bytes(units) < POOL_ABOVE_BYTES:
+    if not POOL_BY_DEFAULT or ranks < 2 or cores < 2 or _total_bytes(units) < POOL_ABOVE_BYTES:
         return 1
     return min(cores, ranks)
 
