@@ -102,7 +102,9 @@ def groups_of(ctx: RuleContext[Any], all_ranks: list[int]) -> list[tuple[str, li
                 found.setdefault(members, []).append(str(g["group_name"]))
     if not found:
         return [("all ranks", sorted(all_ranks))]
-    return [(", ".join(sorted(names)[:3]) + (" …" if len(names) > 3 else ""), list(m)) for m, names in found.items()]
+    # in member order, whatever order the query gave: a step's best hit keeps the first group on ties
+    return [(", ".join(sorted(names)[:3]) + (" …" if len(names) > 3 else ""), list(m))
+            for m, names in sorted(found.items(), key=lambda kv: (len(kv[0]), kv[0]))]
 
 
 @rule("CLU001", "cluster.slow-rank", cause="cluster.slow_rank",

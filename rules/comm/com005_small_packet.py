@@ -137,7 +137,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                          "no estimate: the durations include waiting for peers or the transport's peak is unknown",
             ranks=sorted(int(r) for r in small["rank"].unique()),
             steps=sorted(int(s) for s in small["step"].dropna().unique()),
-            ops=list(dict.fromkeys(str(n) for n in small["name"]))[:5],
+            ops=[str(n) for n in small.groupby("name").size().sort_values(ascending=False, kind="stable").index[:5]],
             top=[{"op": str(name), "transfers": len(x), "mean_bytes": round(float(x["bytes"].mean()), 1)}
                  for name, x in sorted(small.groupby("name"), key=lambda kv: -len(kv[1]))[:5]],
         )

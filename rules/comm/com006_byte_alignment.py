@@ -121,9 +121,11 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                          "no aligned transfers to compare with: severity from the misaligned share of transit time",
             ranks=sorted(int(r) for r in bad["rank"].unique()),
             steps=sorted(int(s) for s in bad["step"].dropna().unique()),
-            ops=list(dict.fromkeys(str(n) for n in bad["name"] if n is not None))[:5],
+            ops=[str(n) for n in bad.groupby("name")["transit_ns"].sum().sort_values(ascending=False, kind="stable")
+                 .index[:5]],
             top=[{"rank": int(r["rank"]), "step": None if r["step"] != r["step"] else int(r["step"]),
                   "op": r["name"], "bytes": int(r["bytes"]), "bytes_mod_alignment": int(r["rem"]),
                   "transit_ms": ms(r["transit_ns"])}
-                 for _, r in bad.sort_values("transit_ns", ascending=False).head(5).iterrows()],
+                 for _, r in bad.sort_values(["transit_ns", "rank", "step", "name"], ascending=[False, True, True, True],
+                                             na_position="last").head(5).iterrows()],
         )
