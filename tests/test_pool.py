@@ -19,17 +19,9 @@ from advisor.ingest.pool import POOL_ABOVE_BYTES, pool_size, share_of
 from advisor.schema import TABLES
 from tests.ascend import gen_cluster
 from tests.conftest import SAMPLES, TRACES, report_json
+from tests.test_determinism import _strip
 
-TIMING_KEYS = {"parse_seconds", "analyze_seconds", "seconds"}
 KINETO_CLUSTERS = [TRACES / "gloo_slow_rank", SAMPLES / "kineto_two_ranks"]
-
-
-def _strip(obj: object) -> object:
-    if isinstance(obj, dict):
-        return {k: _strip(v) for k, v in obj.items() if k not in TIMING_KEYS}
-    if isinstance(obj, list):
-        return [_strip(v) for v in obj]
-    return obj
 
 
 def _report(path: Path, processes: int) -> Any:
