@@ -21,12 +21,9 @@ TRACES = ROOT / "tests" / "data" / "kineto"
 
 
 def resolve_fixture(spec: str) -> Path:
-    """'sample:NAME' -> sample_profiles/NAME, else a path relative to the repo root.
-
-    'shared:NAME' is the older spelling of 'sample:NAME' (the samples were once read from outside the repository).
-    """
+    """'sample:NAME' -> sample_profiles/NAME, else a path relative to the repo root."""
     kind, sep, name = spec.partition(":")
-    if sep and kind in ("sample", "shared"):
+    if sep and kind == "sample":
         return SAMPLES / name
     return ROOT / spec
 

@@ -1,7 +1,7 @@
 """Pieces shared by the Ascend readers (text and database forms): SQL snippets, names, metadata.
 
 Everything here is independent of the file form. The conventions follow
-``../shared/docs/ascend-formats.md`` (cited as "format doc §N").
+``tests/data/ascend/ascend-formats.md`` (cited as "format doc §N").
 """
 
 from __future__ import annotations

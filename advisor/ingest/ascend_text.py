@@ -11,7 +11,7 @@ carry the job's ``fno``; joins and windows are partitioned by it. A loader raise
 cannot be read; the caller then retries each job alone, so one bad file only costs its own rank
 that file (see :func:`advisor.ingest.ascend.run_jobs`).
 
-References: ``../shared/docs/ascend-formats.md`` (format doc), sections given per function.
+References: ``tests/data/ascend/ascend-formats.md`` (format doc), sections given per function.
 """
 
 from __future__ import annotations
