@@ -159,6 +159,11 @@ def main() -> None:
 @click.option("--follow-symlinks", is_flag=True, help="Follow symbolic links that point outside PROFILE.")
 @click.option("--workers", type=click.IntRange(min=1),
               help="Processes reading the ranks of a cluster side by side (default and 1: in-process).")
+@click.option("--metrics", "metrics", multiple=True, type=click.Path(path_type=Path),
+              help="A monitoring export read beside the profile (DCGM dmon or exporter, nvidia-smi / rocm-smi / "
+                   "amd-smi CSV, Prometheus query_range JSON, npu-smi watch, CSV). Repeatable.")
+@click.option("--metrics-tz-offset", metavar="+HH:MM",
+              help="UTC offset of --metrics times written without a zone (nvidia-smi's timestamp); default UTC.")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence in the terminal summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @click.option("--md-full", is_flag=True, help="Markdown: embed each rule's documentation and every fix "

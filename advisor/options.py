@@ -88,6 +88,7 @@ class AnalyzeOptions:
     ``memory_limit``: as DuckDB takes it. ``budgets``: budget name -> limit (see :mod:`advisor.gate`).
     ``run`` / ``follow_symlinks`` / ``workers``: how the profile's directory is read (see
     :func:`advisor.ingest.options`; ``workers``: processes reading the ranks, None: decided by the loader).
+    ``metrics`` / ``metrics_tz_offset``: monitoring exports read beside the profile (:mod:`advisor.metrics`).
     """
 
     profile: Path
@@ -109,6 +110,8 @@ class AnalyzeOptions:
     debug: bool = False
     md_full: bool = False
     full_critical_path: bool = False
+    metrics: tuple[Path, ...] = ()
+    metrics_tz_offset: str | None = None
 
     @classmethod
     def build(cls, profile: Path, *, fmt: str = "terminal", fmt_given: bool = True, outs: tuple[Path, ...] = (),
@@ -118,7 +121,8 @@ class AnalyzeOptions:
               max_regression: float = 10.0, budgets: tuple[str, ...] = (), max_events: int | None = None,
               memory_limit: str | None = None, run: int | None = None, follow_symlinks: bool = False,
               workers: int | None = None, verbose: bool = False, debug: bool = False, md_full: bool = False,
-              full_critical_path: bool = False) -> AnalyzeOptions:
+              full_critical_path: bool = False, metrics: tuple[Path, ...] = (),
+              metrics_tz_offset: str | None = None) -> AnalyzeOptions:
         """Check the command line's parameters (in the order their errors are reported) and
         return them as one value; nothing of the profile is read."""
         from advisor.gate import check_args, parse_budgets
@@ -131,12 +135,23 @@ class AnalyzeOptions:
         from advisor.analyze import check_options
 
         limit = check_options(cfg, memory_limit)
+        if metrics_tz_offset is not None:
+            from advisor.metrics.common import parse_tz_offset
+
+            try:
+                parse_tz_offset(metrics_tz_offset)
+            except ValueError as exc:
+                raise UsageFailure(f"--metrics-tz-offset: {exc}") from None
         return cls(profile=profile, cfg=cfg, fmt=fmt, targets=tuple(targets), rank=rank, step=step, fail_on=fail_on,
                    baseline=baseline, max_regression=max_regression, budgets=budget_map, max_events=max_events,
                    memory_limit=limit, run=run, follow_symlinks=follow_symlinks, workers=workers, verbose=verbose, debug=debug,
-                   md_full=md_full, full_critical_path=full_critical_path)
+                   md_full=md_full, full_critical_path=full_critical_path, metrics=tuple(metrics),
+                   metrics_tz_offset=metrics_tz_offset)
 
     @property
     def ingest(self) -> dict[str, Any]:
         """The loader's options for the profile (not the baseline's): see :func:`advisor.ingest.options`."""
-        return {"run": self.run, "follow_symlinks": self.follow_symlinks, "processes": self.workers}
+        out: dict[str, Any] = {"run": self.run, "follow_symlinks": self.follow_symlinks, "processes": self.workers}
+        if self.metrics:
+            out.update(metrics=self.metrics, metrics_tz_offset=self.metrics_tz_offset)
+        return out

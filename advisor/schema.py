@@ -295,11 +295,16 @@ TABLES: dict[str, Table] = {
         ),
         _t(
             "hw_metrics",
-            "hardware metric series (AI Core frequency, power, temperature, GPU clock ...)",
-            ("rank", "INTEGER", "global rank"),
-            ("metric", "VARCHAR", "e.g. aicore_freq_mhz, gpu_clock_mhz"),
-            ("ts_ns", "BIGINT", "time, ns"),
-            ("value", "DOUBLE", "value"),
+            "hardware metric series (AI Core frequency, power, temperature, GPU clock ...): the series inside the "
+            "exports and those of --metrics files (advisor.metrics.vocab: canonical names and units)",
+            ("rank", "INTEGER", "global rank (NULL when the device cannot be mapped to a rank)"),
+            ("metric", "VARCHAR", "canonical name with its unit (aicore_freq_mhz, hbm_read_bps ...) or src:<name>"),
+            ("ts_ns", "BIGINT", "time, ns, on the trace's clock (epoch); NULL when the source has no times"),
+            ("value", "DOUBLE", "value in the metric's unit (percentages 0-100, bandwidths bytes/s)"),
+            ("device", "VARCHAR", "device id as the source names it (GPU index, NPU id ...)"),
+            ("node", "VARCHAR", "host name where the source gives it"),
+            ("unit", "VARCHAR", "unit of value (%, MHz, W, C, B, B/s ...)"),
+            ("source", "VARCHAR", "kineto-counter, ascend-text, ascend-db, dcgm, nvidia-smi, rocm-smi, amd-smi, ..."),
         ),
         _t(
             "comm_tasks",

@@ -281,6 +281,9 @@ def load(
     else:
         if run is not None and run != 1:
             raise InputError(f"{one_line(root)}: --run {run}: the profile holds one run only")
+        from advisor.metrics import finish_load  # --metrics files beside the profile (advisor.metrics)
+
+        finish_load(ctx.con, warn, opts.get("metrics") or (), opts.get("metrics_tz_offset"), str(root))
         return ctx
     finally:
         for cleanup in cleanups:

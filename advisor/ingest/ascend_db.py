@@ -40,6 +40,7 @@ from advisor.ingest.ascend_common import (
 )
 from advisor.ingest.base import LoadContext, ParseError, Unit
 from advisor.ingest.steps import windows_sql
+from advisor.metrics.ascend import insert_db_series
 from advisor.schema import EVENTS_INSERT
 
 CHUNK_ROWS = 250_000
@@ -788,17 +789,8 @@ def _memory_freq(cur: Any, db: Db, rank: int, sid: str) -> None:
             {"rank": rank},
             "_chunk",
         )
-    if db.has("AICORE_FREQ"):
-        f = partial(_ci, db, "AICORE_FREQ", "")
-        _insert_chunks(
-            cur,
-            db,
-            f"SELECT {f('timestampNs')}, CAST({db.pick('AICORE_FREQ', 'freq')} AS REAL) FROM AICORE_FREQ",
-            [("ts", _I64), ("freq", _F64)],
-            "INSERT INTO hw_metrics SELECT $rank, 'aicore_freq_mhz', ts, freq FROM _chunk WHERE ts IS NOT NULL",
-            {"rank": rank},
-            "_chunk",
-        )
+    # hardware series: AI Core frequency, HBM / LLC bandwidth, NPU memory ...
+    insert_db_series(cur, db.con, rank)
 
 
 def _steps_from_step_time(cur: Any, db: Db, rank: int, p: str) -> None:

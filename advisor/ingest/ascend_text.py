@@ -39,6 +39,7 @@ from advisor.ingest.ascend_common import (
     sql_str,
 )
 from advisor.ingest.base import ParseError, read_head
+from advisor.metrics.ascend import insert_text_series
 from advisor.schema import EVENTS_INSERT
 
 
@@ -184,7 +185,8 @@ def load_traces(cur: Any, jobs: list[Job], p: str, max_events: int | None = None
             cur.execute(
                 f"""CREATE TEMP TABLE {tv} AS
                 SELECT f.fno, f.rank, f.fid, f.kernels AS kfb, f.comm_ops AS cfb, r.ph, r.name, r.cat, r.pid, r.tid,
-                       {US_TO_NS.format(x="r.ts")} AS ts_ns, {US_TO_NS.format(x="r.dur")} AS dur_ns, r.id, {extracted}
+                       {US_TO_NS.format(x="r.ts")} AS ts_ns, {US_TO_NS.format(x="r.dur")} AS dur_ns, r.id, {extracted},
+                       CASE WHEN r.ph = 'C' THEN r.args END AS cargs
                 FROM (SELECT *, json_extract_string(args, {paths}) AS a
                       FROM read_json($paths, columns={_TRACE_COLUMNS}, format='array', maximum_object_size={max_obj},
                                      filename=true)) r
@@ -353,13 +355,8 @@ def _traces_from_stage(
                ts_ns, dur_ns
         FROM {xe} WHERE layer = 'overlap'"""
     )
-    # -- AI Core frequency (counter or slice events; a value holds until the next sample)
-    cur.execute(
-        f"""INSERT INTO hw_metrics
-        SELECT t.rank, 'aicore_freq_mhz', t.ts_ns, TRY_CAST(t.mhz AS DOUBLE)
-        FROM {tv} t JOIN {lanes} l USING (fno, pid)
-        WHERE l.pname = 'AI Core Freq' AND t.ph IN ('C', 'X', 'i', 'I') AND t.ts_ns IS NOT NULL AND TRY_CAST(t.mhz AS DOUBLE) IS NOT NULL"""
-    )
+    # -- hardware series: AI Core frequency, HBM / LLC bandwidth, NPU memory ... (counter lanes)
+    insert_text_series(cur, tv, lanes)
     # -- HCCL plane tasks -> comm_tasks, each matched to its operator (lane by tid order, then time)
     cur.execute(
         f"""CREATE TEMP TABLE {ht} AS

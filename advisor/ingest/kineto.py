@@ -62,6 +62,7 @@ from advisor.ingest.jsonstream import (
 )
 from advisor.ingest.steps import build_steps, drop_window_lookup, step_of, window_lookup
 from advisor.kinds import Source
+from advisor.metrics.kineto import COUNTER_SQL, insert_counters
 from advisor.schema import DTYPE_BYTES_SQL
 
 SOURCE = Source.KINETO.value
@@ -439,7 +440,7 @@ def _events_sql(unnest: str, struct: bool = False, numeric: bool = False) -> str
         return f"CASE WHEN lcat = 'cuda_sync' AND {x} >= 0 THEN {x} END"
 
     dtype = DTYPE_BYTES_SQL.format(d=_arg("dtype"))
-    return f"""SELECT fid, CASE WHEN ph IN ('M', 'B', 'E') THEN 'meta' ELSE {_KIND_SQL} END AS kind,
+    return f"""SELECT fid, CASE WHEN ph IN ('M', 'B', 'E', 'C') THEN 'meta' ELSE {_KIND_SQL} END AS kind,
            coalesce(name, '') AS name, cat, pid, tid,
            CASE WHEN ph IN ('B', 'E') THEN NULL ELSE lcat IN {DEVICE_CATS} END AS device,
            TRY_CAST({_arg("stream")} AS BIGINT) AS stream, ts_ns, dur_ns,
@@ -448,7 +449,7 @@ def _events_sql(unnest: str, struct: bool = False, numeric: bool = False) -> str
            coalesce(TRY_CAST({_arg("bytes")} AS BIGINT), TRY_CAST({_arg("nelems")} AS BIGINT) * ({dtype})) AS bytes,
            coalesce({_arg("dims")}, {_arg("dims_lower")}) AS shapes, {_arg("types")} AS dtypes,
            TRY_CAST({_arg("flops")} AS DOUBLE) AS flops, {_arg("stack")} AS stack,
-           CASE WHEN ph = 'M' THEN {_arg("meta_name")} END AS x_extra,
+           CASE WHEN ph = 'M' THEN {_arg("meta_name")} WHEN ph = 'C' THEN {COUNTER_SQL} END AS x_extra,
            CASE WHEN lcat = 'kernel' THEN TRY_CAST(list_aggregate(TRY_CAST({_arg("grid")} AS BIGINT[]), 'product') AS INTEGER)
            END AS block_dim,
            {sync_id("wait_stream")} AS wait_stream, {sync_id("wait_corr")} AS wait_corr,
@@ -457,9 +458,10 @@ def _events_sql(unnest: str, struct: bool = False, numeric: bool = False) -> str
     FROM (
         SELECT fid, e.ph AS ph, e.cat AS cat, lower(coalesce(e.cat, '')) AS lcat, e.name AS name, e.pid AS pid,
                e.tid AS tid, {_to_ns('e.ts', numeric)} AS ts_ns, {_to_ns('e.dur', numeric)} AS dur_ns,
-               {"e.args" if struct else f"CASE WHEN e.args IS NULL THEN NULL ELSE json_extract_string(e.args, {_paths_sql()}) END"} AS a
+               {"e.args" if struct else f"CASE WHEN e.args IS NULL THEN NULL ELSE json_extract_string(e.args, {_paths_sql()}) END"} AS a,
+               {"NULL" if struct else "CASE WHEN e.ph = 'C' THEN CAST(e.args AS VARCHAR) END"} AS c_args
         FROM ({unnest})
-        WHERE e.ph IN ('X', 'M', 'B', 'E')
+        WHERE e.ph IN ('X', 'M', 'B', 'E', 'C')
     )"""
 
 
@@ -939,6 +941,7 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
             SELECT rank, pid, tid, NULL, NULL, x_extra FROM {part} WHERE kind = 'meta' AND name = 'thread_name' AND device IS NOT NULL
         ) WHERE rank IN (SELECT rank FROM {kf}) GROUP BY rank, pid, tid"""
     )
+    insert_counters(cur, part, [(f.fid, f.rank, f.path) for f in files if f.fid not in gone])  # counter events ('C')
     cur.execute(
         f"""DELETE FROM {part} WHERE kind = 'meta' OR start_ns IS NULL OR dur_ns IS NULL OR dur_ns < 0 OR {FAR_TIMES_SQL}
             OR lower(coalesce(cat, '')) IN ('trace', 'ac2g', 'flow') OR file_id IN ({gone_sql})"""

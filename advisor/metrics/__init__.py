@@ -1,0 +1,280 @@
+"""Hardware metric series: read what monitoring tools export (``--metrics FILE``) into
+``hw_metrics``, next to the series the profiler exports hold (Kineto counters, Ascend system lanes).
+
+One canonical table for all (:mod:`advisor.metrics.vocab`): time on the trace's clock, node,
+device, metric, value, unit, source. Each file's form is told by its content (:data:`READERS`,
+sniffed in order; the extension only breaks a tie), its devices are mapped to ranks where the
+trace says which device each rank used (:func:`map_ranks`), and what could not be read, kept
+under a source name, or does not overlap the trace in time is said in one warning each. A file
+that cannot be read at all is a warning too: the trace is analysed as without it.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from advisor.metrics import dcgm, npu_smi, prometheus, tabular
+from advisor.metrics.common import MetricsError, ReadContext, Sample, parse_tz_offset
+
+Warn = Callable[..., None]
+MAX_BYTES = 512 << 20  # a monitoring export larger than this is refused (read whole into memory)
+
+
+@dataclass(frozen=True)
+class Reader:
+    """One input form: its name (the ``source`` of its rows unless the reader says otherwise),
+    a content test on the file's first KiB and the reader."""
+
+    name: str
+    sniff: Callable[[str], bool]
+    read: Callable[[str, Path, ReadContext], list[Sample]]
+    extensions: tuple[str, ...] = ()
+
+
+#: the forms, in the order their content is tested (the generic CSV last)
+READERS: tuple[Reader, ...] = (
+    Reader("prometheus", prometheus.sniff, prometheus.read, (".json",)),
+    Reader("dcgm", dcgm.sniff_dmon, dcgm.read_dmon, (".txt", ".log")),
+    Reader("dcgm-exporter", dcgm.sniff_exposition, dcgm.read_exposition, (".prom", ".txt")),
+    Reader("npu-smi", npu_smi.sniff, npu_smi.read, (".txt", ".log")),
+    Reader("nvidia-smi", tabular.sniff_nvidia_smi, tabular.read_nvidia_smi, (".csv",)),
+    Reader("rocm-smi", tabular.sniff_rocm_smi, tabular.read_rocm_smi, (".csv",)),
+    Reader("amd-smi", tabular.sniff_amd_smi, tabular.read_amd_smi, (".csv",)),
+    Reader("csv", tabular.sniff_csv, tabular.read_csv, (".csv",)),
+)
+
+
+def _text(path: Path) -> str:
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise MetricsError(f"larger than {MAX_BYTES >> 20} MiB; refused")
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+    except FileNotFoundError:
+        raise MetricsError("no such file") from None
+    except IsADirectoryError:
+        raise MetricsError("a directory, not a file") from None
+    except OSError as exc:
+        raise MetricsError(f"cannot read: {exc.strerror or exc}") from None
+    except EOFError:
+        raise MetricsError("truncated gzip") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise MetricsError("not text (UTF-8)") from None
+
+
+def reader_for(text: str, path: Path) -> Reader:
+    """The reader whose content test the file passes (by extension among several); raises
+    MetricsError naming the forms known when none does."""
+    head = text[:8192]
+    fits = [r for r in READERS if r.sniff(head)]
+    if not fits:
+        raise MetricsError("not a known metrics form (DCGM dmon or exporter, nvidia-smi / rocm-smi / amd-smi CSV, "
+                           "Prometheus query_range JSON, npu-smi watch, or a CSV with a time column)")
+    by_ext = [r for r in fits if path.suffix.lower() in r.extensions]
+    return (by_ext or fits)[0]
+
+
+def read_file(path: Path, tz_offset_s: float = 0.0) -> tuple[str, list[Sample], ReadContext]:
+    """One metrics file: (form, samples, context with what was kept / noted). Raises MetricsError."""
+    text = _text(path)
+    reader = reader_for(text, path)
+    rc = ReadContext(tz_offset_s=tz_offset_s)
+    try:
+        samples = reader.read(text, path, rc)
+    except MetricsError:
+        raise
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise MetricsError(f"malformed {reader.name} output: {type(exc).__name__}: {exc}") from None
+    if not samples:
+        raise MetricsError(f"no samples ({reader.name} form)")
+    return reader.name, samples, rc
+
+
+def load_metrics(con: Any, paths: list[Path] | tuple[Path, ...], warn: Warn, tz_offset: str | float | None = None) -> int:
+    """Read each metrics file into ``hw_metrics`` (ranks mapped by :func:`map_ranks`); a file that
+    cannot be read is one warning naming it. Returns the rows added."""
+    offset = parse_tz_offset(tz_offset) if isinstance(tz_offset, str) else float(tz_offset or 0.0)
+    span = trace_span(con)
+    dev_rank = rank_devices(con)
+    ranks = [r[0] for r in con.execute("SELECT DISTINCT rank FROM ranks ORDER BY rank").fetchall()]
+    added = 0
+    for path in paths:
+        p = Path(path)
+        try:
+            form, samples, rc = read_file(p, offset)
+        except MetricsError as exc:
+            warn("bad_metrics", f"metrics file not read: {exc}", p)
+            continue
+        rows = map_ranks(samples, ranks, dev_rank)
+        from advisor.ingest.base import insert_rows
+
+        insert_rows(con, "hw_metrics", rows)
+        added += len(rows)
+        _file_warnings(p, form, samples, rows, rc, span, offset, warn)
+    return added
+
+
+def finish_load(con: Any, warn: Warn, paths: list[Path] | tuple[Path, ...] = (),
+                tz_offset: str | float | None = None, where: str | None = None) -> None:
+    """After a profile's load: read the ``--metrics`` files, and name in one warning the series of
+    the profile's own exports kept under their source names (``where``: the profile's path)."""
+    try:
+        kept = con.execute(
+            """SELECT source, list(DISTINCT metric ORDER BY metric) FROM hw_metrics
+               WHERE starts_with(metric, 'src:') GROUP BY source ORDER BY source"""
+        ).fetchall()
+    except Exception:  # noqa: BLE001 - no hw_metrics table (a partial context): nothing to say
+        kept = []
+    for source, names in kept:
+        warn("metrics_kept", f"{source}: {len(names)} hardware series with no canonical name kept under their source "
+             "names: " + ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else ""), where)
+    if paths:
+        load_metrics(con, paths, warn, tz_offset)
+
+
+def _file_warnings(path: Path, form: str, samples: list[Sample], rows: list[tuple[Any, ...]], rc: ReadContext,
+                   span: tuple[int, int] | None, offset: float, warn: Warn) -> None:
+    if rc.kept:
+        names = sorted(rc.kept)
+        warn("metrics_kept", f"{form}: {len(names)} series with no canonical name kept under their source names: "
+             + ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else ""), path)
+    for note in rc.notes:
+        if note.startswith("text columns"):
+            warn("metrics_kept", f"{form}: {note}", path)
+    if "untimed" in rc.notes:
+        warn("metrics_untimed", f"{form}: rows without a time (the tool prints none; prefix each line with one) kept "
+             "without times: they cannot be aligned with the trace", path)
+    with_device = [r for r in rows if r[4] is not None]
+    unmapped = sum(1 for r in with_device if r[0] is None)
+    if unmapped:
+        devices = sorted({str(r[4]) for r in with_device if r[0] is None})
+        warn("metrics_unmapped", f"{form}: {unmapped} of {len(with_device)} samples name a device the trace does not "
+             f"map to a rank ({', '.join(devices[:8])}); kept with rank NULL", path)
+    times = [s.ts_ns for s in samples if s.ts_ns is not None]
+    if not times or span is None:
+        return
+    lo, hi = min(times), max(times)
+    t0, t1 = span
+    zone = ""
+    if "zone_less" in rc.notes:
+        zone = (f"; its times carry no zone and were read as UTC{'' if not offset else f'{offset / 3600:+g} h'} "
+                "(--metrics-tz-offset gives the local offset)")
+    if hi < t0 or lo > t1:
+        where = (f"they end {_dur(t0 - hi)} before the trace starts" if hi < t0
+                 else f"they start {_dur(lo - t1)} after the trace ends")
+        warn("metrics_no_overlap", f"{form}: its samples ({_dur(hi - lo)} of them) do not overlap the trace: "
+             f"{where}" + zone, path)
+        return
+    covered = min(hi, t1) - max(lo, t0)
+    if hi > lo and t1 > t0 and covered < 0.995 * (t1 - t0):
+        warn("metrics_partial_overlap", f"{form}: its samples cover {100.0 * covered / (t1 - t0):.0f} % of the "
+             f"trace's time span ({_dur(covered)} of {_dur(t1 - t0)})" + zone, path)
+
+
+def _dur(ns: int) -> str:
+    s = abs(ns) / 1e9
+    if s >= 3600:
+        return f"{s / 3600:.1f} h"
+    if s >= 60:
+        return f"{s / 60:.1f} min"
+    if s >= 1:
+        return f"{s:.1f} s"
+    return f"{s * 1e3:.1f} ms"
+
+
+def trace_span(con: Any) -> tuple[int, int] | None:
+    """The trace's time span (first event start, last event end, epoch ns), None when unknown."""
+    for sql in ("SELECT min(start_ns), max(start_ns + dur_ns) FROM events",
+                "SELECT min(start_ns), max(end_ns) FROM steps"):
+        try:
+            row = con.execute(sql).fetchone()
+        except Exception:  # noqa: BLE001, S112 - a table or column the profile lacks: try the next
+            continue
+        if row and row[0] is not None and row[1] is not None:
+            return int(row[0]), int(row[1])
+    return None
+
+
+def rank_devices(con: Any) -> dict[int, int]:
+    """rank -> the device index it ran on, where the trace says: the device lanes of a Kineto
+    trace have the GPU index as process id; Ascend ranks name their NPU in ``hw_metrics``."""
+    out: dict[int, int] = {}
+    try:
+        rows = con.execute(
+            """SELECT rank, min(TRY_CAST(pid AS INTEGER)) FROM tracks WHERE device AND TRY_CAST(pid AS INTEGER)
+               BETWEEN 0 AND 1023 GROUP BY rank HAVING count(DISTINCT pid) = 1"""
+        ).fetchall()
+        out.update({int(r): int(d) for r, d in rows if r is not None and d is not None})
+        rows = con.execute(
+            """SELECT rank, min(TRY_CAST(device AS INTEGER)) FROM hw_metrics WHERE rank IS NOT NULL
+               AND source LIKE 'ascend-%' GROUP BY rank HAVING count(DISTINCT device) = 1"""
+        ).fetchall()
+        out.update({int(r): int(d) for r, d in rows if r is not None and d is not None})
+    except Exception:  # noqa: BLE001, S110 - a context without these tables: no device known
+        pass
+    return out
+
+
+def map_ranks(samples: list[Sample], ranks: list[int], dev_rank: dict[int, int]) -> list[tuple[Any, ...]]:
+    """``hw_metrics`` rows of ``samples``, each with the rank whose device it measured.
+
+    A device index is a local rank on its node. One node (or none named): the rank that ran on
+    that device (from the trace), else the rank of that number when every rank's device is unknown.
+    Several nodes: nodes in name order hold consecutive ranks, ``rank = node_index * devices_per_node
+    + device``, taken only when that covers the ranks exactly; else the rank stays NULL."""
+    nodes = sorted({s.node for s in samples if s.node})
+    devs: dict[str | None, set[int]] = defaultdict(set)
+    for s in samples:
+        d = _index(s.device)
+        if d is not None:
+            devs[s.node].add(d)
+    rank_set = set(ranks)
+    by_dev: dict[int, list[int]] = defaultdict(list)
+    for r, d in dev_rank.items():
+        by_dev[d].append(r)
+    per_node = max((max(v) + 1 for v in devs.values() if v), default=0)
+    multi = len(nodes) > 1 and per_node > 0 and len(nodes) * per_node == len(rank_set) and (
+        rank_set == set(range(len(rank_set))))
+    cache: dict[tuple[str | None, str | None], int | None] = {}
+
+    def rank_of(node: str | None, device: str | None) -> int | None:
+        d = _index(device)
+        if d is None:
+            return None
+        if multi:
+            r = nodes.index(node) * per_node + d if node in nodes else None
+            return r if r in rank_set and dev_rank.get(r, d) == d else None
+        if len(nodes) > 1:
+            return None
+        if dev_rank:
+            owners = by_dev.get(d, [])
+            return owners[0] if len(owners) == 1 else None
+        return d if d in rank_set else None
+
+    out = []
+    for s in samples:
+        key = (s.node, s.device)
+        if key not in cache:
+            cache[key] = rank_of(*key)
+        out.append((cache[key], s.metric, s.ts_ns, s.value, s.device, s.node, s.unit, s.source))
+    return out
+
+
+def _index(device: str | None) -> int | None:
+    if device is None:
+        return None
+    try:
+        return int(device)
+    except ValueError:
+        return None
+
+
+__all__ = ["READERS", "MetricsError", "Sample", "load_metrics", "map_ranks", "read_file", "reader_for"]
