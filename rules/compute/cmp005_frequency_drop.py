@@ -48,7 +48,7 @@ FREQ_METRICS = ("aicore_freq_mhz", "aicore_freq", "ai_core_freq_mhz", "gpu_clock
 SQL = """
 SELECT rank, any_value(metric) AS metric, count(*) AS samples, avg(value) AS mean_mhz, min(value) AS min_mhz,
        max(value) AS max_mhz
-FROM hw_metrics WHERE lower(metric) IN (SELECT unnest($metrics)) AND value > 0
+FROM hw_metrics WHERE lower(metric) IN (SELECT unnest($metrics)) AND value > 0 AND rank IS NOT NULL
 GROUP BY rank ORDER BY rank
 """
 
