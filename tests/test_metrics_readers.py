@@ -47,6 +47,22 @@ def test_dcgmi_dmon() -> None:
     assert {x.unit for x in s if x.metric == "sm_active_pct"} == {"%"}
 
 
+def test_timestamped_rows(tmp_path: Path) -> None:
+    """dmon and npu-smi print no time; rows prefixed with one (``| ts``) are aligned by it."""
+    dmon = tmp_path / "dmon.log"
+    dmon.write_text("#Entity  SMACT  POWER\nID  W\n2023-04-28T23:51:38.500Z GPU 0  0.500  250.0\n"
+                    "1682725899 GPU 1  0.250  240.0\n")
+    _form, s, rc = read_file(dmon)
+    assert [(x.ts_ns, x.device, x.value) for x in s if x.metric == "sm_active_pct"] == [
+        (1682725898_500_000_000, "0", 50.0), (1682725899_000_000_000, "1", 25.0)]
+    assert "untimed" not in rc.notes
+    npu = tmp_path / "watch.log"
+    npu.write_text("NpuID(Idx)  ChipId(Idx) Pwr(W)      AI Core(%)\n2023-04-28T23:51:38Z 0  0  90.5  42\n")
+    _form, s, rc = read_file(npu)
+    assert [(x.ts_ns, x.metric, x.value) for x in s] == [(1682725898 * 10**9, "power_w", 90.5),
+                                                           (1682725898 * 10**9, "aicore_util_pct", 42.0)]
+
+
 def test_dcgm_exporter_text() -> None:
     form, s, rc = read_file(DATA / "dcgm_exporter.prom")
     assert form == "dcgm-exporter"
@@ -125,6 +141,18 @@ def test_generic_long_csv() -> None:
     assert series(s, "src:fan_rpm") == [3000.0]
     assert {x.unit for x in s if x.metric == "src:fan_rpm"} == {"rpm"}
     assert s[0].ts_ns == 1682725898_100_000_000
+
+
+def test_generic_wide_csv(tmp_path: Path) -> None:
+    f = tmp_path / "wide.csv"
+    f.write_text("timestamp,gpu,power_w,sm_active_pct,hotspot_c\n"
+                 "1682725898.25,0,300,40,70\n1682725898.75,0,320,60,72\n")
+    form, s, rc = read_file(f)
+    assert form == "csv"
+    assert series(s, "power_w", "0") == [300.0, 320.0]
+    assert series(s, "sm_active_pct", "0") == [40.0, 60.0]
+    assert rc.kept == {"src:hotspot_c"}
+    assert [x.ts_ns for x in s if x.metric == "power_w"] == [1682725898_250_000_000, 1682725898_750_000_000]
 
 
 def test_form_told_by_content_not_extension(tmp_path: Path) -> None:

@@ -111,12 +111,12 @@ def _rescan(cur: Any, rank: int, path: Path, first_ns: int) -> list[tuple[Any, .
             src = str(spill.path)
         except LayoutError:  # the bare event-list form
             src = str(path)
-        etype = "STRUCT(ph VARCHAR, name VARCHAR, pid VARCHAR, ts DOUBLE, args JSON)"
+        etype = "STRUCT(ph VARCHAR, name VARCHAR, pid VARCHAR, ts VARCHAR, args JSON)"
         got = cur.execute(
-            f"""SELECT e.name, e.pid, e.ts, CAST(e.args AS VARCHAR) FROM (
+            f"""SELECT e.name, e.pid, TRY_CAST(e.ts AS DOUBLE) AS ts, CAST(e.args AS VARCHAR) FROM (
                   SELECT t.json AS e FROM read_json($p, format='array', records=false,
                                                     columns={{'json': '{etype}'}})  t)
-                WHERE e.ph = 'C' AND e.ts IS NOT NULL""",
+                WHERE e.ph = 'C' AND TRY_CAST(e.ts AS DOUBLE) IS NOT NULL""",
             {"p": src},
         ).fetchall()
     except Exception:  # noqa: BLE001 - the counters are extra: a trace whose second read fails keeps its events

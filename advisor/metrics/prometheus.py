@@ -19,8 +19,7 @@ from advisor.metrics.vocab import CANONICAL, DCGM_NAMES, Alias
 
 
 def sniff(head: str) -> bool:
-    h = head.lstrip()
-    return h.startswith("{") and '"resultType"' in head or ('"data"' in head and '"result"' in head)
+    return head.lstrip().startswith("{") and ('"resultType"' in head or ('"data"' in head and '"result"' in head))
 
 
 def _alias(name: str) -> Alias | None:
