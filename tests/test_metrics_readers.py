@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from advisor.cli import main
 from advisor.ingest import load, options
-from advisor.metrics import map_ranks, read_file
+from advisor.metrics import MetricsError, map_ranks, read_file
 from advisor.metrics.common import Sample, parse_time, parse_tz_offset
 from advisor.options import AnalyzeOptions, UsageFailure
 from tests.conftest import validate_report
@@ -272,6 +272,16 @@ def test_bad_files_are_one_line_warnings(tmp_path: Path) -> None:
     assert all("\n" not in m for m in msgs.values())
     err = [ln for ln in res.stderr.splitlines() if "broken.json" in ln]
     assert len(err) == 1 and err[0].startswith("advisor: warning:")
+
+
+def test_gzip_files(tmp_path: Path) -> None:
+    good = tmp_path / "smi.csv.gz"
+    good.write_bytes(gzip.compress((DATA / "nvidia_smi.csv").read_bytes()))
+    assert read_file(good)[0] == "nvidia-smi"
+    cut = tmp_path / "cut.csv.gz"
+    cut.write_bytes(good.read_bytes()[:40])
+    with pytest.raises(MetricsError, match="truncated|cannot read"):
+        read_file(cut)
 
 
 # -- series inside the exports -------------------------------------------------------------------

@@ -12,6 +12,8 @@ that cannot be read at all is a warning too: the trace is analysed as without it
 from __future__ import annotations
 
 import gzip
+import io
+import zlib
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,13 +57,16 @@ def _text(path: Path) -> str:
             raise MetricsError(f"larger than {MAX_BYTES >> 20} MiB; refused")
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
+                raw = gz.read(MAX_BYTES + 1)
+            if len(raw) > MAX_BYTES:
+                raise MetricsError(f"decompresses to more than {MAX_BYTES >> 20} MiB; refused")
     except FileNotFoundError:
         raise MetricsError("no such file") from None
     except IsADirectoryError:
         raise MetricsError("a directory, not a file") from None
-    except OSError as exc:
-        raise MetricsError(f"cannot read: {exc.strerror or exc}") from None
+    except (OSError, zlib.error) as exc:
+        raise MetricsError(f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     except EOFError:
         raise MetricsError("truncated gzip") from None
     try:
