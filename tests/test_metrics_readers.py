@@ -246,6 +246,18 @@ def test_multi_node_ranks() -> None:
     assert {r[0] for r in map_ranks(s, [0, 1, 2], {})} == {None}
 
 
+def test_ranks_by_host_name() -> None:
+    """Hosts the profile names (Ascend HOST_INFO) place a node's devices on its ranks."""
+    s = [Sample(1, n, d, "power_w", 1.0, "W", "npu-smi") for n in ("worker-2", "worker-1.cluster") for d in ("0", "1")]
+    hosts = {0: "worker-1", 1: "worker-1", 2: "worker-2", 3: "worker-2"}
+    rows = map_ranks(s, [0, 1, 2, 3], {}, hosts)
+    assert [(r[5], r[4], r[0]) for r in rows] == [("worker-2", "0", 2), ("worker-2", "1", 3),
+                                                  ("worker-1.cluster", "0", 0), ("worker-1.cluster", "1", 1)]
+    # the devices the ranks ran on, where known, decide: rank 3 on NPU 0, rank 2 on NPU 1
+    rows = map_ranks(s, [0, 1, 2, 3], {2: 1, 3: 0}, hosts)
+    assert [r[0] for r in rows[:2]] == [3, 2]
+
+
 # -- bad input -----------------------------------------------------------------------------------
 
 def test_bad_files_are_one_line_warnings(tmp_path: Path) -> None:

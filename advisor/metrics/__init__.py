@@ -109,6 +109,7 @@ def load_metrics(con: Any, paths: list[Path] | tuple[Path, ...], warn: Warn, tz_
     offset = parse_tz_offset(tz_offset) if isinstance(tz_offset, str) else float(tz_offset or 0.0)
     span = trace_span(con)
     dev_rank = rank_devices(con)
+    hosts = rank_hosts(con)
     ranks = [r[0] for r in con.execute("SELECT DISTINCT rank FROM ranks ORDER BY rank").fetchall()]
     added = 0
     for path in paths:
@@ -118,7 +119,7 @@ def load_metrics(con: Any, paths: list[Path] | tuple[Path, ...], warn: Warn, tz_
         except MetricsError as exc:
             warn("bad_metrics", f"metrics file not read: {exc}", p)
             continue
-        rows = map_ranks(samples, ranks, dev_rank)
+        rows = map_ranks(samples, ranks, dev_rank, hosts)
         from advisor.ingest.base import insert_rows
 
         insert_rows(con, "hw_metrics", rows)
@@ -220,7 +221,10 @@ def rank_devices(con: Any) -> dict[int, int]:
         out.update({int(r): int(d) for r, d in rows if r is not None and d is not None})
         rows = con.execute(
             """SELECT rank, min(TRY_CAST(device AS INTEGER)) FROM hw_metrics WHERE rank IS NOT NULL
-               AND source LIKE 'ascend-%' GROUP BY rank HAVING count(DISTINCT device) = 1"""
+               AND source LIKE 'ascend-%' GROUP BY rank HAVING count(DISTINCT device) = 1
+               UNION ALL
+               SELECT rank, min(TRY_CAST(value AS INTEGER)) FROM meta WHERE key = 'device_id' AND rank IS NOT NULL
+               GROUP BY rank HAVING count(DISTINCT value) = 1"""
         ).fetchall()
         out.update({int(r): int(d) for r, d in rows if r is not None and d is not None})
     except Exception:  # noqa: BLE001, S110 - a context without these tables: no device known
@@ -228,13 +232,35 @@ def rank_devices(con: Any) -> dict[int, int]:
     return out
 
 
-def map_ranks(samples: list[Sample], ranks: list[int], dev_rank: dict[int, int]) -> list[tuple[Any, ...]]:
+def rank_hosts(con: Any) -> dict[int, str]:
+    """rank -> host name, where the profile records it (Ascend's HOST_INFO: meta ``host.name``)."""
+    try:
+        rows = con.execute(
+            """SELECT rank, min(value) FROM meta WHERE key IN ('host.name', 'hostname', 'host_name')
+               AND rank IS NOT NULL AND coalesce(value, '') <> '' GROUP BY rank"""
+        ).fetchall()
+    except Exception:  # noqa: BLE001 - no meta table: no host known
+        return {}
+    return {int(r): str(h) for r, h in rows}
+
+
+def _short(host: str) -> str:
+    return host.split(".", 1)[0].lower()
+
+
+def map_ranks(samples: list[Sample], ranks: list[int], dev_rank: dict[int, int],
+              hosts: dict[int, str] | None = None) -> list[tuple[Any, ...]]:
     """``hw_metrics`` rows of ``samples``, each with the rank whose device it measured.
 
-    A device index is a local rank on its node. One node (or none named): the rank that ran on
+    A device index is a local rank on its node. A node the profile names as a rank's host: the
+    rank on that host that ran on the device, else (no device known there) the host's ranks in
+    order, the device index being the local rank. One node (or none named): the rank that ran on
     that device (from the trace), else the rank of that number when every rank's device is unknown.
     Several nodes: nodes in name order hold consecutive ranks, ``rank = node_index * devices_per_node
     + device``, taken only when that covers the ranks exactly; else the rank stays NULL."""
+    host_ranks: dict[str, list[int]] = defaultdict(list)
+    for r, h in sorted((hosts or {}).items()):
+        host_ranks[_short(h)].append(r)
     nodes = sorted({s.node for s in samples if s.node})
     devs: dict[str | None, set[int]] = defaultdict(set)
     for s in samples:
@@ -254,6 +280,12 @@ def map_ranks(samples: list[Sample], ranks: list[int], dev_rank: dict[int, int])
         d = _index(device)
         if d is None:
             return None
+        on_host = host_ranks.get(_short(node)) if node else None
+        if on_host:
+            owners = [r for r in on_host if dev_rank.get(r) == d]
+            if owners or any(r in dev_rank for r in on_host):
+                return owners[0] if len(owners) == 1 else None
+            return on_host[d] if d < len(on_host) else None
         if multi:
             r = nodes.index(node) * per_node + d if node in nodes else None
             return r if r in rank_set and dev_rank.get(r, d) == d else None
