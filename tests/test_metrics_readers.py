@@ -134,6 +134,17 @@ def test_npu_smi_watch() -> None:
     assert "src:npu_smi_memory bw(%)" in rc.kept and "src:npu_smi_memory(%)" in rc.kept
 
 
+def test_npu_smi_info_usages() -> None:
+    form, s, rc = read_file(DATA / "npu_smi_usages.txt")
+    assert form == "npu-smi-info"
+    assert series(s, "aicore_util_pct", "0") == [35.0, 45.0]
+    assert series(s, "aivector_util_pct", "0") == [12.0, 10.0]
+    assert series(s, "mem_total_bytes", "0") == [65536.0 * MIB] * 2
+    # 2025-01-09T08:16:16Z = 1736410576 s (the date line before each block)
+    assert [x.ts_ns for x in s if x.metric == "aicore_util_pct"] == [1736410576 * 10**9, 1736410577 * 10**9]
+    assert "src:npu_smi_hbm bandwidth usage rate(%)" in rc.kept and "untimed" not in rc.notes
+
+
 def test_generic_long_csv() -> None:
     form, s, _rc = read_file(DATA / "metrics_long.csv")
     assert form == "csv"

@@ -44,6 +44,7 @@ READERS: tuple[Reader, ...] = (
     Reader("dcgm", dcgm.sniff_dmon, dcgm.read_dmon, (".txt", ".log")),
     Reader("dcgm-exporter", dcgm.sniff_exposition, dcgm.read_exposition, (".prom", ".txt")),
     Reader("npu-smi", npu_smi.sniff, npu_smi.read, (".txt", ".log")),
+    Reader("npu-smi-info", npu_smi.sniff_info, npu_smi.read_info, (".txt", ".log")),
     Reader("nvidia-smi", tabular.sniff_nvidia_smi, tabular.read_nvidia_smi, (".csv",)),
     Reader("rocm-smi", tabular.sniff_rocm_smi, tabular.read_rocm_smi, (".csv",)),
     Reader("amd-smi", tabular.sniff_amd_smi, tabular.read_amd_smi, (".csv",)),
