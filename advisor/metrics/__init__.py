@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from advisor.metrics import dcgm, npu_smi, prometheus, tabular
+from advisor.metrics import amd_smi, csv_generic, dcgm, npu_smi, nvidia_smi, prometheus, rocm_smi
 from advisor.metrics.common import MetricsError, ReadContext, Sample, parse_tz_offset
 
 Warn = Callable[..., None]
@@ -45,10 +45,10 @@ READERS: tuple[Reader, ...] = (
     Reader("dcgm-exporter", dcgm.sniff_exposition, dcgm.read_exposition, (".prom", ".txt")),
     Reader("npu-smi", npu_smi.sniff, npu_smi.read, (".txt", ".log")),
     Reader("npu-smi-info", npu_smi.sniff_info, npu_smi.read_info, (".txt", ".log")),
-    Reader("nvidia-smi", tabular.sniff_nvidia_smi, tabular.read_nvidia_smi, (".csv",)),
-    Reader("rocm-smi", tabular.sniff_rocm_smi, tabular.read_rocm_smi, (".csv",)),
-    Reader("amd-smi", tabular.sniff_amd_smi, tabular.read_amd_smi, (".csv",)),
-    Reader("csv", tabular.sniff_csv, tabular.read_csv, (".csv",)),
+    Reader("nvidia-smi", nvidia_smi.sniff, nvidia_smi.read, (".csv",)),
+    Reader("rocm-smi", rocm_smi.sniff, rocm_smi.read, (".csv",)),
+    Reader("amd-smi", amd_smi.sniff, amd_smi.read, (".csv",)),
+    Reader("csv", csv_generic.sniff, csv_generic.read, (".csv",)),
 )
 
 
