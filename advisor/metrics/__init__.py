@@ -177,7 +177,7 @@ def _file_warnings(path: Path, form: str, samples: list[Sample], rows: list[tupl
     if hi < t0 or lo > t1:
         where = (f"they end {_dur(t0 - hi)} before the trace starts" if hi < t0
                  else f"they start {_dur(lo - t1)} after the trace ends")
-        warn("metrics_no_overlap", f"{form}: its samples ({_dur(hi - lo)} of them) do not overlap the trace: "
+        warn("metrics_no_overlap", f"{form}: its samples (spanning {_dur(hi - lo)}) do not overlap the trace: "
              f"{where}" + zone, path)
         return
     covered = min(hi, t1) - max(lo, t0)
