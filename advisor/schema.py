@@ -300,6 +300,11 @@ TABLES: dict[str, Table] = {
             ("metric", "VARCHAR", "e.g. aicore_freq_mhz, gpu_clock_mhz"),
             ("ts_ns", "BIGINT", "time, ns"),
             ("value", "DOUBLE", "value"),
+            ("device", "VARCHAR", "device id as the source names it"),
+            ("node", "VARCHAR", "host name"),
+            ("unit", "VARCHAR", "unit of the value as the source gives it"),
+            ("source", "VARCHAR", ("kineto-counter | ascend-text | ascend-db | dcgm | nvidia-smi | rocm-smi | amd-smi | "
+                                  "prometheus | npu-smi | csv")),
         ),
         _t(
             "comm_tasks",

@@ -795,7 +795,7 @@ def _memory_freq(cur: Any, db: Db, rank: int, sid: str) -> None:
             db,
             f"SELECT {f('timestampNs')}, CAST({db.pick('AICORE_FREQ', 'freq')} AS REAL) FROM AICORE_FREQ",
             [("ts", _I64), ("freq", _F64)],
-            "INSERT INTO hw_metrics SELECT $rank, 'aicore_freq_mhz', ts, freq FROM _chunk WHERE ts IS NOT NULL",
+            "INSERT INTO hw_metrics (rank, metric, ts_ns, value) SELECT $rank, 'aicore_freq_mhz', ts, freq FROM _chunk WHERE ts IS NOT NULL",
             {"rank": rank},
             "_chunk",
         )

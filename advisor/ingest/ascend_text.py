@@ -355,7 +355,7 @@ def _traces_from_stage(
     )
     # -- AI Core frequency (counter or slice events; a value holds until the next sample)
     cur.execute(
-        f"""INSERT INTO hw_metrics
+        f"""INSERT INTO hw_metrics (rank, metric, ts_ns, value)
         SELECT t.rank, 'aicore_freq_mhz', t.ts_ns, TRY_CAST(t.mhz AS DOUBLE)
         FROM {tv} t JOIN {lanes} l USING (fno, pid)
         WHERE l.pname = 'AI Core Freq' AND t.ph IN ('C', 'X', 'i', 'I') AND t.ts_ns IS NOT NULL AND TRY_CAST(t.mhz AS DOUBLE) IS NOT NULL"""
