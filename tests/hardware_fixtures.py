@@ -11,6 +11,7 @@ device (see :func:`series`); every figure the tests assert is computed from thes
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -136,3 +137,76 @@ def job(n_dev: int = 8, n_steps: int = 10, step_ms: float = 100.0, spp: int = 20
     ctx = context_from_tables(tables)
     insert_series(ctx, series(n_dev, n_steps, step_ms, spp, plants, ranked))
     return ctx
+
+
+# ---- canonical rows for the rule case files (tests/rules/cases/HW*.toml, CMP005.toml): 4 ranks, 4 steps,
+# 10 samples per step (6 while computing, 3 while communicating, 1 idle), only the series a rule reads
+_BUSY = ("util_gpu_pct", "sm_active_pct", "tensor_active_pct")
+_LINKS = ("nvlink_tx_bps", "nvlink_rx_bps", "pcie_tx_bps", "pcie_rx_bps")
+_CLOCK = ("clock_sm_mhz", "temp_gpu_c", "power_w", "power_limit_w")
+_MEM = ("mem_used_bytes", "mem_total_bytes")
+
+
+def tables(plants: dict[str, Any] | None = None, metrics: tuple[str, ...] = _BUSY, n_dev: int = 4,
+           n_steps: int = 4) -> dict[str, list[dict[str, Any]]]:
+    """Events and hw_metrics rows of a small job (see :func:`series`)."""
+    out = events(n_dev, n_steps)
+    df = series(n_dev, n_steps, 100.0, 10, plants, metrics=metrics)
+    out["hw_metrics"] = [{k: (None if (v is None or (isinstance(v, float) and math.isnan(v))) else v) for k, v in r.items()}
+                         for r in df.to_dict("records")]
+    return out
+
+
+def busy_healthy() -> dict[str, list[dict[str, Any]]]:
+    """util 95 % / SM activity 75 % while computing: 0.79 of busy."""
+    return tables()
+
+
+def busy_underfilled() -> dict[str, list[dict[str, Any]]]:
+    """Rank 1: util 95 %, SM activity 15 % while computing (0.158 of busy)."""
+    return tables({"underfill": 1})
+
+
+def links_healthy() -> dict[str, list[dict[str, Any]]]:
+    """NVLink 120 of 300 GB/s while communicating, PCIe 3 GB/s."""
+    return tables(metrics=_LINKS)
+
+
+def links_saturated() -> dict[str, list[dict[str, Any]]]:
+    """Rank 2: NVLink tx 295 of 300 GB/s while communicating."""
+    return tables({"saturate": 2}, metrics=_LINKS)
+
+
+def links_nvlink_off() -> dict[str, list[dict[str, Any]]]:
+    """Rank 3: NVLink 0.01 GB/s, PCIe 20 GB/s while communicating."""
+    return tables({"nvlink_off": 3}, metrics=_LINKS)
+
+
+def diverging() -> dict[str, list[dict[str, Any]]]:
+    """Rank 2: PCIe traffic four times its peers' (step times equal)."""
+    return tables({"diverge": 2}, metrics=("util_gpu_pct", "pcie_tx_bps"))
+
+
+def diverging_healthy() -> dict[str, list[dict[str, Any]]]:
+    """Every device alike."""
+    return tables(metrics=("util_gpu_pct", "pcie_tx_bps"))
+
+
+def memory_leak() -> dict[str, list[dict[str, Any]]]:
+    """Rank 1: 50, 51, 52, 53 GB in steps 1-4 of 80 GB: runs out at step 4 + (80 - 53) = 31."""
+    return tables({"leak": 1}, metrics=_MEM)
+
+
+def memory_steady() -> dict[str, list[dict[str, Any]]]:
+    """50 GB +- 0.1 % noise on every device."""
+    return tables(metrics=_MEM)
+
+
+def clock_throttled() -> dict[str, list[dict[str, Any]]]:
+    """Rank 2 from step 3: 1100 MHz of a nominal 1410 (drop 1 - 1100/1410 = 0.2199), 90 °C, 400 W of a 400 W cap."""
+    return tables({"throttle": (2, 3)}, metrics=_CLOCK)
+
+
+def clock_healthy() -> dict[str, list[dict[str, Any]]]:
+    """1410 MHz +- 0.2 %, 62 °C, 330 W of 400 while computing."""
+    return tables(metrics=_CLOCK)

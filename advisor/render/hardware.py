@@ -13,6 +13,8 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
+from advisor.units import fmt_value
+
 WIDTH = 820
 LEFT = 70
 RIGHT = 10
@@ -24,8 +26,6 @@ PHASE_CLASSES = ("compute_only", "overlapped", "comm_only", "host_only", "free")
 
 
 def _fmt(v: float | None, unit: str) -> str:
-    from advisor.stages.hardware import fmt_value
-
     return fmt_value("x" + {"%": "_pct", "MHz": "_mhz", "W": "_w", "°C": "_c", "B": "_bytes", "B/s": "_bps"}.get(unit, ""),
                      v)
 

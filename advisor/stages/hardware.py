@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.schema import NO_STEP
+from advisor.units import fmt_value, unit_of
 
 # Moneo's variance filter: a series whose standard deviation is below this share of its largest
 # magnitude carries no information
@@ -65,32 +66,6 @@ CANONICAL = (
     "nic_tx_bps", "nic_rx_bps", "roce_tx_bps", "roce_rx_bps", "xgmi_bw_bps", "throttle_reasons", "ecc_errors",
 )
 _ORDER = {m: i for i, m in enumerate(CANONICAL)}
-
-_UNITS = (("_pct", "%"), ("_mhz", "MHz"), ("_w", "W"), ("_c", "°C"), ("_bytes", "B"), ("_bps", "B/s"))
-
-
-def unit_of(metric: str) -> str:
-    """The unit a canonical name carries in its suffix ('' when none)."""
-    for suf, unit in _UNITS:
-        if metric.endswith(suf):
-            return unit
-    return ""
-
-
-def fmt_value(metric: str, v: float | None) -> str:
-    """A metric value with its unit, scaled for reading (GB/s, GB)."""
-    if v is None or not math.isfinite(v):
-        return "-"
-    unit = unit_of(metric)
-    if unit in ("B/s", "B"):
-        for div, pre in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-            if round(abs(v) / div, 3) >= 1:
-                return f"{v / div:.3g} {pre}{unit}"
-        return f"{v:.3g} {unit}"
-    if unit == "%":
-        return f"{v:.1f}%"
-    return f"{v:.4g} {unit}".strip()
-
 
 @dataclass
 class Hardware:
@@ -140,32 +115,31 @@ class Hardware:
         """The rank of a device (None when the source could not map it)."""
         return self._ranks.get(dev)
 
+    def in_phase(self, metric: str, phase: str) -> tuple[pd.DataFrame, str]:
+        """The samples of ``metric`` taken in ``phase``, per device: where the device has none there (no
+        device events, or a sparse series sampled only when its value changes), its samples inside steps,
+        else all of them; and the basis, as a finding states it."""
+        s = self.series(metric)
+        if s.empty:
+            return s, "no samples"
+        in_ph = s["phase"] == phase
+        in_step = s["step"] != NO_STEP
+        has_ph = in_ph.groupby(s["dev"]).transform("any")
+        has_step = in_step.groupby(s["dev"]).transform("any")
+        keep = np.where(has_ph, in_ph, np.where(has_step, in_step, True))
+        out = s[keep]
+        if bool(has_ph.all()):
+            return out, f"{phase} phase"
+        if not bool(has_ph.any()):
+            return out, "whole steps (phases unknown)" if bool(has_step.all()) else "whole profile"
+        return out, f"{phase} phase where sampled there, else whole steps"
+
     def scores(self) -> pd.DataFrame:
         """Per device its largest distance to the peers' median over the kept metrics, and which metric."""
         if self.divergence.empty:
             return pd.DataFrame(columns=["dev", "metric", "distance"])
         d = self.divergence.sort_values(["dev", "distance", "metric"], ascending=[True, False, True])
         return d.groupby("dev", sort=True).head(1).reset_index(drop=True)
-
-
-def in_phase(hw: Hardware, metric: str, phase: str) -> tuple[pd.DataFrame, str]:
-    """The samples of ``metric`` taken in ``phase``, per device: where the device has none there (no
-    device events, or a sparse series sampled only when its value changes), its samples inside steps,
-    else all of them; and the basis, as a finding states it."""
-    s = hw.series(metric)
-    if s.empty:
-        return s, "no samples"
-    in_ph = s["phase"] == phase
-    in_step = s["step"] != NO_STEP
-    has_ph = in_ph.groupby(s["dev"]).transform("any")
-    has_step = in_step.groupby(s["dev"]).transform("any")
-    keep = np.where(has_ph, in_ph, np.where(has_step, in_step, True))
-    out = s[keep]
-    if bool(has_ph.all()):
-        return out, f"{phase} phase"
-    if not bool(has_ph.any()):
-        return out, "whole steps (phases unknown)" if bool(has_step.all()) else "whole profile"
-    return out, f"{phase} phase where sampled there, else whole steps"
 
 
 _LOCK = threading.Lock()

@@ -38,8 +38,8 @@ from typing import Any
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding, Severity
-from advisor.stages import hardware
 from rules.compute._common import device_label, rank_devices
+from rules.hardware._common import Hardware, steps_text
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ FREQ_METRICS = ("aicore_freq_mhz", "clock_sm_mhz", "aicore_freq", "ai_core_freq_
                 "gpu_sm_clock_mhz", "graphics_clock_mhz")
 
 
-def _why(hw: hardware.Hardware, dev: str, steps: list[int], t: Thresholds) -> dict[str, Any]:
+def _why(hw: Hardware, dev: str, steps: list[int], t: Thresholds) -> dict[str, Any]:
     """Temperature, power against its limit and throttle reasons of a device in ``steps``."""
     out: dict[str, Any] = {}
 
@@ -95,7 +95,7 @@ def _why(hw: hardware.Hardware, dev: str, steps: list[int], t: Thresholds) -> di
       thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per device whose clock is below nominal by more than ``max_drop`` (in some steps or overall)."""
-    hw = hardware.get(ctx.analysis)
+    hw = ctx.hardware()
     have = set(hw.samples["metric"].unique()) if not hw.empty else set()
     metrics = [m for m in FREQ_METRICS if m in have]
     if not metrics:
@@ -104,7 +104,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     devices = rank_devices(ctx)
     judged: list[tuple[str, str, Any, str]] = []
     for metric in metrics:
-        s, basis = hardware.in_phase(hw, metric, "compute")
+        s, basis = hw.in_phase(metric, "compute")
         s = s[s["value"] > 0]
         for dev, g in s.groupby("dev"):
             if not any(j[0] == dev for j in judged):
@@ -140,7 +140,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 ks = ks[ks["step"].isin(slowed)]
             kernel_us = float(ks["kernel_us"].median()) if len(ks) else None
         why = _why(hw, dev, slowed, ctx.t)
-        where = f"in steps {hardware_spans(slowed)}" if slowed else "on average"
+        where = f"in steps {steps_text(slowed)}" if slowed else "on average"
         reason = f"; {why['why']}" if why.get("why") and not why["why"].startswith(("no ", "neither")) else ""
         who = f"Rank {rank}" if rank is not None else hw.label(dev)
         yield ctx.finding(
@@ -171,9 +171,3 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             steps=slowed,
         )
 
-
-def hardware_spans(steps: list[int]) -> str:
-    """Steps as compact runs (``5-10``)."""
-    from advisor.analyze import spans
-
-    return spans(steps)

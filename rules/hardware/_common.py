@@ -11,14 +11,14 @@ from typing import Any, cast
 import pandas as pd
 
 from advisor.engine.rule import RuleContext
-from advisor.stages import hardware
-from advisor.stages.hardware import Hardware
 from rules.compute._common import Device, match_device
+
+Hardware = Any  # advisor.stages.hardware.Hardware, which rules reach through RuleContext.hardware()
 
 
 def stage(ctx: RuleContext[Any]) -> Hardware:
     """The hardware stage of this analysis (computed once, shared by the rules)."""
-    return hardware.get(ctx.analysis)
+    return ctx.hardware()
 
 
 def rank_device(ctx: RuleContext[Any]) -> dict[int, tuple[str | None, Device | None]]:
@@ -39,15 +39,24 @@ def spec_of(ctx: RuleContext[Any], hw: Hardware, dev: str) -> tuple[str | None, 
 
 
 def phase_samples(hw: Hardware, metric: str, phase: str) -> tuple[pd.DataFrame, str]:
-    """The samples of ``metric`` in ``phase`` (:func:`advisor.stages.hardware.in_phase`) and the basis."""
-    return hardware.in_phase(hw, metric, phase)
+    """The samples of ``metric`` in ``phase`` (``Hardware.in_phase``) and the basis."""
+    return hw.in_phase(metric, phase)  # type: ignore[no-any-return]
 
 
 def steps_text(steps: list[int]) -> str:
-    """Steps as a short list for a title."""
-    from advisor.analyze import spans
-
-    return spans(steps) if steps else "-"
+    """Steps as compact runs for a title: ``[1, 2, 3, 7]`` -> ``1-3, 7`` (at most 8 runs)."""
+    vals = sorted(set(steps))
+    runs: list[str] = []
+    i = 0
+    while i < len(vals):
+        j = i
+        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
+            j += 1
+        runs.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
+        i = j + 1
+    if not runs:
+        return "-"
+    return ", ".join(runs[:8]) + (f", ... ({len(vals)} in all)" if len(runs) > 8 else "")
 
 
 #: link kinds and their per-direction series (bytes/s); xGMI is sampled as one figure

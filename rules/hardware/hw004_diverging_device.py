@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding, Severity
-from advisor.stages.hardware import fmt_value
+from advisor.units import fmt_value
 from rules.hardware._common import stage
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding, Severity
-from advisor.stages.hardware import fmt_value
+from advisor.units import fmt_value
 from rules.hardware._common import spec_of, stage, steps_text
 
 
