@@ -436,7 +436,9 @@ def report(hw: Hardware, breakdown: pd.DataFrame | None = None) -> dict[str, Any
     charts = []
     for m in shown:
         g = hw.series(m)
-        mat = _bin_matrix(g, devs, t0, t1, nb)
+        # no more bins than a device has samples, so a sparse series is not drawn as gaps
+        per_dev = int(g.groupby("dev").size().max()) if len(g) else 1
+        mat = _bin_matrix(g, devs, t0, t1, max(1, min(nb, per_dev)))
         lo, hi = float(np.nanmin(mat)), float(np.nanmax(mat))
         rows = [{"device": labels[d], "values": [None if np.isnan(x) else _round(float(x)) for x in mat[i]]}
                 for i, d in enumerate(devs) if not np.all(np.isnan(mat[i]))]
