@@ -210,3 +210,8 @@ def clock_throttled() -> dict[str, list[dict[str, Any]]]:
 def clock_healthy() -> dict[str, list[dict[str, Any]]]:
     """1410 MHz +- 0.2 %, 62 °C, 330 W of 400 while computing."""
     return tables(metrics=_CLOCK)
+
+
+def memory_leak_no_total() -> dict[str, list[dict[str, Any]]]:
+    """As :func:`memory_leak` without mem_total_bytes: the device's 80 GB come from devices.toml."""
+    return tables({"leak": 1}, metrics=("mem_used_bytes",))

@@ -174,3 +174,15 @@ def test_unit_formatting() -> None:
     assert hardware.fmt_value("nvlink_tx_bps", 2.5e11) == "250 GB/s"
     assert hardware.fmt_value("util_gpu_pct", 84.25) == "84.2%"
     assert hardware.fmt_value("power_w", math.nan) == "-"
+
+
+def test_dense_series_are_averaged_into_bounded_buckets() -> None:
+    """50 steps x 100 samples = 5,000 per device, over the 4,000 bound: averaged over 4,000 time
+    buckets; the mean stays (60 x 95 + 30 x 90 + 10 x 3) / 100 = 84.3 %."""
+    from tests.hardware_fixtures import series
+
+    ctx = context_from_tables({})
+    insert_series(ctx, series(n_dev=2, n_steps=50, spp=100, ranked=False, metrics=("util_gpu_pct",)))
+    hw = hardware.get(ctx)
+    assert hw.samples.groupby("dev").size().max() <= hardware.MAX_PER_SERIES
+    assert hw.metrics[0]["mean"] == pytest.approx(84.3, rel=0.005)

@@ -44,6 +44,8 @@ from advisor.units import fmt_value, unit_of
 CONSTANT_TOL = 0.01
 # Moneo's normalised Euclidean distance (as a root mean square) under which two metrics are one
 REDUNDANT_TOL = 0.05
+# samples per series beyond which the stage averages a series over time buckets
+MAX_PER_SERIES = 4000
 # time bins over the profile for the distance computations
 BINS = 64
 # devices up to which the report carries one line per device; beyond, a heat map per metric
@@ -164,14 +166,23 @@ def _empty() -> Hardware:
 
 
 def _load(con: Any) -> pd.DataFrame:
+    """Every usable sample; a series with more than :data:`MAX_PER_SERIES` samples is averaged over
+    that many equal time buckets of the profile (the stage's memory stays bounded whatever the rate)."""
     cols = {r[0] for r in con.cursor().execute("SELECT column_name FROM duckdb_columns() WHERE table_name = 'hw_metrics'")
             .fetchall()}
     node = "coalesce(node, '')" if "node" in cols else "''"
     device = "coalesce(device, '')" if "device" in cols else "''"
-    df: pd.DataFrame = con.cursor().execute(
-        f"""SELECT rank, {node} AS node, {device} AS device, lower(metric) AS metric, ts_ns, value FROM hw_metrics
-        WHERE value IS NOT NULL AND isfinite(value) AND ts_ns IS NOT NULL AND metric IS NOT NULL"""
-    ).df()
+    base = (f"SELECT rank, {node} AS node, {device} AS device, lower(metric) AS metric, ts_ns, value FROM hw_metrics "
+            "WHERE value IS NOT NULL AND isfinite(value) AND ts_ns IS NOT NULL AND metric IS NOT NULL")
+    cur = con.cursor()
+    most = cur.execute(f"SELECT max(n) FROM (SELECT count(*) AS n FROM ({base}) GROUP BY ALL)").fetchone()
+    if most and most[0] and int(most[0]) > MAX_PER_SERIES:
+        sql = f"""WITH h AS ({base}), b AS (SELECT min(ts_ns) AS t0, max(ts_ns) - min(ts_ns) + 1 AS span FROM h)
+        SELECT rank, node, device, metric, min(ts_ns) AS ts_ns, avg(value) AS value FROM h, b
+        GROUP BY rank, node, device, metric, floor((ts_ns - t0) * {MAX_PER_SERIES}.0 / span)"""
+    else:
+        sql = base
+    df: pd.DataFrame = cur.execute(sql).df()
     return df
 
 
