@@ -67,6 +67,10 @@ def test_savings_follow_from_the_planted_levels(planted: Report) -> None:
     got = {f.rule: f for f in _hw(planted) if f.rule != "HW004"}
     # HW001: 60 ms of kernel per step x (1 - 15/95)
     assert got["HW001"].estimated_saving_us == pytest.approx(60_000 * (1 - 15 / 95), rel=0.01)
+    # ... and the other phases as planted: communicating 90 % busy / 20 % SMs, idle 3 % / 1 %
+    ev = got["HW001"].evidence
+    assert (ev["busy_comm_pct"], ev["active_comm_pct"], ev["busy_idle_pct"], ev["active_idle_pct"]) == \
+        pytest.approx((90.0, 20.0, 3.0, 1.0), abs=0.5)
     # HW003: 30 ms exposed communication x (1 - 20/300)
     assert got["HW003"].estimated_saving_us == pytest.approx(30_000 * (1 - 20 / 300), rel=0.01)
     # HW002: 295 of 300 GB/s while communicating
@@ -122,3 +126,24 @@ def test_rules_that_cannot_decide_say_so() -> None:
     assert "activity series" in notes["HW001"]
     assert "nominal clock" in notes["CMP005"]
     assert not _hw(rep)
+
+
+def test_a_step_with_too_few_clock_samples_is_not_slowed() -> None:
+    """Rank 2's step 3 keeps two of its six compute samples, both at 1100 MHz (every other sample at
+    1410): two samples are under the 3-sample floor, so no step is slowed, and the mean over all of
+    rank 2's 20 compute samples, (18 x 1410 + 2 x 1100) / 20 = 1379 MHz, is 2.2 % below nominal."""
+    from tests.hardware_fixtures import MS, T0, events
+
+    ctx = context_from_tables(events(4, 4))
+    df = series(n_dev=4, n_steps=4, spp=10, metrics=("clock_sm_mhz",))
+    t = df["ts_ns"] - T0
+    step3_compute = (df["rank"] == 2) & (t >= 200 * MS) & (t < 260 * MS)
+    assert step3_compute.sum() == 6
+    drop = step3_compute & (t >= 220 * MS)
+    df.loc[step3_compute & ~drop, "value"] = 1100.0
+    insert_series(ctx, df[~drop])
+    rep = analyze_context(ctx, Config(select=["CMP005"]))
+    assert _hw(rep) == []
+    # with the floor at two samples the step counts
+    rep = analyze_context(ctx, Config(select=["CMP005"], overrides={"CMP005": {"min_step_samples": 2}}))
+    assert [(f.rule, f.ranks, f.steps) for f in _hw(rep)] == [("CMP005", (2,), (3,))]

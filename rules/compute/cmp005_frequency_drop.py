@@ -15,8 +15,8 @@ only when its value changes, as Ascend's - with every sample inside a step, else
 the sampled clock is compared with the nominal clock - ``nominal_mhz`` when set, else the
 device's entry in ``rules/compute/devices.toml``, else (with a warning) the highest clock sampled
 on any device. The steps it slowed are those whose mean clock is more than ``max_drop`` below
-nominal; the rule fires when there are such steps or the mean over every sample is that far
-below. Where sampled, the temperature (``temp_gpu_c``), the power against its limit (``power_w``,
+nominal (with at least ``min_step_samples`` samples); the rule fires when there are such steps
+or the mean over every sample is that far below. Where sampled, the temperature (``temp_gpu_c``), the power against its limit (``power_w``,
 ``power_limit_w``) and the throttle reasons in those steps say why: power at cap (within
 ``power_cap_share`` of the limit), hot (at least ``hot_c``), or neither. Traces without a clock
 series are skipped (``requires hw_metrics``).
@@ -50,6 +50,8 @@ class Thresholds:
                            "Hermes §4.2.2: downclocked over the threshold (often 5 %)")
     nominal_mhz: float = knob(0.0, "nominal clock in MHz; 0 = the device's entry in rules/compute/devices.toml")
     power_cap_share: float = knob(0.97, "power counts as at its cap from this share of power_limit_w")
+    min_step_samples: int = knob(3, "a step counts as slowed only with at least this many clock samples in it "
+                                    "(one low sample is a dip, not a slowed step)")
     hot_c: float = knob(85.0, "the device counts as hot from this temperature (°C)",
                         "NVIDIA data-centre GPUs start thermal slowdown in the mid-80s °C (nvidia-smi -q "
                         "'GPU Slowdown Temp')")
@@ -125,8 +127,9 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             nominal, nbasis = fleet_max, "highest sampled clock"
             ctx.warn(f"{hw.label(dev)}: nominal clock of device {device_label(name)} unknown; compared with the highest "
                      f"sampled clock ({fleet_max:.0f} MHz) - set CMP005.nominal_mhz")
-        per_step = g[g["step"] >= 0].groupby("step")["value"].mean()
-        slowed = sorted(int(k) for k, v in per_step.items() if 1.0 - v / nominal > ctx.t.max_drop)
+        per_step = g[g["step"] >= 0].groupby("step")["value"].agg(["mean", "size"])
+        slowed = sorted(int(str(k)) for k, r in per_step.iterrows()
+                        if r["size"] >= ctx.t.min_step_samples and 1.0 - r["mean"] / nominal > ctx.t.max_drop)
         mean_all = float(g["value"].mean())
         sel = g[g["step"].isin(slowed)] if slowed else g
         mean = float(sel["value"].mean())

@@ -13,8 +13,8 @@ From ``hw_metrics``, per device, over the samples taken while the device compute
 device events at each sample; without events, every sample inside a step): the mean time-busy
 metric (``util_gpu_pct``) and the mean activity metric (``sm_active_pct``, else
 ``aicore_util_pct`` / ``cube_util_pct``). It fires when busy >= ``min_busy_pct`` and activity /
-busy <= ``max_active_ratio``. ``tensor_active_pct`` / ``cube_util_pct`` are added to the evidence
-where sampled. The steps named are those whose compute-phase means meet the same test.
+busy <= ``max_active_ratio``. ``tensor_active_pct`` / ``cube_util_pct`` and both figures in the
+communication and idle phases are added to the evidence where sampled. The steps named are those whose compute-phase means meet the same test.
 
 The saving is the per-step device kernel time (breakdown) times ``1 - activity / busy``: what the
 kernels would save if they filled the device (an upper bound).
@@ -105,6 +105,13 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             "max_active_ratio": ctx.t.max_active_ratio,
             "kernel_us_per_step": None if kernel_us is None else round(kernel_us, 1),
         }
+        # the other phases, for the reader: collectives run few SMs by design, idle time none
+        bp = hw.by_phase
+        for phase in ("comm", "idle"):
+            for key, metric in (("busy", busy_m), ("active", active_m)):
+                v = bp[(bp["dev"] == dev) & (bp["metric"] == metric) & (bp["phase"] == phase)]["mean"]
+                if len(v):
+                    evidence[f"{key}_{phase}_pct"] = round(float(v.iloc[0]), 1)
         if tensor is not None and tensor_m is not None:
             t = tensor[tensor["dev"] == dev]["value"]
             if len(t):
