@@ -11,8 +11,9 @@ routing intra-node traffic over PCIe or RoCE, or a link that is down.
 From ``hw_metrics``, per device, over the samples taken while a device communication runs (phase
 from the rank's device events; without them the rule cannot tell the communication phases and
 says so): the fast link's mean bandwidth (the larger direction) is at most ``max_idle_share`` of
-its peak (``rules/compute/devices.toml`` ``links_gbps``, or no fast-link figure and a series that
-stays near zero), while a slower link (PCIe, RoCE, NIC) carries at least ``min_other_gbps`` GB/s.
+its peak (``rules/compute/devices.toml`` ``links_gbps`` or the ``peak_<kind>_gbps`` override; a
+device without a figure is not judged), while a slower link (PCIe, RoCE, NIC) carries at least
+``min_other_gbps`` GB/s.
 
 The saving is the per-step exposed communication time (breakdown ``comm_only_us``) times
 ``1 - slow bandwidth / fast peak``: that traffic at the fast link's peak (an upper bound).
