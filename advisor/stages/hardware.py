@@ -46,6 +46,8 @@ CONSTANT_TOL = 0.01
 REDUNDANT_TOL = 0.05
 # samples per series beyond which the stage averages a series over time buckets
 MAX_PER_SERIES = 4000
+# devices the redundancy test compares (evenly spread over the device list)
+SELECT_DEVICES = 64
 # time bins over the profile for the distance computations
 BINS = 64
 # devices up to which the report carries one line per device; beyond, a heat map per metric
@@ -73,7 +75,7 @@ _ORDER = {m: i for i, m in enumerate(CANONICAL)}
 class Hardware:
     """What the stage computed (see the module doc). Frames are empty when the profile has no series."""
 
-    samples: pd.DataFrame  # dev, rank, metric, ts_ns, value, step, phase
+    samples: pd.DataFrame  # dev, dev_i (position in devices), rank, metric, ts_ns, value, step, phase
     devices: pd.DataFrame  # dev, label, rank, node, device
     metrics: list[dict[str, Any]]  # one summary per metric (kept / dropped and why)
     by_step: pd.DataFrame  # dev, rank, metric, step, mean, p95, min, max, n
@@ -158,52 +160,50 @@ def get(analysis: Any) -> Hardware:
 
 
 def _empty() -> Hardware:
-    cols = ["dev", "rank", "metric", "ts_ns", "value", "step", "phase"]
+    cols = ["dev", "dev_i", "rank", "metric", "ts_ns", "value", "step", "phase"]
     return Hardware(pd.DataFrame(columns=cols), pd.DataFrame(columns=["dev", "label", "rank", "node", "device"]), [],
                     pd.DataFrame(columns=["dev", "rank", "metric", "step", "mean", "p95", "min", "max", "n"]),
                     pd.DataFrame(columns=["dev", "rank", "metric", "phase", "mean", "n"]), {},
                     pd.DataFrame(columns=["dev", "metric", "distance"]))
 
 
-def _load(con: Any) -> pd.DataFrame:
-    """Every usable sample; a series with more than :data:`MAX_PER_SERIES` samples is averaged over
-    that many equal time buckets of the profile (the stage's memory stays bounded whatever the rate)."""
+_DEV_SQL = ("CASE WHEN rank IS NOT NULL THEN 'r' || CAST(rank AS VARCHAR) "
+            "ELSE 'd:' || node || '/' || device END")
+
+
+def _load(con: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every usable sample (dev, rank, metric, ts_ns, value) and the device table (dev, label, rank,
+    node, device; a rank is its own device). A series with more than :data:`MAX_PER_SERIES` samples
+    is averaged over that many equal time buckets of the profile (the stage's memory stays bounded
+    whatever the rate)."""
     cols = {r[0] for r in con.cursor().execute("SELECT column_name FROM duckdb_columns() WHERE table_name = 'hw_metrics'")
             .fetchall()}
     node = "coalesce(node, '')" if "node" in cols else "''"
     device = "coalesce(device, '')" if "device" in cols else "''"
     base = (f"SELECT rank, {node} AS node, {device} AS device, lower(metric) AS metric, ts_ns, value FROM hw_metrics "
             "WHERE value IS NOT NULL AND isfinite(value) AND ts_ns IS NOT NULL AND metric IS NOT NULL")
+    keyed = f"SELECT {_DEV_SQL} AS dev, * FROM ({base})"
     cur = con.cursor()
     most = cur.execute(f"SELECT max(n) FROM (SELECT count(*) AS n FROM ({base}) GROUP BY ALL)").fetchone()
     if most and most[0] and int(most[0]) > MAX_PER_SERIES:
-        sql = f"""WITH h AS ({base}), b AS (SELECT min(ts_ns) AS t0, max(ts_ns) - min(ts_ns) + 1 AS span FROM h)
-        SELECT rank, node, device, metric, min(ts_ns) AS ts_ns, avg(value) AS value FROM h, b
-        GROUP BY rank, node, device, metric, floor((ts_ns - t0) * {MAX_PER_SERIES}.0 / span)"""
+        sql = f"""WITH h AS ({keyed}), b AS (SELECT min(ts_ns) AS t0, max(ts_ns) - min(ts_ns) + 1 AS span FROM h)
+        SELECT dev, rank, metric, min(ts_ns) AS ts_ns, avg(value) AS value FROM h, b
+        GROUP BY dev, rank, metric, floor((ts_ns - t0) * {MAX_PER_SERIES}.0 / span)"""
     else:
-        sql = base
+        sql = f"SELECT dev, rank, metric, ts_ns, value FROM ({keyed})"
     df: pd.DataFrame = cur.execute(sql).df()
-    return df
-
-
-def _device_keys(df: pd.DataFrame) -> tuple[pd.Series, pd.DataFrame]:
-    """Each sample's device key and the device table (a rank is its own device)."""
-    has_rank = df["rank"].notna()
-    rank_txt = df["rank"].astype("Int64").astype(str)
-    key = np.where(has_rank, "r" + rank_txt, "d:" + df["node"].astype(str) + "/" + df["device"].astype(str))
-    keys = pd.Series(key, index=df.index)
-    devs = df.assign(dev=keys).groupby("dev", sort=False).agg(
-        rank=("rank", "first"), node=("node", "first"), device=("device", "first")).reset_index()
+    devs: pd.DataFrame = cur.execute(
+        f"""SELECT dev, any_value(rank) AS rank, any_value(node) AS node, any_value(device) AS device
+        FROM ({keyed}) GROUP BY dev ORDER BY any_value(rank) NULLS LAST, any_value(node), any_value(device)""").df()
 
     def label(r: Any) -> str:
-        where = "/".join(x for x in (r["node"], r["device"]) if x)
+        where = "/".join(str(x) for x in (r["node"], r["device"]) if x)
         if pd.notna(r["rank"]):
             return f"rank {int(r['rank'])}" + (f" ({where})" if where else "")
         return where or "device ?"
 
-    devs["label"] = devs.apply(label, axis=1) if len(devs) else pd.Series(dtype=str)
-    devs = devs.sort_values(["rank", "node", "device"], na_position="last").reset_index(drop=True)
-    return keys, devs[["dev", "label", "rank", "node", "device"]]
+    devs["label"] = [label(r) for _, r in devs.iterrows()]
+    return df, devs[["dev", "label", "rank", "node", "device"]]
 
 
 def _assign_steps(con: Any, df: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
@@ -285,8 +285,11 @@ def _bin_matrix(df: pd.DataFrame, devs: list[str], t0: int, t1: int, nbins: int)
     """devices x nbins mean of the samples of one metric (NaN where a bin has none)."""
     span = max(1, t1 - t0 + 1)
     b = np.minimum(nbins - 1, ((df["ts_ns"].to_numpy(np.float64) - t0) * nbins / span).astype(np.int64))
-    pos = {d: i for i, d in enumerate(devs)}
-    di = df["dev"].map(pos).to_numpy()
+    if "dev_i" in df:
+        di = df["dev_i"].to_numpy()
+    else:
+        pos = {d: i for i, d in enumerate(devs)}
+        di = df["dev"].map(pos).to_numpy()
     sums = np.zeros((len(devs), nbins))
     counts = np.zeros((len(devs), nbins))
     np.add.at(sums, (di, b), df["value"].to_numpy(np.float64))
@@ -306,11 +309,16 @@ def distance(a: np.ndarray, b: np.ndarray, scale: float) -> float | None:
 def _select(samples: pd.DataFrame, bins: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     """Per metric its summary and whether metric selection keeps it (see the module doc)."""
     out: list[dict[str, Any]] = []
-    kept: list[tuple[str, np.ndarray, float]] = []
-    names = sorted(samples["metric"].unique(), key=lambda m: (_ORDER.get(m, len(_ORDER)), m))
+    kept: list[tuple[str, np.ndarray]] = []
+    groups = {str(m): g for m, g in samples.groupby("metric", sort=False)}
+    names = sorted(groups, key=lambda m: (_ORDER.get(m, len(_ORDER)), m))
+    n_dev = len(next(iter(bins.values()))) if bins else 0
+    # the redundancy test compares at most SELECT_DEVICES devices, evenly spread (hundreds of metrics
+    # x 1,024 devices would be a quadratic cost for the same answer)
+    rows = np.unique(np.linspace(0, max(0, n_dev - 1), min(n_dev, SELECT_DEVICES)).astype(int)) if n_dev else None
     for m in names:
-        v = samples.loc[samples["metric"] == m, "value"].to_numpy(np.float64)
-        g = samples[samples["metric"] == m]
+        g = groups[m]
+        v = g["value"].to_numpy(np.float64)
         peak = float(np.max(np.abs(v))) if len(v) else 0.0
         rel_std = float(np.std(v) / peak) if peak > 0 else 0.0
         rec: dict[str, Any] = {
@@ -321,16 +329,14 @@ def _select(samples: pd.DataFrame, bins: dict[str, np.ndarray]) -> list[dict[str
         if rel_std < CONSTANT_TOL:
             rec.update(kept=False, dropped="constant")
         else:
-            mat = bins[m]
-            for other, omat, opeak in kept:
-                if omat.shape != mat.shape:
-                    continue
-                dist = distance(mat / peak, omat / opeak, 1.0)
+            mat = bins[m][rows] / peak
+            for other, omat in kept:
+                dist = distance(mat, omat, 1.0)
                 if dist is not None and dist < REDUNDANT_TOL:
                     rec.update(kept=False, dropped="redundant", like=other, distance=round(dist, 4))
                     break
             if rec["kept"]:
-                kept.append((m, mat, peak))
+                kept.append((m, mat))
         out.append(rec)
     return out
 
@@ -338,21 +344,18 @@ def _select(samples: pd.DataFrame, bins: dict[str, np.ndarray]) -> list[dict[str
 def compute(con: Any, breakdown: pd.DataFrame | None = None) -> Hardware:
     """The stage over the canonical tables on ``con`` (see the module doc)."""
     try:
-        df = _load(con)
+        df, devs = _load(con)
     except Exception:  # noqa: BLE001 -- no hw_metrics table at all
         return _empty()
     if df.empty:
         return _empty()
-    df["node"] = df["node"].astype(str)
-    df["device"] = df["device"].astype(str)
-    keys, devs = _device_keys(df)
-    df["dev"] = keys.to_numpy()
+    dev_list = [str(d) for d in devs["dev"]]
+    df["dev_i"] = pd.Categorical(df["dev"], categories=dev_list).codes
     df["step"], windows = _assign_steps(con, df)
     phases, known = _assign_phases(con, df)
     df["phase"] = phases
-    samples = df[["dev", "rank", "metric", "ts_ns", "value", "step", "phase"]].reset_index(drop=True)
+    samples = df[["dev", "dev_i", "rank", "metric", "ts_ns", "value", "step", "phase"]].reset_index(drop=True)
     t0, t1 = int(samples["ts_ns"].min()), int(samples["ts_ns"].max())
-    dev_list = list(devs["dev"])
     bins = {str(m): _bin_matrix(g, dev_list, t0, t1, BINS) for m, g in samples.groupby("metric", sort=True)}
     metrics = _select(samples, bins)
 
@@ -368,9 +371,10 @@ def compute(con: Any, breakdown: pd.DataFrame | None = None) -> Hardware:
     by_phase = (with_phase.groupby(["dev", "metric", "phase"], sort=True)["value"].agg(mean="mean", n="count")
                 .reset_index().merge(devs[["dev", "rank"]], on="dev", how="left")
                 if not with_phase.empty else _empty().by_phase)
+    phase_means = with_phase.groupby(["metric", "phase"])["value"].mean().to_dict() if len(with_phase) else {}
     for rec in metrics:
-        ph = with_phase[with_phase["metric"] == rec["metric"]].groupby("phase")["value"].mean()
-        rec["by_phase"] = {p: float(ph[p]) for p in PHASES if p in ph.index}
+        rec["by_phase"] = {p: float(phase_means[(rec["metric"], p)]) for p in PHASES
+                           if (rec["metric"], p) in phase_means}
 
     div_rows = []
     if len(dev_list) >= 3:
