@@ -383,6 +383,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
     if not full_critical_path and cp.get("segments"):
         cp = summarise_segments(cp)
     savings = summary(findings, median_steps(bd, NO_STEP))
+    hardware = _hardware(ctx)
     return Report(
         tool_version=__version__,
         profile=profile,
@@ -395,7 +396,21 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         savings=savings,
         comm_matrix=links(ctx.con) or None,
         rule_docs=rule_docs({f.rule for f in findings}),
+        hardware=hardware,
     )
+
+
+def _hardware(ctx: AnalysisContext) -> dict[str, Any] | None:
+    """The report's ``hardware`` field, when the profile has metric series (a failure is a warning)."""
+    try:
+        if not ctx.rows("hw_metrics"):
+            return None
+        from advisor.stages import hardware
+
+        return clean(hardware.report(hardware.get(ctx), ctx.breakdown))  # type: ignore[no-any-return]
+    except Exception as exc:  # noqa: BLE001 -- the rest of the report stands without it
+        ctx.warnings.append(Warning_("hardware_failed", f"hardware metric summary failed: {type(exc).__name__}: {exc}"))
+        return None
 
 
 def rule_docs(rule_ids: set[str]) -> dict[str, str]:

@@ -202,6 +202,9 @@ class Report:
     baseline_diff: dict[str, Any] | None = None
     #: ``advisor explain`` text (Markdown) of each rule that has a finding here, for the renderers
     rule_docs: dict[str, str] = field(default_factory=dict)
+    #: hardware metric series (:func:`advisor.stages.hardware.report`): per metric a summary, the
+    #: metrics kept and dropped, diverging devices, per-device series for the chart
+    hardware: dict[str, Any] | None = None
 
     @property
     def total_saving_us(self) -> float | None:

@@ -200,3 +200,42 @@ def test_every_chart_is_drawn_for_a_profile_with_its_data(browser, tmp_path: Pat
         for chart in absent:
             assert not browser.find_elements(By.ID, chart), chart
         _shot(browser, f"report-charts-{name}.png")
+
+
+def test_hardware_section_renders(browser, tmp_path: Path) -> None:
+    """Series per device over the timeline (lines for 8 devices, a PNG heat map for 40), steps shaded,
+    the breakdown's phases beneath; device names from the profile stay text."""
+    import pandas as pd
+    from selenium.webdriver.common.by import By
+
+    from advisor.analyze import analyze_context
+    from advisor.config import Config
+    from advisor.render import html
+    from advisor.testing import context_from_tables
+    from tests.hardware_fixtures import insert_series, job, series
+
+    rep = analyze_context(job(plants={"throttle": (3, 5)}), Config(select=["CMP005", "HW004"]))
+    out = tmp_path / "hardware.html"
+    out.write_text(html.render(rep), encoding="utf-8")
+    _open(browser, out)
+    _no_requests(browser)
+    section = browser.find_element(By.ID, "hardware")
+    assert "clock_sm_mhz" in section.text and "dropped: constant" in section.text
+    for chart in (c.get_attribute("id") for c in browser.find_elements(By.CSS_SELECTOR, "#hardware figure.hw-chart")):
+        _assert_chart_drawn(browser, chart, "polyline")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#hw-0 rect.hw-step")) == 10
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#hw-0 rect.ph-compute_only")) == 10
+    _shot(browser, "report-hardware.png")
+
+    ctx = context_from_tables({})
+    df = series(n_dev=40, n_steps=2, spp=10, ranked=False, metrics=("util_gpu_pct", "power_w"))
+    df["device"] = df["device"] + "<script>alert(1)</script>"
+    insert_series(ctx, pd.DataFrame(df))
+    heat = tmp_path / "hardware-heat.html"
+    heat.write_text(html.render(analyze_context(ctx, Config(select=["HW004"]))), encoding="utf-8")
+    _open(browser, heat)
+    _no_requests(browser)
+    assert browser.execute_script("return document.scripts.length") == 1
+    for chart in (c.get_attribute("id") for c in browser.find_elements(By.CSS_SELECTOR, "#hardware figure.hw-chart")):
+        _assert_chart_drawn(browser, chart, "image")
+    _shot(browser, "report-hardware-heatmap.png")

@@ -261,6 +261,13 @@ class RuleContext(Generic[T]):
         sel = bd[bd["rank"].isin([int(r) for r in ranks])]["step_us"]
         return float(sel.median()) if len(sel) else None
 
+    def hardware(self) -> Any:
+        """The hardware stage's result over ``hw_metrics`` (:class:`advisor.stages.hardware.Hardware`),
+        computed once per analysis."""
+        from advisor.stages import hardware
+
+        return hardware.get(self.analysis)
+
     def once(self, key: str, compute: Callable[[], T2]) -> T2:
         """``compute()`` once per analysis under ``key``: a figure several rules read."""
         cache = self.analysis.extras

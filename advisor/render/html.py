@@ -31,6 +31,7 @@ import jinja2
 
 from advisor.model import Report
 from advisor.render import charts
+from advisor.render.hardware import view as hardware_view
 from advisor.render.view import (
     PHASE_LABEL,
     PHASES,
@@ -277,7 +278,7 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
                 first_bar.append({"x": round(x, 3), "w": round(w, 3), "cls": "ph-" + p["key"][:-3],
                                   "title": f"{p['label']}: {fmt_us(p['us'])} ({fmt_ratio(p['share'])})"})
                 x += w
-    extras_known = {"gate", "baseline_diff", "comm_matrix", "total_saving_us", "savings", "rule_docs"}
+    extras_known = {"gate", "baseline_diff", "comm_matrix", "total_saving_us", "savings", "rule_docs", "hardware"}
     return {
         "d": d,
         "profile": prof,
@@ -306,6 +307,7 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
         "kinds": [{"cls": charts.kind_class(k), "label": charts.KIND_LABEL[k]} for k in charts.KINDS],
         "step_stats": d.get("step_times") or [],
         "rules": d.get("rules") or [],
+        "hwv": hardware_view(d.get("hardware")),
         "unknown_extras": sorted(k for k in d if k not in extras_known and k not in (
             "schema", "tool", "profile", "breakdown", "critical_path", "findings", "warnings", "rules", "step_times")),
     }

@@ -66,6 +66,8 @@ def report_dict(report: Report) -> dict[str, Any]:
         out["baseline_diff"] = report.baseline_diff
     if report.rule_docs:
         out["rule_docs"] = dict(sorted(report.rule_docs.items()))
+    if report.hardware is not None:
+        out["hardware"] = report.hardware
     return cast(dict[str, Any], clean(out))
 
 

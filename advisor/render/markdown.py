@@ -112,7 +112,7 @@ def render(report: Report | Mapping[str, Any], *, max_findings: int = 20, full: 
     if diff:
         head += _diff(diff)
     head += _breakdown(d)
-    tail = _critical_path(d) + _confidence(d)
+    tail = _hardware(d) + _critical_path(d) + _confidence(d)
     findings = d.get("findings") or []
     budget = None if full else MD_LIMIT - _size(head) - _size(tail) - 2_000
     body = _findings(findings, max_findings=max_findings, full=full, budget=budget, docs=d.get("rule_docs"))
@@ -434,4 +434,30 @@ def _critical_path(d: Mapping[str, Any]) -> list[str]:
         out += [f"Edges followed: {md_escape(edges[0])}.", ""]
         if edges[1]:
             out += [f"Note: {md_escape(edges[1])}.", ""]
+    return out
+
+
+#: room for the hardware section (one line per metric, capped)
+_HARDWARE_BUDGET = 6_000
+
+
+def _hardware(d: Mapping[str, Any]) -> list[str]:
+    """Hardware metric series: one line per metric (kept first), the dropped ones and the most diverging devices."""
+    hw = d.get("hardware")
+    if not isinstance(hw, Mapping) or not hw.get("metrics"):
+        return []
+    metrics = list(hw.get("metrics") or [])
+    kept = [m for m in metrics if m.get("kept")]
+    dropped = [m for m in metrics if not m.get("kept")]
+    out = ["", "## Hardware metrics", "",
+           (f"{hw.get('devices')} device(s), {len(metrics)} metric(s): {len(kept)} kept, {len(dropped)} dropped as "
+           "constant or redundant (Moneo's variance filter and normalised distance)."), ""]
+    items = [f"- {md_escape(m.get('summary', m.get('metric')), 300)}" for m in kept + dropped]
+    out += _capped(items, _HARDWARE_BUDGET, "- … {n} more metrics in the JSON / HTML report")
+    div = [x for x in (hw.get("diverging") or [])][:5]
+    if div:
+        out += ["", "Furthest from their peers' median series: " + ", ".join(
+            f"{md_escape(x.get('device'), 60)} ({md_escape(x.get('metric'), 40)}, {fmt_value(x.get('distance'))})"
+            for x in div) + "."]
+    out.append("")
     return out

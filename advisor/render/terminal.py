@@ -107,6 +107,7 @@ def print_report(report: Report | dict[str, Any], *, verbose: bool = False, colo
     if diff:
         _diff(console, diff)
     _findings(console, d, verbose)
+    _hardware(console, d, verbose)
     _critical_path(console, d)
     _confidence(console, d, verbose)
 
@@ -268,6 +269,25 @@ def _findings(console: Console, d: dict[str, Any], verbose: bool) -> None:
         console.print(grid)
         if verbose:
             console.print(_indented(_details(f), 6))
+    console.print()
+
+
+def _hardware(console: Console, d: dict[str, Any], verbose: bool) -> None:
+    """One line per hardware metric (the kept ones; every one with ``verbose``) and what was dropped."""
+    hw = d.get("hardware")
+    if not isinstance(hw, dict) or not hw.get("metrics"):
+        return
+    metrics = hw.get("metrics") or []
+    kept = [m for m in metrics if m.get("kept")]
+    dropped = [m for m in metrics if not m.get("kept")]
+    console.print(Text(f"Hardware metrics ({hw.get('devices')} devices, {len(kept)} of {len(metrics)} kept)",
+                       style="bold"))
+    for m in (kept + dropped if verbose else kept)[:60]:
+        console.print(_indented(Text(one_line(str(m.get("summary", m.get("metric"))), 300)), 2))
+    if dropped and not verbose:
+        console.print(_indented(Text("dropped: " + ", ".join(
+            f"{m.get('metric')} ({m.get('dropped')}{' with ' + str(m.get('like')) if m.get('like') else ''})"
+            for m in dropped[:20]) + (" ..." if len(dropped) > 20 else ""), style="dim"), 2))
     console.print()
 
 

@@ -34,6 +34,8 @@ class Device:
     cores: int | None = None
     vector_cores: int | None = None
     nominal_mhz: float | None = None
+    links_gbps: dict[str, float] = field(default_factory=dict)  # link kind -> peak per direction, 10^9 B/s
+    memory_gb: float | None = None
 
     def peak_for(self, dtype_class: str | None) -> tuple[float | None, str | None]:
         """Peak TFLOP/s for a dtype class, falling back to the half-precision figure."""
@@ -56,6 +58,8 @@ def _table() -> tuple[tuple[tuple[re.Pattern[str], ...], Device], ...]:
             cores=d.get("cores"),
             vector_cores=d.get("vector_cores"),
             nominal_mhz=d.get("nominal_mhz"),
+            links_gbps={k: float(v) for k, v in d.get("links_gbps", {}).items()},
+            memory_gb=d.get("memory_gb"),
         )
         out.append((pats, dev))
     return tuple(out)
