@@ -43,11 +43,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 #: fraction of the operators equal to the one a period later for the sequence to repeat
 MATCH = 0.8
 #: complete steps the sequence must repeat for steps to be inferred
 MIN_STEPS = 2
+#: sequences up to this length have their lag matches counted exactly, longer ones by FFT
+EXACT_UP_TO = 2048
 #: candidate periods tried, best first
 MAX_CHECKS = 16
 #: fraction of the operator names that must run in at least half of the steps
@@ -78,19 +81,24 @@ def top_level_sql(detail: str, ranks: list[int]) -> str:
     return f"""
         WITH h AS (SELECT rank, CAST(tid AS VARCHAR) AS tid, name, start_ns AS s, start_ns + dur_ns AS e FROM {detail}
                    WHERE rank IN ({", ".join(str(int(r)) for r in ranks)}) AND NOT device
-                         AND kind NOT IN ('step', 'python', 'comm') AND dur_ns >= 0),
+                         AND kind NOT IN ('step', 'python', 'comm') AND dur_ns >= 0 AND start_ns IS NOT NULL),
         t AS (SELECT *, max(e) OVER (PARTITION BY rank, tid ORDER BY s, e DESC
                                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS pe FROM h)
         SELECT rank, tid, name, s, e FROM t WHERE pe IS NULL OR s >= pe ORDER BY rank, tid, s, e DESC"""
 
 
-def lag_matches(codes: np.ndarray, max_lag: int, draws: int = 4) -> np.ndarray:
-    """Estimated count of ``codes[i] == codes[i + p]`` for every lag ``p`` in 0..max_lag.
+def lag_matches(codes: np.ndarray, max_lag: int, draws: int = 2) -> np.ndarray:
+    """Count of ``codes[i] == codes[i + p]`` for every lag ``p`` in 0..max_lag: exact for a short
+    sequence, else estimated.
 
     Each code gets a random phase; the autocorrelation of the unit vectors (by FFT) counts 1 per
-    equal pair and a zero-mean term per unequal pair, averaged over ``draws`` phase draws.
+    equal pair and a zero-mean term per unequal pair (its spread, over the ``m - p`` pairs of a
+    lag averaged over ``draws`` phase draws, is ``sqrt((m - p) / (2 draws))``: under 1% of the pairs
+    from 2,048 operators on).
     """
     m = len(codes)
+    if m <= EXACT_UP_TO:
+        return np.array([float(m)] + [float(np.count_nonzero(codes[:-p] == codes[p:])) for p in range(1, max_lag + 1)])
     rng = np.random.default_rng(0)
     n = 1 << int(np.ceil(np.log2(2 * m)))
     total = np.zeros(max_lag + 1)
@@ -229,8 +237,8 @@ def try_period(names: np.ndarray, codes: np.ndarray, starts: np.ndarray, ends: n
     idx = np.arange(m)
     step_of = np.searchsorted(np.array([r[2] for r in rows]), idx, "right") - 1
     inside = (step_of >= 0) & (idx < rows[-1][3])
-    pairs = np.unique(np.stack([codes[inside], step_of[inside]]), axis=1)
-    per_name = np.bincount(pairs[0])
+    pairs = np.unique(codes[inside] * len(rows) + step_of[inside])
+    per_name = np.bincount(pairs // len(rows))
     seen = per_name[per_name > 0]
     if np.mean(seen * 2 >= len(rows)) < NAMES_RECUR:
         return [], (f"its top-level host operators repeat every {p}, but many of them run in only a few of the "
@@ -250,7 +258,7 @@ def infer_rank(rank: int, names: np.ndarray, starts: np.ndarray, ends: np.ndarra
     """Infer the steps of one rank from the top-level host operators of its main thread (in order),
     the sorted start times of that thread's other host events (Python, GC) and of its collectives."""
     out = Inference(rank)
-    _, codes = np.unique(names, return_inverse=True)
+    codes = pd.factorize(names)[0].astype(np.int64)
     m = len(codes)
     cands, best = candidate_periods(codes) if m else ([], 0.0)
     if not cands:
@@ -293,7 +301,8 @@ def infer(con: Any, detail: str, ranks: list[int]) -> list[Inference]:
     main = main_threads(t_rank, t_tid, t_s, t_e)
     # collectives: on the device where the rank has device collectives, else on the host
     comm = con.execute(
-        f"""WITH c AS (SELECT rank, device, start_ns FROM {detail} WHERE kind = 'comm' AND rank IN ({in_ranks}))
+        f"""WITH c AS (SELECT rank, device, start_ns FROM {detail}
+                   WHERE kind = 'comm' AND rank IN ({in_ranks}) AND start_ns IS NOT NULL)
         SELECT rank, start_ns FROM c WHERE device = (SELECT bool_or(device) FROM c c2 WHERE c2.rank = c.rank)
         ORDER BY rank, start_ns"""
     ).fetchnumpy()
@@ -306,7 +315,7 @@ def infer(con: Any, detail: str, ranks: list[int]) -> list[Inference]:
         py = con.execute(
             f"""SELECT d.rank, d.start_ns FROM {detail} d JOIN _main_tid m ON d.rank = m.rank
                 AND CAST(d.tid AS VARCHAR) = m.tid
-            WHERE d.kind = 'python' AND NOT d.device ORDER BY d.rank, d.start_ns"""
+            WHERE d.kind = 'python' AND NOT d.device AND d.start_ns IS NOT NULL ORDER BY d.rank, d.start_ns"""
         ).fetchnumpy()
         con.execute("DROP TABLE _main_tid")
         p_rank = np.asarray(py["rank"], dtype=np.int64)

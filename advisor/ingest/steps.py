@@ -151,7 +151,11 @@ def _infer_steps(con: Any, src: str, detail: str, ranks: list[int],
     steps, each with the reason."""
     from advisor.ingest.step_inference import infer
 
-    found = infer(con, detail, ranks)
+    try:
+        found = infer(con, detail, ranks)
+    except Exception as exc:  # noqa: BLE001 - a trace the inference cannot read keeps its one window
+        return [(r, f"inference failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                for r in ranks]
     rows = [(r.rank, n, a, b) for r in found for n, a, b in r.steps]
     if rows:
         con.execute("CREATE OR REPLACE TEMP TABLE _imarks (rank INTEGER, step INTEGER, host_start_ns BIGINT, "
