@@ -283,9 +283,17 @@ def test_report_marks_inferred_steps(tmp_path: Path) -> None:
     assert len(doc["profile"]["steps"]) == 6  # README: 6 active steps (#2-#7)
     assert doc["breakdown"] and all(r["inferred"] is True for r in doc["breakdown"])
     assert any(w["code"] == "steps_inferred" for w in doc["warnings"])
-    marked = report_json(analyze(TRACES / "cpu_healthy"))
+    from advisor.render import html, markdown
+    from advisor.render.terminal import render_text
+
+    assert "steps 0–5 (inferred)" in markdown.render(stripped)
+    assert "(inferred)" in render_text(stripped).splitlines()[1]
+    assert "steps 0–5 (inferred)" in html.render(stripped)
+    marked_report = analyze(TRACES / "cpu_healthy")
+    marked = report_json(marked_report)
     assert marked["profile"]["steps_inferred"] is False
     assert not any("inferred" in r for r in marked["breakdown"])
+    assert "(inferred)" not in markdown.render(marked_report)
 
 
 def test_step_option_selects_an_inferred_step(tmp_path: Path) -> None:
