@@ -170,14 +170,15 @@ def test_generated_nccl_cluster_markers_stripped(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_generated_ascend_cluster_markers_stripped(tmp_path: Path) -> None:
-    """tests/ascend/gen_cluster.py's baseline (8 ranks, 4 steps, HCCL collectives), text form,
-    with every step number removed."""
+@pytest.mark.parametrize("scenario", ["baseline8", "faults8"])
+def test_generated_ascend_cluster_markers_stripped(scenario: str, tmp_path: Path) -> None:
+    """tests/ascend/gen_cluster.py's clusters (8 ranks, HCCL collectives; faults8: a slow rank, a
+    slow step, AI_CPU operators...), text form, with every step number removed."""
     from tests.ascend.gen_cluster import generate
 
-    generate("baseline8", tmp_path / "marked", "text")
+    facts = generate(scenario, tmp_path / "marked", "text")
     res = check(tmp_path / "marked", strip_ascend_text(tmp_path / "marked", tmp_path / "stripped"))
-    assert res["true_steps"] == {r: 4 for r in range(8)}
+    assert res["true_steps"] == {r: len(facts.steps) for r in range(8)}
 
 
 def test_collective_gaps_alone_miss_the_boundary() -> None:
