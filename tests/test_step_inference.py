@@ -272,6 +272,24 @@ def test_collectives_must_repeat_with_the_steps() -> None:
     assert [a for _, a, _ in yes.steps] == [int(x) for x in s[::5]]
 
 
+@pytest.mark.parametrize("where", ["end", "start"])
+def test_an_operator_added_to_one_step_moves_no_boundary(where: str) -> None:
+    """8 iterations of the same 6 operators; the 4th gets one more (a checkpoint at its end, or a
+    warm-up op at its start): still 8 steps, each starting at its DataLoader batch."""
+    body = ["enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", "aten::to", "aten::linear",
+            "aten::cross_entropy_loss", "autograd::engine::evaluate_function: AddmmBackward0", "Optimizer.step#SGD.step"]
+    seq: list[str] = []
+    for k in range(8):
+        step = list(body)
+        if k == 3:
+            step = step + ["checkpoint"] if where == "end" else [step[0], "warmup", *step[1:]]
+        seq += step
+    n, s, e = _ops(seq)
+    res = infer_rank(0, n, s, e, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    firsts = [int(t) for t, name in zip(s, seq) if name == body[0]]
+    assert [a for _, a, _ in res.steps] == firsts and len(firsts) == 8
+
+
 # --- the report -------------------------------------------------------------------------------
 
 

@@ -18,10 +18,10 @@ time) repeats: ``p`` operators per step.
 * Cuts: every occurrence of the shortest run of operator names ending at the start operator
   that occurs once per period, so an operator added or missing in one step moves no other cut.
   A step's host range runs from the first event of its thread after the previous step's last
-  operator (a Python GC pause or the loop's Python, when recorded, is the step's) to the next
-  step's start. An idle gap longer than half the median step is a pause of the profiler (two
-  profiling cycles): the step before it ends at its last operator's end and the step numbers skip
-  one, as markers' do. The step windows then follow the common definition
+  operator (a Python GC pause or the loop's Python, when recorded, is the step's; an idle gap
+  longer than usual counts from the usual gap on) to the next step's start. An idle gap longer
+  than :data:`PAUSE` median steps is a pause of the profiler (two profiling cycles): the step
+  before it ends at its last operator's end and the step numbers skip one, as markers' do. The step windows then follow the common definition
   (:func:`advisor.ingest.steps.windows_sql`), device lag included.
 
 Checks, else the rank keeps one window, with the reason: at least :data:`MIN_STEPS` whole steps;
@@ -30,8 +30,8 @@ operators run once, is not a loop); on a rank with collectives, :data:`COMM_AGRE
 hold the same number of them (the same collectives run every iteration).
 
 Collectives alone (the big gaps between their bursts, as LLMPrism's change-point detection
-reads them) place a step boundary only somewhere in the compute between two bursts, which in
-real traces is 2-10% of the step away from the marker; the host operators place it at the marker.
+reads them) place a step boundary only somewhere in the compute between two bursts; the host
+operators place it at the marker (tests/test_step_inference.py measures both).
 
 Cost: one window query sorting the rank's host events by thread and time, then O(m log m) numpy
 over the ``m`` top-level operators of one thread.
@@ -181,7 +181,13 @@ def anchor_cuts(codes: np.ndarray, start: int, p: int) -> np.ndarray:
             if len(pos) <= expect:
                 found.append(pos)
                 break
-    return np.unique(np.concatenate(found))
+    cuts = np.unique(np.concatenate(found))
+    # two runs found next to each other mark one start: keep the first of cuts closer than half a period
+    keep = [int(cuts[0])]
+    for c in cuts[1:].tolist():
+        if c - keep[-1] >= max(p // 2, 1):
+            keep.append(c)
+    return np.array(keep, dtype=np.int64)
 
 
 def try_period(names: np.ndarray, codes: np.ndarray, starts: np.ndarray, ends: np.ndarray,
