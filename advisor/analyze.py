@@ -330,6 +330,8 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
     bd = ctx.breakdown
     rows: list[dict[str, Any]] = []
     sel = bd  # the breakdown of the focus (--rank / --step): its rows and the step times
+    inferred = {(int(r), int(s)) for r, s in ctx.con.cursor().execute(
+        "SELECT rank, step FROM steps WHERE inferred").fetchall()}
     if bd is not None and not bd.empty:
         if rank is not None:
             sel = sel[sel["rank"] == rank]
@@ -342,6 +344,8 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
             for k, v in row.items():
                 if k not in ("rank", "step") and v is not None:
                     row[k] = None if math.isnan(v) else round(float(v), 3)  # NaN -> None
+            if (row["rank"], int(rec["step"])) in inferred:
+                row["inferred"] = True
             rows.append(row)
     meta = ctx.query("SELECT rank, world_size, device_name, backend, has_device FROM ranks ORDER BY rank")
     world = next((m["world_size"] for m in meta if m["world_size"]), None)
@@ -358,6 +362,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         "backends": sorted({m["backend"] for m in meta if m["backend"]}),
         "parse_seconds": round(float(ctx.extras.get("parse_seconds", 0.0)), 4),
         "analyze_seconds": round(time.perf_counter() - t_start, 4),
+        "steps_inferred": bool(inferred),
         "focus": {"rank": ctx.focus_rank, "step": None if ctx.focus_step == NO_STEP else ctx.focus_step},
     }
     step_stats = []

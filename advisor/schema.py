@@ -139,6 +139,8 @@ TABLES: dict[str, Table] = {
             ("end_ns", "BIGINT", "window end, ns"),
             ("host_start_ns", "BIGINT", "start of the host step marker, ns"),
             ("host_end_ns", "BIGINT", "end of the host step marker, ns"),
+            ("inferred", "BOOLEAN", ("true when the window was inferred from the trace (no step marker: "
+                                     "advisor.ingest.step_inference), false for a marked step or the one window")),
             required=True,
         ),
         _t(

@@ -163,7 +163,8 @@ def one_line_usage_error(p: subprocess.CompletedProcess[str], *needles: str) -> 
     (HEALTHY, ["--step", "999"], "has steps 2-7"),
     (HEALTHY, ["--rank", "7"], "has rank 0"),
     (TRACES / "gloo_slow_rank", ["--rank", "1", "--step", "30"], "rank 1 of"),  # README: world size 2, steps 2-7
-    (TRACES / "cpu_no_step_marker", ["--step", "3"], "no step markers"),  # README: no ProfilerStep# events
+    # README: no ProfilerStep# events, 5 iterations: steps 0-4 inferred (the one-window case: test_step_inference.py)
+    (TRACES / "cpu_no_step_marker", ["--step", "30"], "has steps 0-4"),
 ])
 def test_a_rank_or_step_the_profile_lacks_is_a_usage_error(profile: Path, args: list[str], listed: str) -> None:
     p = run("analyze", str(profile), *args)

@@ -129,10 +129,11 @@ def test_multi_cycle_files_merge_into_one_rank() -> None:
     assert w3 < 50_000_000
 
 
-def test_no_step_marker_is_one_window_with_warning() -> None:
+def test_no_step_marker_steps_are_inferred_with_warning() -> None:
+    """README: 5 training iterations, no prof.step(); the one-window case: tests/test_step_inference.py."""
     ctx = load_profile(TRACES / "cpu_no_step_marker")
-    assert ctx.con.execute("SELECT step FROM steps").fetchall() == [(-1,)]
-    assert any(w.code == "no_step_marker" for w in ctx.warnings)
+    assert ctx.con.execute("SELECT count(*), bool_and(inferred) FROM steps WHERE step >= 0").fetchall() == [(5, True)]
+    assert any(w.code == "steps_inferred" for w in ctx.warnings)
 
 
 def test_gloo_ranks_and_host_collectives() -> None:
@@ -549,8 +550,8 @@ def test_step_windows_spanning_beyond_bigint_still_assign_steps() -> None:
 
     con = duckdb.connect()
     con.execute(TABLES["steps"].ddl())
-    con.execute("INSERT INTO steps VALUES (0, 1, -7500000000000000000, -7499999999999999000, NULL, NULL), "
-                "(0, 2, 1700000000000000000, 1700000000000001000, NULL, NULL)")
+    con.execute("INSERT INTO steps VALUES (0, 1, -7500000000000000000, -7499999999999999000, NULL, NULL, false), "
+                "(0, 2, 1700000000000000000, 1700000000000001000, NULL, NULL, false)")
     con.execute("CREATE TABLE ev (rank INTEGER, start_ns BIGINT)")
     con.execute("INSERT INTO ev VALUES (0, -7499999999999999500), (0, 1700000000000000500), (0, 4000000000000000000), "
                 "(0, -9000000000000000000)")
@@ -577,8 +578,8 @@ def test_window_lookup_stays_small_with_many_ranks_and_matches_an_asof_join(layo
     day = 86_400 * 10**9
     shift = {"shared_span": "r * 7", "two_runs_a_day_apart": f"CASE WHEN r >= 150 THEN {day} ELSE 0 END + r * 7",
              "one_long_rank": f"CASE WHEN r = 0 AND s = 5 THEN {day} ELSE 0 END + r * 7"}[layout]
-    con.execute(f"""INSERT INTO steps SELECT r, s, {shift} + s * {step_ns}, {shift} + (s + 1) * {step_ns} - 1000, NULL, NULL
-                    FROM range({ranks}) a(r), range({steps}) b(s)""")
+    con.execute(f"""INSERT INTO steps SELECT r, s, {shift} + s * {step_ns}, {shift} + (s + 1) * {step_ns} - 1000, NULL, NULL,
+                    false FROM range({ranks}) a(r), range({steps}) b(s)""")
     con.execute(f"""CREATE TABLE ev AS SELECT s.rank, s.start_ns + o * 997 - 5000 AS start_ns
                     FROM steps s, range(0, {step_ns // 997 + 10}, 37) c(o)""")
     win = window_lookup(con, "w")

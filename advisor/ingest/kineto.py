@@ -947,7 +947,8 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
             OR lower(coalesce(cat, '')) IN ('trace', 'ac2g', 'flow') OR file_id IN ({gone_sql})"""
     )
     _comm_kernels(cur, part)
-    marks = f"(SELECT rank, kind = 'step' AS is_mark, device, tid, name, start_ns, dur_ns, corr, file_id AS fid FROM {part})"
+    marks = (f"(SELECT rank, kind = 'step' AS is_mark, kind, device, tid, name, start_ns, dur_ns, corr, file_id AS fid "
+             f"FROM {part})")
     stepped = _steps_from_part(cur, marks, kf, files, lctx,
                                on_drop=lambda ids: cur.execute(f"DELETE FROM {part} WHERE file_id IN ({ids})"))
     # comm_ops first, their steps by the window join (the part is still unchanged), then the
@@ -1176,7 +1177,7 @@ def _comm_kernels(cur: Any, part: str) -> None:
 def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadContext, on_drop: Any) -> set[int]:
     """Build the step windows of the ranks whose every file is in this part (others: later).
 
-    ``ev``: the events with ``fid``, ``rank``, ``is_mark``, ``device``, ``tid``, ``name``, ``start_ns``,
+    ``ev``: the events with ``fid``, ``rank``, ``is_mark``, ``kind``, ``device``, ``tid``, ``name``, ``start_ns``,
     ``dur_ns``, ``corr``. Files of one rank whose time ranges overlap cannot both be its
     timeline: the one with fewer events is dropped here (the same rule as for files loaded one
     by one); ``on_drop(sql_ids)`` removes its rows.
@@ -1206,7 +1207,7 @@ def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadC
     )
     try:
         with lctx.steps_lock:
-            build_steps(cur, src, lctx.warn)
+            build_steps(cur, src, lctx.warn, detail=ev)
     finally:
         cur.execute(f"DROP TABLE {src}")
     return whole

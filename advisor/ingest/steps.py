@@ -14,7 +14,9 @@ Definition (documented in the README):
   timeline); otherwise (the last step of a profiling cycle) at the later of its marker's end and
   the end of its device work. So no backlog piles up on the last step, and device work still
   running from before a cycle is not counted in its first step.
-* A rank with no step marker gets one window over its whole trace (``step = -1``) and a warning.
+* A rank with no step marker gets its steps inferred from the repetition of its top-level host
+  operators (:mod:`advisor.ingest.step_inference`; rows with ``inferred = true``, a warning),
+  or, when they do not repeat, one window over its whole trace (``step = -1``) and a warning.
 * Every event (and ``kernels`` / ``comm_ops`` row) belongs to the window holding its start.
 """
 
@@ -31,13 +33,14 @@ from advisor.schema import NO_STEP
 CONSECUTIVE_NS = 1000
 
 
-def windows_sql(marks: str, src: str | None) -> str:
-    """SQL selecting ``steps`` rows (rank, step, start_ns, end_ns, host_start_ns, host_end_ns).
+def windows_sql(marks: str, src: str | None, *, inferred: bool = False) -> str:
+    """SQL selecting ``steps`` rows (rank, step, start_ns, end_ns, host_start_ns, host_end_ns, inferred).
 
     ``marks``: a relation (rank, step, host_start_ns, host_end_ns), one row per step. ``src``: a
     relation with ``rank``, ``device``, ``tid`` (a device task's stream), ``start_ns``, ``dur_ns``
     and ``corr`` (host events with a correlation id and the device tasks sharing it), or None when
     there are no launch links to follow (the steps then start where their range starts).
+    ``inferred``: the ranges were inferred (:mod:`advisor.ingest.step_inference`), not marked.
     """
     if src is None:
         dev = "SELECT rank, step, NULL::BIGINT AS delay, NULL::BIGINT AS dev_end FROM _m WHERE false"
@@ -94,17 +97,19 @@ def windows_sql(marks: str, src: str | None) -> str:
         SELECT rank, step,
                CASE WHEN first THEN begin_ns
                     ELSE lag(end_ns) OVER (PARTITION BY rank ORDER BY host_start_ns, step) END AS start_ns,
-               end_ns, host_start_ns, host_end_ns
+               end_ns, host_start_ns, host_end_ns, {str(bool(inferred)).lower()} AS inferred
         FROM _e"""
 
 
-def build_steps(con: Any, src: str, warn: Callable[..., None]) -> None:
+def build_steps(con: Any, src: str, warn: Callable[..., None], detail: str | None = None) -> None:
     """Insert the step windows of the ranks in ``src`` that have none yet.
 
     ``src`` is a relation (table name or ``(SELECT ...)``) with the columns ``rank``,
     ``is_mark`` (a host ``ProfilerStep#N`` event), ``device``, ``tid``, ``name``, ``start_ns``,
     ``dur_ns`` and ``corr``: the canonical ``events`` table, or a reader's staged rows so that
     steps can be assigned while the events are inserted (no second pass over them).
+    ``detail``: the same events with ``kind`` and every event's ``name`` (``src`` when None),
+    read to infer the steps of a rank without markers (:mod:`advisor.ingest.step_inference`).
     """
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE _marks AS
@@ -123,19 +128,61 @@ def build_steps(con: Any, src: str, warn: Callable[..., None]) -> None:
     no_marks = [r[0] for r in con.execute(
         f"SELECT DISTINCT rank FROM {src} WHERE rank NOT IN (SELECT DISTINCT rank FROM steps) ORDER BY rank"
     ).fetchall()]
-    for rank in no_marks:
+    if no_marks:
+        no_marks = _infer_steps(con, src, detail or src, no_marks, warn)
+    for rank, reason in no_marks:
         warn(
             "no_step_marker",
-            f"rank {rank}: no ProfilerStep#N marker; the whole trace is analysed as one window "
-            "(call prof.step() each iteration to get per-step figures)",
+            f"rank {rank}: no ProfilerStep#N marker and steps cannot be inferred ({reason}); the whole trace is "
+            "analysed as one window (call prof.step() each iteration to get per-step figures)",
         )
     if no_marks:
         con.execute(
             f"""INSERT INTO steps
-            SELECT rank, {NO_STEP}, min(start_ns), max(start_ns + dur_ns), min(start_ns), max(start_ns + dur_ns)
-            FROM {src} WHERE rank IN ({", ".join(map(str, no_marks))})
+            SELECT rank, {NO_STEP}, min(start_ns), max(start_ns + dur_ns), min(start_ns), max(start_ns + dur_ns), false
+            FROM {src} WHERE rank IN ({", ".join(str(r) for r, _ in no_marks)})
             GROUP BY rank"""
         )
+
+
+def _infer_steps(con: Any, src: str, detail: str, ranks: list[int],
+                 warn: Callable[..., None]) -> list[tuple[int, str]]:
+    """Insert the inferred step windows of ``ranks`` (no marker); return the ranks left without
+    steps, each with the reason."""
+    from advisor.ingest.step_inference import infer
+
+    try:
+        found = infer(con, detail, ranks)
+    except Exception as exc:  # noqa: BLE001 - a trace the inference cannot read keeps its one window
+        return [(r, f"inference failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                for r in ranks]
+    rows = [(r.rank, n, a, b) for r in found for n, a, b in r.steps]
+    if rows:
+        con.execute("CREATE OR REPLACE TEMP TABLE _imarks (rank INTEGER, step INTEGER, host_start_ns BIGINT, "
+                    "host_end_ns BIGINT)")
+        con.executemany("INSERT INTO _imarks VALUES (?, ?, ?, ?)", rows)
+        con.execute(f"INSERT INTO steps {windows_sql('_imarks', src, inferred=True)}")
+        con.execute("DROP TABLE _imarks")
+        done = [r for r in found if r.steps]
+        counts = sorted({len(r.steps) for r in done})
+        span = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+        warn("steps_inferred",
+             f"{_ranks_text([r.rank for r in done])}: no ProfilerStep#N marker; {span} steps inferred from the "
+             "repetition of the top-level host operators (step = one period of the sequence, starting after the "
+             "optimizer step / at the idle gap before an iteration); per-step figures are marked inferred")
+    return [(r.rank, r.reason) for r in found if not r.steps]
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """'rank 3' or 'ranks 0-3, 7' (runs of consecutive ranks collapsed)."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return ("rank " if len(ranks) == 1 else "ranks ") + text
 
 
 @dataclass(frozen=True)
@@ -224,8 +271,8 @@ def finalize(con: Any, warn: Callable[..., None], assigned: set[int] | frozenset
     ranks = {r[0] for r in con.execute("SELECT DISTINCT rank FROM events").fetchall()}
     have = {r[0] for r in con.execute("SELECT DISTINCT rank FROM steps").fetchall()}
     if ranks - have:
-        build_steps(con, "(SELECT rank, kind = 'step' AS is_mark, device, tid, name, start_ns, dur_ns, corr FROM events)",
-                    warn)
+        build_steps(con, "(SELECT rank, kind = 'step' AS is_mark, kind, device, tid, name, start_ns, dur_ns, corr "
+                    "FROM events)", warn)
     if ranks - set(assigned):
         _assign(con)
     for table in ("kernels", "comm_ops"):

@@ -161,7 +161,8 @@ def _head(d: Mapping[str, Any]) -> list[str]:
     out.append(f"Profile {md_escape(prof.get('path', ''), 200)} · {md_escape(', '.join(prof.get('sources') or []) or '?', 100)}"
                f" · {len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
                + (f" (world size {prof['world_size']})" if prof.get("world_size") else "")
-               + f" · steps {compact_ints(prof.get('steps'))}" + (" · CPU-only" if prof.get("cpu_only") else "")
+               + f" · steps {compact_ints(prof.get('steps'))}" + (" (inferred)" if prof.get("steps_inferred") else "")
+               + (" · CPU-only" if prof.get("cpu_only") else "")
                + f" · advisor {md_escape((d.get('tool') or {}).get('version', '?'), 40)}")
     out.append("")
     return out

@@ -89,6 +89,7 @@ def print_report(report: Report | dict[str, Any], *, verbose: bool = False, colo
     console.print(
         Text(f"sources: {', '.join(p.get('sources') or []) or '-'}   ranks: {_list(p.get('ranks'))}"
              f"   world size: {p.get('world_size') or '-'}   steps: {_list(p.get('steps'))}"
+             + (" (inferred)" if p.get("steps_inferred") else "")
              + ("   [CPU-only]" if p.get("cpu_only") else ""), style="dim")
     )
     console.print()
