@@ -395,7 +395,14 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         savings=savings,
         comm_matrix=links(ctx.con) or None,
         rule_docs=rule_docs({f.rule for f in findings}),
+        variability=clean(_variability(ctx)),
     )
+
+
+def _variability(ctx: AnalysisContext) -> dict[str, Any] | None:
+    from advisor.stages import variability
+
+    return variability.of(ctx)
 
 
 def rule_docs(rule_ids: set[str]) -> dict[str, str]:

@@ -202,6 +202,8 @@ class Report:
     baseline_diff: dict[str, Any] | None = None
     #: ``advisor explain`` text (Markdown) of each rule that has a finding here, for the renderers
     rule_docs: dict[str, str] = field(default_factory=dict)
+    #: step-time variability (:mod:`advisor.stages.variability`): distributions, contributors, scale prediction
+    variability: dict[str, Any] | None = None
 
     @property
     def total_saving_us(self) -> float | None:
