@@ -400,9 +400,14 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
 
 
 def _variability(ctx: AnalysisContext) -> dict[str, Any] | None:
+    """The variability section; a failure there costs the section, not the report."""
     from advisor.stages import variability
 
-    return variability.of(ctx)
+    try:
+        return variability.of(ctx)
+    except Exception as exc:  # noqa: BLE001 -- reported as a warning, the rest of the report stands
+        ctx.warnings.append(Warning_("variability_failed", f"variability analysis failed: {type(exc).__name__}: {exc}"))
+        return None
 
 
 def rule_docs(rule_ids: set[str]) -> dict[str, str]:

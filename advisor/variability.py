@@ -62,7 +62,8 @@ CANDIDATES = 16  # operators whose parallel contribution is computed (by series 
 RANKS_SHOWN = 16
 HIST_BINS = 20
 CDF_POINTS = 41
-GRID = 2048  # at most this many points for the product of CDFs
+GRID = 512  # at most this many points for the product of CDFs
+FIT_TOLERANCE = 0.05  # the model at the profile's own scale vs its measured median step  # at most this many points for the product of CDFs
 
 ASSUMPTION = (
     "each rank's own step time (its step time minus the time it waits in collectives for slower peers) is an "
@@ -76,9 +77,23 @@ SELECT rank, step, coalesce(op_type, 'comm') AS op_type, coalesce(group_name, ''
 FROM comm_ops WHERE rank IS NOT NULL AND step IS NOT NULL AND step >= 0 AND dur_ns IS NOT NULL
 GROUP BY ALL
 """
+# without comm_ops rows (host collectives of a CPU-only trace): the communication operators of op_step_stats by name
+_COMM_OPS_SQL = """
+SELECT rank, step, name AS op_type, '' AS grp, sum(n) AS n, sum(total_ns) / 1000.0 AS us
+FROM op_step_stats WHERE kind = 'comm' AND rank IS NOT NULL AND step IS NOT NULL AND step >= 0
+GROUP BY ALL
+"""
+# the operators with the longest total time (i: their order), then their rows by that index (no names per row)
+_TOP_OPS_SQL = """
+SELECT kind, name, row_number() OVER (ORDER BY sum(total_ns) DESC, kind, name) - 1 AS i, sum(n) AS n
+FROM op_step_stats WHERE rank IS NOT NULL AND step IS NOT NULL AND step >= 0 {comm}
+GROUP BY kind, name QUALIFY i < {limit}
+"""
 _OPS_SQL = """
-SELECT rank, step, kind, name, n, total_ns / 1000.0 AS us FROM op_step_stats
-WHERE rank IS NOT NULL AND step IS NOT NULL AND step >= 0 {comm}
+WITH top AS ({top})
+SELECT t.i, o.rank, o.step, o.total_ns / 1000.0 AS us
+FROM op_step_stats o JOIN top t ON o.kind = t.kind AND o.name = t.name
+WHERE o.rank IS NOT NULL AND o.step IS NOT NULL AND o.step >= 0
 """
 _P2P_SQL = """
 SELECT DISTINCT least(src_rank, dst_rank) AS a, greatest(src_rank, dst_rank) AS b FROM comm_matrix
@@ -123,29 +138,28 @@ def max_distribution(own: np.ndarray, grid_size: int = GRID) -> tuple[np.ndarray
     empirical distribution of its finite values (the product of the rows' CDFs, PRISM eq. 3).
 
     Returns (support, probability mass): the support is the pooled values from the largest row
-    minimum up (all of them, or ``grid_size`` of them evenly spaced in rank order plus the maximum).
+    minimum up (all of them, or ``grid_size`` of them evenly spaced in rank order, both ends included).
     """
-    rows = [np.sort(r[np.isfinite(r)]) for r in np.atleast_2d(own)]
-    rows = [r for r in rows if len(r)]
-    if not rows:
+    a = np.sort(np.atleast_2d(np.asarray(own, dtype=float)), axis=1)  # NaN last in each row
+    counts = np.isfinite(a).sum(axis=1)
+    a = a[counts > 0]
+    counts = counts[counts > 0]
+    if not len(a):
         return np.empty(0), np.empty(0)
-    counts = np.array([len(r) for r in rows])
-    lo = max(float(r[0]) for r in rows)
-    pooled = np.unique(np.concatenate(rows))
-    grid = pooled[pooled >= lo]
+    vals = a[np.isfinite(a)]
+    lo = float(a[:, 0].max())  # below the largest row minimum the maximum never falls
+    grid = np.unique(vals[vals >= lo])
     if len(grid) > grid_size:
-        grid = np.unique(np.append(grid[np.linspace(0, len(grid) - 1, grid_size).astype(int)], grid[-1]))
-    # one sorted array of all rows, each shifted past the previous one, so that one searchsorted
-    # counts every row's values up to every grid point
-    span = float(pooled[-1] - pooled[0]) + 1.0
-    off = np.arange(len(rows)) * span * 2.0
-    flat = np.concatenate([r - pooled[0] + o for r, o in zip(rows, off, strict=True)])
-    keys = (grid[None, :] - pooled[0]) + off[:, None]
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    below = np.searchsorted(flat, keys.ravel(), side="right").reshape(len(rows), len(grid)) - starts[:, None]
-    frac = below / counts[:, None]
+        grid = np.unique(grid[np.linspace(0, len(grid) - 1, grid_size).astype(int)])  # ends included
+    # per row, how many of its values lie at or below each grid point: each value counts from the
+    # first grid point at or above it (values above the grid's top never occur: it is the maximum)
+    rows, cols = np.nonzero(np.isfinite(a))
+    at = np.searchsorted(grid, a[rows, cols], side="left")
+    keep = at < len(grid)
+    hist = np.bincount(rows[keep] * len(grid) + at[keep], minlength=len(a) * len(grid)).reshape(len(a), len(grid))
+    below = np.cumsum(hist, axis=1)
     with np.errstate(divide="ignore"):
-        logf = np.log(frac).sum(axis=0)
+        logf = np.log(below / counts[:, None]).sum(axis=0)
     cdf = np.exp(logf)
     cdf[-1] = 1.0
     mass = np.diff(np.concatenate([[0.0], cdf]))
@@ -200,7 +214,8 @@ def compute(bd: pd.DataFrame | None, sql: Sql) -> dict[str, Any] | None:
                 "note": "no step markers: the whole trace is one window, so there is no step-time distribution"}
     ranks = sorted(int(r) for r in bd["rank"].unique())
     per_rank_steps = bd.groupby("rank")["step"].nunique()
-    common = sorted(set.intersection(*(set(g["step"].astype(int)) for _, g in bd.groupby("rank"))))
+    per_step = bd.groupby("step")["rank"].nunique()
+    common = sorted(int(s) for s in per_step.index[per_step.to_numpy() == len(ranks)])
     R, S = len(ranks), len(common)
     ridx = {r: i for i, r in enumerate(ranks)}
     sidx = {s: j for j, s in enumerate(common)}
@@ -263,8 +278,13 @@ def compute(bd: pd.DataFrame | None, sql: Sql) -> dict[str, Any] | None:
                 row["measured_p50_us"] = out["step_time"]["p50_us"]
                 row["measured_p95_us"] = out["step_time"]["p95_us"]
             rows.append(row)
+        fit = rows[0]["p50_us"] / baseline - 1.0 if baseline > 0 else 0.0
         out["prediction"] = {"baseline_us": _r(baseline), "basis": "the measured median step time at this scale",
-                             "slowdowns_pct": list(SLOWDOWNS), "rows": rows}
+                             "slowdowns_pct": list(SLOWDOWNS), "rows": rows, "fit_error": round(fit, 4)}
+        if abs(fit) > FIT_TOLERANCE:
+            notes.append(f"at this scale the model's median step is {fit:+.0%} off the measured one: the ranks are "
+                         "not alike (a systematically slow rank, pipeline stages doing different work), so the "
+                         "prediction at scale is indicative only")
         out["sensitivity"] = {"tp": _tp(sql, pooled), "pipeline": _pipeline(sql, ridx, T, own)}
     if notes:
         out["note"] = "; ".join(notes)
@@ -291,9 +311,12 @@ def _rank_table(bd: pd.DataFrame, ranks: list[int]) -> dict[str, Any]:
 
 def _waits(sql: Sql, ridx: dict[int, int], sidx: dict[int, int], R: int,
            S: int) -> tuple[dict[tuple[str, str], np.ndarray], np.ndarray]:
-    """Per collective (op type, group): its time per (rank, step) (NaN where the rank is not a member),
-    and the wait per (rank, step) summed over collectives: the excess over the member that arrived last."""
+    """Per collective (op type, group; without ``comm_ops``, per communication operator name): its time per
+    (rank, step) (NaN where the rank is not a member), and the wait per (rank, step) summed over collectives:
+    the excess over the member that arrived last."""
     df = sql(_COMM_SQL)
+    if df.empty:
+        df = sql(_COMM_OPS_SQL)
     keys: dict[tuple[str, str], np.ndarray] = {}
     wait = np.zeros((R, S))
     if df.empty:
@@ -316,22 +339,26 @@ def _ops_table(sql: Sql, ranks: list[int], common: list[int], ridx: dict[int, in
                comm_keys: dict[tuple[str, str], np.ndarray] | None, own: np.ndarray | None, R: int,
                S: int) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
     """Per operator: its time per (rank, step) and its distribution; with ``own``, its series share."""
-    from_comm_ops = bool(comm_keys)
-    df = sql(_OPS_SQL.format(comm="AND kind <> 'comm'" if from_comm_ops else ""))
+    top_sql = _TOP_OPS_SQL.format(comm="AND kind <> 'comm'" if comm_keys else "", limit=2 * CANDIDATES)
+    names = sql(top_sql)
+    df = sql(_OPS_SQL.format(top=top_sql))
     df = df[df["rank"].isin(ridx) & df["step"].isin(sidx)]
     mats: dict[str, np.ndarray] = {}
     meta: dict[str, dict[str, Any]] = {}
     if not df.empty:
-        agg = df.groupby(["kind", "name"], sort=False).agg(us=("us", "sum"), n=("n", "sum"))
-        top = agg.sort_values("us", ascending=False).head(4 * CANDIDATES).index
-        df = df.set_index(["kind", "name"]).loc[top].reset_index()
-        for (kind, name), g in df.groupby(["kind", "name"], sort=False):
-            m = np.zeros((R, S))
-            np.add.at(m, (g["rank"].map(ridx).to_numpy(int), g["step"].map(sidx).to_numpy(int)), g["us"].to_numpy(float))
-            key = f"{kind}\x00{name}"
-            mats[key] = m
-            meta[key] = {"kind": str(kind), "name": str(name), "group": None, "calls": int(g["n"].sum()),
-                         "ranks": int(g["rank"].nunique())}
+        k = len(names)
+        cube = np.zeros((k, R, S))
+        i = df["i"].to_numpy(int)
+        ri = df["rank"].map(ridx).to_numpy(int)
+        np.add.at(cube, (i, ri, df["step"].map(sidx).to_numpy(int)), df["us"].to_numpy(float))
+        seen = np.zeros((k, R), dtype=bool)
+        seen[i, ri] = True
+        for rec in names.sort_values("i").to_dict("records"):
+            j = int(rec["i"])
+            key = f"{rec['kind']}\x00{rec['name']}"
+            mats[key] = cube[j]
+            meta[key] = {"kind": str(rec["kind"]), "name": str(rec["name"]), "group": None, "calls": int(rec["n"]),
+                         "ranks": int(seen[j].sum())}
     for (op, grp), m in (comm_keys or {}).items():
         members = np.asarray(np.isfinite(m).any(axis=1), dtype=bool)
         key = f"comm\x00{op}\x00{grp}"

@@ -40,7 +40,8 @@ def summary(v: Mapping[str, Any]) -> list[str]:
     if ops and v.get("steps", 0) >= 2 and share(ops[0]) is not None and (share(ops[0]) or 0) > 0:
         what = "the step-time variance across steps and ranks" if "parallel_share" in ops[0] else \
             "the step-time variance across steps"
-        out.append(f"Most of {what} comes from {op_label(ops[0])} ({ops[0].get('kind')}): "
+        lead = "Most" if (share(ops[0]) or 0) >= 0.5 else "The largest part"
+        out.append(f"{lead} of {what} comes from {op_label(ops[0])} ({ops[0].get('kind')}): "
                    f"{pct(share(ops[0]))} of it goes away when it is held at its median.")
     rows = (v.get("prediction") or {}).get("rows") or []
     if rows:
