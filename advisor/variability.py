@@ -63,6 +63,7 @@ RANKS_SHOWN = 16
 HIST_BINS = 20
 CDF_POINTS = 41
 GRID = 512  # at most this many points for the product of CDFs
+STEADY = 1e-3  # a step whose sigma is below this share of its mean has no variance to decompose
 FIT_TOLERANCE = 0.05  # the model at the profile's own scale vs its measured median step  # at most this many points for the product of CDFs
 
 ASSUMPTION = (
@@ -256,7 +257,8 @@ def compute(bd: pd.DataFrame | None, sql: Sql) -> dict[str, Any] | None:
             m = mats[op["key"]]
             held = own - m + np.nanmedian(m)
             st = dist_stats(*max_distribution(held))
-            op["parallel_share"] = round(max(0.0, 1.0 - st["var"] / base["var"]) if base["var"] > 0 else 0.0, 4)
+            steady = base["var"] <= (STEADY * base["mean_us"]) ** 2  # nothing to explain
+            op["parallel_share"] = 0.0 if steady else round(max(0.0, 1.0 - st["var"] / base["var"]), 4)
             op["p95_drop_us"] = _r(max(0.0, base["p95_us"] - st["p95_us"]))
             op["mean_drop_us"] = _r(max(0.0, base["mean_us"] - st["mean_us"]))
         ops.sort(key=lambda o: (-o.get("parallel_share", -1.0), -o.get("series_share", 0.0), o["name"]))

@@ -144,6 +144,20 @@ def test_own_time_is_the_step_without_the_wait_for_the_last_rank() -> None:
     assert tp["group_sizes"] == [2] and next(r for r in tp["rows"] if r["size"] == 2)["in_profile"]
 
 
+def test_without_comm_ops_the_waits_come_from_the_collectives_of_op_step_stats() -> None:
+    # the same two ranks as above, with no comm_ops rows (as a CPU-only gloo trace): the AllReduce
+    # events themselves give the waits, per name
+    c1 = [10.0, 11.0, 12.0, 13.0, 14.0, 12.0]
+    rows = _cluster([[10.0] * 6, c1])
+    del rows["comm_ops"]
+    v = var_stage.compute(context_from_tables(rows))
+    assert v is not None
+    own = sorted([12.0] * 6 + [c + 2.0 for c in c1])
+    assert v["own_time"]["p50_us"] == pytest.approx(float(np.median(own)) * 1000, abs=1)
+    ar = next(o for o in v["ops"] if o["kind"] == "comm")
+    assert ar["name"] == "nccl:all_reduce" and ar["group"] is None and ar["p50_us"] == pytest.approx(2000, abs=1)
+
+
 def test_pipeline_stage_with_least_slack_is_hurt_most() -> None:
     # a chain 0-1-2-3 of send / receive links; step 130 ms everywhere. Own times per stage (5 steps): slack is the
     # median of step - own; p95 - p50 of own time by linear interpolation (the 5th value weighs 0.8)
@@ -184,6 +198,7 @@ def test_a_steady_cluster_gets_the_section_and_no_alarm() -> None:
     data = report_json(report)
     assert data["variability"]["prediction"]["rows"]
     assert not [f for f in report.findings if f.rule == "VAR001"]
+    assert "The step time is steady" in markdown.render(data)
 
 
 def test_few_steps_are_said_not_guessed() -> None:

@@ -8,6 +8,8 @@ from typing import Any
 
 from advisor.render.view import fmt_us
 
+STEADY = 0.01  # a step whose p95 is within this share of its median is called steady
+
 
 def op_label(op: Mapping[str, Any]) -> str:
     """``AllReduce in group X`` for a collective, the operator name otherwise (unescaped)."""
@@ -37,7 +39,10 @@ def summary(v: Mapping[str, Any]) -> list[str]:
                    f"p5 {fmt_us(st.get('p5_us'))}, median {fmt_us(st['p50_us'])}, p95 {fmt_us(st.get('p95_us'))} "
                    f"(+{100 * spread:.1f} % over the median), sigma {fmt_us(st.get('sigma_us'))}.")
     ops = v.get("ops") or []
-    if ops and v.get("steps", 0) >= 2 and share(ops[0]) is not None and (share(ops[0]) or 0) > 0:
+    spread = st["p95_us"] / st["p50_us"] - 1.0 if st.get("p50_us") and st.get("p95_us") else 0.0
+    if st.get("p50_us") and spread < STEADY:
+        out.append(f"The step time is steady: its p95 is within {STEADY:.0%} of its median.")
+    elif ops and v.get("steps", 0) >= 2 and share(ops[0]) is not None and (share(ops[0]) or 0) > 0:
         what = "the step-time variance across steps and ranks" if "parallel_share" in ops[0] else \
             "the step-time variance across steps"
         lead = "Most" if (share(ops[0]) or 0) >= 0.5 else "The largest part"
