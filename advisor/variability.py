@@ -255,7 +255,7 @@ def compute(bd: pd.DataFrame | None, sql: Sql) -> dict[str, Any] | None:
         out["model"] = {k: v for k, v in base.items() if k != "var"}
         for op in ops[:CANDIDATES]:
             m = mats[op["key"]]
-            held = own - m + np.nanmedian(m)
+            held = own - np.nan_to_num(m) + np.where(np.isfinite(m), np.nanmedian(m), 0.0)
             st = dist_stats(*max_distribution(held))
             steady = base["var"] <= (STEADY * base["mean_us"]) ** 2  # nothing to explain
             op["parallel_share"] = 0.0 if steady else round(max(0.0, 1.0 - st["var"] / base["var"]), 4)
@@ -358,14 +358,14 @@ def _ops_table(sql: Sql, ranks: list[int], common: list[int], ridx: dict[int, in
         for rec in names.sort_values("i").to_dict("records"):
             j = int(rec["i"])
             key = f"{rec['kind']}\x00{rec['name']}"
-            mats[key] = cube[j]
+            mats[key] = np.where(seen[j][:, None], cube[j], np.nan)  # NaN: a rank that never runs it
             meta[key] = {"kind": str(rec["kind"]), "name": str(rec["name"]), "group": None, "calls": int(rec["n"]),
                          "ranks": int(seen[j].sum())}
     for (op, grp), m in (comm_keys or {}).items():
         members = np.asarray(np.isfinite(m).any(axis=1), dtype=bool)
         key = f"comm\x00{op}\x00{grp}"
         # a collective's own part: the time of the member that arrived last, the same on every member
-        own_part = np.where(members[:, None], np.nanmin(m, axis=0)[None, :], 0.0)
+        own_part = np.where(members[:, None], np.nanmin(m, axis=0)[None, :], np.nan)
         mats[key] = own_part
         meta[key] = {"kind": "comm", "name": op, "group": grp or None, "calls": None, "ranks": int(members.sum()),
                      "measured": dist(m[members].ravel())}
@@ -376,17 +376,20 @@ def _ops_table(sql: Sql, ranks: list[int], common: list[int], ridx: dict[int, in
         cells = m[np.isfinite(m)]
         row: dict[str, Any] = {"key": key, **{k: v for k, v in d.items() if k != "measured"}, **dist(cells)}
         row["total_us"] = _r(cells.sum())
-        row["temporal_sigma_us"] = _r(float(np.nanmean(np.nanstd(m, axis=1)))) if S > 1 else 0.0
-        row["spatial_sigma_us"] = _r(float(np.nanstd(np.nanmean(m, axis=1)))) if R > 1 else 0.0
-        means = np.nanmean(m, axis=1)
-        slow = int(np.nanargmax(means))
+        present = np.isfinite(m).all(axis=1)  # the ranks that run it (every step: absent steps count 0)
+        rows_m = m[present]
+        row["temporal_sigma_us"] = _r(float(rows_m.std(axis=1).mean())) if S > 1 else 0.0
+        row["spatial_sigma_us"] = _r(float(rows_m.mean(axis=1).std())) if R > 1 else 0.0
+        means = np.where(present, np.nan_to_num(m).mean(axis=1), -np.inf)
+        slow = int(np.argmax(means))
         row["slowest_rank"] = ranks[slow]
         row["slowest_rank_mean_us"] = _r(means[slow])
         if "measured" in d:
             row["measured"] = d["measured"]  # with the waits for peers
         if own is not None and var_own > 0:
             ok = np.isfinite(own)
-            cov = float(((m[ok] - m[ok].mean()) * (own[ok] - own[ok].mean())).mean())
+            x = np.nan_to_num(m)[ok]  # a rank that does not run it: 0
+            cov = float(((x - x.mean()) * (own[ok] - own[ok].mean())).mean())
             row["series_share"] = round(cov / var_own, 4)
         ops.append(row)
     ops.sort(key=lambda o: (-o.get("series_share", 0.0), -o["total_us"], o["name"]))

@@ -44,7 +44,7 @@ def _cluster(compute_ms: list[list[float]], comm_ms: float = 2.0, extra: dict[st
             ev.append({"rank": r, "kind": "step", "name": f"ProfilerStep#{s}", "start_ns": t, "dur_ns": end - t,
                        "cat": "user_annotation", **HOST})
             at = t
-            for name, d in (("k", compute_ms[r][s]), *((n, x[r][s]) for n, x in (extra or {}).items())):
+            for name, d in (("k", compute_ms[r][s]), *((n, x[r][s]) for n, x in (extra or {}).items() if x[r][s])):
                 ev.append({"rank": r, "kind": "kernel", "name": name, "start_ns": at, "dur_ns": int(d * MS), **DEV})
                 at += int(d * MS)
             ev.append({"rank": r, "kind": "comm", "name": "nccl:all_reduce", "start_ns": at, "dur_ns": end - at, **DEV})
@@ -156,6 +156,18 @@ def test_without_comm_ops_the_waits_come_from_the_collectives_of_op_step_stats()
     assert v["own_time"]["p50_us"] == pytest.approx(float(np.median(own)) * 1000, abs=1)
     ar = next(o for o in v["ops"] if o["kind"] == "comm")
     assert ar["name"] == "nccl:all_reduce" and ar["group"] is None and ar["p50_us"] == pytest.approx(2000, abs=1)
+
+
+def test_an_operator_of_some_ranks_is_described_on_those_ranks() -> None:
+    # kernel x runs on rank 1 only, 1..6 ms: its distribution is rank 1's (median 3.5 ms), not diluted by rank 0
+    x = [0.0] * 6, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    v = var_stage.compute(context_from_tables(_cluster([[10.0] * 6, [10.0] * 6], extra={"x": list(x)})))
+    assert v is not None
+    op = next(o for o in v["ops"] if o["name"] == "x")
+    assert op["ranks"] == 1 and op["p50_us"] == pytest.approx(3500, abs=1) and op["slowest_rank"] == 1
+    assert op["spatial_sigma_us"] == 0.0 and op["temporal_sigma_us"] == pytest.approx(float(np.std(x[1])) * 1000, abs=1)
+    # rank 1 is the slowest every step and x is all its variance
+    assert op["parallel_share"] == pytest.approx(1.0, abs=1e-6)
 
 
 def test_pipeline_stage_with_least_slack_is_hurt_most() -> None:
