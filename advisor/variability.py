@@ -421,8 +421,10 @@ def _tp(sql: Sql, pooled: np.ndarray) -> dict[str, Any]:
 
 def _pipeline(sql: Sql, ridx: dict[int, int], T: np.ndarray, own: np.ndarray) -> dict[str, Any] | None:
     """Pipeline stages from send / receive links (chains of ranks, the lower-numbered end first), each
-    stage's slack (the time its ranks wait on the others: step time minus own time) and the step
-    lengthening when one of its ranks runs at its p95 own time instead of its p50."""
+    stage's slack (the time its ranks wait on the others: median of step time minus own time) and the
+    step lengthening when one of its ranks is slowed by the same amount wherever it sits (PRISM use
+    case I): the pooled own time's p95 minus its p50, less the stage's slack. Each stage's own
+    p95 - p50 is given beside it."""
     try:
         pairs = sql(_P2P_SQL)
     except Exception:  # noqa: BLE001 -- a context without a comm_matrix table
@@ -449,6 +451,7 @@ def _pipeline(sql: Sql, ridx: dict[int, int], T: np.ndarray, own: np.ndarray) ->
             prev, cur, k = cur, nxt[0], k + 1
     if len(set(stage.values())) < 2:
         return None
+    slow = float(np.nanpercentile(own, 95) - np.nanpercentile(own, 50))
     rows: list[dict[str, Any]] = []
     for k in sorted(set(stage.values())):
         idx = [ridx[r] for r, s in stage.items() if s == k]
@@ -456,8 +459,9 @@ def _pipeline(sql: Sql, ridx: dict[int, int], T: np.ndarray, own: np.ndarray) ->
         slack = float(np.nanmedian(T[idx] - o))
         delta = float(np.nanmedian(np.nanpercentile(o, 95, axis=1) - np.nanpercentile(o, 50, axis=1)))
         rows.append({"stage": k, "ranks": sorted(r for r, s in stage.items() if s == k), "slack_us": _r(slack),
-                     "p95_excess_us": _r(delta), "step_increase_us": _r(max(0.0, delta - slack))})
+                     "p95_excess_us": _r(delta), "step_increase_us": _r(max(0.0, slow - slack))})
     worst = max(rows, key=lambda x: (x["step_increase_us"], -x["slack_us"], -x["stage"]))
-    return {"stages": rows, "most_sensitive_stage": worst["stage"],
+    return {"stages": rows, "most_sensitive_stage": worst["stage"], "slowdown_us": _r(slow),
             "basis": "stages are chains of send / receive links, numbered from the lower rank end; a slow rank "
-                     "first fills the time its stage already waits on the others (its slack)"}
+                     "first fills the time its stage already waits on the others (its slack); the slowdown is the "
+                     "pooled own time's p95 minus its p50, the same at every stage"}
