@@ -383,6 +383,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
     if not full_critical_path and cp.get("segments"):
         cp = summarise_segments(cp)
     savings = summary(findings, median_steps(bd, NO_STEP))
+    variability = clean(_variability(ctx))  # before the warnings are taken: it may add one
     return Report(
         tool_version=__version__,
         profile=profile,
@@ -395,7 +396,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         savings=savings,
         comm_matrix=links(ctx.con) or None,
         rule_docs=rule_docs({f.rule for f in findings}),
-        variability=clean(_variability(ctx)),
+        variability=variability,
     )
 
 

@@ -264,3 +264,14 @@ def test_markdown_section_is_bounded_for_long_names(evil_report: dict[str, Any])
     md = markdown.render(d)
     sec = md[md.index("### Variability"):md.index("### Confidence")]
     assert len(sec) < 5_000
+
+
+def test_a_failing_variability_analysis_is_a_warning_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*_: Any) -> None:
+        raise ValueError("broken model")
+
+    monkeypatch.setattr(var, "compute", boom)
+    report = analyze_context(context_from_tables(_cluster([[10.0] * 6, [11.0] * 6])), Config(select=["CLU001"]))
+    data = report_json(report)
+    assert "variability" not in data
+    assert [w for w in data["warnings"] if w["code"] == "variability_failed" and "broken model" in w["message"]]
