@@ -389,6 +389,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         cp = summarise_segments(cp)
     savings = summary(findings, median_steps(bd, NO_STEP))
     hardware = _hardware(ctx)
+    variability = clean(_variability(ctx))  # before the warnings are taken: it may add one
     return Report(
         tool_version=__version__,
         profile=profile,
@@ -402,6 +403,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         comm_matrix=links(ctx.con) or None,
         rule_docs=rule_docs({f.rule for f in findings}),
         hardware=hardware,
+        variability=variability,
     )
 
 
@@ -415,6 +417,17 @@ def _hardware(ctx: AnalysisContext) -> dict[str, Any] | None:
         return clean(hardware.report(hardware.get(ctx), ctx.breakdown))  # type: ignore[no-any-return]
     except Exception as exc:  # noqa: BLE001 -- the rest of the report stands without it
         ctx.warnings.append(Warning_("hardware_failed", f"hardware metric summary failed: {type(exc).__name__}: {exc}"))
+        return None
+
+
+def _variability(ctx: AnalysisContext) -> dict[str, Any] | None:
+    """The variability section; a failure there costs the section, not the report."""
+    from advisor.stages import variability
+
+    try:
+        return variability.of(ctx)
+    except Exception as exc:  # noqa: BLE001 -- reported as a warning, the rest of the report stands
+        ctx.warnings.append(Warning_("variability_failed", f"variability analysis failed: {type(exc).__name__}: {exc}"))
         return None
 
 

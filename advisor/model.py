@@ -205,6 +205,8 @@ class Report:
     #: hardware metric series (:func:`advisor.stages.hardware.report`): per metric a summary, the
     #: metrics kept and dropped, diverging devices, per-device series for the chart
     hardware: dict[str, Any] | None = None
+    #: step-time variability (:mod:`advisor.stages.variability`): distributions, contributors, scale prediction
+    variability: dict[str, Any] | None = None
 
     @property
     def total_saving_us(self) -> float | None:

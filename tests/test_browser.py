@@ -239,3 +239,27 @@ def test_hardware_section_renders(browser, tmp_path: Path) -> None:
     for chart in (c.get_attribute("id") for c in browser.find_elements(By.CSS_SELECTOR, "#hardware figure.hw-chart")):
         _assert_chart_drawn(browser, chart, "image")
     _shot(browser, "report-hardware-heatmap.png")
+def test_variability_section_renders(browser, tmp_path: Path) -> None:
+    """The Variability section of an 8-rank job whose varying kernel is named like markup: the histogram and CDF
+    are drawn, the contributor and prediction tables are filled, and the name is text."""
+    from selenium.common.exceptions import NoAlertPresentException
+    from selenium.webdriver.common.by import By
+
+    from tests.test_variability_cluster import STEPS, draw, write_cluster
+
+    name = "<img src=x onerror=alert(1)>gemm"
+    prof = write_cluster(tmp_path / "var8", draw(8, STEPS, 1), gemm_name=name)
+    out = tmp_path / "var8.html"
+    res = run_cli(prof, "--format", "html", "--out", out)
+    assert res.returncode in (0, 1), res.stderr
+    _open(browser, out)
+    _no_requests(browser)
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert.text  # noqa: B018
+    _assert_chart_drawn(browser, "chart-variability", "rect")
+    _assert_chart_drawn(browser, "chart-variability", "polyline")
+    cells = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#variability table.var-ops td.name")]
+    assert cells and cells[0] == name
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#variability table.var-pred tbody tr")) == 4
+    assert browser.execute_script("return document.querySelectorAll('#variability img').length") == 0
+    _shot(browser, "report-variability.png")

@@ -212,6 +212,25 @@ def _top_table(con: Any, name: str) -> None:
     cur.unregister("_top_rows")
 
 
+# ranks with device work: their device events; any other rank: its host collectives and top-level operators
+_OP_STEP_STATS_SQL = """
+WITH dev AS (SELECT DISTINCT rank FROM events WHERE {busy} AND rank IS NOT NULL),
+rows AS (
+    SELECT rank, step, kind::VARCHAR AS kind, name, dur_ns FROM events
+    WHERE {busy} AND rank IS NOT NULL AND dur_ns IS NOT NULL
+    UNION ALL
+    SELECT rank, step, 'comm', name, dur_ns FROM events
+    WHERE NOT device AND kind = 'comm' AND rank IS NOT NULL AND dur_ns IS NOT NULL AND rank NOT IN (SELECT rank FROM dev)
+    UNION ALL
+    SELECT rank, step, 'host_op', name, dur_ns FROM host_op_top
+    WHERE rank IS NOT NULL AND dur_ns IS NOT NULL AND rank NOT IN (SELECT rank FROM dev)
+)
+SELECT rank::INTEGER AS rank, step::INTEGER AS step, kind, name, count(*)::BIGINT AS n, sum(dur_ns)::BIGINT AS total_ns,
+       min(dur_ns)::BIGINT AS min_ns, max(dur_ns)::BIGINT AS max_ns, sum(dur_ns::DOUBLE * dur_ns)::DOUBLE AS sumsq_ns2
+FROM rows GROUP BY ALL
+"""
+
+
 _DEVICE_BUSY = "device AND kind IN (" + ", ".join(f"'{k}'" for k in DEVICE_BUSY_KINDS) + ")"
 
 DERIVED: dict[str, Derived] = {
@@ -239,6 +258,14 @@ DERIVED: dict[str, Derived] = {
         "kernel busy periods (rank, s, e, before, next_s): the disjoint unions of each rank's device kernels; before = "
         "busy time of the rank's earlier periods; next_s = start of the rank's next period (NULL after the last)",
         _islands_table("device AND kind = 'kernel'"),
+    ),
+    "op_step_stats": Derived(
+        "one row per (rank, step, kind, name): n, total_ns, min_ns, max_ns, sumsq_ns2 (sum of squared durations) of "
+        "the rank's device kernels, communication, memcpy and memset; on a rank with no device events, its host "
+        "communication and top-level host operators (kind host_op). step is NULL for events outside every step "
+        "window. The per-operator summary the cluster-level analyses read instead of events",
+        sql_table(_OP_STEP_STATS_SQL.format(busy=_DEVICE_BUSY)),
+        needs=("host_op_top",),
     ),
 }
 

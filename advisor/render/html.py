@@ -30,7 +30,7 @@ from typing import Any
 import jinja2
 
 from advisor.model import Report
-from advisor.render import charts
+from advisor.render import charts, variability_text
 from advisor.render.hardware import view as hardware_view
 from advisor.render.view import (
     PHASE_LABEL,
@@ -306,6 +306,7 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
         "phases": [{"key": k, "cls": "ph-" + k[:-3], "label": PHASE_LABEL[k]} for k in PHASES],
         "kinds": [{"cls": charts.kind_class(k), "label": charts.KIND_LABEL[k]} for k in charts.KINDS],
         "step_stats": d.get("step_times") or [],
+        "variability_summary": variability_text.summary(d["variability"]) if d.get("variability") else [],
         "rules": d.get("rules") or [],
         "hwv": hardware_view(d.get("hardware")),
         "unknown_extras": sorted(k for k in d if k not in extras_known and k not in (

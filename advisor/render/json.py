@@ -64,6 +64,8 @@ def report_dict(report: Report) -> dict[str, Any]:
         out["gate"] = report.gate
     if report.baseline_diff is not None:
         out["baseline_diff"] = report.baseline_diff
+    if report.variability is not None:
+        out["variability"] = report.variability
     if report.rule_docs:
         out["rule_docs"] = dict(sorted(report.rule_docs.items()))
     if report.hardware is not None:

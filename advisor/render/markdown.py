@@ -112,7 +112,7 @@ def render(report: Report | Mapping[str, Any], *, max_findings: int = 20, full: 
     if diff:
         head += _diff(diff)
     head += _breakdown(d)
-    tail = _hardware(d) + _critical_path(d) + _confidence(d)
+    tail = _hardware(d) + _critical_path(d) + _variability(d) + _confidence(d)
     findings = d.get("findings") or []
     budget = None if full else MD_LIMIT - _size(head) - _size(tail) - 2_000
     body = _findings(findings, max_findings=max_findings, full=full, budget=budget, docs=d.get("rule_docs"))
@@ -460,5 +460,38 @@ def _hardware(d: Mapping[str, Any]) -> list[str]:
         out += ["", "Furthest from their peers' median series: " + ", ".join(
             f"{md_escape(x.get('device'), 60)} ({md_escape(x.get('metric'), 40)}, {fmt_value(x.get('distance'))})"
             for x in div) + "."]
+    out.append("")
+    return out
+
+
+def _variability(d: Mapping[str, Any]) -> list[str]:
+    """Variability: step-time spread, the top operators by contribution, the prediction table (a few KB at most)."""
+    from advisor.render import variability_text as vt
+
+    v = d.get("variability")
+    if not v:
+        return []
+    out = ["### Variability", ""]
+    out += [md_escape(line, 500) for line in vt.summary(v)]
+    if v.get("note"):
+        out.append(f"_Note: {md_escape(v['note'], 400)}_")
+    out.append("")
+    ops = (v.get("ops") or [])[:5]
+    if ops and any(vt.share(o) is not None for o in ops):
+        out += [_row("operator", "kind", "p50", "p95", "sigma", "share of variance"), "|---|---|---:|---:|---:|---:|"]
+        out += [_row(md_escape(vt.op_label(o), 80), md_escape(o.get("kind")), fmt_us(o.get("p50_us")),
+                     fmt_us(o.get("p95_us")), fmt_us(o.get("sigma_us")), vt.pct(vt.share(o))) for o in ops]
+        out.append("")
+    rows = (v.get("prediction") or {}).get("rows") or []
+    if rows:
+        out += [_row("scale", "ranks", "median", "p95", "expected", "P(>+5 %)", "P(>+10 %)", "P(>+20 %)"),
+                "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        out += [_row(f"{r['scale']}x", r["ranks"], fmt_us(r["p50_us"]), fmt_us(r["p95_us"]) + ("\\*" if r.get("extrapolated") else ""),
+                     fmt_us(r["mean_us"]), *(vt.pct(r.get(f"p_slowdown_{x}")) for x in (5, 10, 20))) for r in rows]
+        out += ["", f"_Assumption: {md_escape(v.get('assumption'), 600)}. \\* beyond the measured range (a lower bound)._"]
+    pp = (v.get("sensitivity") or {}).get("pipeline") or {}
+    if pp.get("stages"):
+        out.append(f"Pipeline: a slow rank hurts stage {int(pp['most_sensitive_stage'])} most "
+                   f"(least slack of {len(pp['stages'])} stages).")
     out.append("")
     return out

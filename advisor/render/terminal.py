@@ -110,6 +110,7 @@ def print_report(report: Report | dict[str, Any], *, verbose: bool = False, colo
     _findings(console, d, verbose)
     _hardware(console, d, verbose)
     _critical_path(console, d)
+    _variability(console, d)
     _confidence(console, d, verbose)
 
 
@@ -334,6 +335,43 @@ def _critical_path(console: Console, d: dict[str, Any]) -> None:
         console.print(_indented(Text(f"edges followed: {edges[0]}", style="dim"), 2))
         if edges[1]:
             console.print(_indented(Text(f"note: {edges[1]}", style="dim"), 2))
+    console.print()
+
+
+def _variability(console: Console, d: dict[str, Any]) -> None:
+    """Variability: the step-time spread, the operators that make steps vary, the slowdown at scale."""
+    from advisor.render import variability_text as vt
+
+    v = d.get("variability")
+    if not v:
+        return
+    console.print(Text("Variability", style="bold"))
+    for line in vt.summary(v) + ([f"Note: {v['note']}"] if v.get("note") else []):
+        console.print(_indented(Text(one_line(line, 400)), 2))
+    ops = (v.get("ops") or [])[:5]
+    if ops and any(vt.share(o) is not None for o in ops):
+        t = Table(show_edge=False, box=None, padding=(0, 2))
+        for h in ("operator", "kind", "p50", "p95", "sigma", "share of variance"):
+            t.add_column(h, no_wrap=h != "operator", justify="left" if h in ("operator", "kind") else "right")
+        for o in ops:
+            t.add_row(Text(view.truncate(vt.op_label(o), 60)), str(o.get("kind")), _us(o.get("p50_us")),
+                      _us(o.get("p95_us")), _us(o.get("sigma_us")), vt.pct(vt.share(o)))
+        console.print(_indented(t, 2))  # type: ignore[arg-type]
+    rows = (v.get("prediction") or {}).get("rows") or []
+    if rows:
+        t = Table(show_edge=False, box=None, padding=(0, 2))
+        for h in ("scale", "ranks", "median", "p95", "expected", *(f"P(>+{x} %)" for x in (5, 10, 20))):
+            t.add_column(h, justify="right", no_wrap=True)
+        for r in rows:
+            t.add_row(f"{r['scale']}x", str(r["ranks"]), _us(r["p50_us"]), _us(r["p95_us"]) + ("*" if r.get("extrapolated") else ""),
+                      _us(r["mean_us"]), *(vt.pct(r.get(f"p_slowdown_{x}")) for x in (5, 10, 20)))
+        console.print(_indented(t, 2))  # type: ignore[arg-type]
+        console.print(_indented(Text(one_line(f"Assumption: {v.get('assumption')}. * beyond the measured range.", 600),
+                                     style="dim"), 2))
+    pp = ((v.get("sensitivity") or {}).get("pipeline") or {})
+    if pp.get("stages"):
+        console.print(_indented(Text(f"Pipeline: a slow rank hurts stage {pp['most_sensitive_stage']} most "
+                                     f"(least slack of {len(pp['stages'])} stages)."), 2))
     console.print()
 
 

@@ -1,0 +1,1 @@
+"""Variability rules: which operator makes the step time vary (PRISM)."""
