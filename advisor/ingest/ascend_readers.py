@@ -180,6 +180,7 @@ class BatchReader:
     form: str = "text"
     max_files: int | None = 1
     data: bool = True
+    label: str = ""  # the kind of file in messages ("cannot read <label>: ..."), default: the name
 
     def read(self, ctx: ReadContext, files: list[tuple[Export, Path]]) -> None:
         by_fno = {st.fno: st for st, _ in files}
@@ -194,7 +195,7 @@ class BatchReader:
             )
             for st, path in files
         ]
-        for fno, r in run_jobs(ctx, jobs, self.load, files[0][1].name).items():
+        for fno, r in run_jobs(ctx, jobs, self.load, self.label or self.name).items():
             st = by_fno[fno]
             st.loaded.add(self.role)
             st.info[f"{self.role}_stats"] = r
@@ -598,9 +599,11 @@ READERS: list[AscendReader] = [
     BatchReader(
         "trace_view",
         "trace",
+        # also msprof_*.json under PROF_*/, and a renamed timeline recognised by its content (claim)
         _name("trace_view.json", "trace_view.json.gz"),
         ("events", "tracks", "vendor_overlap", "comm_tasks", "hw_metrics", "kernels", "comm_ops"),
         ascend_text.load_traces,
+        label="trace_view.json",
         # meta rows: the export's own description (profiler_info) first, then what the timeline says
         needs=("profiler_info", "profiler_metadata", "device_info"),
         # kernels / comm_ops only for exports without a better source
@@ -610,9 +613,10 @@ READERS: list[AscendReader] = [
     BatchReader(
         "kernel_details",
         "kernels",
-        _name("kernel_details.csv"),
+        _name("kernel_details.csv"),  # also op_summary_*.csv under PROF_*/, or by its header (claim)
         ("kernels", "events", "comm_ops"),
         ascend_text.load_kernel_details,
+        label="kernel_details.csv",
         needs=("trace_view",),
         # device events too when the timeline is missing or unreadable
         flags=(
@@ -628,6 +632,7 @@ READERS: list[AscendReader] = [
         _name("step_trace_time.csv"),
         ("vendor_steps",),
         ascend_text.load_step_traces,
+        label="step_trace_time.csv",
     ),
     BatchReader(
         "communication",
@@ -635,6 +640,7 @@ READERS: list[AscendReader] = [
         _name("communication.json"),
         ("comm_ops", "comm_bandwidth"),
         ascend_text.load_communications,
+        label="communication.json",
         after=_after_comm,
     ),
     BatchReader(
@@ -643,6 +649,7 @@ READERS: list[AscendReader] = [
         _name("communication_matrix.json"),
         ("comm_matrix",),
         ascend_text.load_matrices,
+        label="communication_matrix.json",
         needs=("profiler_metadata",),  # group-local link ranks become global through comm_groups
         after=_after_matrix,
     ),
@@ -652,6 +659,7 @@ READERS: list[AscendReader] = [
         _name("op_statistic.csv"),
         ("vendor_op_stats",),
         partial(ascend_text.load_op_statistics, source="op_statistic"),
+        label="op_statistic.csv",
     ),
     BatchReader(
         "api_statistic",
@@ -659,6 +667,7 @@ READERS: list[AscendReader] = [
         _name("api_statistic.csv"),
         ("vendor_op_stats",),
         partial(ascend_text.load_op_statistics, source="api_statistic"),
+        label="api_statistic.csv",
     ),
     BatchReader(
         "memory_record",
@@ -666,6 +675,7 @@ READERS: list[AscendReader] = [
         _name("memory_record.csv"),
         ("memory",),
         ascend_text.load_memory_records,
+        label="memory_record.csv",
     ),
     BatchReader(
         "npu_module_mem",
@@ -673,6 +683,7 @@ READERS: list[AscendReader] = [
         _name("npu_module_mem.csv"),
         ("memory",),
         ascend_text.load_module_mems,
+        label="npu_module_mem.csv",
     ),
     BatchReader(
         "minddata_pipeline",
@@ -680,6 +691,7 @@ READERS: list[AscendReader] = [
         (r"minddata_pipeline_raw_\d+\.csv",),
         ("queues",),
         ascend_text.load_minddata,
+        label="minddata_pipeline_raw.csv",
         data=False,  # MindSpore's dataset queue alone is not a profile
     ),
     DerivedReader("file_events", ("profile_files",), _file_events, needs=("trace_view", "kernel_details"), form="text"),
