@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 
 from advisor.schema import TABLES
 from tests.ascend import gen_cluster
-from tests.ascend.readers_dump import digests, dump, inputs
+from tests.ascend.readers_dump import digests, dump, inputs, normalised_warning
 
 # ../shared beside the checkout (a worktree may sit one level deeper)
 SHARED = next((p / "shared" for p in REPO.parents[:2] if (p / "shared").is_dir()), REPO.parent / "shared")
@@ -64,6 +64,8 @@ def main() -> None:
                 bad += 1
                 continue
             da, db = json.loads(fa.read_text())["rows"], json.loads(fb.read_text())["rows"]
+            for d in (da, db):
+                d["warnings"] = sorted(normalised_warning(w) for w in d.get("warnings", []))
             for t in sorted(set(da) | set(db)):
                 ra, rb = da.get(t, []), db.get(t, [])
                 if ra != rb:

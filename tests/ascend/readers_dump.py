@@ -69,7 +69,7 @@ def dump(path: Path, columns: dict[str, list[str]] | None = None) -> dict[str, l
     return out
 
 
-def _warning(line: str) -> str:
+def normalised_warning(line: str) -> str:
     """A warning without what depends on the input's location: a message cut to its length limit
     (ending in '…') is kept up to the first path it quotes (where the cut falls depends on it)."""
     code, message, path = line.split("\t")
@@ -80,7 +80,7 @@ def _warning(line: str) -> str:
 
 def digests(d: dict[str, list[str]]) -> dict[str, list[Any]]:
     """{table: [row count, sha256 of the sorted rows]}."""
-    d = {**d, "warnings": sorted(_warning(w) for w in d.get("warnings", []))}
+    d = {**d, "warnings": sorted(normalised_warning(w) for w in d.get("warnings", []))}
     return {k: [len(v), hashlib.sha256("\n".join(v).encode()).hexdigest()] for k, v in sorted(d.items())}
 
 
