@@ -38,7 +38,7 @@ from advisor.ingest.ascend_common import (
     metadata_meta,
     sql_str,
 )
-from advisor.ingest.base import LoadContext, ParseError, Unit
+from advisor.ingest.base import ParseError
 from advisor.ingest.steps import windows_sql
 from advisor.metrics.ascend import insert_db_series
 from advisor.schema import EVENTS_INSERT
@@ -204,43 +204,6 @@ def _load_lookup(cur: Any, db: Db, table: str, name: str, key_cols: tuple[str, s
     )
 
 
-def load(
-    unit: Unit, lctx: LoadContext, cur: Any, guarded: Any, info: dict[str, Any], meta_rows: list[tuple[str, str]]
-) -> None:
-    """Load the database form of one rank export (called by :func:`advisor.ingest.ascend.load`)."""
-    roles: dict[str, list[Path]] = unit.info.get("roles", {})
-    flavor = unit.info.get("flavor", "ascend_pt")
-    rank = unit.rank
-    comm_dbs = roles.get("analysis_db", []) + roles.get("comm_db", [])
-    analysis_stats = None
-    for p in comm_dbs[:1]:
-        lctx.file_id(p, rank, flavor)
-        analysis_stats = guarded(p, p.name, lambda p=p: load_analysis_db(cur, p, rank))
-        if analysis_stats is not None:
-            info["data_loaded"] = True
-            info["has_comm"] = analysis_stats.get("comm_ops", 0) > 0
-    for p in roles.get("db", [])[:1]:
-        fid = lctx.file_id(p, rank, flavor)
-        stats = guarded(
-            p,
-            p.name,
-            lambda p=p, fid=fid: load_profiler_db(
-                cur,
-                p,
-                rank,
-                fid,
-                meta_rows,
-                info,
-                comm_ops_from_db=not (analysis_stats and analysis_stats.get("comm_ops")),
-                max_events=lctx.max_events,
-            ),
-        )
-        if stats is not None:
-            info["data_loaded"] = True
-            info["events"] = stats["events"]
-            cur.execute("UPDATE profile_files SET events = ? WHERE file_id = ?", [stats["events"], fid])
-
-
 def load_profiler_db(
     cur: Any,
     path: Path,
@@ -254,23 +217,23 @@ def load_profiler_db(
 ) -> dict[str, Any]:
     """``ascend_pytorch_profiler*.db`` / ``ascend_mindspore_profiler*.db`` / ``msprof_*.db``."""
     db = Db(path)
-    p = f"_adb{fid}"
-    sid, api_t, dtype_t, link_t, trans_t = f"{p}_sid", f"{p}_api", f"{p}_dt", f"{p}_lt", f"{p}_tt"
+    p = "stage_db"  # the staged rows of one database, named for what they hold (below)
+    sid, api_t, dtype_t, link_t, trans_t = f"{p}_string_ids", f"{p}_api_types", f"{p}_hccl_data_types", f"{p}_hccl_link_types", f"{p}_hccl_transports"
     temps = [
-        f"{p}_cann",
+        f"{p}_cann_calls",
         sid,
         api_t,
         dtype_t,
         link_t,
         trans_t,
-        f"{p}_conn",
-        f"{p}_cext",
-        f"{p}_ktask",
-        f"{p}_pmu",
-        f"{p}_ops",
-        f"{p}_ct",
-        f"{p}_host",
-        f"{p}_cw",
+        f"{p}_connection_ids",
+        f"{p}_torch_op_of_connection",
+        f"{p}_device_tasks",
+        f"{p}_task_pmu",
+        f"{p}_comm_op_rows",
+        f"{p}_comm_task_rows",
+        f"{p}_torch_ops",
+        f"{p}_comm_windows",
     ]
     try:
         if not (db.has("TASK") or db.has("PYTORCH_API") or db.has("CANN_API")):
@@ -311,11 +274,11 @@ def load_profiler_db(
             f"""INSERT INTO tracks
             SELECT $rank, pid, tid, bool_or(dev), max(pname), max(tid) FROM (
                 SELECT DISTINCT 'NPU ' || coalesce(dev::VARCHAR, '?') AS pid, 'Stream ' || coalesce(stream::VARCHAR, '?') AS tid,
-                       true AS dev, 'Ascend Hardware' AS pname FROM {p}_ktask
+                       true AS dev, 'Ascend Hardware' AS pname FROM {p}_device_tasks
                 UNION ALL SELECT DISTINCT 'HCCL', 'Group ' || coalesce(sg.value, '?') || ' Communication', true, 'HCCL'
-                FROM {p}_ops o LEFT JOIN {sid} sg ON sg.id = o.grp
-                UNION ALL SELECT DISTINCT (gtid >> 32)::VARCHAR, (gtid & 4294967295)::VARCHAR, false, 'CANN' FROM {p}_cann
-                UNION ALL SELECT DISTINCT (gtid >> 32)::VARCHAR, (gtid & 4294967295)::VARCHAR, false, 'Python' FROM {p}_host
+                FROM {p}_comm_op_rows o LEFT JOIN {sid} sg ON sg.id = o.grp
+                UNION ALL SELECT DISTINCT (gtid >> 32)::VARCHAR, (gtid & 4294967295)::VARCHAR, false, 'CANN' FROM {p}_cann_calls
+                UNION ALL SELECT DISTINCT (gtid >> 32)::VARCHAR, (gtid & 4294967295)::VARCHAR, false, 'Python' FROM {p}_torch_ops
             ) GROUP BY pid, tid""",
             {"rank": rank},
         )
@@ -369,7 +332,7 @@ def _meta(cur: Any, db: Db, rank: int, sid: str, meta_rows: list[tuple[str, str]
 
 def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, has_cann: bool) -> int:
     """TASK (+ COMPUTE_TASK_INFO, TASK_PMU_INFO) -> events (device) and kernels."""
-    ktask, pmu = f"{p}_ktask", f"{p}_pmu"
+    ktask, pmu = f"{p}_device_tasks", f"{p}_task_pmu"
     if not db.has("TASK"):
         cur.execute(f"CREATE OR REPLACE TEMP TABLE {ktask} (start BIGINT, end_ BIGINT, dev BIGINT, stream BIGINT)")
         return 0
@@ -465,7 +428,7 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
         ]
     # ... while a communication operator runs (a stream shared with computation keeps its kernels:
     # it runs one task at a time, so none of them falls inside a collective)
-    cw = f"{p}_cw"
+    cw = f"{p}_comm_windows"
     cur.execute(f"CREATE OR REPLACE TEMP TABLE {cw} (s BIGINT, e BIGINT)")
     if comm_streams and db.has("COMMUNICATION_OP"):
         o = partial(_ci, db, "COMMUNICATION_OP", "")
@@ -483,7 +446,7 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
                'NPU ' || coalesce(k.dev::VARCHAR, '?'), 'Stream ' || coalesce(k.stream::VARCHAR, '?'), true, k.stream,
                k.start, greatest(k.end_ - k.start, 0), {corr}, x.ext, NULL,
                si.value, sd.value, NULL, NULL, $fid
-        FROM {ktask} k LEFT JOIN {p}_cext x ON x.conn = k.conn
+        FROM {ktask} k LEFT JOIN {p}_torch_op_of_connection x ON x.conn = k.conn
         LEFT JOIN {sid} sn ON sn.id = k.name LEFT JOIN {sid} st ON st.id = k.ttype LEFT JOIN {sid} sc ON sc.id = k.core
         LEFT JOIN {sid} si ON si.id = k.ish LEFT JOIN {sid} sd ON sd.id = k.idt
         WHERE k.start IS NOT NULL AND k.end_ IS NOT NULL""",
@@ -522,7 +485,7 @@ def _comm(
     comm_ops_from_db: bool,
 ) -> int:
     """COMMUNICATION_OP -> comm events (+ comm_ops when analysis.db lacks them); COMMUNICATION_TASK_INFO -> comm_tasks."""
-    ops, ct = f"{p}_ops", f"{p}_ct"
+    ops, ct = f"{p}_comm_op_rows", f"{p}_comm_task_rows"
     n = 0
     cur.execute(f"DROP TABLE IF EXISTS {ops}")
     cur.execute(
@@ -634,7 +597,7 @@ def _comm(
 
 def _cann_api(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, api_t: str) -> int:
     """CANN_API -> runtime / sync events (corr = connectionId, shared with the TASK it queued)."""
-    cann = f"{p}_cann"
+    cann = f"{p}_cann_calls"
     cur.execute(f"CREATE OR REPLACE TEMP TABLE {cann} (start BIGINT, end_ BIGINT, type BIGINT, gtid BIGINT, conn BIGINT, name BIGINT)")
     if not db.has("CANN_API"):
         return 0
@@ -653,7 +616,7 @@ def _cann_api(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, api_t: st
         SELECT $rank, NULL, CASE WHEN regexp_matches(coalesce(sn.value, ''), {sql_str(SYNC_RE)}) THEN 'sync' ELSE 'runtime' END,
                coalesce(ap.value || '@', '') || coalesce(sn.value, ''), 'CANN', (c.gtid >> 32)::VARCHAR, (c.gtid & 4294967295)::VARCHAR,
                false, NULL, c.start, greatest(c.end_ - c.start, 0), NULLIF(c.conn, 4294967295), x.ext, NULL, NULL, NULL, NULL, NULL, $fid
-        FROM {cann} c LEFT JOIN {p}_cext x ON x.conn = c.conn LEFT JOIN {sid} sn ON sn.id = c.name LEFT JOIN {api_t} ap ON ap.id = c.type
+        FROM {cann} c LEFT JOIN {p}_torch_op_of_connection x ON x.conn = c.conn LEFT JOIN {sid} sn ON sn.id = c.name LEFT JOIN {api_t} ap ON ap.id = c.type
         WHERE c.start IS NOT NULL AND c.end_ IS NOT NULL""",
         {"rank": rank, "fid": fid},
     )
@@ -662,8 +625,8 @@ def _cann_api(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, api_t: st
 
 
 def _pytorch_stage(cur: Any, db: Db, p: str) -> None:
-    """PYTORCH_API + CONNECTION_IDS -> temp tables ``{p}_host`` and ``{p}_cext(conn, ext)`` (CANN connection id -> torch op id)."""
-    conn, host, cext = f"{p}_conn", f"{p}_host", f"{p}_cext"
+    """PYTORCH_API + CONNECTION_IDS -> temp tables ``{p}_torch_ops`` and ``{p}_torch_op_of_connection(conn, ext)`` (CANN connection id -> torch op id)."""
+    conn, host, cext = f"{p}_connection_ids", f"{p}_torch_ops", f"{p}_torch_op_of_connection"
     cur.execute(f"DROP TABLE IF EXISTS {conn}")
     cur.execute(f"CREATE TEMP TABLE {conn} (id BIGINT, conn BIGINT)")
     cur.execute(f"DROP TABLE IF EXISTS {host}")
@@ -721,7 +684,7 @@ def _pytorch_insert(
     cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, api_t: str, *, has_cann: bool
 ) -> tuple[int, bool]:
     """The staged PYTORCH_API rows -> host events (ext_id = own id; corr too when there is no CANN layer)."""
-    conn, host = f"{p}_conn", f"{p}_host"
+    conn, host = f"{p}_connection_ids", f"{p}_torch_ops"
     typ = "lower(coalesce(ap.value, CASE h.type WHEN 50001 THEN 'op' WHEN 50002 THEN 'queue' WHEN 50003 THEN 'trace' WHEN 50004 THEN 'mstx' END, 'op'))"
     kind = f"""CASE WHEN {typ} = 'queue' THEN 'queue' WHEN {typ} = 'trace' THEN 'python' WHEN {typ} = 'mstx' THEN 'annotation'
                     WHEN sn.value LIKE 'ProfilerStep#%' THEN 'step'
@@ -804,13 +767,13 @@ def _steps_from_step_time(cur: Any, db: Db, rank: int, p: str) -> None:
     if not rows:
         return
     _settle(cur)
-    cur.register("_st", pa.table({"step": [r[0] for r in rows], "s": [r[1] for r in rows], "e": [r[2] for r in rows]}))
+    cur.register("stage_step_time", pa.table({"step": [r[0] for r in rows], "s": [r[1] for r in rows], "e": [r[2] for r in rows]}))
     try:
-        marks = f"(SELECT {int(rank)} AS rank, step, s AS host_start_ns, e AS host_end_ns FROM _st)"
+        marks = f"(SELECT {int(rank)} AS rank, step, s AS host_start_ns, e AS host_end_ns FROM stage_step_time)"
         src = f"(SELECT rank, device, tid, start_ns, dur_ns, corr FROM events WHERE rank = {int(rank)})"
         cur.execute(f"INSERT INTO steps {windows_sql(marks, src)}")
     finally:
-        cur.unregister("_st")
+        cur.unregister("stage_step_time")
 
 
 # -- analysis.db / communication_analyzer.db (format doc §17.3) --------------------------------------
@@ -826,7 +789,7 @@ def load_analysis_db(cur: Any, path: Path, rank: int) -> dict[str, Any]:
         ):
             raise ParseError(path, "no CommAnalyzer* or StepTraceTime table", code="bad_db")
         # bandwidth first: operator bytes are summed from it before the operators are inserted (no UPDATE)
-        bstage = f"_aab{abs(hash(str(path))) % 10**9}"
+        bstage, op_bytes = "stage_analysis_bandwidth", "stage_analysis_op_bytes"
         cols = ("op", "grp", "transport", "size", "time", "bw", "lpr", "pkg", "cnt", "tot", "step")
         cur.execute(f"DROP TABLE IF EXISTS {bstage}")
         cur.execute(f"CREATE TEMP TABLE {bstage} ({', '.join(f'{x} VARCHAR' for x in cols)})")
@@ -860,7 +823,7 @@ def load_analysis_db(cur: Any, path: Path, rank: int) -> dict[str, Any]:
                 c = partial(_ci, db, "CommAnalyzerTime", "", cast="TEXT")
                 f = partial(_ci, db, "CommAnalyzerTime", "", cast="REAL")
                 cur.execute(
-                    f"""CREATE OR REPLACE TEMP TABLE {bstage}_b AS
+                    f"""CREATE OR REPLACE TEMP TABLE {op_bytes} AS
                     SELECT op, grp, step,
                         coalesce(sum(s) FILTER (WHERE upper(transport) = 'RDMA'), 0)
                         + greatest(coalesce(sum(s) FILTER (WHERE upper(transport) = 'SDMA'), 0),
@@ -888,7 +851,7 @@ def load_analysis_db(cur: Any, path: Path, rank: int) -> dict[str, Any]:
                            {US_TO_NS.format(x="CAST(t.start AS VARCHAR)")},
                            {MS_TO_NS.format(x="t.elapse")}, {MS_TO_NS.format(x="t.transit")}, {MS_TO_NS.format(x="t.wait")},
                            {MS_TO_NS.format(x="t.sync")}, {MS_TO_NS.format(x="t.idle")}, x.b, NULL
-                    FROM _chunk t LEFT JOIN {bstage}_b x ON x.op = t.op AND x.grp IS NOT DISTINCT FROM t.grp
+                    FROM _chunk t LEFT JOIN {op_bytes} x ON x.op = t.op AND x.grp IS NOT DISTINCT FROM t.grp
                                                         AND x.step IS NOT DISTINCT FROM t.step
                     WHERE t.op IS NOT NULL AND NOT starts_with(lower(t.op), 'total')""",
                     {"rank": rank},
@@ -896,12 +859,12 @@ def load_analysis_db(cur: Any, path: Path, rank: int) -> dict[str, Any]:
                 )
         finally:
             cur.execute(f"DROP TABLE IF EXISTS {bstage}")
-            cur.execute(f"DROP TABLE IF EXISTS {bstage}_b")
+            cur.execute(f"DROP TABLE IF EXISTS {op_bytes}")
         if db.has("CommAnalyzerMatrix"):
             from advisor.ingest.ascend_text import insert_matrix_stage
 
             m = partial(_ci, db, "CommAnalyzerMatrix", "", cast="TEXT")
-            stage = f"_aam{abs(hash(str(path))) % 10**9}"
+            stage = "stage_analysis_matrix"
             mcols = ("op", "grp", "src", "dst", "transport", "size", "time", "bw", "step")
             cur.execute(f"DROP TABLE IF EXISTS {stage}_raw")
             cur.execute(f"CREATE TEMP TABLE {stage}_raw ({', '.join(f'{x} VARCHAR' for x in mcols)})")

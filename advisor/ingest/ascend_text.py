@@ -9,7 +9,7 @@ runs every statement once for all of them: a statement costs milliseconds to pla
 input, so a cluster is loaded in a few dozen statements rather than a few dozen per rank. Rows
 carry the job's ``fno``; joins and windows are partitioned by it. A loader raises when the batch
 cannot be read; the caller then retries each job alone, so one bad file only costs its own rank
-that file (see :func:`advisor.ingest.ascend.run_jobs`).
+that file (see :func:`advisor.ingest.ascend_readers.run_jobs`).
 
 References: ``tests/data/ascend/ascend-formats.md`` (format doc), sections given per function.
 """
@@ -45,13 +45,15 @@ from advisor.schema import EVENTS_INSERT
 
 @dataclass
 class Job:
-    """One file to load: its number in the batch, path, rank, profile_files id and per-file switches."""
+    """One file to load: its number in the batch, path, rank, profile_files id, per-file switches
+    and the event cap (``--max-events``)."""
 
     fno: int
     path: Path
     rank: int
     fid: int
     flags: dict[str, bool] = field(default_factory=dict)
+    max_events: int | None = None
 
 
 class BatchError(Exception):
@@ -163,17 +165,35 @@ _PLANE_OF_LANE = "TRY_CAST(regexp_extract({t}, 'Plane\\s*(\\d+)', 1) AS INTEGER)
 _EXT_BASE = 1 << 62
 
 
-def load_traces(cur: Any, jobs: list[Job], p: str, max_events: int | None = None) -> dict[int, dict[str, Any]]:
+#: The trace's stages, named for what they hold: the files, their raw rows, process and thread
+#: names, X slices with their lane, flow points, slices where flows end / start, the flow links
+#: (HostToDevice, async_npu), the correlation and torch-op ids given to slices, HCCL plane tasks.
+_TRACE_STAGES = (
+    "stage_trace_files",
+    "stage_trace_rows",
+    "stage_trace_processes",
+    "stage_trace_threads",
+    "stage_trace_slices",
+    "stage_trace_flows",
+    "stage_flow_end_candidates",
+    "stage_flow_starts_bound",
+    "stage_flow_ends_bound",
+    "stage_host_to_device_links",
+    "stage_async_npu_links",
+    "stage_corr_of_slice",
+    "stage_ext_id_of_slice",
+    "stage_hccl_plane_tasks",
+)
+
+
+def load_traces(cur: Any, jobs: list[Job]) -> dict[int, dict[str, Any]]:
     """Load ``trace_view.json`` files (or MindSpore / msprof timelines of the same format).
 
     Fills events, tracks, vendor_overlap, comm_tasks, hw_metrics; kernels (flag ``kernels``) and
     comm_ops (flag ``comm_ops``) only for files whose export has no better source
     (kernel_details.csv, communication.json). Returns per-file statistics keyed by ``fno``.
     """
-    names = [
-        f"{p}_{n}"
-        for n in ("files", "tv", "lanes", "thr", "xe", "fl", "xi", "sb", "fb", "h2d", "npu", "cmap", "emap", "ht")
-    ]
+    names = list(_TRACE_STAGES)
     files, tv = names[0], names[1]
     paths = "[" + ", ".join(sql_str(q) for _, q in _ARG_PATHS) + "]"
     extracted = ", ".join(f"r.a[{i + 1}] AS {n}" for i, (n, _) in enumerate(_ARG_PATHS))
@@ -200,7 +220,7 @@ def load_traces(cur: Any, jobs: list[Job], p: str, max_events: int | None = None
                 "not a readable Ascend timeline (JSON array of trace events): " + short_error(exc),
                 "bad_file",
             )
-        return _traces_from_stage(cur, jobs, names, max_events)
+        return _traces_from_stage(cur, jobs, names, jobs[0].max_events)
     finally:
         _drop(cur, *names)
 
@@ -268,7 +288,7 @@ def _traces_from_stage(
         f"""CREATE TEMP TABLE {fb} AS
         SELECT DISTINCT f.fno, f.cat, f.id, x.rid FROM {fl} f JOIN {xi} x USING (fno, pid, tid, ts_ns) WHERE f.ph IN ('f', 't')"""
     )
-    _bind_starts(cur, xe, fl, sb, names[0])
+    _bind_starts(cur, xe, fl, sb)
     cur.execute(
         f"""CREATE TEMP TABLE {h2d} AS
         SELECT s.fno, s.rid AS srid, f.rid AS frid, coalesce(TRY_CAST(s.id AS BIGINT), (hash(s.id) >> 3)::BIGINT) AS flow_id
@@ -453,7 +473,7 @@ def _comm_streams(cur: Any, xe: str) -> None:
     )
 
 
-def _bind_starts(cur: Any, xe: str, fl: str, sb: str, p: str) -> None:
+def _bind_starts(cur: Any, xe: str, fl: str, sb: str) -> None:
     """Bind each flow start to the innermost slice enclosing it on its thread.
 
     Host slices on one thread are properly nested, so at time t exactly one slice is active
@@ -461,7 +481,7 @@ def _bind_starts(cur: Any, xe: str, fl: str, sb: str, p: str) -> None:
     the latest slice of level D(t)-1 starting at or before t. Two ASOF joins, no range join.
     Keys are doubled so that a slice ending exactly at t still counts as enclosing t.
     """
-    nest, dk, lv = f"{p}_nest", f"{p}_dk", f"{p}_lv"
+    nest, dk, lv = "stage_nesting_slices", "stage_nesting_depth", "stage_nesting_levels"
     try:
         cur.execute(
             f"""CREATE TEMP TABLE {nest} AS
@@ -524,13 +544,18 @@ def _header(path: Path) -> tuple[str, bytes]:
 
 
 def csv_groups(
-    cur: Any, jobs: list[Job], stage: str, flags: tuple[str, ...] = ()
-) -> list[tuple[str, dict[str, str], list[Job]]]:
-    """Read CSVs into temp tables, one per distinct (delimiter, header): [(table, {normalised header: column}, jobs)].
+    cur: Any,
+    jobs: list[Job],
+    stage: str,
+    fn: Callable[[dict[str, str], list[Job]], None],
+    flags: tuple[str, ...] = (),
+) -> None:
+    """Read CSVs into the temp table ``stage``, one distinct (delimiter, header) at a time, and run
+    ``fn({normalised header: column}, jobs)`` while it holds that group's rows.
 
-    Every cell is VARCHAR; 'N/A' and '' are NULL. The tables carry ``fno``, ``rank``, ``fid`` and
+    Every cell is VARCHAR; 'N/A' and '' are NULL. The table carries ``fno``, ``rank``, ``fid`` and
     the flags. Tolerates CRLF, rows with missing or extra cells, quoted cells, a tab or ';'
-    delimiter. The caller drops the tables.
+    delimiter.
     """
     groups: dict[tuple[str, bytes], list[Job]] = defaultdict(list)
     for j in jobs:
@@ -540,15 +565,13 @@ def csv_groups(
         except OSError as exc:
             _fail_or_raise(jobs, j.path, f"cannot read: {exc.strerror or exc}", "unreadable")
         groups[_header(j.path)].append(j)
-    out = []
-    for gi, ((delim, _line), gjobs) in enumerate(groups.items()):
-        table = f"{stage}_{gi}"
-        files = f"{table}_files"
-        _drop(cur, table, files)
+    files = f"{stage}_files"
+    for (delim, _line), gjobs in groups.items():
+        _drop(cur, stage, files)
         _files_table(cur, files, gjobs, flags)
         try:
             cur.execute(
-                f"""CREATE TEMP TABLE {table} AS
+                f"""CREATE TEMP TABLE {stage} AS
                 SELECT f.fno, f.rank, f.fid{"".join(f", f.{x}" for x in flags)}, r.* EXCLUDE (filename)
                 FROM read_csv($paths, delim={sql_str(delim)}, {_CSV_OPTS}) r JOIN {files} f ON f.filename = r.filename""",
                 {"paths": [str(j.path) for j in gjobs]},
@@ -557,14 +580,16 @@ def csv_groups(
             _drop(cur, files)
             _fail_or_raise(jobs, gjobs[0].path, "not a readable CSV file: " + short_error(exc), "bad_csv")
         _drop(cur, files)
-        _check_rows(cur, table, gjobs, delim)
-        skip = {"fno", "rank", "fid", *flags}
-        cols: dict[str, str] = {}
-        for (c,) in cur.execute(f"SELECT column_name FROM (DESCRIBE {table})").fetchall():
-            if c not in skip:
-                cols.setdefault(_norm(c), c)
-        out.append((table, cols, gjobs))
-    return out
+        try:
+            _check_rows(cur, stage, gjobs, delim)
+            skip = {"fno", "rank", "fid", *flags}
+            cols: dict[str, str] = {}
+            for (c,) in cur.execute(f"SELECT column_name FROM (DESCRIBE {stage})").fetchall():
+                if c not in skip:
+                    cols.setdefault(_norm(c), c)
+            fn(cols, gjobs)
+        finally:
+            _drop(cur, stage)
 
 
 _ROW_CHECK_MAX_BYTES = 64 << 20
@@ -689,7 +714,7 @@ _KD_BASE = {
 _AUTO_COL = re.compile(r"^column\d+$")
 
 
-def load_kernel_details(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str, Any]]:
+def load_kernel_details(cur: Any, jobs: list[Job]) -> dict[int, dict[str, Any]]:
     """Load ``kernel_details.csv`` files (also msprof ``op_summary_*.csv``) into ``kernels``.
 
     Unknown columns are PMU metrics (format doc §6.1: do not hard-code the set) and go into the
@@ -698,18 +723,18 @@ def load_kernel_details(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str
     HCCL rows become communication operators (times only).
     """
     stats: dict[int, dict[str, Any]] = {}
-    tables = []
-    try:
-        groups = csv_groups(cur, jobs, f"{p}_kd", ("events", "comm_ops"))
-        tables = [t for t, _, _ in groups]
-        for gi, (stage, cols, gjobs) in enumerate(groups):
-            stats.update(_kernel_group(cur, stage, cols, gjobs, f"{p}_kt{gi}"))
-        return stats
-    finally:
-        _drop(cur, *tables)
+    csv_groups(
+        cur,
+        jobs,
+        "stage_kernel_details_csv",
+        lambda cols, gjobs: stats.update(_kernel_group(cur, "stage_kernel_details_csv", cols, gjobs)),
+        ("events", "comm_ops"),
+    )
+    return stats
 
 
-def _kernel_group(cur: Any, stage: str, cols: dict[str, str], jobs: list[Job], typed: str) -> dict[int, dict[str, Any]]:
+def _kernel_group(cur: Any, stage: str, cols: dict[str, str], jobs: list[Job]) -> dict[int, dict[str, Any]]:
+    typed = "stage_kernel_rows"  # the cells typed
     req = require(cols, jobs, name=_KD_BASE["name"], start=_KD_BASE["start"], dur=_KD_BASE["dur"])
     c = {k: col(cols, *v) for k, v in _KD_BASE.items()}
     c.update(req)
@@ -798,23 +823,20 @@ def _kernel_group(cur: Any, stage: str, cols: dict[str, str], jobs: list[Job], t
 # -- step_trace_time.csv, op_statistic.csv, memory files (format doc §7, §11-§13) ------------------
 
 
-def _simple_csv(cur: Any, jobs: list[Job], p: str, flags: tuple[str, ...], insert: Any) -> dict[int, dict[str, Any]]:
-    """Read CSV groups and run ``insert(stage, cols, jobs)`` for each; per-file row counts."""
-    tables = []
-    try:
-        groups = csv_groups(cur, jobs, p, flags)
-        tables = [t for t, _, _ in groups]
-        out: dict[int, dict[str, Any]] = {}
-        for stage, cols, gjobs in groups:
-            insert(stage, cols, gjobs)
-            per = _per_fno(cur, f"SELECT fno, count(*) FROM {stage} GROUP BY fno")
-            out.update({j.fno: {"rows": per.get(j.fno, (0,))[0]} for j in gjobs})
-        return out
-    finally:
-        _drop(cur, *tables)
+def _simple_csv(cur: Any, jobs: list[Job], stage: str, insert: Any) -> dict[int, dict[str, Any]]:
+    """Read CSV groups into ``stage`` and run ``insert(stage, cols, jobs)`` for each; per-file row counts."""
+    out: dict[int, dict[str, Any]] = {}
+
+    def one(cols: dict[str, str], gjobs: list[Job]) -> None:
+        insert(stage, cols, gjobs)
+        per = _per_fno(cur, f"SELECT fno, count(*) FROM {stage} GROUP BY fno")
+        out.update({j.fno: {"rows": per.get(j.fno, (0,))[0]} for j in gjobs})
+
+    csv_groups(cur, jobs, stage, one)
+    return out
 
 
-def load_step_traces(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str, Any]]:
+def load_step_traces(cur: Any, jobs: list[Job]) -> dict[int, dict[str, Any]]:
     """``step_trace_time.csv`` -> ``vendor_steps`` (µs -> ns; empty Step -> NO_STEP)."""
 
     def insert(stage: str, cols: dict[str, str], gjobs: list[Job]) -> None:
@@ -839,10 +861,10 @@ def load_step_traces(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str, A
             FROM {stage} WHERE {num(req["computing"])} IS NOT NULL OR {num(req["free"])} IS NOT NULL"""
         )
 
-    return _simple_csv(cur, jobs, f"{p}_st", (), insert)
+    return _simple_csv(cur, jobs, "stage_step_trace_csv", insert)
 
 
-def load_op_statistics(cur: Any, jobs: list[Job], p: str, source: str) -> dict[int, dict[str, Any]]:
+def load_op_statistics(cur: Any, jobs: list[Job], source: str) -> dict[int, dict[str, Any]]:
     """``op_statistic.csv`` (or ``api_statistic.csv``) -> ``vendor_op_stats``."""
 
     def insert(stage: str, cols: dict[str, str], gjobs: list[Job]) -> None:
@@ -861,10 +883,10 @@ def load_op_statistics(cur: Any, jobs: list[Job], p: str, source: str) -> dict[i
             FROM {stage} WHERE {clean(req["op"])} IS NOT NULL"""
         )
 
-    return _simple_csv(cur, jobs, f"{p}_os", (), insert)
+    return _simple_csv(cur, jobs, f"stage_{source}_csv", insert)
 
 
-def load_memory_records(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str, Any]]:
+def load_memory_records(cur: Any, jobs: list[Job]) -> dict[int, dict[str, Any]]:
     """``memory_record.csv`` -> ``memory`` (MiB -> bytes; APP rows hold raw KB, format doc §13.1)."""
 
     def insert(stage: str, cols: dict[str, str], gjobs: list[Job]) -> None:
@@ -884,10 +906,10 @@ def load_memory_records(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str
             FROM {stage} WHERE {us_ns(req["ts"])} IS NOT NULL"""
         )
 
-    return _simple_csv(cur, jobs, f"{p}_mr", (), insert)
+    return _simple_csv(cur, jobs, "stage_memory_record_csv", insert)
 
 
-def load_module_mems(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str, Any]]:
+def load_module_mems(cur: Any, jobs: list[Job]) -> dict[int, dict[str, Any]]:
     """``npu_module_mem.csv`` -> ``memory`` rows with component ``module:<name>`` (reserved only)."""
 
     def insert(stage: str, cols: dict[str, str], gjobs: list[Job]) -> None:
@@ -904,10 +926,10 @@ def load_module_mems(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str, A
             FROM {stage} WHERE {us_ns(req["ts"])} IS NOT NULL"""
         )
 
-    return _simple_csv(cur, jobs, f"{p}_mm", (), insert)
+    return _simple_csv(cur, jobs, "stage_module_mem_csv", insert)
 
 
-def load_minddata(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str, Any]]:
+def load_minddata(cur: Any, jobs: list[Job]) -> dict[int, dict[str, Any]]:
     """MindSpore ``minddata_pipeline_raw_{id}.csv`` -> ``queues`` (format doc §20; column meanings [U]).
 
     Each dataset-pipeline op lists its output-queue size samples (``output_queue_size``, a list
@@ -938,7 +960,7 @@ def load_minddata(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str, Any]
             WHERE q.queue IS NOT NULL"""
         )
 
-    return _simple_csv(cur, jobs, f"{p}_md", (), insert)
+    return _simple_csv(cur, jobs, "stage_minddata_csv", insert)
 
 
 # -- communication.json / communication_matrix.json (format doc §8, §9) --------------------------
@@ -998,13 +1020,13 @@ def _stage_ops(cur: Any, jobs: list[Job], stage: str) -> dict[int, ParseError]:
         _drop(cur, files, doc)
 
 
-def load_communications(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str, Any] | ParseError]:
+def load_communications(cur: Any, jobs: list[Job]) -> dict[int, dict[str, Any] | ParseError]:
     """``communication.json`` -> ``comm_ops`` and ``comm_bandwidth`` (ms/MB/GB/s -> ns/bytes).
 
     Operator bytes: the transports CANN lists are HCCS, PCIE, SIO (intra-node links), RDMA and
     SDMA, where SDMA is the intra-node aggregate; an operator moves RDMA + max(SDMA, HCCS + PCIE + SIO).
     """
-    ops, bw = f"{p}_co", f"{p}_cb"
+    ops, bw = "stage_comm_ops", "stage_comm_transports"
     try:
         errors = _stage_ops(cur, jobs, ops)
         ti: Callable[[str], str] = lambda k: f"v->>'$.{_TIME_INFO}.\"{k}\"'"
@@ -1044,14 +1066,14 @@ def load_communications(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str
         _drop(cur, ops, bw)
 
 
-def load_matrices(cur: Any, jobs: list[Job], p: str) -> dict[int, dict[str, Any] | ParseError]:
+def load_matrices(cur: Any, jobs: list[Job]) -> dict[int, dict[str, Any] | ParseError]:
     """``communication_matrix.json`` -> ``comm_matrix``.
 
     Link keys are group-local ranks; they are mapped to global ranks through the rank's
     ``comm_groups`` (profiler_metadata ``parallel_group_info``, sorted global ranks) and, for the
     rank's own index, through its ``i-i`` LOCAL link. Unmapped ranks stay group-local.
     """
-    ops, stage = f"{p}_mo", f"{p}_mx"
+    ops, stage = "stage_matrix_ops", "stage_matrix_links"
     try:
         errors = _stage_ops(cur, jobs, ops)
         cur.execute(
