@@ -383,6 +383,10 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
     if not full_critical_path and cp.get("segments"):
         cp = summarise_segments(cp)
     savings = summary(findings, median_steps(bd, NO_STEP))
+    from advisor.stages import groups as groups_stage
+
+    pg = groups_stage.of_context(ctx)
+    ctx.warnings.extend(Warning_("group_kind_mismatch", m) for m in (pg or {}).get("mismatches", [])[:20])
     return Report(
         tool_version=__version__,
         profile=profile,
@@ -395,6 +399,8 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         savings=savings,
         comm_matrix=links(ctx.con) or None,
         rule_docs=rule_docs({f.rule for f in findings}),
+        parallel_groups=pg,
+        step_matrix=groups_stage.step_matrix(bd, pg, no_step=NO_STEP),
     )
 
 

@@ -202,6 +202,10 @@ class Report:
     baseline_diff: dict[str, Any] | None = None
     #: ``advisor explain`` text (Markdown) of each rule that has a finding here, for the renderers
     rule_docs: dict[str, str] = field(default_factory=dict)
+    #: the job's parallel groups and their kind (:func:`advisor.stages.groups.reconstruct`), when it communicates
+    parallel_groups: dict[str, Any] | None = None
+    #: ranks x steps slowdown picture (:func:`advisor.stages.groups.step_matrix`), with two ranks or more
+    step_matrix: dict[str, Any] | None = None
 
     @property
     def total_saving_us(self) -> float | None:

@@ -64,6 +64,10 @@ def report_dict(report: Report) -> dict[str, Any]:
         out["gate"] = report.gate
     if report.baseline_diff is not None:
         out["baseline_diff"] = report.baseline_diff
+    if report.parallel_groups:
+        out["parallel_groups"] = report.parallel_groups
+    if report.step_matrix:
+        out["step_matrix"] = report.step_matrix
     if report.rule_docs:
         out["rule_docs"] = dict(sorted(report.rule_docs.items()))
     return cast(dict[str, Any], clean(out))
