@@ -27,7 +27,7 @@ from advisor.render import json as json_render
 from advisor.render import markdown as md_render
 from advisor.stages import groups
 from tests.ascend.gen_cluster import SCENARIOS, Cluster, Facts, generate
-from tests.conftest import report_json, resolve_fixture, validate_report
+from tests.conftest import TRACES, report_json, resolve_fixture, validate_report
 
 KIND_OF_EXPORT = {"dp": "dp", "tp": "tp", "pp": "pp", "default_group": "world"}
 
@@ -103,6 +103,16 @@ def test_exported_kind_reads_common_group_names() -> None:
     assert groups.exported_kind("default_pg") == "world"
     assert groups.exported_kind("expert_parallel") == "ep"
     assert groups.exported_kind("1234567") is None and groups.exported_kind(None) is None
+
+
+def test_kineto_point_to_point_pairs_make_a_pipeline() -> None:
+    """tests/data/kineto/gloo_pipeline_bubble: two ranks, one stage each, exchanging 1 MiB activations
+    (gloo send / recv, one size per step; its README): no group is named, the pair rule labels the pair
+    a pipeline and the stages are the two ranks."""
+    pg = groups.reconstruct(load(TRACES / "gloo_pipeline_bubble").con)
+    assert pg is not None and pg["source"] == "pairs"
+    assert [(g["kind"], g["members"], g["evidence"]["sizes_per_step"]) for g in pg["groups"]] == [("pp", [0, 1], 1)]
+    assert pg["stages"] == [[0], [1]]
 
 
 def test_pair_rule_and_transitive_closure() -> None:
