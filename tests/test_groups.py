@@ -41,10 +41,15 @@ def _by_rule(report: Report, rule: str) -> list[Any]:
     return [f for f in report.findings if f.rule == rule]
 
 
-@pytest.mark.parametrize("name", ["layout_dp4_tp2_pp2", "layout_dp8_tp2"])
+@pytest.mark.parametrize("name", ["layout_dp4_tp2_pp2", "layout_dp8_tp2", "baseline8", "mindspore4",
+                                  pytest.param("faults8", marks=pytest.mark.slow),
+                                  pytest.param("cluster64", marks=pytest.mark.slow)])
 def test_layout_groups_are_labelled_from_their_traffic(name: str, tmp_path: Path) -> None:
     """Every group gets the kind the generator built it as; the labels come from the traffic alone
-    (the same with the export's group names removed), and agree with the names where there are some."""
+    (the same with the export's group names removed), and agree with the names where there are some.
+    In baseline8 / mindspore4 every DP bucket has the same size and the DP groups stay inside one node:
+    the size rule cannot tell them from TP, their place in the step (after the backward pass, none in
+    the forward part) does."""
     facts = _gen(tmp_path, name)
     prof = load(facts.root)
     pg = groups.reconstruct(prof.con)
@@ -70,7 +75,7 @@ def test_layout_groups_are_labelled_from_their_traffic(name: str, tmp_path: Path
     for g in pg["groups"]:
         if g["kind"] == "pp":
             assert g["evidence"]["sizes_per_step"] == 1 and g["evidence"]["p2p_share"] == 1.0
-        if g["kind"] == "dp":
+        if g["kind"] == "dp" and scn.bucket_scales:
             assert g["evidence"]["sizes_per_step"] == len(set(scn.bucket_scales))
         if g["kind"] == "tp":
             assert g["evidence"]["inter_node"] is False
