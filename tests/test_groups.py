@@ -101,6 +101,28 @@ def test_a_group_named_against_its_traffic_is_reported(tmp_path: Path) -> None:
     assert all(g["kind"] == "dp" and g["exported_kind"] == "tp" for g in bad)
 
 
+def test_kineto_group_named_tensor_parallel_but_moving_dp_buckets_is_a_mismatch() -> None:
+    """Canonical rows as a Kineto trace gives them: NCCL all-reduces of group "3" on ranks 0-3, three
+    bucket sizes per step, and pg_config naming group "3" TENSOR_MODEL_PARALLEL_GROUP. Many sizes per
+    step: data parallel, against the export's tensor parallel."""
+    from advisor.testing import context_from_tables
+
+    ops, gr = [], []
+    for r in range(4):
+        gr.append({"rank": r, "group_name": "3", "comm_name": "TENSOR_MODEL_PARALLEL_GROUP",
+                   "pg_name": "TENSOR_MODEL_PARALLEL_GROUP", "group_rank": r, "global_ranks": "[0, 1, 2, 3]"})
+        for step in (1, 2):
+            for k, mb in enumerate((25, 25, 7)):
+                ops.append({"rank": r, "step": step, "name": "ncclDevKernel_AllReduce", "op_type": "allreduce",
+                            "group_name": "3", "start_ns": step * 10**9 + k * 10**6, "dur_ns": 10**5, "bytes": mb << 20})
+    ctx = context_from_tables({"comm_ops": ops, "comm_groups": gr}, run_stages=False)
+    pg = groups.reconstruct(ctx.con)
+    assert pg is not None
+    [g] = pg["groups"]
+    assert (g["kind"], g["exported_kind"], g["agrees"], g["evidence"]["sizes_per_step"]) == ("dp", "tp", False, 2)
+    assert len(pg["mismatches"]) == 1
+
+
 def test_exported_kind_reads_common_group_names() -> None:
     assert groups.exported_kind("TENSOR_MODEL_PARALLEL_GROUP") == "tp"
     assert groups.exported_kind("DATA_PARALLEL_GROUP") == "dp"
@@ -114,7 +136,11 @@ def test_kineto_point_to_point_pairs_make_a_pipeline() -> None:
     """tests/data/kineto/gloo_pipeline_bubble: two ranks, one stage each, exchanging 1 MiB activations
     (gloo send / recv, one size per step; its README): no group is named, the pair rule labels the pair
     a pipeline and the stages are the two ranks."""
-    pg = groups.reconstruct(load(TRACES / "gloo_pipeline_bubble").con)
+    con = load(TRACES / "gloo_pipeline_bubble").con
+    # the header's distributedInfo.pg_config: [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]}]
+    assert con.execute("SELECT rank, group_name, pg_name, group_rank, global_ranks FROM comm_groups ORDER BY rank"
+                       ).fetchall() == [(0, "0", "default_pg", 0, "[0, 1]"), (1, "0", "default_pg", 1, "[0, 1]")]
+    pg = groups.reconstruct(con)
     assert pg is not None and pg["source"] == "pairs"
     assert [(g["kind"], g["members"], g["evidence"]["sizes_per_step"]) for g in pg["groups"]] == [("pp", [0, 1], 1)]
     assert pg["stages"] == [[0], [1]]
