@@ -50,7 +50,7 @@ def test_layout_groups_are_labelled_from_their_traffic(name: str, tmp_path: Path
     In baseline8 / mindspore4 every DP bucket has the same size and the DP groups stay inside one node:
     the size rule cannot tell them from TP, their place in the step (after the backward pass, none in
     the forward part) does."""
-    facts = _gen(tmp_path, name)
+    facts = _gen(tmp_path, name, steps=2)  # two steps: the per-step rules need no more, the load is shorter
     prof = load(facts.root)
     pg = groups.reconstruct(prof.con)
     assert pg is not None
