@@ -88,8 +88,18 @@ def test_layout_groups_are_labelled_from_their_traffic(name: str, tmp_path: Path
 
 
 @pytest.mark.slow
+def test_layout_from_the_database_export_is_labelled_the_same(tmp_path: Path) -> None:
+    """The same pipeline layout written as torch_npu's .db export (COMMUNICATION_OP, analysis.db)."""
+    facts = generate(dataclasses.replace(SCENARIOS["layout_dp4_tp2_pp2"], steps=2), tmp_path / "db", form="db")
+    pg = groups.reconstruct(load(facts.root).con)
+    assert pg is not None
+    assert {g["name"]: g["kind"] for g in pg["groups"]} == {h: KIND_OF_EXPORT[k] for h, k in facts.group_kind.items()}
+    assert pg["stages"] == [list(range(8)), list(range(8, 16))] and pg["mismatches"] == []
+
+
+@pytest.mark.slow
 def test_a_group_named_against_its_traffic_is_reported(tmp_path: Path) -> None:
-    """DP groups exported as 'tp': each one is a mismatch, in parallel_groups and in the warnings."""
+    """DP groups exported as 'tp': each one is a mismatch (the report also warns group_kind_mismatch)."""
     facts = _gen(tmp_path, "layout_dp4_tp2_pp2")
     prof = load(facts.root)
     prof.con.execute("UPDATE comm_groups SET pg_name = 'tp' WHERE pg_name = 'dp'")

@@ -492,7 +492,7 @@ def step_matrix(bd: Any, pg: dict[str, Any] | None, *, no_step: int = -1, max_ro
         "steps_total": len(steps_all),
         "ranks": len(ranks),
         "aggregated_by": None if by == "rank" else by,
-        "stages": len(stage_of and (pg or {}).get("stages") or []),
+        "stages": len((pg or {}).get("stages") or []),
         "rows": rows,
         "max_slowdown": worst[0]["slowdown"] if worst else None,
         "worst": worst[:5],
