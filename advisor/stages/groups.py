@@ -379,8 +379,11 @@ def of_context(analysis: Any) -> dict[str, Any] | None:
         if "parallel_groups" not in extras:
             try:
                 extras["parallel_groups"] = reconstruct(analysis.con)
-            except Exception:  # noqa: BLE001 -- a partial context (unit tests) or a profile without the tables
+            except Exception as exc:  # noqa: BLE001 -- the analysis goes on without groups, and says so
+                from advisor.model import Warning_
+
                 extras["parallel_groups"] = None
+                analysis.warnings.append(Warning_("parallel_groups", f"parallel groups not reconstructed: {exc}"))
         return extras["parallel_groups"]  # type: ignore[no-any-return]
 
 
