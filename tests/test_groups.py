@@ -133,6 +133,35 @@ def test_kineto_group_named_tensor_parallel_but_moving_dp_buckets_is_a_mismatch(
     assert len(pg["mismatches"]) == 1
 
 
+def test_tensor_parallel_from_placement_and_timing_without_transports() -> None:
+    """Kineto-like rows (no transports, no host names) of 8 ranks on hosts of 4 devices: group t (ranks 0, 1)
+    all-gathers one 8 MiB activation 4 times per 100 ms step, in the first 40 ms; group d (ranks 0, 4)
+    all-reduces one 64 MiB bucket at 80 ms. With ``device_count`` 4 the ranks are placed 0-3 / 4-7: t stays
+    on one node and runs in the forward part -> tp; d crosses nodes -> dp (one size: the size rule alone
+    would not say)."""
+    from advisor.testing import context_from_tables
+
+    ms = 1_000_000
+    ranks = [{"rank": r, "source": "kineto", "device_count": 4, "has_device": True} for r in range(8)]
+    steps, ops = [], []
+    for r in range(8):
+        for s in (1, 2):
+            steps.append({"rank": r, "step": s, "start_ns": s * 100 * ms, "end_ns": (s + 1) * 100 * ms})
+    for s in (1, 2):
+        for r in (0, 1):
+            for k in range(4):
+                ops.append({"rank": r, "step": s, "name": "nccl:all_gather", "op_type": "allgather", "group_name": "t",
+                            "start_ns": s * 100 * ms + (5 + 8 * k) * ms, "dur_ns": ms, "bytes": 8 << 20})
+        for r in (0, 4):
+            ops.append({"rank": r, "step": s, "name": "nccl:all_reduce", "op_type": "allreduce", "group_name": "d",
+                        "start_ns": s * 100 * ms + 80 * ms, "dur_ns": 5 * ms, "bytes": 64 << 20})
+    ctx = context_from_tables({"ranks": ranks, "steps": steps, "comm_ops": ops}, run_stages=False)
+    pg = groups.reconstruct(ctx.con)
+    assert pg is not None and pg["nodes_from"] == "device count (rank // devices per host)"
+    got = {g["name"]: (g["kind"], g["evidence"]["inter_node"], g["evidence"]["early_share"]) for g in pg["groups"]}
+    assert got == {"t": ("tp", False, 1.0), "d": ("dp", True, 0.0)}
+
+
 def test_exported_kind_reads_common_group_names() -> None:
     assert groups.exported_kind("TENSOR_MODEL_PARALLEL_GROUP") == "tp"
     assert groups.exported_kind("DATA_PARALLEL_GROUP") == "dp"

@@ -129,14 +129,21 @@ def _rows(con: Any, sql: str) -> list[dict[str, Any]]:
     return [dict(zip(cols, r, strict=True)) for r in res.fetchall()]
 
 
-def _nodes(con: Any) -> dict[int, str]:
-    """rank -> host name, where the export gives one (Ascend device_info hostname, any ``*hostname`` key)."""
+def _nodes(con: Any) -> tuple[dict[int, str], str | None]:
+    """rank -> host name and where it comes from: the export's host names (Ascend device_info hostname,
+    any ``*hostname`` key), else, when every rank knows how many devices its host has, the usual
+    launch (one process per device, ranks filling the nodes in order: node = rank // devices)."""
     out: dict[int, str] = {}
     for r in _rows(con, "SELECT rank, min(value) AS v FROM meta WHERE rank IS NOT NULL AND "
                         "(lower(key) LIKE '%hostname' OR lower(key) IN ('host', 'node')) GROUP BY rank"):
         if r["v"]:
             out[int(r["rank"])] = str(r["v"])
-    return out
+    if out:
+        return out, "host names"
+    counts = {int(r["rank"]): r["n"] for r in _rows(con, "SELECT rank, device_count AS n FROM ranks WHERE rank IS NOT NULL")}
+    if counts and all(n and int(n) > 0 for n in counts.values()):
+        return {r: f"node{r // int(n)}" for r, n in counts.items()}, "device count (rank // devices per host)"
+    return {}, None
 
 
 class _UF:
@@ -193,7 +200,7 @@ def reconstruct(con: Any) -> dict[str, Any] | None:
     rows = _rows(con, OPS_SQL)
     world_ranks = sorted({int(r["rank"]) for r in _rows(con, "SELECT DISTINCT rank FROM ranks WHERE rank IS NOT NULL")})
     exported = _rows(con, "SELECT group_name, rank, pg_name, comm_name, global_ranks FROM comm_groups")
-    nodes = _nodes(con)
+    nodes, nodes_from = _nodes(con)
     transports: dict[str, dict[str, int]] = {}
     for t in _rows(con, TRANSPORT_SQL):
         transports.setdefault(str(t["g"]), {})[str(t["transport"])] = int(t["bytes"] or 0)
@@ -233,13 +240,14 @@ def reconstruct(con: Any) -> dict[str, Any] | None:
         inter_b = sum(v for k, v in tr.items() if k in INTER_TRANSPORTS)
         intra_b = sum(v for k, v in tr.items() if k in INTRA_TRANSPORTS)
         hosts = {nodes[m] for m in members if m in nodes}
-        inter_node: bool | None
-        if len(hosts) > 1 or inter_b > 0:
-            inter_node = True
-        elif (hosts and all(m in nodes for m in members)) or intra_b > 0:
-            inter_node = False
-        else:
-            inter_node = None
+        all_placed = bool(hosts) and all(m in nodes for m in members)
+        inter_node: bool | None = None
+        if nodes_from == "host names" and all_placed:  # the export's host names, then the transports, then a guess
+            inter_node = len(hosts) > 1
+        elif inter_b > 0 or intra_b > 0:
+            inter_node = inter_b > 0
+        elif all_placed:
+            inter_node = len(hosts) > 1
         ev = {
             "sizes_per_step": _mode(int(r["sizes"]) for r in rs),
             "calls_per_step": _median([_median([float(r["n"]) for r in v]) for v in per_step.values()]),
@@ -251,6 +259,8 @@ def reconstruct(con: Any) -> dict[str, Any] | None:
             "early_share": round(sum(int(r["early"]) for r in rs) / placed, 3) if placed else 0.0,
             "inter_node": inter_node,
             "hosts": len(hosts) or None,
+            "node_basis": ("host names" if nodes_from == "host names" and all_placed else "transports"
+                           if inter_b > 0 or intra_b > 0 else nodes_from if all_placed else None),
             "steps": len(per_step),
         }
         kind, basis = _classify(ev, len(members), world, len(multi))
@@ -299,6 +309,7 @@ def reconstruct(con: Any) -> dict[str, Any] | None:
         "stages": stages,
         "mismatches": mismatches,
         "nodes_known": bool(nodes),
+        "nodes_from": nodes_from,
     }
 
 
