@@ -385,3 +385,18 @@ def test_report_fields_round_trip(tmp_path: Path) -> None:
     assert d["step_matrix"]["metric"] == "own_us"
     text = md_render.render(d)
     assert "Parallel groups (inferred from the traffic): 2 dp groups of 8, 8 tp groups of 2" in text
+
+
+@pytest.mark.slow
+def test_slow_stage_among_four_by_k_sigma(tmp_path: Path) -> None:
+    """Four pipeline stages of 4 ranks, stage 2 computing 1.8x: the stages' own times are compared by
+    LLMPrism's k-sigma on a clean baseline; only stage 2 is named."""
+    facts = _gen(tmp_path, "layout_dp4_tp2_pp2", pp=4, slow_stage=2)
+    report = analyze(facts.root)
+    report_json(report)
+    assert report.parallel_groups is not None
+    assert report.parallel_groups["stages"] == [list(range(s * 4, s * 4 + 4)) for s in range(4)]
+    [f] = _by_rule(report, "CLU006")
+    assert list(f.ranks) == facts.slow_stage_ranks == [8, 9, 10, 11]
+    assert f.evidence["method"].startswith("k-sigma") and f.evidence["stages"] == 4
+    assert f.evidence["stalled_ranks"] == "0-7, 12-15"
