@@ -390,6 +390,10 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
     savings = summary(findings, median_steps(bd, NO_STEP))
     hardware = _hardware(ctx)
     variability = clean(_variability(ctx))  # before the warnings are taken: it may add one
+    from advisor.stages import groups as groups_stage
+
+    pg = groups_stage.of_context(ctx)
+    ctx.warnings.extend(Warning_("group_kind_mismatch", m) for m in (pg or {}).get("mismatches", [])[:20])
     return Report(
         tool_version=__version__,
         profile=profile,
@@ -404,6 +408,8 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         rule_docs=rule_docs({f.rule for f in findings}),
         hardware=hardware,
         variability=variability,
+        parallel_groups=pg,
+        step_matrix=groups_stage.step_matrix(bd, pg, no_step=NO_STEP),
     )
 
 

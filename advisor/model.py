@@ -207,6 +207,10 @@ class Report:
     hardware: dict[str, Any] | None = None
     #: step-time variability (:mod:`advisor.stages.variability`): distributions, contributors, scale prediction
     variability: dict[str, Any] | None = None
+    #: the job's parallel groups and their kind (:func:`advisor.stages.groups.reconstruct`), when it communicates
+    parallel_groups: dict[str, Any] | None = None
+    #: ranks x steps slowdown picture (:func:`advisor.stages.groups.step_matrix`), with two ranks or more
+    step_matrix: dict[str, Any] | None = None
 
     @property
     def total_saving_us(self) -> float | None:

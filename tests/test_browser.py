@@ -263,3 +263,28 @@ def test_variability_section_renders(browser, tmp_path: Path) -> None:
     assert len(browser.find_elements(By.CSS_SELECTOR, "#variability table.var-pred tbody tr")) == 4
     assert browser.execute_script("return document.querySelectorAll('#variability img').length") == 0
     _shot(browser, "report-variability.png")
+def test_step_matrix_picture_renders(browser, tmp_path: Path) -> None:
+    """A generated 16-rank pipeline job with a slow stage (tests/ascend/gen_cluster.py): the ranks x
+    steps picture draws one cell per rank and step, the slow stage's cells in the warm colours, and
+    the parallel-groups table lists every group."""
+    import dataclasses
+
+    from selenium.webdriver.common.by import By
+
+    from tests.ascend.gen_cluster import SCENARIOS, generate
+
+    facts = generate(dataclasses.replace(SCENARIOS["layout_dp4_tp2_pp2"], slow_stage=0), tmp_path / "pp")
+    out = tmp_path / "pp.html"
+    res = run_cli(tmp_path / "pp", "--format", "html", "--out", out)
+    assert res.returncode in (0, 1), res.stderr
+    _open(browser, out)
+    _no_requests(browser)
+    _assert_chart_drawn(browser, "chart-step-matrix", "rect")
+    fills = [r.get_attribute("fill") for r in browser.find_elements(By.CSS_SELECTOR, "#chart-step-matrix svg rect")]
+    assert len(fills) == 16 * len(facts.steps)
+    warm = {"#fde0c5", "#fab27b", "#ef6f3a", "#b52a1c"}
+    assert all(f in warm for f in fills[: 8 * len(facts.steps)])  # stage 0's rows come first
+    assert not any(f in warm for f in fills[8 * len(facts.steps):])
+    rows = browser.find_elements(By.CSS_SELECTOR, "#parallel-groups tbody tr")
+    assert len(rows) == len(facts.groups)
+    _shot(browser, "report-step-matrix.png")

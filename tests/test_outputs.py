@@ -134,7 +134,7 @@ def test_markdown_names_explain_and_the_flag_embeds_the_docs(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scenario", ["faults8", "cluster64"])
+@pytest.mark.parametrize("scenario", ["faults8", "cluster64", "layout_dp4_tp2_pp2"])
 def test_markdown_of_generated_clusters_fits_a_comment(scenario: str, tmp_path: Path) -> None:
     """The 8-rank cluster with every planted fault and the 64-rank cluster (tests/ascend/gen_cluster.py)."""
     from tests.ascend.gen_cluster import generate
@@ -148,6 +148,8 @@ def test_markdown_of_generated_clusters_fits_a_comment(scenario: str, tmp_path: 
     assert len(md) < COMMENT_LIMIT
     if scenario == "cluster64":
         assert "16 slowest of 64 ranks shown" in md
+    if scenario == "layout_dp4_tp2_pp2":  # the parallel groups and the ranks x steps picture in one paragraph
+        assert "4 dp groups of 4, 8 tp groups of 2, 8 pp groups of 2" in md and "Ranks x steps (16 ranks" in md
 
 
 # ---------------------------------------------------------------------------------------------

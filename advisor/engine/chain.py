@@ -32,6 +32,10 @@ from advisor.model import Finding, severity_for_fraction
 
 # causes whose links need explain.annotate's specificity test, not only a shared rank and step
 REFINED = frozenset({"cluster.slow_rank", "cluster.step_fluctuation"})
+# cluster causes that explain a REFINED finding without annotate's test when it lies inside them: a slow
+# pipeline stage, a slow rank whose ranks all belong to the stage; a rank slow in some steps, a step
+# fluctuation whose slow steps are all among them
+ENCLOSING = {"cluster.slow_stage": "ranks", "cluster.slow_rank_step": "steps"}
 # share of the explained finding's steps the explaining one must also name
 MIN_STEP_OVERLAP = 0.5
 # where both savings are known, the explaining finding accounts for at least this share of the
@@ -152,6 +156,10 @@ def link(findings: Sequence[Finding], causes: Mapping[str, Sequence[str]] | None
             if bi == ai or b.cause == a.cause or b.cause not in can:
                 continue
             ok = (ai, bi) in annotated if b.cause in REFINED else same_time(a, b)
+            if not ok and b.cause in REFINED and a.cause in ENCLOSING:
+                inside = (set(b.ranks) <= set(a.ranks) if ENCLOSING[a.cause] == "ranks"
+                          else set(b.steps) <= set(a.steps))
+                ok = inside and bool(b.ranks and b.steps) and same_time(a, b)
             sa, sb = a.estimated_saving_us, b.estimated_saving_us
             if sa is not None and (sa <= 0 or sb is not None and sa < MIN_SAVING_SHARE * sb):
                 ok = False  # nothing to remove explains nothing

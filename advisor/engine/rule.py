@@ -275,6 +275,13 @@ class RuleContext(Generic[T]):
             cache[key] = compute()
         return cast(T2, cache[key])
 
+    def parallel_groups(self) -> dict[str, Any] | None:
+        """The job's parallel groups, their kind and its pipeline stages (:func:`advisor.stages.groups.reconstruct`),
+        once per analysis; None when no communication names its group."""
+        from advisor.stages import groups
+
+        return groups.of_context(self.analysis)
+
     def warn(self, message: str) -> None:
         """Say that part of the rule could not decide on the data it has (shown in warnings)."""
         self.notes.append(message)

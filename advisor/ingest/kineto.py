@@ -972,6 +972,7 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
         )
         cur.execute(f"DROP TABLE IF EXISTS {a2a}")
         _p2p_links(cur, part, win.join, step, files, lctx)
+        _pg_groups(cur, files)
         cur.execute(f"ALTER TABLE {part} DROP COLUMN x_extra")
         cur.execute(f"ALTER TABLE {part} DROP COLUMN x_group")
         cur.execute(f"ALTER TABLE {part} DROP COLUMN x_p2p")
@@ -1076,6 +1077,26 @@ def _p2p_links(cur: Any, part: str, join: str, step: str, files: list[_File], lc
                   by_fid[fid].path if fid in by_fid else None)
     if out:
         insert_rows(cur, "comm_matrix", out)
+
+
+def _pg_groups(cur: Any, files: list[_File]) -> None:
+    """``distributedInfo.pg_config`` -> ``comm_groups``: each process group a file's rank belongs to, its
+    ``pg_name`` being the group id comm_ops carries and its ``pg_desc`` (``default_pg``, Megatron's
+    ``TENSOR_MODEL_PARALLEL_GROUP`` ...) the name the parallel-group analysis checks its labels against."""
+    import json
+
+    rows = []
+    for f in files:
+        if f.rank is None:
+            continue
+        for c in _pg_configs(_dist_of(f)):
+            members = _rank_list(c.get("ranks"))
+            if not members or f.rank not in members or c.get("pg_name") is None:
+                continue
+            desc = None if c.get("pg_desc") is None else str(c["pg_desc"])[:200]
+            rows.append((f.rank, str(c["pg_name"])[:200], desc, desc, members.index(f.rank), json.dumps(members)))
+    if rows:
+        cur.executemany("INSERT INTO comm_groups VALUES (?, ?, ?, ?, ?, ?)", rows)
 
 
 def _dist_of(f: _File | None) -> dict[str, Any]:

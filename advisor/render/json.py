@@ -66,6 +66,10 @@ def report_dict(report: Report) -> dict[str, Any]:
         out["baseline_diff"] = report.baseline_diff
     if report.variability is not None:
         out["variability"] = report.variability
+    if report.parallel_groups:
+        out["parallel_groups"] = report.parallel_groups
+    if report.step_matrix:
+        out["step_matrix"] = report.step_matrix
     if report.rule_docs:
         out["rule_docs"] = dict(sorted(report.rule_docs.items()))
     if report.hardware is not None:

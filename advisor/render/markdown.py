@@ -111,7 +111,7 @@ def render(report: Report | Mapping[str, Any], *, max_findings: int = 20, full: 
     diff = d.get("baseline_diff")
     if diff:
         head += _diff(diff)
-    head += _breakdown(d)
+    head += _breakdown(d) + _groups(d)
     tail = _hardware(d) + _critical_path(d) + _variability(d) + _confidence(d)
     findings = d.get("findings") or []
     budget = None if full else MD_LIMIT - _size(head) - _size(tail) - 2_000
@@ -121,6 +121,14 @@ def render(report: Report | Mapping[str, Any], *, max_findings: int = 20, full: 
         cut = text.rfind("\n", 0, MD_LIMIT - 200)
         text = text[:cut] + "\n\n… the rest of this report is in the JSON / HTML report.\n"
     return text
+
+
+def _groups(d: Mapping[str, Any]) -> list[str]:
+    """The parallel groups and the ranks x steps picture, in one paragraph."""
+    from advisor.render.groups import summary
+
+    text = summary(dict(d))
+    return [md_escape(text, 1200), ""] if text else []
 
 
 def _size(lines: list[str]) -> int:

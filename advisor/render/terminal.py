@@ -104,6 +104,7 @@ def print_report(report: Report | dict[str, Any], *, verbose: bool = False, colo
                       + Text("".join(f"\n  - {one_line(m, 300)}" for m in gate.get("messages") or [])))
     console.print()
     _breakdown(console, d)
+    _groups(console, d)
     diff = d.get("baseline_diff")
     if diff:
         _diff(console, diff)
@@ -204,6 +205,15 @@ def _breakdown(console: Console, d: dict[str, Any]) -> None:
     for n in notes:
         console.print(_indented(Text(n, style="dim"), 2))
     console.print()
+
+
+def _groups(console: Console, d: dict[str, Any]) -> None:
+    from advisor.render.groups import summary
+
+    text = summary(d)
+    if text:
+        console.print(_indented(Text(text, style="dim"), 2))
+        console.print()
 
 
 def _indented(text: Text, left: int) -> Padding:

@@ -12,8 +12,9 @@ From ``comm_ops`` rows that carry a ``group_name``: per group and step, the time
 ranks spend in each collective type (sum of operator durations per rank, median over the
 group's ranks), then the median over steps. Groups seen on fewer than ``min_ranks_per_group``
 ranks are left out (one rank's groups are its TP / DP / PP groups, not peers of each other).
-Groups are compared only with groups doing the same collective type with the same number of
-ranks and a similar volume (bytes per step within
+Groups are compared only with groups of the same parallel kind (data-, tensor-, pipeline-parallel,
+as advisor.stages.groups infers it from the traffic, "groups of one kind"), doing the same
+collective type with the same number of ranks and a similar volume (bytes per step within
 ``max_bytes_ratio`` of the cohort median when sizes are known). Within a cohort of at least
 ``min_groups`` groups, a group is slow when its duration is above LLMPrism's mean + k·σ of a
 clean baseline (forward search from the faster half of the groups) and above the baseline median
@@ -85,12 +86,15 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     if not rows:
         ctx.warn("no communication operator carries a group name; slow-group comparison needs group names")
         return
-    cohorts: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    pg = ctx.parallel_groups()
+    kinds = {str(g["name"]): str(g["kind"]) for g in pg["groups"]} if pg else {}
+    cohorts: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     for r in rows:
         if int(r["n_ranks"]) >= ctx.t.min_ranks_per_group:
-            cohorts.setdefault((str(r["op_type"]), int(r["n_ranks"])), []).append(r)
+            kind = kinds.get(str(r["group_name"])[:80], "")
+            cohorts.setdefault((str(r["op_type"]), int(r["n_ranks"]), kind), []).append(r)
     compared = False
-    for (op, n_ranks), gs in sorted(cohorts.items()):
+    for (op, n_ranks, kind), gs in sorted(cohorts.items()):
         sizes = [float(g["bytes"]) for g in gs if g["bytes"] is not None]
         if sizes:
             mb = median(sizes)
@@ -107,12 +111,13 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             step_us = ctx.median_step_us(ranks)
             excess = durs[i] - fs.baseline_median
             yield ctx.finding(
-                title=f"Slow communication group {g['group_name']}: {op} takes {durs[i] / 1000:.2f} ms per step vs "
-                f"{fs.baseline_median / 1000:.2f} ms in the other {len(gs) - 1} groups of {n_ranks} ranks "
+                title=f"Slow {kind + ' ' if kind else ''}communication group {g['group_name']}: {op} takes {durs[i] / 1000:.2f} ms per step vs "
+                f"{fs.baseline_median / 1000:.2f} ms in the other {len(gs) - 1} {kind + ' ' if kind else ''}groups of {n_ranks} ranks "
                 f"({durs[i] / fs.baseline_median:.1f}×)",
                 evidence={
                     "group_name": str(g["group_name"])[:80],
                     "op_type": op,
+                    "group_kind": kind or None,
                     "group_us_median": round(durs[i], 1),
                     "baseline_us_median": round(fs.baseline_median, 1),
                     "baseline_std_us": round(fs.baseline_std, 1),

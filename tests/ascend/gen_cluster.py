@@ -77,6 +77,17 @@ class Scenario:
     seed: int = 7
     hccs_gbps: float = 56.0
     rdma_gbps: float = 12.5
+    # parallel layout (tests/test_groups.py): rank = stage * (dp * tp) + dp_index * tp + tp_index (Megatron's order)
+    pp: int = 1  # pipeline stages; > 1 simulates GPipe micro-batches with send / receive between stages
+    micro_batches: int = 2  # per step, when pp > 1
+    act_bytes: int = 4 << 20  # activation (and its gradient) sent between stages per micro-batch
+    bucket_scales: tuple[float, ...] = ()  # DP bucket b moves bucket_bytes * bucket_scales[b] (DDP buckets differ)
+    slow_group: int | None = None  # index into Cluster.dp_groups whose collectives run on slower links
+    slow_group_factor: float = 4.0
+    slow_stage: int | None = None  # pipeline stage whose compute takes slow_stage_factor longer
+    slow_stage_factor: float = 1.8
+    slow_rank_step: tuple[int, int] | None = None  # (rank, step number) whose compute is slower in that step only
+    slow_rank_step_factor: float = 2.0
 
 
 @dataclass
@@ -95,6 +106,9 @@ class Facts:
     aicpu_kernels: list[str] = field(default_factory=list)
     low_block_kernels: list[str] = field(default_factory=list)
     groups: dict[str, list[int]] = field(default_factory=dict)  # group hash -> global ranks
+    group_kind: dict[str, str] = field(default_factory=dict)  # group hash -> dp | tp | pp | default_group
+    slow_group: str | None = None  # group hash of the planted slow DP group
+    slow_stage_ranks: list[int] = field(default_factory=list)  # ranks of the planted slow pipeline stage
     files: list[Path] = field(default_factory=list)
 
 
@@ -114,6 +128,11 @@ SCENARIOS: dict[str, Scenario] = {
         low_block_dim=True,
     ),
     "mindspore4": Scenario(name="mindspore4", world=4, ranks_per_node=4, steps=3, slow_rank=1, flavor="ms"),
+    # parallel layouts (tests/test_groups.py): 16 ranks on 2 nodes of 8, DDP buckets of different sizes
+    "layout_dp4_tp2_pp2": Scenario(name="layout_dp4_tp2_pp2", world=16, ranks_per_node=8, tp=2, pp=2, steps=3,
+                                   layers=2, buckets=3, bwd_kernels=3, bucket_scales=(1.0, 0.75, 0.4)),
+    "layout_dp8_tp2": Scenario(name="layout_dp8_tp2", world=16, ranks_per_node=8, tp=2, steps=3, layers=2,
+                               buckets=3, bwd_kernels=3, bucket_scales=(1.0, 0.75, 0.4)),
     "cluster64": Scenario(
         name="cluster64",
         world=64,
@@ -335,13 +354,29 @@ class Cluster:
         self.group_kind: dict[str, str] = {}
         world = list(range(scn.world))
         self.world_group = self._group("default_group", world, 0)
-        self.dp_groups = {j: self._group("dp", list(range(j, scn.world, scn.tp)), 1 + j) for j in range(scn.tp)}
+        if scn.world % (scn.tp * scn.pp):
+            raise ValueError("world must be a multiple of tp * pp")
+        per_stage = scn.world // scn.pp  # ranks of one pipeline stage
+        self.dp_groups = {
+            st * scn.tp + j: self._group("dp", list(range(st * per_stage + j, (st + 1) * per_stage, scn.tp)),
+                                         1 + st * scn.tp + j)
+            for st in range(scn.pp) for j in range(scn.tp)
+        }
         self.tp_groups = {
             k: self._group("tp", list(range(k * scn.tp, (k + 1) * scn.tp)), 100 + k) for k in range(scn.world // scn.tp)
         }
+        self.pp_groups = {
+            off: self._group("pp", list(range(off, scn.world, per_stage)), 200 + off)
+            for off in range(per_stage) if scn.pp > 1
+        }
+        self.slow_groups = {self.dp_groups[scn.slow_group]} if scn.slow_group is not None else set()
         self.seq: dict[str, int] = {g: 0 for g in self.group_members}
         self.facts = Facts(scn, Path("."), slow_rank=scn.slow_rank, slow_step=scn.slow_step, slow_link=scn.slow_link)
         self.facts.groups = dict(self.group_members)
+        self.facts.group_kind = dict(self.group_kind)
+        self.facts.slow_group = self.dp_groups[scn.slow_group] if scn.slow_group is not None else None
+        if scn.slow_stage is not None:
+            self.facts.slow_stage_ranks = list(range(scn.slow_stage * per_stage, (scn.slow_stage + 1) * per_stage))
         # per-kernel durations shared by every rank (ns)
         self.fwd_durs = [self.rng.randint(60_000, 260_000) for _ in range(scn.layers * scn.fwd_kernels)]
         self.bwd_durs = [self.rng.randint(80_000, 300_000) for _ in range(scn.buckets * scn.bwd_kernels)]
@@ -365,7 +400,7 @@ class Cluster:
         t0 = BASE_NS + 420_289_011
         for i in range(scn.steps):
             step = scn.first_step + i
-            t0 = self._step(step, t0)
+            t0 = self._step_pp(step, t0) if scn.pp > 1 else self._step(step, t0)
         self.facts.steps = [scn.first_step + i for i in range(scn.steps)]
 
     # -- one step on every rank ------------------------------------------------------------------
@@ -379,6 +414,8 @@ class Cluster:
         for r in range(scn.world):
             rm = self.ranks[r]
             factor = scn.slow_factor if r == scn.slow_rank else 1.0
+            if scn.slow_rank_step == (r, step):
+                factor *= scn.slow_rank_step_factor
             tid = self.host_pid[r]
             rm.host.append(
                 HostEv(
@@ -432,7 +469,7 @@ class Cluster:
         for b in range(scn.buckets):
             for g in self.dp_groups.values():
                 arr = {r: arrivals_bwd[r][b] for r in self.group_members[g]}
-                nbytes = scn.bucket_bytes
+                nbytes = self.bucket_size(b)
                 if b in scn.misaligned_buckets:
                     n = len(self.group_members[g])
                     nbytes = (scn.bucket_bytes // n + 1) * n  # chunk = bucket/n + 1 byte: not a multiple of 512
@@ -481,6 +518,123 @@ class Cluster:
             )
             step_end = max(step_end, host_end, dt)
         return step_end + 100_000
+
+    def bucket_size(self, b: int) -> int:
+        """Bytes of DP bucket ``b`` (every bucket the same size unless ``bucket_scales`` is set)."""
+        sc = self.scn.bucket_scales
+        return int(self.scn.bucket_bytes * sc[b % len(sc)]) if sc else self.scn.bucket_bytes
+
+    def _step_pp(self, step: int, h0: int) -> int:
+        """One step with pipeline stages (GPipe): every micro-batch's forward runs stage after stage, each
+        stage receiving its activations from the one before; then the backwards in reverse, the gradients
+        going back the same way; then the DP all-reduce of each bucket inside each stage, the world
+        all-reduce and the optimizer."""
+        scn = self.scn
+        per_stage = scn.world // scn.pp
+        stall = int(scn.slow_step_stall_us * 1000) if step == scn.slow_step else 1_300_000
+        ht: dict[int, int] = {}
+        dt: dict[int, int] = {}
+        for r in range(scn.world):
+            self.ranks[r].host.append(
+                HostEv("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "cpu_op", self.host_pid[r],
+                       h0 + 20_000, stall, {"Sequence number": -1, "Fwd thread id": 0})
+            )
+            ht[r] = h0 + 20_000 + stall + 30_000
+            dt[r] = ht[r] + 40_000
+        comm_free = {r: 0 for r in range(scn.world)}
+
+        def factor(r: int) -> float:
+            f = scn.slow_factor if r == scn.slow_rank else 1.0
+            f *= scn.slow_rank_step_factor if scn.slow_rank_step == (r, step) else 1.0
+            return f * (scn.slow_stage_factor if r // per_stage == scn.slow_stage else 1.0)
+
+        def launch(r: int, op: tuple[str, str, str, str], dur: int) -> None:
+            core = op[3]
+            ht[r], dt[r] = self._launch(self.ranks[r], step, op, f"{op[1]}_{op[0]}_{op[0]}", core,
+                                        24 if core == "AI_CORE" else 48, int(dur * factor(r)), ht[r], dt[r])
+
+        stages = [list(range(st * per_stage, (st + 1) * per_stage)) for st in range(scn.pp)]
+        tp_of_stage = [[g for g in self.tp_groups.values() if self.group_members[g][0] in st] for st in stages]
+        for _mb in range(scn.micro_batches):
+            for si, ranks in enumerate(stages):
+                if si > 0:
+                    for r in ranks:
+                        self._p2p(step, r - per_stage, r, dt, comm_free, scn.act_bytes)
+                k = 0
+                for _layer in range(scn.layers):
+                    for r in ranks:
+                        for j in range(scn.fwd_kernels):
+                            launch(r, _FWD_OPS[j % len(_FWD_OPS)], self.fwd_durs[k + j])
+                    k += scn.fwd_kernels
+                    for g in tp_of_stage[si]:
+                        arr = {r: dt[r] for r in self.group_members[g]}
+                        self._collective(step, g, "allGather", arr, comm_free, scn.tp_bytes, bucket=None)
+        bucket_ready: dict[int, list[int]] = {r: [] for r in range(scn.world)}
+        for mb in range(scn.micro_batches):
+            for si in reversed(range(scn.pp)):
+                ranks = stages[si]
+                if si < scn.pp - 1:
+                    for r in ranks:
+                        self._p2p(step, r + per_stage, r, dt, comm_free, scn.act_bytes)
+                for r in ranks:
+                    k = 0
+                    for _b in range(scn.buckets):
+                        for j in range(scn.bwd_kernels):
+                            launch(r, _BWD_OPS[j % len(_BWD_OPS)], self.bwd_durs[k])
+                            k += 1
+                        if mb == scn.micro_batches - 1:
+                            bucket_ready[r].append(dt[r])
+        for b in range(scn.buckets):
+            for g in self.dp_groups.values():
+                arr = {r: bucket_ready[r][b] for r in self.group_members[g]}
+                self._collective(step, g, "allReduce", arr, comm_free, self.bucket_size(b), bucket=b)
+        end_w = self._collective(step, self.world_group, "allReduce", dict(dt), comm_free, 4096, bucket=None)
+        step_end = 0
+        for r in range(scn.world):
+            rm = self.ranks[r]
+            tid = self.host_pid[r]
+            hs = ht[r]
+            rm.cann.append(
+                HostEv("AscendCL@aclrtSynchronizeStream", "", tid, hs, max(end_w - hs, 1000),
+                       {"Thread Id": tid, "Mode": "ACL_RTS", "level": "acl", "id": "aclrtSynchronizeStream",
+                        "item_id": "0", "connection_id": 0})
+            )
+            h = max(hs, end_w) + 20_000
+            d = max(end_w + 5_000, h + 40_000)
+            for j, du in enumerate(self.opt_durs):
+                op = _OPT_OPS[0]
+                h, d = self._launch(rm, step, op, f"{op[1]}_{op[0]}_{op[0]}_{j}", op[3], 48, du, h, d)
+            host_end = h + 30_000
+            rm.steps.append((step, h0, host_end))
+            rm.host.append(HostEv(f"ProfilerStep#{step}", "cpu_op", tid, h0, host_end - h0,
+                                  {"Sequence number": -1, "Fwd thread id": 0}))
+            step_end = max(step_end, host_end, d)
+        return step_end + 100_000
+
+    def _p2p(self, step: int, src: int, dst: int, dt: dict[int, int], comm_free: dict[int, int], nbytes: int) -> None:
+        """One send (on ``src``) and its receive (on ``dst``) in their pipeline group: both end when the later
+        of the two is posted plus the transfer; the receiver's compute waits for the data."""
+        scn = self.scn
+        g = self.pp_groups[src % (scn.world // scn.pp)]
+        members = self.group_members[g]
+        self.seq[g] += 1
+        same_node = self.node(src) == self.node(dst)
+        transport = "HCCS" if same_node else "RDMA"
+        gbps = scn.hccs_gbps if same_node else scn.rdma_gbps
+        dur = int(nbytes / (gbps * 1e9) * 1e9) + 2_000
+        idle = 3_000
+        s_start = max(dt[src], comm_free[src])
+        r_start = max(dt[dst], comm_free[dst])
+        end = max(s_start, r_start) + dur + idle
+        for r, start, typ in ((src, s_start, "send"), (dst, r_start, "receive")):
+            x = Transfer(transport, members.index(src), members.index(dst), nbytes, end - idle - dur, dur)
+            name = f"hcom_{typ}__{g[-3:]}_{self.seq[g]}_1"
+            self.ranks[r].comm.append(
+                CommOp(step, name, typ, g, start, end, end - start - dur - idle, dur, idle, [x], nbytes // 2,
+                       members.index(r))
+            )
+            comm_free[r] = end
+        dt[dst] = max(dt[dst], end)
 
     def _launch(
         self,
@@ -565,6 +719,8 @@ class Cluster:
             gbps = scn.hccs_gbps if same_node else scn.rdma_gbps
             if scn.slow_link == (r, succ):
                 gbps /= scn.slow_link_factor
+            if g in self.slow_groups:
+                gbps /= scn.slow_group_factor
             k = 2 * (n - 1) if op_type == "allReduce" else (n - 1)
             xs = []
             for j in range(k if n > 1 else 0):
@@ -654,7 +810,8 @@ def step_ranges(rm: RankModel) -> dict[int, tuple[int, int, int]]:
     out = {}
     for step, hs, he in rm.steps:
         ks = [k for k in rm.kernels if k.step == step]
-        start = min(k.start for k in ks) if ks else hs
+        cs = [c.start for c in rm.comm if c.step == step]  # a pipeline stage may receive before it computes
+        start = min([k.start for k in ks] + cs) if ks or cs else hs
         end = max([k.start + k.dur for k in ks] + [he])
         out[step] = (start, end, hs)
     return out
@@ -762,8 +919,8 @@ def _profiler_metadata(cl: Cluster, r: int) -> dict[str, Any]:
         "distributed_args": {
             "world_size": scn.world,
             "tensor_model_parallel_size": scn.tp,
-            "pipeline_model_parallel_size": 1,
-            "data_parallel_size": scn.world // scn.tp,
+            "pipeline_model_parallel_size": scn.pp,
+            "data_parallel_size": scn.world // (scn.tp * scn.pp),
             "context_parallel_size": 1,
             "expert_model_parallel_size": 1,
         },
@@ -1208,7 +1365,7 @@ def _local_dur(c: CommOp) -> int:
     return sum(x.dur for x in c.transfers if x.transport == "LOCAL")
 
 
-_MATRIX_TYPE = {"allReduce": "allreduce", "allGather": "allgather"}
+_MATRIX_TYPE = {"allReduce": "allreduce", "allGather": "allgather", "send": "send", "receive": "receive"}
 
 
 def _matrix_json(cl: Cluster, rm: RankModel) -> dict[str, Any]:
