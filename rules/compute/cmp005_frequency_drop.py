@@ -54,7 +54,7 @@ GROUP BY rank ORDER BY rank
 
 
 @rule("CMP005", "compute.frequency-drop", cause="compute.frequency_drop", requires=("hw_metrics",),
-      thresholds=Thresholds)
+      thresholds=Thresholds, scope="cluster")
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank whose mean clock is below nominal by more than ``max_drop``."""
     rows = ctx.query(SQL, {"metrics": list(FREQ_METRICS)})
