@@ -239,6 +239,43 @@ def load(
     def warn(code: str, message: str, p: Path | str | None = None) -> None:
         warnings.append(Warning_(code, one_line(message, 500), None if p is None else str(p)))
 
+    units = claim_units(root, warnings, warn, follow_symlinks=follow_symlinks, only=_only)
+    from advisor.ingest.pool import pool_size
+
+    n_processes = pool_size(processes, units)
+    # readers may start slow file work (Kineto: copying event lists) while the database is set up
+    cleanups = [r.prefetch(units) for r in readers() if hasattr(r, "prefetch") and n_processes == 1]
+    try:
+        ctx = _load_units(root, units, warnings, warn, t0, progress=progress, max_events=max_events,
+                          workers=workers, memory_limit=memory_limit, on_scan=on_scan, processes=n_processes)
+    except SeveralRuns as exc:
+        runs = exc.runs
+    else:
+        if run is not None and run != 1:
+            raise InputError(f"{one_line(root)}: --run {run}: the profile holds one run only")
+        return ctx
+    finally:
+        for cleanup in cleanups:
+            cleanup()
+    if run is None:
+        raise InputError(describe_runs(root, runs))
+    if not 1 <= run <= len(runs):
+        raise InputError(f"{one_line(root)}: --run {run}: the directory holds {len(runs)} runs (1 to {len(runs)})")
+    chosen = runs[run - 1]
+    ctx = load(root, progress=progress, max_events=max_events, workers=workers, memory_limit=memory_limit,
+               on_scan=on_scan, follow_symlinks=follow_symlinks, processes=processes, _only={f for s in chosen for f in s.unit.files})
+    ctx.warnings.insert(0, Warning_("run_chosen", one_line(
+        f"run {run} of the {len(runs)} runs in the directory analysed (--run {run}): "
+        + ", ".join(sorted({s.label for s in chosen}))[:300], 500), str(root)))
+    return ctx
+
+
+def claim_units(root: Path, warnings: list[Warning_], warn: Callable[..., None], *, follow_symlinks: bool = False,
+                only: set[Path] | None = None) -> list[Unit]:
+    """The units of ``root`` (only the files in ``only``, when given), claimed by the readers
+    from the files' heads, of one source family, with their ranks decided: what the load reads.
+    ``warn`` adds to ``warnings``."""
+    _only = only
     if not os.path.lexists(root):
         raise InputError(f"{one_line(root)}: no such file or directory")
     if root.is_dir():
@@ -268,34 +305,7 @@ def load(
                              "no recognisable trace (Kineto *.json[.gz] or Ascend *_ascend_pt / *_ascend_ms export)")
     units = _one_source(root, units, warn)
     assign_ranks(units, warn)
-    from advisor.ingest.pool import pool_size
-
-    n_processes = pool_size(processes, units)
-    # readers may start slow file work (Kineto: copying event lists) while the database is set up
-    cleanups = [r.prefetch(units) for r in readers() if hasattr(r, "prefetch") and n_processes == 1]
-    try:
-        ctx = _load_units(root, units, warnings, warn, t0, progress=progress, max_events=max_events,
-                          workers=workers, memory_limit=memory_limit, on_scan=on_scan, processes=n_processes)
-    except SeveralRuns as exc:
-        runs = exc.runs
-    else:
-        if run is not None and run != 1:
-            raise InputError(f"{one_line(root)}: --run {run}: the profile holds one run only")
-        return ctx
-    finally:
-        for cleanup in cleanups:
-            cleanup()
-    if run is None:
-        raise InputError(describe_runs(root, runs))
-    if not 1 <= run <= len(runs):
-        raise InputError(f"{one_line(root)}: --run {run}: the directory holds {len(runs)} runs (1 to {len(runs)})")
-    chosen = runs[run - 1]
-    ctx = load(root, progress=progress, max_events=max_events, workers=workers, memory_limit=memory_limit,
-               on_scan=on_scan, follow_symlinks=follow_symlinks, processes=processes, _only={f for s in chosen for f in s.unit.files})
-    ctx.warnings.insert(0, Warning_("run_chosen", one_line(
-        f"run {run} of the {len(runs)} runs in the directory analysed (--run {run}): "
-        + ", ".join(sorted({s.label for s in chosen}))[:300], 500), str(root)))
-    return ctx
+    return units
 
 
 class SeveralRuns(Exception):
@@ -331,10 +341,15 @@ def _one_source(root: Path, units: list[Unit], warn: Callable[..., None]) -> lis
 
 def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: Callable[..., None], t0: float, *,
                 progress: Callable[[str, int, int], None] | None, max_events: int | None, workers: int | None,
-                memory_limit: str | None, on_scan: Callable[[], object] | None, processes: int = 1) -> Profile:
+                memory_limit: str | None, on_scan: Callable[[], object] | None, processes: int = 1,
+                cluster: dict[str, Any] | None = None) -> Profile:
     """The rest of :func:`load_profile`, once the units are claimed and their ranks assigned:
     the units are read in-process, or rank by rank in ``processes`` worker processes (see
-    :mod:`advisor.ingest.pool`); then what compares files and ranks runs here."""
+    :mod:`advisor.ingest.pool`); then what compares files and ranks runs here.
+
+    ``cluster``: the units are a shard of the profile's ranks (see :mod:`advisor.engine.mapreduce`):
+    the checks that compare them with the other ranks are left to the caller, which gets in this
+    dict what they need (``spans``: :func:`file_spans`; ``worlds``: :func:`unit_worlds`)."""
     con = connect(memory_limit=memory_limit)
     create_all(con)
     lctx = LoadContext(con, warnings, max_events=max_events, on_scan=on_scan)
@@ -361,12 +376,16 @@ def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: C
     _adopt_events_parts(con, lctx.events_parts)
     _drop_far_times(con, warn)
     _drop_duplicate_files(con, warn, lctx.clashes)
-    _check_runs_of_files(root, con, units, read, lctx.clashes, warn)
+    if cluster is None:
+        _check_runs_of_files(root, con, units, read, lctx.clashes, warn)
+    else:
+        cluster["spans"], cluster["worlds"] = file_spans(con, lctx.clashes), unit_worlds(read)
     _merge_tracks(con)
     _check_late_ranks(read, warn)
     _write_ranks(con, read)
     finalize(con, warn, assigned=lctx.stepped)
-    _check_runs(con, warn)
+    if cluster is None:
+        _check_runs(con, warn)
     con.compress()
     ranks = [r[0] for r in con.execute("SELECT DISTINCT rank FROM ranks ORDER BY rank").fetchall()]
     sources = [r[0] for r in con.execute("SELECT DISTINCT source FROM ranks ORDER BY source").fetchall()]
@@ -496,13 +515,29 @@ def _check_runs_of_files(root: Path, con: Any, units: list[Unit], infos: dict[in
     files dropped for overlapping another of their rank (they are no longer in the tables)."""
     if len(units) < 2:
         return
-    unit_of = {str(f): u for u in units for f in u.files}
-    world_of = {id(u): u.world_size or info.get("world_size") for items in infos.values() for u, info in items}
+    check_run_spans(units, file_spans(con, clashes), unit_worlds(infos), warn)
+
+
+def file_spans(con: Any, clashes: list[tuple[Any, ...]]) -> list[tuple[str, int, int]]:
+    """(path, first start, last end) of each loaded trace file, and of the files dropped for
+    overlapping another of their rank (``clashes``)."""
     rows = con.cursor().execute(
         """SELECT p.path, a, b FROM profile_files p
         JOIN (SELECT file_id, min(start_ns) AS a, max(start_ns + dur_ns) AS b FROM events GROUP BY file_id) USING (file_id)"""
     ).fetchall()
-    rows += [(c[2], c[3], c[4]) for c in clashes]
+    return [(str(r[0]), r[1], r[2]) for r in rows] + [(str(c[2]), c[3], c[4]) for c in clashes]
+
+
+def unit_worlds(infos: dict[int, list[tuple[Unit, dict[str, Any]]]]) -> dict[str, Any]:
+    """The world size each read unit gives (by the path of its first file)."""
+    return {str(u.files[0]): u.world_size or info.get("world_size") for items in infos.values() for u, info in items}
+
+
+def check_run_spans(units: list[Unit], rows: list[tuple[str, Any, Any]], worlds: dict[str, Any],
+                    warn: Callable[..., None]) -> None:
+    """:func:`_check_runs_of_files` on the spans of the files (:func:`file_spans`) and the world
+    sizes of the units (:func:`unit_worlds`)."""
+    unit_of = {str(f): u for u in units for f in u.files}
     ranges: dict[int, tuple[Unit, int, int]] = {}
     for path, a, b in rows:
         u = unit_of.get(str(path))
@@ -510,7 +545,8 @@ def _check_runs_of_files(root: Path, con: Any, units: list[Unit], infos: dict[in
             continue
         old = ranges.get(id(u))
         ranges[id(u)] = (u, a, b) if old is None else (u, min(old[1], a), max(old[2], b))
-    spans = [Span(str(u.label), u.rank, world_of.get(id(u), u.world_size), a, b, u) for u, a, b in ranges.values()]
+    spans = [Span(str(u.label), u.rank, worlds.get(str(u.files[0]), u.world_size), a, b, u)
+             for u, a, b in ranges.values()]
     runs = split_runs(spans)
     if len(runs) > 1:
         raise SeveralRuns(runs)
