@@ -43,11 +43,11 @@ BIG_TABLES = ("events", "kernels", "comm_tasks", "tracks")
 #: ``op_step_stats`` besides).
 SUMMARY_TABLES = tuple(name for name in TABLES if name not in BIG_TABLES)
 
-#: Input bytes of trace files per shard: consecutive ranks are grouped up to this size (a rank
-#: larger than it is a shard of its own). Each shard pays a fixed cost (a DuckDB, ~30 rules' queries,
-#: the stages' set-up): on ranks of a few MB one rank per shard spends more there than on the
-#: data, while a shard of this size stays far below the memory one large rank needs.
-SHARD_BYTES = 96 << 20
+#: Input bytes (uncompressed) of trace files per shard: consecutive ranks are grouped up to this
+#: size (a rank larger than it is a shard of its own). Each shard pays a fixed cost (a DuckDB, ~30
+#: rules' queries, the stages' set-up), which one rank of a few MB per shard would pay a thousand
+#: times; a shard's memory, which the workers pay side by side, grows with this size.
+SHARD_BYTES = 64 << 20
 
 #: Shared derived tables the map carries into the summary when they are registered
 #: (:data:`advisor.engine.derived.DERIVED`).
