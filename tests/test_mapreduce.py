@@ -161,3 +161,22 @@ def test_combine_outcomes_across_shards() -> None:
     status, (outcome, findings, _errors, notes) = out["R1"]
     assert status == "ran" and outcome.status == "ran" and outcome.findings == 1 and notes == ["rank 0: n"]
     assert [f.title for f in findings] == ["x"]
+
+
+def test_pool_by_default_for_the_cli_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI (options with ``processes=None``) runs two shards or more on a pool; a library caller
+    stays in-process unless it asks (a pool imports its ``__main__`` again)."""
+    seen: list[int] = []
+    real = mr.run_maps
+
+    def spy(*args: Any, workers: int, **kwargs: Any) -> Any:
+        seen.append(workers)
+        return real(*args, workers=1, **kwargs)
+
+    monkeypatch.setattr(mr, "run_maps", spy)
+    monkeypatch.setattr(mr, "SHARD_BYTES", 1)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    analyze(TRACES / "gloo_slow_rank")
+    with options(processes=None):
+        analyze(TRACES / "gloo_slow_rank")
+    assert seen == [1, 2]  # two ranks: two shards, two workers

@@ -506,7 +506,9 @@ def analyze_sharded(path: str | Path, cfg: Config, *, rank: int | None = None, s
 
         units = claim_units(root, warnings, warn, follow_symlinks=follow, only=only)
         shards = plan_shards(units, SHARD_BYTES if shard_bytes is None else shard_bytes)
-        workers = pool_workers(opts.get("processes"), len(shards))
+        # in-process unless the caller asks (the CLI asks for the default: see pool_workers): a pool
+        # starts its workers with spawn, which imports the caller's __main__ again
+        workers = pool_workers(opts.get("processes", 1), len(shards))
         if progress:
             progress("ingest", 0, len(units))
         maps = run_maps(str(root), shards, cfg, workers=workers, engine=opts.get("engine"), rank=rank, step=step,
