@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 import time
@@ -193,16 +192,15 @@ def _run_stages(ctx: AnalysisContext, rank: int | None, step: int | None,
     ctx.critical_path = _critical_path(ctx)
     ctx.extras["stages_seconds"] = time.perf_counter() - t0
     if not ctx.has_device:
-        ctx.warnings.append(
-            Warning_(
-                "cpu_only",
-                "CPU-only trace (no device events): device idle, communication overlap and roofline analyses "
-                "do not apply; the breakdown treats host operators as compute (see README)",
-            )
-        )
+        ctx.warnings.append(Warning_("cpu_only", CPU_ONLY))
 
 
-def _critical_path(ctx: AnalysisContext) -> dict[str, Any]:
+CPU_ONLY = ("CPU-only trace (no device events): device idle, communication overlap and roofline analyses "
+            "do not apply; the breakdown treats host operators as compute (see README)")
+
+
+def _critical_path(ctx: AnalysisContext, warnings: list[Warning_] | None = None) -> dict[str, Any]:
+    """The critical path of the focus (rank, step); its warning goes to ``warnings`` (default: the context's)."""
     rank, step = ctx.focus_rank, ctx.focus_step
     empty = {"rank": rank, "step": None if step in (None, NO_STEP) else step, "length_us": 0.0, "ops": []}
     if rank is None or step is None:
@@ -214,7 +212,8 @@ def _critical_path(ctx: AnalysisContext) -> dict[str, Any]:
 
     cp = cp_stage.compute(ctx.con, rank, step, int(win[0]), int(win[1]))
     if cp.get("note"):
-        ctx.warnings.append(Warning_("critical_path_no_links", f"critical path (rank {rank}): {cp['note']}"))
+        (ctx.warnings if warnings is None else warnings).append(
+            Warning_("critical_path_no_links", f"critical path (rank {rank}): {cp['note']}"))
     if cp["step"] == NO_STEP:
         cp["step"] = None
     return cp
@@ -245,21 +244,17 @@ def analyze(
     cfg = cfg or Config()
     t_start = time.perf_counter()
     memory_limit = check_options(cfg, memory_limit)  # a bad option fails before the profile is read
-    ctx = build_context(path, rank=rank, step=step, progress=progress, max_events=max_events, memory_limit=memory_limit,
-                        beside_rules=True)
+    from advisor.engine.mapreduce import analyze_sharded
+
+    warm_imports()
+    out = analyze_sharded(path, cfg, rank=rank, step=step, progress=progress, max_events=max_events,
+                          memory_limit=memory_limit, debug=debug, t0=t_start)
     if keep is not None:
-        keep.append(ctx)
+        keep.append(out.ctx)
     if progress:
-        progress("rules", 0, 1)
-    try:
-        return analyze_context(ctx, cfg, t_start, rank=rank, step=step, debug=debug,
-                               full_critical_path=full_critical_path)
-    except BaseException:
-        # the stages' thread may still be inside DuckDB: an exception that reaches the top of the
-        # program while it is would end the interpreter under it (an abort, not the exception)
-        with contextlib.suppress(BaseException):
-            ctx.wait_stages()
-        raise
+        progress("rules", 1, 1)
+    return finish_report(out.ctx, out.findings, out.outcomes, t_start, rank=rank, step=step,
+                         full_critical_path=full_critical_path)
 
 
 def run_options(opts: AnalyzeOptions, *, progress: Callable[[str, int, int], None] | None = None,
@@ -281,6 +276,12 @@ def analyze_context(ctx: AnalysisContext, cfg: Config | None = None, t_start: fl
     cfg = cfg or Config()
     t_start = time.perf_counter() if t_start is None else t_start
     findings, outcomes = run_rules(ctx, cfg, debug=debug)
+    return finish_report(ctx, findings, outcomes, t_start, rank=rank, step=step, full_critical_path=full_critical_path)
+
+
+def finish_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any], t_start: float, *,
+                  rank: int | None = None, step: int | None = None, full_critical_path: bool = False) -> Report:
+    """The report of the rules' findings: missing ranks said, the focus (--rank / --step) applied."""
     findings = _missing_ranks(ctx, findings)
     if rank is not None or step is not None:
         findings = [

@@ -158,7 +158,8 @@ def main() -> None:
 @click.option("--run", "run", type=click.IntRange(min=1), help="Analyse run N of a directory holding several.")
 @click.option("--follow-symlinks", is_flag=True, help="Follow symbolic links that point outside PROFILE.")
 @click.option("--workers", type=click.IntRange(min=1),
-              help="Processes reading the ranks of a cluster side by side (default and 1: in-process).")
+              help="Processes analysing shards of a cluster's ranks side by side (default: one per core "
+              "with two shards or more; 1: in-process).")
 @click.option("--metrics", "metrics", multiple=True, type=click.Path(path_type=Path),
               help="A monitoring export read beside the profile (DCGM dmon or exporter, nvidia-smi / rocm-smi / "
                    "amd-smi CSV, Prometheus query_range JSON, npu-smi watch, CSV). Repeatable.")

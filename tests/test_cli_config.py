@@ -139,7 +139,7 @@ def test_the_cli_run_keeps_the_analysis_context_until_the_process_ends(tmp_path:
     monkeypatch.setattr(cli, "_KEPT", kept)  # what run() sets
     assert CliRunner().invoke(cli.main, args).exit_code == 0
     assert len(kept) == 1
-    assert kept[0].con.execute("SELECT count(*) > 0 FROM events").fetchone() == (True,)
+    assert kept[0].con.execute("SELECT count(*) > 0 FROM ranks").fetchone() == (True,)
     validate_report(json.loads(out.read_text()))
 
 
@@ -287,18 +287,20 @@ def test_an_error_beside_the_stages_waits_for_them(monkeypatch: pytest.MonkeyPat
     import time
 
     import advisor.analyze as an
+    from advisor.engine import runner
+    from advisor.stages import breakdown
 
-    real_stages = an._run_stages
+    real_stages = breakdown.compute  # the first stage of the per-rank map
 
-    def slow_stages(*a: object, **k: object) -> None:
+    def slow_stages(*a: object, **k: object) -> object:
         time.sleep(0.5)
-        real_stages(*a, **k)  # type: ignore[arg-type]
+        return real_stages(*a, **k)  # type: ignore[arg-type]
 
     def failing_rules(*a: object, **k: object) -> None:
         raise RuntimeError("planted rules failure")
 
-    monkeypatch.setattr(an, "_run_stages", slow_stages)
-    monkeypatch.setattr(an, "run_rules", failing_rules)
+    monkeypatch.setattr(breakdown, "compute", slow_stages)
+    monkeypatch.setattr(runner, "execute", failing_rules)
     with pytest.raises(RuntimeError, match="planted rules failure"):
         an.analyze(HEALTHY)
     assert not [t for t in threading.enumerate() if t.name == "advisor-stages" and t.is_alive()]

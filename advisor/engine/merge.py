@@ -101,3 +101,38 @@ def merge_rank_notes(notes: list[str]) -> list[str]:
             rs = ranks[item[0]]
             out.append(f"rank {rs[0]}: {item[0]}" if len(set(rs)) == 1 else f"ranks {rank_runs(rs)}: {item[0]}")
     return out
+
+
+def merge_shards(per_shard: list[list[Finding]]) -> list[Finding]:
+    """One finding for each (rule, cause, operators) that several shards of ranks gave (the
+    per-rank map runs a rule once per shard): it names every rank of them and keeps the title,
+    evidence and saving of the worst (largest saving, then severity), with ``ranks_affected``.
+    A finding about a single rank is left to :func:`merge_per_rank`, as on one shard."""
+    shards_of: dict[tuple[str, str, tuple[str, ...]], set[int]] = defaultdict(set)
+    for i, findings in enumerate(per_shard):
+        for f in findings:
+            if len(f.ranks) != 1 and not f.explains:
+                shards_of[(f.rule, f.cause, f.ops)].add(i)
+    groups: dict[tuple[str, str, tuple[str, ...]], list[Finding]] = defaultdict(list)
+    out: list[Finding] = []
+    for findings in per_shard:
+        for f in findings:
+            key = (f.rule, f.cause, f.ops)
+            if len(f.ranks) != 1 and not f.explains and len(shards_of[key]) > 1:
+                groups[key].append(f)
+            else:
+                out.append(f)
+    for items in groups.values():
+        worst = max(items, key=lambda f: (f.estimated_saving_us or 0.0, f.severity))
+        ranks = sorted({r for f in items for r in f.ranks})
+        others = [r for r in ranks if r not in worst.ranks]
+        title = worst.title
+        if others:
+            title = f"{worst.title} (and {len(others)} more rank{'s' * (len(others) != 1)}: {rank_runs(others)})"
+        evidence = dict(worst.evidence)
+        if ranks:
+            evidence["ranks_affected"] = len(ranks)
+        out.append(dataclasses.replace(
+            worst, title=title, ranks=tuple(ranks), steps=tuple(sorted({s for f in items for s in f.steps})),
+            evidence=evidence, severity=max(f.severity for f in items)))
+    return out

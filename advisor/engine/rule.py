@@ -37,6 +37,7 @@ T2 = TypeVar("T2")
 
 RULE_ID_RE = re.compile(r"^[A-Z]{2,4}\d{3}$")
 DOC_SECTIONS = ("Why it matters", "How it is detected", "What to do")
+SCOPES = ("rank", "cluster")
 
 
 def knob(default: Any, help: str, source: str = "") -> Any:
@@ -82,6 +83,18 @@ class RuleDoc:
 
 
 @dataclass(frozen=True)
+class RankPart:
+    """What a cluster rule needs from each rank's own data (events, kernels ...), which its cluster
+    part cannot read: ``build`` runs where a rank's tables are (the per-rank map, on each shard of
+    ranks; or before the rule, on a context holding every rank) and returns rows of the small
+    tables ``tables`` (name -> column definitions); the rule reads them like canonical tables."""
+
+    tables: Mapping[str, str]
+    build: Callable[[RuleContext[Any]], Mapping[str, Iterable[tuple[Any, ...]]]]
+    derived: tuple[str, ...] = ()  # shared derived tables ``build`` reads (built first, where the ranks are)
+
+
+@dataclass(frozen=True)
 class RuleSpec(Generic[T]):
     """A registered rule."""
 
@@ -96,6 +109,11 @@ class RuleSpec(Generic[T]):
     status: str = "stable"
     causes: tuple[str, ...] = ()
     derived: tuple[str, ...] = ()  # shared derived tables its SQL reads (advisor.engine.derived)
+    # "rank": decides on each rank's own data and runs in the per-rank map, on a shard of ranks;
+    # "cluster": compares ranks, groups or links and runs once in the cluster reduce, where only
+    # the summary tables are (advisor.engine.mapreduce.SUMMARY_TABLES), never events or kernels
+    scope: str = "rank"
+    rank_part: RankPart | None = None  # a cluster rule's per-rank inputs (see RankPart)
 
     @property
     def all_causes(self) -> tuple[str, ...]:
@@ -125,12 +143,16 @@ def rule(
     status: str = "stable",
     causes: Sequence[str] = (),
     derived: Sequence[str] = (),
+    scope: str = "rank",
+    rank_part: RankPart | None = None,
 ) -> Callable[[Callable[[RuleContext[Any]], Iterable[Finding]]], Callable[[RuleContext[Any]], Iterable[Finding]]]:
     """Register a rule function. See the module docstring."""
 
     def deco(func: Callable[[RuleContext[Any]], Iterable[Finding]]) -> Callable[[RuleContext[Any]], Iterable[Finding]]:
         import sys
 
+        if scope not in SCOPES:
+            raise ValueError(f"rule {id}: scope {scope!r} is not one of {', '.join(SCOPES)}")
         module = sys.modules[func.__module__]
         spec: RuleSpec[Any] = RuleSpec(
             id=id,
@@ -144,6 +166,8 @@ def rule(
             status=status,
             causes=tuple(causes),
             derived=tuple(derived),
+            scope=scope,
+            rank_part=rank_part,
         )
         if id in _REGISTRY and _REGISTRY[id].module != spec.module:
             raise ValueError(f"duplicate rule id {id} in {spec.module} and {_REGISTRY[id].module}")

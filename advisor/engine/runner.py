@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -49,47 +50,110 @@ def _undeclared_hint(spec: RuleSpec[Any], exc: BaseException) -> str:
 def _run_one(spec: RuleSpec[Any], ctx: AnalysisContext, thresholds: Any,
              debug: bool) -> tuple[RuleOutcome, list[Finding], list[Warning_], list[str]]:
     """Run one rule: its outcome, findings, error warning (a crash is an outcome, not an
-    exception) and notes (per-rank repeats merged)."""
+    exception) and notes (as the rule gave them: :func:`collect` merges per-rank repeats)."""
     rid = spec.id
     rctx: RuleContext[Any] = RuleContext(spec, ctx, thresholds)
     t0 = time.perf_counter()
     try:
         ctx.ensure_derived(spec.derived)
+        build_rank_part(spec, ctx, thresholds)
         got = list(iter_findings(spec.func(rctx)))
     except Exception as exc:  # noqa: BLE001 - a broken rule must not take the others down
         if debug:
             traceback.print_exc()
         msg = f"{rid} ({spec.name}) failed: {type(exc).__name__}: {exc}" + _undeclared_hint(spec, exc)
         return RuleOutcome(rid, "error", msg, seconds=time.perf_counter() - t0), [], [Warning_("rule_error", msg)], []
-    from advisor.engine.merge import merge_rank_notes
-
-    return RuleOutcome(rid, "ran", findings=len(got), seconds=time.perf_counter() - t0), got, [], merge_rank_notes(rctx.notes)
+    return RuleOutcome(rid, "ran", findings=len(got), seconds=time.perf_counter() - t0), got, [], list(rctx.notes)
 
 
-def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[list[Finding], list[RuleOutcome]]:
-    """Run every selected rule against ``ctx``; warnings for skips/errors go into ``ctx.warnings``."""
-    from advisor.engine.registry import LOAD_ERRORS
+def build_rank_part(spec: RuleSpec[Any], ctx: AnalysisContext, thresholds: Any) -> None:
+    """Create the tables of ``spec``'s rank part (:class:`advisor.engine.rule.RankPart`) from the
+    ranks ``ctx`` holds, once per analysis; a context given them already (the cluster reduce) lists
+    them as built."""
+    part = spec.rank_part
+    if part is None:
+        return
+    key = f"rank_part:{spec.id}"
+    if key in ctx._derived:
+        return
+    with ctx._building.setdefault(key, threading.Lock()):
+        if key in ctx._derived:
+            return
+        from advisor.ingest.base import insert_rows
 
+        ctx.ensure_derived(part.derived)
+        got = part.build(RuleContext(spec, ctx, thresholds))
+        cur = ctx.con.cursor()
+        for name, columns in part.tables.items():
+            cur.execute(f"CREATE OR REPLACE TABLE {name} ({columns})")
+            rows = [tuple(r) for r in got.get(name, ())]
+            if rows:
+                insert_rows(cur, name, rows)
+        ctx._derived.add(key)
+
+
+#: What running one rule gave: ("skipped", reason) when a requirement is not met, else ("ran",
+#: (outcome, findings, error warnings, notes)). Plain values: a worker process returns them.
+Done = tuple[str, Any]
+
+
+def choose(cfg: Config, scope: str | None = None) -> tuple[dict[str, RuleSpec[Any]], dict[str, RuleSpec[Any]]]:
+    """Every rule discovered, and those ``cfg`` selects (of ``scope`` only, when given)."""
     specs = discover()
     chosen = selected(specs, cfg)
+    if scope is not None:
+        chosen = {rid: s for rid, s in chosen.items() if s.scope == scope}
+    return specs, chosen
+
+
+def execute(ctx: AnalysisContext, cfg: Config, chosen: dict[str, RuleSpec[Any]], debug: bool = False) -> dict[str, Done]:
+    """Run the ``chosen`` rules against ``ctx``, a few at a time; what each gave, by rule id."""
     thresholds = {rid: build_thresholds(rid, s.thresholds, cfg.overrides.get(rid, {})) for rid, s in chosen.items()}
 
-    def run(rid: str) -> tuple[str, Any]:
-        """("skipped", reason) when a requirement is not met, else ("ran", _run_one's result).
-        Requirements are checked here, in the worker: one on the breakdown waits for the stages
+    def run(rid: str) -> Done:
+        """Requirements are checked here, in the worker: one on the breakdown waits for the stages
         (which may still run beside the rules) without holding up the rules that need nothing."""
         reasons = [r for r in (ctx.missing(req) for req in chosen[rid].requires) if r]
         if reasons:
             return "skipped", "; ".join(reasons)
-        return "ran", _run_one(specs[rid], ctx, thresholds[rid], debug)
+        return "ran", _run_one(chosen[rid], ctx, thresholds[rid], debug)
 
     # rules are independent; a few at a time keep the cores busy (their queries release the GIL),
     # and their outcomes and warnings are still recorded in rule order
     with ThreadPoolExecutor(max_workers=RULE_WORKERS) as pool:
-        done = dict(zip(chosen, pool.map(run, chosen), strict=True))
-    ctx.wait_stages()  # their warnings come first, as when they run before the rules
-    for err in LOAD_ERRORS:
-        ctx.warnings.append(Warning_("rule_error", f"rule not loaded: {err}"))
+        return dict(zip(chosen, pool.map(run, chosen), strict=True))
+
+
+def combine(parts: list[dict[str, Done]]) -> dict[str, Done]:
+    """What each rule gave on several shards of ranks, as if it had run once: it ran if it ran on
+    any shard (its notes and time added up, its findings too, those several shards gave merged:
+    :func:`advisor.engine.merge.merge_shards`; an error on one shard is the rule's outcome), and is
+    skipped, with the first shard's reason, only if it was skipped on every one."""
+    from advisor.engine.merge import merge_shards
+
+    out: dict[str, Done] = {}
+    for rid in dict.fromkeys(rid for part in parts for rid in part):
+        ran = [part[rid][1] for part in parts if rid in part and part[rid][0] == "ran"]
+        if not ran:
+            out[rid] = next(part[rid] for part in parts if rid in part)
+            continue
+        findings = merge_shards([r[1] for r in ran]) if len(ran) > 1 else ran[0][1]
+        errors = [w for r in ran for w in r[2]]
+        notes = [n for r in ran for n in r[3]]
+        failed = [r[0] for r in ran if r[0].status == "error"]
+        seconds = sum(r[0].seconds for r in ran)
+        outcome = (RuleOutcome(rid, "error", failed[0].reason, findings=len(findings), seconds=seconds) if failed
+                   else RuleOutcome(rid, "ran", findings=len(findings), seconds=seconds))
+        out[rid] = ("ran", (outcome, findings, errors, notes))
+    return out
+
+
+def collect(specs: dict[str, RuleSpec[Any]], chosen: dict[str, RuleSpec[Any]], done: dict[str, Done],
+            warnings: list[Warning_]) -> tuple[list[Finding], list[RuleOutcome]]:
+    """The findings and outcomes of every rule, in rule order; skips, errors and notes are added
+    to ``warnings``."""
+    from advisor.engine.merge import merge_rank_notes
+
     findings: list[Finding] = []
     outcomes: list[RuleOutcome] = []
     # a note several rules give (e.g. kernel time not tied to operators, read by three compute
@@ -103,40 +167,59 @@ def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[l
         status, got = done[rid]
         if status == "skipped":
             outcomes.append(RuleOutcome(rid, "skipped", got))
-            ctx.warnings.append(Warning_("rule_skipped", f"{rid} ({spec.name}) not run: {got}"))
+            warnings.append(Warning_("rule_skipped", f"{rid} ({spec.name}) not run: {got}"))
         else:
             outcome, rule_findings, errors, rule_notes = got
             outcomes.append(outcome)
-            ctx.warnings.extend(errors)
-            for text in dict.fromkeys(rule_notes):
+            warnings.extend(errors)
+            for text in dict.fromkeys(merge_rank_notes(rule_notes)):
                 if text not in note_rules:
-                    note_rules[text], note_at[text] = [], len(ctx.warnings)
-                    ctx.warnings.append(Warning_("rule_undecided", ""))  # its message is set below
+                    note_rules[text], note_at[text] = [], len(warnings)
+                    warnings.append(Warning_("rule_undecided", ""))  # its message is set below
                 note_rules[text].append(f"{rid} ({spec.name})")
             findings.extend(rule_findings)
     for text, by in note_rules.items():
-        ctx.warnings[note_at[text]] = Warning_("rule_undecided", f"{', '.join(by)}: {text}")
-    if len(ctx.ranks) >= 3:
+        warnings[note_at[text]] = Warning_("rule_undecided", f"{', '.join(by)}: {text}")
+    return findings, outcomes
+
+
+def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[list[Finding], list[RuleOutcome]]:
+    """Run every selected rule against ``ctx``; warnings for skips/errors go into ``ctx.warnings``."""
+    from advisor.engine.registry import LOAD_ERRORS
+
+    specs, chosen = choose(cfg)
+    done = execute(ctx, cfg, chosen, debug)
+    ctx.wait_stages()  # their warnings come first, as when they run before the rules
+    for err in LOAD_ERRORS:
+        ctx.warnings.append(Warning_("rule_error", f"rule not loaded: {err}"))
+    findings, outcomes = collect(specs, chosen, done, ctx.warnings)
+    return finish(findings, ctx.ranks, ctx.breakdown, ctx.warnings), outcomes
+
+
+def finish(findings: list[Finding], ranks: list[int], breakdown: Any, warnings: list[Warning_]) -> list[Finding]:
+    """The findings of every rule as the report gives them: per-rank copies merged, savings capped
+    at the step, cross-referenced, linked into chains, most saving first."""
+    if len(ranks) >= 3:
         from advisor.engine.merge import merge_per_rank
 
         findings = merge_per_rank(findings)
     from advisor.engine import chain
     from advisor.schema import NO_STEP
 
-    med_steps = chain.median_steps(ctx.breakdown, NO_STEP)
+    med_steps = chain.median_steps(breakdown, NO_STEP)
     # one account of savings: no saving above the median step of the ranks a finding names
     findings = chain.cap_savings(chain.unique_ids(findings), med_steps)
-    if findings and ctx.breakdown is not None and not ctx.breakdown.empty:
+    if findings and breakdown is not None and not breakdown.empty:
         from advisor.engine.explain import annotate
 
-        steps_by_rank = {int(r): {int(s) for s in g["step"] if int(s) >= 0} for r, g in ctx.breakdown.groupby("rank")}
+        steps_by_rank = {int(r): {int(s) for s in g["step"] if int(s) >= 0} for r, g in breakdown.groupby("rank")}
         try:
             findings = annotate(findings, steps_by_rank=steps_by_rank)
         except Exception as exc:  # noqa: BLE001 - cross-referencing is a nicety; never lose the findings over it
-            ctx.warnings.append(Warning_("rule_error", f"cross-referencing findings failed: {type(exc).__name__}: {exc}"))
+            warnings.append(Warning_("rule_error", f"cross-referencing findings failed: {type(exc).__name__}: {exc}"))
     try:
         findings = chain.link(findings)
     except Exception as exc:  # noqa: BLE001 - linking is an account of the findings; never lose them over it
-        ctx.warnings.append(Warning_("rule_error", f"linking findings into chains failed: {type(exc).__name__}: {exc}"))
+        warnings.append(Warning_("rule_error", f"linking findings into chains failed: {type(exc).__name__}: {exc}"))
     findings.sort(key=lambda f: (f.estimated_saving_us is None, -(f.estimated_saving_us or 0), -f.severity, f.rule))
-    return findings, outcomes
+    return findings

@@ -239,35 +239,7 @@ def load(
     def warn(code: str, message: str, p: Path | str | None = None) -> None:
         warnings.append(Warning_(code, one_line(message, 500), None if p is None else str(p)))
 
-    if not os.path.lexists(root):
-        raise InputError(f"{one_line(root)}: no such file or directory")
-    if root.is_dir():
-        files = [f for f in walk_files(root, warn, follow_links=follow_symlinks) if _only is None or f in _only]
-    elif root.is_file():
-        files = [root]
-    else:
-        raise InputError(f"{one_line(root)}: not a regular file or directory")
-    links = sum(1 for w in warnings if w.code == LINK_OUTSIDE)
-    if not files:
-        said = (f": {links} symbolic link{'s' * (links != 1)} pointing outside it skipped (not followed by default: "
-                "--follow-symlinks follows them)") if links else ""
-        raise InputError(f"{one_line(root)}: empty directory: no trace files found" + said)
-    if links:
-        warn(LINK_OUTSIDE, f"{links} symbolic link{'s' * (links != 1)} pointing outside the directory skipped (not "
-             "followed by default: --follow-symlinks follows them)", root)
-
-    units: list[Unit] = []
-    remaining = list(files)
-    for reader in readers():
-        claimed = reader.claim(remaining, warn)
-        taken = {f for u in claimed for f in u.files}
-        units.extend(claimed)
-        remaining = [f for f in remaining if f not in taken]
-    if not units:
-        raise nothing_usable(root, warnings,
-                             "no recognisable trace (Kineto *.json[.gz] or Ascend *_ascend_pt / *_ascend_ms export)")
-    units = _one_source(root, units, warn)
-    assign_ranks(units, warn)
+    units = claim_units(root, warnings, warn, follow_symlinks=follow_symlinks, only=_only)
     from advisor.ingest.pool import pool_size
 
     n_processes = pool_size(processes, units)
@@ -299,6 +271,44 @@ def load(
         f"run {run} of the {len(runs)} runs in the directory analysed (--run {run}): "
         + ", ".join(sorted({s.label for s in chosen}))[:300], 500), str(root)))
     return ctx
+
+
+def claim_units(root: Path, warnings: list[Warning_], warn: Callable[..., None], *, follow_symlinks: bool = False,
+                only: set[Path] | None = None) -> list[Unit]:
+    """The units of ``root`` (only the files in ``only``, when given), claimed by the readers
+    from the files' heads, of one source family, with their ranks decided: what the load reads.
+    ``warn`` adds to ``warnings``."""
+    _only = only
+    if not os.path.lexists(root):
+        raise InputError(f"{one_line(root)}: no such file or directory")
+    if root.is_dir():
+        files = [f for f in walk_files(root, warn, follow_links=follow_symlinks) if _only is None or f in _only]
+    elif root.is_file():
+        files = [root]
+    else:
+        raise InputError(f"{one_line(root)}: not a regular file or directory")
+    links = sum(1 for w in warnings if w.code == LINK_OUTSIDE)
+    if not files:
+        said = (f": {links} symbolic link{'s' * (links != 1)} pointing outside it skipped (not followed by default: "
+                "--follow-symlinks follows them)") if links else ""
+        raise InputError(f"{one_line(root)}: empty directory: no trace files found" + said)
+    if links:
+        warn(LINK_OUTSIDE, f"{links} symbolic link{'s' * (links != 1)} pointing outside the directory skipped (not "
+             "followed by default: --follow-symlinks follows them)", root)
+
+    units: list[Unit] = []
+    remaining = list(files)
+    for reader in readers():
+        claimed = reader.claim(remaining, warn)
+        taken = {f for u in claimed for f in u.files}
+        units.extend(claimed)
+        remaining = [f for f in remaining if f not in taken]
+    if not units:
+        raise nothing_usable(root, warnings,
+                             "no recognisable trace (Kineto *.json[.gz] or Ascend *_ascend_pt / *_ascend_ms export)")
+    units = _one_source(root, units, warn)
+    assign_ranks(units, warn)
+    return units
 
 
 class SeveralRuns(Exception):
@@ -334,10 +344,15 @@ def _one_source(root: Path, units: list[Unit], warn: Callable[..., None]) -> lis
 
 def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: Callable[..., None], t0: float, *,
                 progress: Callable[[str, int, int], None] | None, max_events: int | None, workers: int | None,
-                memory_limit: str | None, on_scan: Callable[[], object] | None, processes: int = 1) -> Profile:
+                memory_limit: str | None, on_scan: Callable[[], object] | None, processes: int = 1,
+                cluster: dict[str, Any] | None = None) -> Profile:
     """The rest of :func:`load_profile`, once the units are claimed and their ranks assigned:
     the units are read in-process, or rank by rank in ``processes`` worker processes (see
-    :mod:`advisor.ingest.pool`); then what compares files and ranks runs here."""
+    :mod:`advisor.ingest.pool`); then what compares files and ranks runs here.
+
+    ``cluster``: the units are a shard of the profile's ranks (see :mod:`advisor.engine.mapreduce`):
+    the checks that compare them with the other ranks are left to the caller, which gets in this
+    dict what they need (``spans``: :func:`file_spans`; ``worlds``: :func:`unit_worlds`)."""
     con = connect(memory_limit=memory_limit)
     create_all(con)
     lctx = LoadContext(con, warnings, max_events=max_events, on_scan=on_scan)
@@ -364,12 +379,16 @@ def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: C
     _adopt_events_parts(con, lctx.events_parts)
     _drop_far_times(con, warn)
     _drop_duplicate_files(con, warn, lctx.clashes)
-    _check_runs_of_files(root, con, units, read, lctx.clashes, warn)
+    if cluster is None:
+        _check_runs_of_files(root, con, units, read, lctx.clashes, warn)
+    else:
+        cluster["spans"], cluster["worlds"] = file_spans(con, lctx.clashes), unit_worlds(read)
     _merge_tracks(con)
     _check_late_ranks(read, warn)
     _write_ranks(con, read)
     finalize(con, warn, assigned=lctx.stepped)
-    _check_runs(con, warn)
+    if cluster is None:
+        _check_runs(con, warn)
     con.compress()
     ranks = [r[0] for r in con.execute("SELECT DISTINCT rank FROM ranks ORDER BY rank").fetchall()]
     sources = [r[0] for r in con.execute("SELECT DISTINCT source FROM ranks ORDER BY source").fetchall()]
@@ -499,13 +518,29 @@ def _check_runs_of_files(root: Path, con: Any, units: list[Unit], infos: dict[in
     files dropped for overlapping another of their rank (they are no longer in the tables)."""
     if len(units) < 2:
         return
-    unit_of = {str(f): u for u in units for f in u.files}
-    world_of = {id(u): u.world_size or info.get("world_size") for items in infos.values() for u, info in items}
+    check_run_spans(units, file_spans(con, clashes), unit_worlds(infos), warn)
+
+
+def file_spans(con: Any, clashes: list[tuple[Any, ...]]) -> list[tuple[str, int, int]]:
+    """(path, first start, last end) of each loaded trace file, and of the files dropped for
+    overlapping another of their rank (``clashes``)."""
     rows = con.cursor().execute(
         """SELECT p.path, a, b FROM profile_files p
         JOIN (SELECT file_id, min(start_ns) AS a, max(start_ns + dur_ns) AS b FROM events GROUP BY file_id) USING (file_id)"""
     ).fetchall()
-    rows += [(c[2], c[3], c[4]) for c in clashes]
+    return [(str(r[0]), r[1], r[2]) for r in rows] + [(str(c[2]), c[3], c[4]) for c in clashes]
+
+
+def unit_worlds(infos: dict[int, list[tuple[Unit, dict[str, Any]]]]) -> dict[str, Any]:
+    """The world size each read unit gives (by the path of its first file)."""
+    return {str(u.files[0]): u.world_size or info.get("world_size") for items in infos.values() for u, info in items}
+
+
+def check_run_spans(units: list[Unit], rows: list[tuple[str, Any, Any]], worlds: dict[str, Any],
+                    warn: Callable[..., None]) -> None:
+    """:func:`_check_runs_of_files` on the spans of the files (:func:`file_spans`) and the world
+    sizes of the units (:func:`unit_worlds`)."""
+    unit_of = {str(f): u for u in units for f in u.files}
     ranges: dict[int, tuple[Unit, int, int]] = {}
     for path, a, b in rows:
         u = unit_of.get(str(path))
@@ -513,7 +548,8 @@ def _check_runs_of_files(root: Path, con: Any, units: list[Unit], infos: dict[in
             continue
         old = ranges.get(id(u))
         ranges[id(u)] = (u, a, b) if old is None else (u, min(old[1], a), max(old[2], b))
-    spans = [Span(str(u.label), u.rank, world_of.get(id(u), u.world_size), a, b, u) for u, a, b in ranges.values()]
+    spans = [Span(str(u.label), u.rank, worlds.get(str(u.files[0]), u.world_size), a, b, u)
+             for u, a, b in ranges.values()]
     runs = split_runs(spans)
     if len(runs) > 1:
         raise SeveralRuns(runs)

@@ -29,9 +29,10 @@ from advisor.model import Warning_
 #: readers and DuckDB) costs more than reading the ranks side by side saves: loaded in-process.
 POOL_ABOVE_BYTES = 256 << 20
 
-#: Whether a load without ``--workers`` may use a pool (see :func:`pool_size`). Off: the main
+#: Whether a load without ``processes`` may use a pool (see :func:`pool_size`). Off: the main
 #: process still receives every rank's rows, so the pool saves no memory, and the in-process
-#: load already parses on every core; it pays once the cross-rank rules read per-rank summaries.
+#: load already parses on every core. ``advisor analyze`` does not load a cluster whole: it maps
+#: shards of ranks and reduces their summaries (:mod:`advisor.engine.mapreduce`).
 POOL_BY_DEFAULT = False
 
 

@@ -108,7 +108,7 @@ def groups_of(ctx: RuleContext[Any], all_ranks: list[int]) -> list[tuple[str, li
 
 
 @rule("CLU001", "cluster.slow-rank", cause="cluster.slow_rank",
-      requires=("breakdown", "multi_rank"), thresholds=Thresholds)
+      requires=("breakdown", "multi_rank"), thresholds=Thresholds, scope="cluster")
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Flag ranks whose own time per step is an outlier in their group while the others wait."""
     rows = ctx.query(SQL)

@@ -74,7 +74,7 @@ ORDER BY transport, src_rank, dst_rank
 STEPS_SQL = "SELECT count(DISTINCT step) AS n, median(step_us) AS step_us FROM breakdown WHERE step >= 0"
 
 
-@rule("CLU002", "cluster.slow-link", cause="cluster.slow_link", requires=("comm_matrix",), thresholds=Thresholds)
+@rule("CLU002", "cluster.slow-link", cause="cluster.slow_link", requires=("comm_matrix",), thresholds=Thresholds, scope="cluster")
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Flag links whose bandwidth is a low outlier among links of the same transport."""
     links = ctx.query(SQL)

@@ -61,7 +61,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.engine.rule import RankPart, RuleContext, knob, rule
 from advisor.model import Finding
 from rules.cluster._stats import distribution, median, spacing_pattern, warmup_steps
 from rules.cpu.cpu001_operator_compilation import COMPILE_RE, COMPILE_SQL, NOT_COMPILE_RE
@@ -97,24 +97,18 @@ SELECT rank, step, step_us FROM breakdown WHERE step >= 0 ORDER BY rank, step
 """
 
 
-@rule("CLU003", "cluster.step-fluctuation", cause="cluster.step_fluctuation",
-      requires=("breakdown", "multi_step"), thresholds=Thresholds, derived=("event_names",))
-def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
-    """Flag ranks whose slow steps exceed a robust k-sigma bound; group ranks by slow-step set."""
-    rows = ctx.query(SQL)
+def _per_rank(ctx: RuleContext[Thresholds]) -> dict[int, list[tuple[int, float]]]:
+    """(step, step time) of each rank, from the breakdown."""
     per_rank: dict[int, list[tuple[int, float]]] = {}
-    for r in rows:
+    for r in ctx.query(SQL):
         per_rank.setdefault(int(r["rank"]), []).append((int(r["step"]), float(r["step_us"])))
-    few = [r for r, v in per_rank.items() if len(v) < ctx.t.min_steps]
-    if few:
-        ctx.warn(f"ranks {_short(few)}: fewer than {ctx.t.min_steps} steps profiled; "
-                 "cross-step outliers cannot be told from noise (profile more active steps)")
-    compile_us: dict[int, dict[int, float]] = {}  # rank -> step -> host compile time
-    if any(len(v) >= ctx.t.min_steps for v in per_rank.values()):
-        for r in ctx.query(COMPILE_SQL, {"compile_re": COMPILE_RE, "not_compile_re": NOT_COMPILE_RE}):
-            if r["step"] is not None:
-                compile_us.setdefault(int(r["rank"]), {})[int(r["step"])] = float(r["compile_us"])
-    results: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+    return per_rank
+
+
+def _slow_ranks(ctx: RuleContext[Thresholds], per_rank: dict[int, list[tuple[int, float]]],
+                compile_us: dict[int, dict[int, float]]) -> list[dict[str, Any]]:
+    """The ranks with slow steps, each with its search (a rank's own steps decide)."""
+    out = []
     for rank, vals in sorted(per_rank.items()):
         if len(vals) < ctx.t.min_steps:
             continue
@@ -123,12 +117,57 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             continue
         steps = [s for s, _ in kept]
         times = [t for _, t in kept]
-        slow = tuple(steps[i] for i in fs.outliers)
-        excess = [times[i] - fs.baseline_median for i in fs.outliers]
-        results.setdefault(slow, []).append({
-            "rank": rank, "fs": fs, "times": times, "steps": steps, "excess": excess,
+        out.append({
+            "rank": rank, "fs": fs, "times": times, "steps": steps,
+            "slow": tuple(steps[i] for i in fs.outliers),
+            "excess": [times[i] - fs.baseline_median for i in fs.outliers],
             "slow_times": [times[i] for i in fs.outliers], "warmup": warm,
         })
+    return out
+
+
+RANK_TABLES = {
+    "clu003_compile": "rank INTEGER, step INTEGER, compile_us DOUBLE",
+    "clu003_extras": "rank INTEGER, ord INTEGER, name VARCHAR, kind VARCHAR, slow_us DOUBLE, normal_us DOUBLE, "
+                     "extra_us DOUBLE, slow_steps_with INTEGER, normal_steps_with INTEGER",
+}
+_EXTRA_FIELDS = ("name", "kind", "slow_us", "normal_us", "extra_us", "slow_steps_with", "normal_steps_with")
+
+
+def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
+    """What CLU003 reads of each rank's events (see :class:`advisor.engine.rule.RankPart`): the host
+    compile time of each step, and, on each rank with slow steps, what they run extra."""
+    per_rank = _per_rank(ctx)
+    compile_rows: list[tuple[Any, ...]] = []
+    compile_us: dict[int, dict[int, float]] = {}  # rank -> step -> host compile time
+    if any(len(v) >= ctx.t.min_steps for v in per_rank.values()):
+        for r in ctx.query(COMPILE_SQL, {"compile_re": COMPILE_RE, "not_compile_re": NOT_COMPILE_RE}):
+            if r["step"] is not None:
+                compile_us.setdefault(int(r["rank"]), {})[int(r["step"])] = float(r["compile_us"])
+                compile_rows.append((int(r["rank"]), int(r["step"]), float(r["compile_us"])))
+    extras: list[tuple[Any, ...]] = []
+    for g in _slow_ranks(ctx, per_rank, compile_us):
+        found = _extra_work(ctx, g["rank"], g["slow"], g["steps"], sum(g["excess"]) / len(g["slow"]))
+        extras += [(g["rank"], i, *(x[k] for k in _EXTRA_FIELDS)) for i, x in enumerate(found)]
+    return {"clu003_compile": compile_rows, "clu003_extras": extras}
+
+
+@rule("CLU003", "cluster.step-fluctuation", cause="cluster.step_fluctuation",
+      requires=("breakdown", "multi_step"), thresholds=Thresholds, scope="cluster",
+      rank_part=RankPart(RANK_TABLES, rank_part, derived=("event_names",)))
+def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
+    """Flag ranks whose slow steps exceed a robust k-sigma bound; group ranks by slow-step set."""
+    per_rank = _per_rank(ctx)
+    few = [r for r, v in per_rank.items() if len(v) < ctx.t.min_steps]
+    if few:
+        ctx.warn(f"ranks {_short(few)}: fewer than {ctx.t.min_steps} steps profiled; "
+                 "cross-step outliers cannot be told from noise (profile more active steps)")
+    compile_us: dict[int, dict[int, float]] = {}
+    for r in ctx.query("SELECT rank, step, compile_us FROM clu003_compile"):
+        compile_us.setdefault(int(r["rank"]), {})[int(r["step"])] = float(r["compile_us"])
+    results: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+    for g in _slow_ranks(ctx, per_rank, compile_us):
+        results.setdefault(g["slow"], []).append(g)
     order = sorted(results, key=lambda k: -max(sum(g["excess"]) for g in results[k]))
     looked_up = set(order[: ctx.t.extra_max_findings])
     for slow, group in results.items():
@@ -179,7 +218,8 @@ def _finding(ctx: RuleContext[Thresholds], slow: tuple[int, ...], group: list[di
         for g in group for s, t in zip(g["steps"], g["times"], strict=True) if s in slow
     ]
     top.sort(key=lambda x: -x["excess_us"])
-    extras = _extra_work(ctx, rep["rank"], slow, rep["steps"], sum(rep["excess"]) / len(slow)) if look_up else []
+    extras = ctx.query("SELECT * FROM clu003_extras WHERE rank = $rank ORDER BY ord", {"rank": rep["rank"]}) \
+        if look_up else []
     extra_title, detail = _describe_extras(extras, pattern, period, slow)
     if extras:
         evidence |= {

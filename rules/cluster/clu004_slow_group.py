@@ -79,7 +79,7 @@ ORDER BY op_type, group_name
 """
 
 
-@rule("CLU004", "cluster.slow-group", cause="cluster.slow_group", requires=("comm_ops",), thresholds=Thresholds)
+@rule("CLU004", "cluster.slow-group", cause="cluster.slow_group", requires=("comm_ops",), thresholds=Thresholds, scope="cluster")
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Flag groups whose collective time is an outlier among comparable groups."""
     rows = ctx.query(SQL)

@@ -91,7 +91,7 @@ def peer_sets(ranks: list[int], stages: list[list[int]]) -> dict[int, list[int]]
     return out
 
 
-@rule("CLU005", "cluster.rank-slow-in-step", cause="cluster.slow_rank_step",
+@rule("CLU005", "cluster.rank-slow-in-step", cause="cluster.slow_rank_step", scope="cluster",
       requires=("breakdown", "multi_rank", "multi_step"), thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Flag (rank, step) cells whose own time is an outlier across the rank's steps and across its peers."""

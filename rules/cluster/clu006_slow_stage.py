@@ -72,7 +72,7 @@ def _spans(items: list[int]) -> str:
     return ", ".join(runs[:8]) + (f", ... ({len(vals)} in all)" if len(runs) > 8 else "")
 
 
-@rule("CLU006", "cluster.slow-stage", cause="cluster.slow_stage", requires=("breakdown", "multi_rank"),
+@rule("CLU006", "cluster.slow-stage", cause="cluster.slow_stage", scope="cluster", requires=("breakdown", "multi_rank"),
       thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Flag pipeline stages whose own time is an outlier among the stages while the others wait."""

@@ -50,7 +50,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.engine.rule import RankPart, RuleContext, knob, rule
 from advisor.model import Finding
 from rules.comm._common import P2P_RE, ms, step_us
 
@@ -88,10 +88,8 @@ src AS (
     UNION ALL
     SELECT rank, step, '' AS grp, name, lower(regexp_replace(name, '^[a-z]+:', '')) AS op_type,
            start_ns, dur_ns, NULL AS wait_ns, 'host' AS source
-    FROM events
-    WHERE kind = 'comm' AND NOT device AND step IS NOT NULL AND dur_ns > 0
-      AND regexp_matches(name, '^(gloo|mpi|ucc):') AND NOT regexp_matches(name, $p2p)
-      AND rank NOT IN (SELECT rank FROM dev)
+    FROM com001_host_comm
+    WHERE rank NOT IN (SELECT rank FROM dev)
 ),
 keyed AS (
     SELECT *, CASE WHEN regexp_matches(name, '^hcom_\\w+__\\d+_\\d+') THEN name
@@ -150,14 +148,40 @@ SELECT rank, step, grp, key_name, count(*) AS n FROM (
 """
 
 
+# the rank part (each rank's own events): the host collectives of ranks without device
+# communication, and how many communication events each rank has
+HOST_SQL = """
+SELECT rank, step, name, start_ns, dur_ns
+FROM events
+WHERE kind = 'comm' AND NOT device AND step IS NOT NULL AND dur_ns > 0
+  AND regexp_matches(name, '^(gloo|mpi|ucc):') AND NOT regexp_matches(name, $p2p)
+  AND rank NOT IN (SELECT DISTINCT rank FROM comm_ops)
+ORDER BY rank, start_ns, name
+"""
+
+RANK_TABLES = {
+    "com001_host_comm": "rank INTEGER, step INTEGER, name VARCHAR, start_ns BIGINT, dur_ns BIGINT",
+    "com001_comm_events": "rank INTEGER, n BIGINT",
+}
+
+
+def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
+    """What COM001 reads of each rank's events (see :class:`advisor.engine.rule.RankPart`)."""
+    host = [(r["rank"], r["step"], r["name"], r["start_ns"], r["dur_ns"]) for r in ctx.query(HOST_SQL, {"p2p": P2P_RE})]
+    counts = [(r["rank"], r["n"]) for r in ctx.query(
+        "SELECT rank, count(*) AS n FROM events WHERE kind = 'comm' GROUP BY rank ORDER BY rank")]
+    return {"com001_host_comm": host, "com001_comm_events": counts}
+
+
 @rule("COM001", "comm.slow-synchronization", cause="comm.slow_synchronization",
-      requires=("events", "steps", "multi_rank"), thresholds=Thresholds)
+      requires=("events", "steps", "multi_rank"), thresholds=Thresholds, scope="cluster",
+      rank_part=RankPart(RANK_TABLES, rank_part))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Fire per communication group whose collectives mostly wait for one member."""
     df = ctx.df(SQL, {"p2p": P2P_RE})
     if df.empty:
         n_comm = ctx.query(
-            "SELECT (SELECT count(*) FROM comm_ops) + (SELECT count(*) FROM events WHERE kind = 'comm') AS n"
+            "SELECT (SELECT count(*) FROM comm_ops) + (SELECT coalesce(sum(n), 0) FROM com001_comm_events) AS n"
         )[0]["n"]
         if n_comm:
             ctx.warn("no collective was found on two or more ranks with the same step, group and order "

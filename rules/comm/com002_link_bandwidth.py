@@ -83,7 +83,7 @@ GROUP BY ALL
 
 
 @rule("COM002", "comm.link-bandwidth", cause="comm.link_saturated", causes=("comm.low_bandwidth",),
-      requires=("comm_bandwidth",), thresholds=Thresholds)
+      requires=("comm_bandwidth",), thresholds=Thresholds, scope="cluster")
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Saturated links everywhere, or transports below the utilisation threshold."""
     df = ctx.df(LINKS)

@@ -71,7 +71,7 @@ ORDER BY rank, step
 
 
 @rule("COM004", "comm.rdma-retransmission", cause="comm.rdma_retransmission",
-      requires=("comm_bandwidth",), thresholds=Thresholds)
+      requires=("comm_bandwidth",), thresholds=Thresholds, scope="cluster")
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Fire per rank on RDMA transfers longer than the retransmission timeout."""
     df = ctx.df(SQL)

@@ -34,10 +34,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.engine.rule import RankPart, RuleContext, knob, rule
 from advisor.model import Finding, Severity
 from advisor.schema import DTYPE_BYTES_SQL
 from rules.comm._common import BW_ROWS_CTE, INTRA_NODE, PeakThresholds, peak_case, step_us
@@ -70,13 +71,10 @@ co AS (
     WHERE bytes > 0 AND rank NOT IN (SELECT rank FROM cb)
 ),
 host AS (
-    SELECT 'host' AS src, rank, step, name, 'HOST (gloo / socket)' AS transport,
-           list_product(TRY_CAST(json_extract(shapes, '$[0]') AS BIGINT[]))
-             * ({dtype}) AS bytes,
-           dur_ns AS time_ns, false AS transit_known
-    FROM events
-    WHERE kind = 'comm' AND NOT device AND regexp_matches(name, '^(gloo|mpi|ucc):')
-      AND rank NOT IN (SELECT rank FROM cb) AND rank NOT IN (SELECT rank FROM co)
+    SELECT 'host' AS src, rank, step, name, 'HOST (gloo / socket)' AS transport, bytes,
+           time_ns, false AS transit_known
+    FROM com005_host
+    WHERE rank NOT IN (SELECT rank FROM cb) AND rank NOT IN (SELECT rank FROM co)
 ),
 allx AS (SELECT * FROM cb UNION ALL SELECT * FROM co UNION ALL SELECT * FROM host)
 SELECT *, {peak} AS peak_gbps,
@@ -84,12 +82,28 @@ SELECT *, {peak} AS peak_gbps,
 FROM allx WHERE bytes > 0
 """.format(
     bw_rows=BW_ROWS_CTE,
-    dtype=DTYPE_BYTES_SQL.format(d="json_extract_string(dtypes, '$[0]')"),
     peak=peak_case("transport"),
 )
 
+# the rank part (each rank's own events): its host collectives and the bytes their shapes give
+HOST_SQL = """
+SELECT rank, step, name, list_product(TRY_CAST(json_extract(shapes, '$[0]') AS BIGINT[])) * ({dtype}) AS bytes,
+       dur_ns AS time_ns
+FROM events
+WHERE kind = 'comm' AND NOT device AND regexp_matches(name, '^(gloo|mpi|ucc):')
+ORDER BY rank, start_ns, name
+""".format(dtype=DTYPE_BYTES_SQL.format(d="json_extract_string(dtypes, '$[0]')"))
 
-@rule("COM005", "comm.small-packet", cause="comm.small_packet", requires=("events", "steps"), thresholds=Thresholds)
+
+def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
+    """What COM005 reads of each rank's events (see :class:`advisor.engine.rule.RankPart`)."""
+    return {"com005_host": [(r["rank"], r["step"], r["name"], r["bytes"], r["time_ns"])
+                            for r in ctx.query(HOST_SQL)]}
+
+
+@rule("COM005", "comm.small-packet", cause="comm.small_packet", requires=("events", "steps"), thresholds=Thresholds,
+      scope="cluster", rank_part=RankPart(
+          {"com005_host": "rank INTEGER, step INTEGER, name VARCHAR, bytes DOUBLE, time_ns BIGINT"}, rank_part))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Fire per transport when too many transfers are below the size that reaches bandwidth."""
     df = ctx.df(SQL)

@@ -67,7 +67,7 @@ FROM x WHERE transport IN ('HCCS', 'SDMA') AND bytes > $min_bytes
 
 
 @rule("COM006", "comm.byte-alignment", cause="comm.byte_alignment", requires=("comm_bandwidth",),
-      thresholds=Thresholds)
+      thresholds=Thresholds, scope="cluster")
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Fire per transport on HCCS / SDMA transfers whose size is not 512-byte aligned."""
     df = ctx.df(SQL)

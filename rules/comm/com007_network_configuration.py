@@ -104,7 +104,7 @@ ORDER BY name, rank
 
 
 @rule("COM007", "comm.network-configuration", cause="comm.network_configuration", requires=("meta",),
-      thresholds=NoThresholds)
+      thresholds=NoThresholds, scope="cluster")
 def check(ctx: RuleContext[NoThresholds]) -> Iterator[Finding]:
     """One finding listing the communication env variables set off their recommended values."""
     n_env = ctx.query("SELECT count(*) AS n FROM meta WHERE key LIKE 'env.%'")[0]["n"]

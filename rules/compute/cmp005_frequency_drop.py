@@ -94,7 +94,7 @@ def _why(hw: Hardware, dev: str, steps: list[int], t: Thresholds) -> dict[str, A
 
 
 @rule("CMP005", "compute.frequency-drop", cause="compute.frequency_drop", requires=("hw_metrics",),
-      thresholds=Thresholds)
+      thresholds=Thresholds, scope="cluster")
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per device whose clock is below nominal by more than ``max_drop`` (in some steps or overall)."""
     hw = ctx.hardware()

@@ -85,7 +85,7 @@ CHECKS: tuple[tuple[str, Callable[[str, Thresholds], bool], Severity, str], ...]
 
 
 @rule("CPU006", "cpu.environment-configuration", cause="cpu.environment_configuration",
-      requires=("meta",), thresholds=Thresholds)
+      requires=("meta",), thresholds=Thresholds, scope="cluster")
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per (setting, value) with the ranks that have it, and per mismatched version key."""
     rows = ctx.query("SELECT rank, key, value FROM meta WHERE key IS NOT NULL AND value IS NOT NULL")

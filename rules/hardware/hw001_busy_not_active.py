@@ -55,7 +55,7 @@ def _by_dev_step(means: Any) -> dict[tuple[str, int], float]:
     return {(str(d), int(s)): float(v) for (d, s), v in means.items()}
 
 
-@rule("HW001", "hardware.busy-not-active", cause="compute.device_underfilled", requires=("hw_metrics",),
+@rule("HW001", "hardware.busy-not-active", cause="compute.device_underfilled", scope="cluster", requires=("hw_metrics",),
       thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per device that is busy with few cores active."""

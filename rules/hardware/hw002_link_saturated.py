@@ -46,7 +46,7 @@ class Thresholds:
     peak_nic_gbps: float = knob(0.0, "network card peak per direction, GB/s (not a device property: set it)")
 
 
-@rule("HW002", "hardware.link-saturated", cause="comm.link_saturated", requires=("hw_metrics",),
+@rule("HW002", "hardware.link-saturated", cause="comm.link_saturated", scope="cluster", requires=("hw_metrics",),
       thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per device and link direction at its peak during communication."""

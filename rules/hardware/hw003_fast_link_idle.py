@@ -44,7 +44,7 @@ class Thresholds:
     peak_xgmi_gbps: float = knob(0.0, "xGMI / Infinity Fabric peak per direction, GB/s; 0 = devices.toml")
 
 
-@rule("HW003", "hardware.fast-link-idle", cause="comm.fast_link_idle", requires=("hw_metrics",),
+@rule("HW003", "hardware.fast-link-idle", cause="comm.fast_link_idle", scope="cluster", requires=("hw_metrics",),
       thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per device whose fast link idles while a slower link carries the communication."""

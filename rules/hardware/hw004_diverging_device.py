@@ -45,7 +45,7 @@ class Thresholds:
     equal_steps: float = knob(0.05, "step times count as equal within this share of the peers' median step")
 
 
-@rule("HW004", "hardware.diverging-device", cause="cluster.diverging_device", requires=("hw_metrics",),
+@rule("HW004", "hardware.diverging-device", cause="cluster.diverging_device", scope="cluster", requires=("hw_metrics",),
       thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per device whose series diverge from its peers'."""

@@ -48,7 +48,7 @@ class Thresholds:
     soon_steps: int = knob(1000, "high severity when the memory runs out within this many steps")
 
 
-@rule("HW005", "hardware.memory-growth", cause="memory.leak", requires=("hw_metrics",), thresholds=Thresholds)
+@rule("HW005", "hardware.memory-growth", cause="memory.leak", scope="cluster", requires=("hw_metrics",), thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per device whose memory in use grows across the steps."""
     hw = stage(ctx)

@@ -78,7 +78,7 @@ ORDER BY b.rank, b.step
 
 
 @rule("PAR001", "parallel.poor-overlap", cause="parallel.poor_overlap",
-      requires=("breakdown", "device"), thresholds=Thresholds)
+      requires=("breakdown", "device"), thresholds=Thresholds, scope="cluster")
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding for the ranks whose communication is mostly not overlapped."""
     df = ctx.df(SQL)

@@ -50,7 +50,7 @@ class Thresholds:
                             "first principles: 'most of the variance' is more than half of it")
 
 
-@rule("VAR001", "variability.operator", cause="cluster.operator_variability",
+@rule("VAR001", "variability.operator", cause="cluster.operator_variability", scope="cluster",
       requires=("breakdown", "multi_step"), thresholds=Thresholds, derived=("op_step_stats",))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """The operator that explains most of a materially varying step time."""

@@ -1,0 +1,183 @@
+"""The per-rank map and cluster reduce (advisor.engine.mapreduce): the same report whatever the
+shards and wherever they run; the reduce holds no event; cluster rules read only summaries."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from advisor.analyze import analyze
+from advisor.config import Config
+from advisor.engine import mapreduce as mr
+from advisor.engine.context import AnalysisContext
+from advisor.engine.merge import merge_shards
+from advisor.engine.registry import discover
+from advisor.engine.runner import combine
+from advisor.ingest import claim_units, options
+from advisor.ingest.base import Unit
+from advisor.model import Finding, RuleOutcome, Severity
+from tests.ascend import gen_cluster
+from tests.conftest import SAMPLES, TRACES, report_json
+from tests.test_determinism import _strip
+
+ASCEND_DDP = Path(__file__).parent / "data" / "ascend_real" / "ascend_pt_resnet_ddp_l1_db"
+
+
+def _report(path: Path, shard_bytes: int, monkeypatch: pytest.MonkeyPatch, processes: int = 1,
+            keep: list[AnalysisContext] | None = None) -> Any:
+    monkeypatch.setattr(mr, "SHARD_BYTES", shard_bytes)
+    with options(processes=processes):
+        return _strip(report_json(analyze(path, keep=keep)))
+
+
+def _units(tmp_path: Path, sizes: list[int]) -> list[Unit]:
+    out = []
+    for r, size in enumerate(sizes):
+        f = tmp_path / f"r{r}.json"
+        f.write_bytes(b"x" * size)
+        out.append(Unit("kineto", [f], f, rank=r))
+    return out
+
+
+def test_shards_are_consecutive_ranks_up_to_a_size(tmp_path: Path) -> None:
+    units = _units(tmp_path, [40, 40, 30, 100, 10, 10])
+    shards = mr.plan_shards(list(reversed(units)), max_bytes=100)
+    assert [[u.rank for u in s] for s in shards] == [[0, 1], [2], [3], [4, 5]]  # 40+40+30 > 100; 100 alone
+    assert [[u.rank for u in s] for s in mr.plan_shards(units, max_bytes=1)] == [[r] for r in range(6)]
+    assert [[u.rank for u in s] for s in mr.plan_shards(units, max_bytes=1 << 30)] == [list(range(6))]
+
+
+def test_pool_only_for_several_shards(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert mr.pool_workers(None, 1) == 1  # one shard: in-process
+    assert mr.pool_workers(None, 3) == 3
+    assert mr.pool_workers(None, 100) == 8
+    assert mr.pool_workers(4, 2) == 2  # never more workers than shards
+    assert mr.pool_workers(1, 100) == 1
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert mr.pool_workers(None, 100) == 1
+
+
+@pytest.mark.parametrize("path", [TRACES / "gloo_slow_rank", SAMPLES / "kineto_two_ranks", ASCEND_DDP],
+                         ids=lambda p: p.name)
+def test_one_rank_per_shard_same_report(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = _report(path, 1 << 40, monkeypatch)
+    assert _report(path, 1, monkeypatch) == whole
+    specs = discover()  # these clusters have findings, the cluster rules' among them
+    assert any(specs[f["rule"]].scope == "cluster" for f in whole["findings"])
+
+
+@pytest.fixture(scope="module")
+def faults8(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("mapreduce_faults8")
+    gen_cluster.generate("faults8", root, "db")
+    return root
+
+
+def _said(report: Any) -> list[tuple[Any, ...]]:
+    """What each finding says, without ``ops`` / ``top`` / ids: COM005 / COM006 take the first
+    rows of a query without an ORDER BY (see tests/test_pool.py)."""
+    return sorted((f["rule"], f["cause"], f["severity"], f["title"], f["ranks"], f["steps"], f["estimated_saving_us"])
+                  for f in report["findings"])
+
+
+@pytest.mark.slow
+def test_ascend_cluster_sharded_same_findings(faults8: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = _report(faults8, 1 << 40, monkeypatch)
+    for shard_bytes in (1, 3 * (1 << 20)):  # one rank a shard; a few ranks a shard
+        part = _report(faults8, shard_bytes, monkeypatch)
+        assert _said(part) == _said(whole)
+        assert part["profile"] == whole["profile"]
+        assert part["critical_path"] == whole["critical_path"]
+        assert part["breakdown"] == whole["breakdown"]
+
+
+@pytest.mark.slow
+def test_pool_gives_the_in_process_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = TRACES / "gloo_slow_rank"
+    assert _report(path, 1, monkeypatch, processes=2) == _report(path, 1, monkeypatch, processes=1)
+
+
+def test_reduce_holds_no_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    keep: list[AnalysisContext] = []
+    report = _report(TRACES / "gloo_slow_rank", 1, monkeypatch, keep=keep)
+    con = keep[0].con.cursor()
+    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    assert not tables & set(mr.BIG_TABLES)
+    assert con.execute("SELECT count(*) FROM ranks").fetchone()[0] == 2
+    assert keep[0].rows("events") > 0  # counted by the maps: rules' requirements on events still hold
+    assert not [w for w in report["warnings"] if w["code"] == "rule_error"]
+
+
+def test_map_result_is_a_plain_value() -> None:
+    path = TRACES / "gloo_slow_rank"
+    units = claim_units(path, [], lambda *a: None)
+    res = mr.map_shard(str(path), units[:1], Config())
+    back = pickle.loads(pickle.dumps(res))
+    assert back.ranks == [0] and back.tables.keys() == res.tables.keys()
+    assert "events" not in back.tables and "ranks" in back.tables
+    assert back.counts["events"] > 0
+
+
+def test_cluster_rules_are_marked() -> None:
+    specs = discover()
+    for rid in ("CLU001", "CLU002", "CLU003", "CLU004", "CLU005", "CLU006", "COM001", "COM002", "PAR001", "VAR001",
+                "HW001", "HW002", "HW003", "HW004", "HW005"):
+        assert specs[rid].scope == "cluster", rid
+    assert specs["CPU002"].scope == "rank"
+
+
+def test_bad_scope_is_refused() -> None:
+    from advisor.engine.rule import rule
+
+    with pytest.raises(ValueError, match="scope"):
+        rule("ZZZ999", "x.y", cause="x.y", scope="node")(lambda ctx: [])
+
+
+def _f(rule: str, ranks: tuple[int, ...], saving: float, title: str) -> Finding:
+    return Finding(rule=rule, cause="c.d", severity=Severity.MEDIUM, title=title, evidence={"saving": saving},
+                   ranks=ranks, estimated_saving_us=saving)
+
+
+def test_merge_shards_names_every_rank_with_the_worst_evidence() -> None:
+    a = [_f("R1", (0, 1), 5.0, "on 2 ranks"), _f("R2", (0,), 1.0, "rank 0")]
+    b = [_f("R1", (2, 3), 9.0, "on 2 ranks (worse)"), _f("R2", (2,), 1.0, "rank 2")]
+    out = merge_shards([a, b])
+    r1 = [f for f in out if f.rule == "R1"]
+    assert len(r1) == 1
+    assert r1[0].ranks == (0, 1, 2, 3)
+    assert r1[0].evidence == {"saving": 9.0, "ranks_affected": 4}
+    assert r1[0].title == "on 2 ranks (worse) (and 2 more ranks: 0–1)"
+    assert len([f for f in out if f.rule == "R2"]) == 2  # single-rank findings: left to merge_per_rank
+
+
+def test_combine_outcomes_across_shards() -> None:
+    ran = ("ran", (RuleOutcome("R1", "ran", findings=1, seconds=0.5), [_f("R1", (0,), 1.0, "x")], [], ["rank 0: n"]))
+    skipped = ("skipped", "no comm_ops data")
+    out = combine([{"R1": skipped, "R2": skipped}, {"R1": ran, "R2": skipped}])
+    assert out["R2"] == skipped
+    status, (outcome, findings, _errors, notes) = out["R1"]
+    assert status == "ran" and outcome.status == "ran" and outcome.findings == 1 and notes == ["rank 0: n"]
+    assert [f.title for f in findings] == ["x"]
+
+
+def test_pool_by_default_for_the_cli_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI (options with ``processes=None``) runs two shards or more on a pool; a library caller
+    stays in-process unless it asks (a pool imports its ``__main__`` again)."""
+    seen: list[int] = []
+    real = mr.run_maps
+
+    def spy(*args: Any, workers: int, **kwargs: Any) -> Any:
+        seen.append(workers)
+        return real(*args, workers=1, **kwargs)
+
+    monkeypatch.setattr(mr, "run_maps", spy)
+    monkeypatch.setattr(mr, "SHARD_BYTES", 1)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    analyze(TRACES / "gloo_slow_rank")
+    with options(processes=None):
+        analyze(TRACES / "gloo_slow_rank")
+    assert seen == [1, 2]  # two ranks: two shards, two workers
