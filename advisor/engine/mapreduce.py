@@ -53,6 +53,9 @@ SHARD_BYTES = 64 << 20
 #: (:data:`advisor.engine.derived.DERIVED`).
 CARRIED_DERIVED = ("op_step_stats",)
 
+#: rank -> the device index its device lanes name, made in the map from ``tracks``
+RANK_DEVICE_TABLE = "rank_device_index"
+
 
 def _file_size(path: Path) -> int:
     """Bytes of ``path`` once read: a gzip file's uncompressed size (its trailer holds it modulo
@@ -249,22 +252,18 @@ def map_shard(root: str, units: list[Unit], cfg: Config, *, rank: int | None = N
     from advisor.engine.derived import DERIVED
 
     # the device each rank ran on (its device lanes' process id), for --metrics files in the reduce,
-    # which holds no tracks
-    cur0 = ctx.con.cursor()
-    cur0.execute(
-        """INSERT INTO meta SELECT rank, 'device_id', CAST(min(TRY_CAST(pid AS INTEGER)) AS VARCHAR) FROM tracks
-           WHERE device AND TRY_CAST(pid AS INTEGER) BETWEEN 0 AND 1023
-             AND rank NOT IN (SELECT rank FROM meta WHERE key = 'device_id' AND rank IS NOT NULL)
-           GROUP BY rank HAVING count(DISTINCT pid) = 1"""
+    # which holds no tracks (advisor.metrics.rank_devices)
+    ctx.con.execute(
+        f"""CREATE TABLE {RANK_DEVICE_TABLE} AS SELECT rank, min(TRY_CAST(pid AS INTEGER)) AS device FROM tracks
+           WHERE device AND TRY_CAST(pid AS INTEGER) BETWEEN 0 AND 1023 GROUP BY rank HAVING count(DISTINCT pid) = 1"""
     )
-    cur0.close()
     carried = [name for name in CARRIED_DERIVED if name in DERIVED]
     ctx.ensure_derived(carried)
     import pyarrow as pa
 
     res.breakdown = _ipc(pa.Table.from_pandas(ctx.breakdown, preserve_index=False))
     cur = ctx.con.cursor()
-    names = [*SUMMARY_TABLES, *carried,
+    names = [*SUMMARY_TABLES, *carried, RANK_DEVICE_TABLE,
              *(t for s in cluster_rules.values() if s.rank_part is not None for t in s.rank_part.tables)]
     have = {r[0] for r in cur.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     for name in dict.fromkeys(names):

@@ -214,22 +214,23 @@ def rank_devices(con: Any) -> dict[int, int]:
     """rank -> the device index it ran on, where the trace says: the device lanes of a Kineto
     trace have the GPU index as process id; Ascend ranks name their NPU in ``hw_metrics``."""
     out: dict[int, int] = {}
-    try:
-        rows = con.execute(
-            """SELECT rank, min(TRY_CAST(pid AS INTEGER)) FROM tracks WHERE device AND TRY_CAST(pid AS INTEGER)
-               BETWEEN 0 AND 1023 GROUP BY rank HAVING count(DISTINCT pid) = 1"""
-        ).fetchall()
+    queries = (
+        """SELECT rank, min(TRY_CAST(pid AS INTEGER)) FROM tracks WHERE device AND TRY_CAST(pid AS INTEGER)
+           BETWEEN 0 AND 1023 GROUP BY rank HAVING count(DISTINCT pid) = 1""",
+        # the same, as the per-rank map hands it to the cluster reduce (which holds no tracks)
+        "SELECT rank, device FROM rank_device_index",
+        """SELECT rank, min(TRY_CAST(device AS INTEGER)) FROM hw_metrics WHERE rank IS NOT NULL
+           AND source LIKE 'ascend-%' GROUP BY rank HAVING count(DISTINCT device) = 1
+           UNION ALL
+           SELECT rank, min(TRY_CAST(value AS INTEGER)) FROM meta WHERE key = 'device_id' AND rank IS NOT NULL
+           GROUP BY rank HAVING count(DISTINCT value) = 1""",
+    )
+    for sql in queries:
+        try:
+            rows = con.execute(sql).fetchall()
+        except Exception:  # noqa: BLE001, S112 - a context without this table: the next source
+            continue
         out.update({int(r): int(d) for r, d in rows if r is not None and d is not None})
-        rows = con.execute(
-            """SELECT rank, min(TRY_CAST(device AS INTEGER)) FROM hw_metrics WHERE rank IS NOT NULL
-               AND source LIKE 'ascend-%' GROUP BY rank HAVING count(DISTINCT device) = 1
-               UNION ALL
-               SELECT rank, min(TRY_CAST(value AS INTEGER)) FROM meta WHERE key = 'device_id' AND rank IS NOT NULL
-               GROUP BY rank HAVING count(DISTINCT value) = 1"""
-        ).fetchall()
-        out.update({int(r): int(d) for r, d in rows if r is not None and d is not None})
-    except Exception:  # noqa: BLE001, S110 - a context without these tables: no device known
-        pass
     return out
 
 
