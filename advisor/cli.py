@@ -159,6 +159,10 @@ def main() -> None:
 @click.option("--follow-symlinks", is_flag=True, help="Follow symbolic links that point outside PROFILE.")
 @click.option("--workers", type=click.IntRange(min=1),
               help="Processes reading the ranks of a cluster side by side (default and 1: in-process).")
+@click.option("--engine", metavar="ADDRESS",
+              help="Where the ranks are read: 'local' (a process pool, one worker per core unless --workers) or a "
+                   "Dask scheduler, e.g. tcp://10.0.0.1:8786 (pip install 'advisor[dask]'; the profile must be at "
+                   "the same path on every worker).")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence in the terminal summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @click.option("--md-full", is_flag=True, help="Markdown: embed each rule's documentation and every fix "

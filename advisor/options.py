@@ -9,6 +9,7 @@ paths and their formats). A bad option is a :class:`~advisor.config.ConfigError`
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +89,8 @@ class AnalyzeOptions:
     ``memory_limit``: as DuckDB takes it. ``budgets``: budget name -> limit (see :mod:`advisor.gate`).
     ``run`` / ``follow_symlinks`` / ``workers``: how the profile's directory is read (see
     :func:`advisor.ingest.options`; ``workers``: processes reading the ranks, None: decided by the loader).
+    ``engine``: where the ranks are read: None (this process, or ``workers`` processes), ``local`` (a process
+    pool, one worker per core unless ``workers``) or a Dask scheduler's address (see :mod:`advisor.ingest.executors`).
     """
 
     profile: Path
@@ -105,6 +108,7 @@ class AnalyzeOptions:
     run: int | None = None
     follow_symlinks: bool = False
     workers: int | None = None
+    engine: str | None = None
     verbose: bool = False
     debug: bool = False
     md_full: bool = False
@@ -118,7 +122,7 @@ class AnalyzeOptions:
               max_regression: float = 10.0, budgets: tuple[str, ...] = (), max_events: int | None = None,
               memory_limit: str | None = None, run: int | None = None, follow_symlinks: bool = False,
               workers: int | None = None, verbose: bool = False, debug: bool = False, md_full: bool = False,
-              full_critical_path: bool = False) -> AnalyzeOptions:
+              full_critical_path: bool = False, engine: str | None = None) -> AnalyzeOptions:
         """Check the command line's parameters (in the order their errors are reported) and
         return them as one value; nothing of the profile is read."""
         from advisor.gate import check_args, parse_budgets
@@ -131,12 +135,31 @@ class AnalyzeOptions:
         from advisor.analyze import check_options
 
         limit = check_options(cfg, memory_limit)
+        engine = _check_engine(engine, workers)
         return cls(profile=profile, cfg=cfg, fmt=fmt, targets=tuple(targets), rank=rank, step=step, fail_on=fail_on,
                    baseline=baseline, max_regression=max_regression, budgets=budget_map, max_events=max_events,
                    memory_limit=limit, run=run, follow_symlinks=follow_symlinks, workers=workers, verbose=verbose, debug=debug,
-                   md_full=md_full, full_critical_path=full_critical_path)
+                   md_full=md_full, full_critical_path=full_critical_path, engine=engine)
 
     @property
     def ingest(self) -> dict[str, Any]:
         """The loader's options for the profile (not the baseline's): see :func:`advisor.ingest.options`."""
-        return {"run": self.run, "follow_symlinks": self.follow_symlinks, "processes": self.workers}
+        processes = self.workers
+        if processes is None and self.engine == "local":
+            processes = os.cpu_count() or 1
+        return {"run": self.run, "follow_symlinks": self.follow_symlinks, "processes": processes, "engine": self.engine}
+
+
+def _check_engine(engine: str | None, workers: int | None) -> str | None:
+    """``--engine`` checked (see :func:`advisor.ingest.executors.check_engine`); ``--workers`` sizes
+    the local pool only."""
+    from advisor.ingest.executors import EngineError, check_engine, is_remote
+
+    try:
+        checked = check_engine(engine)
+    except EngineError as exc:
+        raise UsageFailure(str(exc)) from None
+    if is_remote(checked) and workers is not None:
+        raise UsageFailure(f"--workers {workers}: sizes the local process pool; on the Dask cluster at {checked} "
+                           "its workers decide how many ranks are read at once")
+    return checked
