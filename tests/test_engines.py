@@ -51,7 +51,7 @@ def dask_cluster() -> Iterator[Any]:
 def _ran_on(cluster: Any) -> int:
     """How many rank-reading tasks the cluster's workers have finished so far (the scheduler
     counts each task once in each state it entered)."""
-    prefix = cluster.scheduler.task_prefixes.get("load_rank")
+    prefix = cluster.scheduler.task_prefixes.get("run_in_dir")  # load_rank, in the caller's directory
     return 0 if prefix is None else int(prefix.state_counts.get("memory", 0))
 
 
@@ -175,3 +175,22 @@ def test_engine_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert AnalyzeOptions.build(tmp_path / "p", engine="local").ingest["processes"] == 6
     assert AnalyzeOptions.build(tmp_path / "p", engine="local", workers=3).ingest["processes"] == 3
     assert AnalyzeOptions.build(tmp_path / "p").ingest["processes"] is None
+
+
+@pytest.mark.dask
+def test_dask_tasks_run_in_the_callers_directory(tmp_path: Path, dask_cluster: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Dask worker runs wherever it was started: a profile given by a relative path is read
+    relative to the directory ``advisor`` runs in, as on the other engines."""
+    monkeypatch.chdir(SAMPLES)
+    with open_executor(dask_cluster.scheduler_address, None) as ex:
+        assert ex is not None
+        assert ex.submit(os.getcwd).result() == str(SAMPLES)
+    runner = CliRunner()
+    outs = []
+    for args in ([], ["--engine", dask_cluster.scheduler_address]):
+        out = tmp_path / f"r{len(outs)}.json"
+        res = runner.invoke(main, ["analyze", "kineto_two_ranks", *args, "--out", str(out)])
+        assert res.exit_code in (0, 1), res.output
+        outs.append(_strip(json.loads(out.read_text())))
+    assert outs[0] == outs[1]

@@ -15,15 +15,19 @@ picklable arguments and gets values back; it never needs to know which engine ru
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
 import sys
-from collections.abc import Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from advisor.ingest.base import InputError, one_line
+
+T = TypeVar("T")
 
 #: ``--engine`` value for the local process pool.
 LOCAL = "local"
@@ -106,7 +110,44 @@ def open_executor(engine: str | None, workers: int | None) -> Iterator[Executor 
         raise EngineError(f"--engine {one_line(engine, 200)}: cannot reach the Dask scheduler at {address} "
                           f"({one_line(str(exc) or type(exc).__name__, 300)})") from None
     try:
-        yield client.get_executor()
+        yield InDirExecutor(client.get_executor(), os.getcwd())
     finally:
         client.close()
+
+
+_CWD_LOCK = threading.Lock()
+
+
+def run_in_dir(cwd: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` run with ``cwd`` as the working directory when this machine has it
+    (a worker of a shared filesystem), so that paths relative to the caller's directory name the
+    same files; one task at a time in a process changes it, and it is put back afterwards."""
+    with _CWD_LOCK:
+        before = os.getcwd()
+        moved = cwd != before and os.path.isdir(cwd)
+        if moved:
+            os.chdir(cwd)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if moved:
+                os.chdir(before)
+
+
+class InDirExecutor(Executor):
+    """An executor whose tasks run in the submitting process's working directory (see
+    :func:`run_in_dir`): a Dask worker was started wherever its machine started it."""
+
+    def __init__(self, inner: Executor, cwd: str) -> None:
+        self.inner = inner
+        self.cwd = cwd
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        return self.inner.submit(run_in_dir, self.cwd, fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if cancel_futures:
+            self.inner.shutdown(wait=wait, cancel_futures=True)
+        else:  # Dask's executor takes ``wait`` only
+            self.inner.shutdown(wait=wait)
 
