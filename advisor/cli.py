@@ -165,6 +165,10 @@ def main() -> None:
                    "amd-smi CSV, Prometheus query_range JSON, npu-smi watch, CSV). Repeatable.")
 @click.option("--metrics-tz-offset", metavar="+HH:MM",
               help="UTC offset of --metrics times written without a zone (nvidia-smi's timestamp); default UTC.")
+@click.option("--engine", metavar="ADDRESS",
+              help="Where the ranks are read: 'local' (a process pool, one worker per core unless --workers) or a "
+                   "Dask scheduler, e.g. tcp://10.0.0.1:8786 (pip install 'advisor[dask]'; the profile must be at "
+                   "the same path on every worker).")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence in the terminal summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @click.option("--md-full", is_flag=True, help="Markdown: embed each rule's documentation and every fix "

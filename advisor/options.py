@@ -9,6 +9,7 @@ paths and their formats). A bad option is a :class:`~advisor.config.ConfigError`
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +90,8 @@ class AnalyzeOptions:
     ``run`` / ``follow_symlinks`` / ``workers``: how the profile's directory is read (see
     :func:`advisor.ingest.options`; ``workers``: processes reading the ranks, None: decided by the loader).
     ``metrics`` / ``metrics_tz_offset``: monitoring exports read beside the profile (:mod:`advisor.metrics`).
+    ``engine``: where the ranks are read: None (this process, or ``workers`` processes), ``local`` (a process
+    pool, one worker per core unless ``workers``) or a Dask scheduler's address (see :mod:`advisor.ingest.executors`).
     """
 
     profile: Path
@@ -106,6 +109,7 @@ class AnalyzeOptions:
     run: int | None = None
     follow_symlinks: bool = False
     workers: int | None = None
+    engine: str | None = None
     verbose: bool = False
     debug: bool = False
     md_full: bool = False
@@ -122,7 +126,7 @@ class AnalyzeOptions:
               memory_limit: str | None = None, run: int | None = None, follow_symlinks: bool = False,
               workers: int | None = None, verbose: bool = False, debug: bool = False, md_full: bool = False,
               full_critical_path: bool = False, metrics: tuple[Path, ...] = (),
-              metrics_tz_offset: str | None = None) -> AnalyzeOptions:
+              metrics_tz_offset: str | None = None, engine: str | None = None) -> AnalyzeOptions:
         """Check the command line's parameters (in the order their errors are reported) and
         return them as one value; nothing of the profile is read."""
         from advisor.gate import check_args, parse_budgets
@@ -142,16 +146,36 @@ class AnalyzeOptions:
                 parse_tz_offset(metrics_tz_offset)
             except ValueError as exc:
                 raise UsageFailure(f"--metrics-tz-offset: {exc}") from None
+        engine = _check_engine(engine, workers)
         return cls(profile=profile, cfg=cfg, fmt=fmt, targets=tuple(targets), rank=rank, step=step, fail_on=fail_on,
                    baseline=baseline, max_regression=max_regression, budgets=budget_map, max_events=max_events,
                    memory_limit=limit, run=run, follow_symlinks=follow_symlinks, workers=workers, verbose=verbose, debug=debug,
                    md_full=md_full, full_critical_path=full_critical_path, metrics=tuple(metrics),
-                   metrics_tz_offset=metrics_tz_offset)
+                   metrics_tz_offset=metrics_tz_offset, engine=engine)
 
     @property
     def ingest(self) -> dict[str, Any]:
         """The loader's options for the profile (not the baseline's): see :func:`advisor.ingest.options`."""
-        out: dict[str, Any] = {"run": self.run, "follow_symlinks": self.follow_symlinks, "processes": self.workers}
+        processes = self.workers
+        if processes is None and self.engine == "local":
+            processes = os.cpu_count() or 1
+        out: dict[str, Any] = {"run": self.run, "follow_symlinks": self.follow_symlinks, "processes": processes,
+                               "engine": self.engine}
         if self.metrics:
             out.update(metrics=self.metrics, metrics_tz_offset=self.metrics_tz_offset)
         return out
+
+
+def _check_engine(engine: str | None, workers: int | None) -> str | None:
+    """``--engine`` checked (see :func:`advisor.ingest.executors.check_engine`); ``--workers`` sizes
+    the local pool only."""
+    from advisor.ingest.executors import EngineError, check_engine, is_remote
+
+    try:
+        checked = check_engine(engine)
+    except EngineError as exc:
+        raise UsageFailure(str(exc)) from None
+    if is_remote(checked) and workers is not None:
+        raise UsageFailure(f"--workers {workers}: sizes the local process pool; on the Dask cluster at {checked} "
+                           "its workers decide how many ranks are read at once")
+    return checked

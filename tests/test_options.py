@@ -21,7 +21,7 @@ def test_build_checks_nothing_of_the_profile(tmp_path: Path) -> None:
     assert opts.memory_limit == "8GB"
     assert opts.cfg.select == ["COM001"]
     assert opts.cfg.overrides == {"COM001": {"min_wait_ratio": "0.4"}}
-    assert opts.ingest == {"run": 2, "follow_symlinks": False, "processes": None}
+    assert opts.ingest == {"run": 2, "follow_symlinks": False, "processes": None, "engine": None}
     with pytest.raises(dataclasses.FrozenInstanceError):
         opts.rank = 1  # type: ignore[misc]
 

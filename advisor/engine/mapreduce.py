@@ -13,7 +13,8 @@ the checks that compare ranks (runs, windows), picks the focus, runs the rules o
 ``cluster`` and merges every shard's findings into one account.
 
 Shards run one after the other in the main process (each DuckDB dropped before the next), or
-side by side in worker processes (spawn) or on a Dask cluster (:func:`open_executor`): the same
+side by side in worker processes (spawn) or on a Dask cluster
+(:func:`advisor.ingest.executors.open_executor`): the same
 map on the same shards, so the three give the same report. Memory then grows with the largest
 shard, not with the cluster.
 """
@@ -21,11 +22,10 @@ shard, not with the cluster.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import time
 from collections.abc import Callable, Generator, Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,6 +194,9 @@ def map_shard(root: str, units: list[Unit], cfg: Config, *, rank: int | None = N
         warnings.append(Warning_(code, one_line(message, 500), None if p is None else str(p)))
 
     cluster: dict[str, Any] = {}
+    from advisor.ingest.ascend import restrict_batches
+
+    restrict_batches(units)  # Ascend text exports are read in batches: of this shard's ranks only
     cleanups = [r.prefetch(units) for r in readers() if hasattr(r, "prefetch")]
     try:
         profile = _load_units(Path(root), units, warnings, warn, t0, progress=None, max_events=max_events,
@@ -282,27 +285,6 @@ def map_shard(root: str, units: list[Unit], cfg: Config, *, rank: int | None = N
     return res
 
 
-@contextlib.contextmanager
-def open_executor(engine: str | None, workers: int) -> Iterator[Executor | None]:
-    """Where the maps run: None (in-process, one after the other) for ``workers`` <= 1, else a
-    pool of ``workers`` processes started with ``spawn`` (DuckDB is not safe to fork once its
-    threads run). The shape of ``advisor.ingest.executors.open_executor``, which it defers to
-    where that module exists (a Dask cluster for ``engine``)."""
-    try:
-        from advisor.ingest import executors  # type: ignore[attr-defined]
-    except ImportError:
-        executors = None
-    if executors is not None:
-        with executors.open_executor(engine, workers) as ex:
-            yield ex
-        return
-    if workers <= 1:
-        yield None
-        return
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        yield pool
-
-
 def pool_workers(workers: int | None, n_shards: int) -> int:
     """Processes running the maps: ``workers`` when given (at most one per shard), else one per
     core when there are at least two shards and two cores; 1 (in-process) otherwise."""
@@ -318,6 +300,7 @@ def run_maps(root: str, shards: list[list[Unit]], cfg: Config, *, workers: int, 
              rank: int | None, step: int | None, memory_limit: str | None, max_events: int | None,
              debug: bool, progress: Callable[[str, int, int], None] | None = None) -> Generator[ShardResult, None, None]:
     """The maps of ``shards``, in shard order (each result as soon as it and those before it are in)."""
+    from advisor.ingest.executors import lost_worker_errors, open_executor
     from advisor.ingest.pool import _portable, share_of
 
     total = sum(len(s) for s in shards)
@@ -341,13 +324,9 @@ def run_maps(root: str, shards: list[list[Unit]], cfg: Config, *, workers: int, 
             for shard, fut in zip(shards, futures, strict=True):
                 try:
                     yield fut.result()
-                except Exception as exc:
-                    from concurrent.futures.process import BrokenProcessPool
-
+                except lost_worker_errors() as exc:  # killed (out of memory) or crashed: no exception to pass on
                     from advisor.ingest.base import one_line
 
-                    if not isinstance(exc, BrokenProcessPool):
-                        raise
                     raise InputError(f"{one_line(shard[0].label)}: the worker process reading ranks "
                                      f"{shard[0].rank}-{shard[-1].rank} ended abruptly (out of memory? "
                                      "--workers 1 reads in-process)") from exc

@@ -183,7 +183,8 @@ _OPTIONS: ContextVar[dict[str, Any] | None] = ContextVar("advisor_ingest_options
 @contextmanager
 def options(**kwargs: Any) -> Iterator[None]:
     """Defaults for :func:`load_profile`'s ``run``, ``follow_symlinks`` and ``processes`` within the block (the
-    CLI sets its options so, without threading them through every caller in between)."""
+    CLI sets its options so, without threading them through every caller in between); ``engine``: where the
+    ranks are read (see :mod:`advisor.ingest.executors`; None: this machine)."""
     token = _OPTIONS.set({**(_OPTIONS.get() or {}), **kwargs})
     try:
         yield
@@ -345,7 +346,7 @@ def _one_source(root: Path, units: list[Unit], warn: Callable[..., None]) -> lis
 def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: Callable[..., None], t0: float, *,
                 progress: Callable[[str, int, int], None] | None, max_events: int | None, workers: int | None,
                 memory_limit: str | None, on_scan: Callable[[], object] | None, processes: int = 1,
-                cluster: dict[str, Any] | None = None) -> Profile:
+                cluster: dict[str, Any] | None = None, engine: str | None = None) -> Profile:
     """The rest of :func:`load_profile`, once the units are claimed and their ranks assigned:
     the units are read in-process, or rank by rank in ``processes`` worker processes (see
     :mod:`advisor.ingest.pool`); then what compares files and ranks runs here.
@@ -363,7 +364,7 @@ def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: C
     if progress:
         progress("ingest", 0, len(units))
     if processes > 1:
-        _load_in_pool(con, lctx, units, infos, processes, progress=progress, memory_limit=memory_limit)
+        _load_in_pool(con, lctx, units, infos, processes, progress=progress, memory_limit=memory_limit, engine=engine)
     else:
         for unit, info in read_units(units, lctx, workers):
             done += 1
@@ -439,7 +440,8 @@ def read_units(units: list[Unit], lctx: LoadContext,
 
 def _load_in_pool(con: Any, lctx: LoadContext, units: list[Unit],
                   infos: dict[int, list[tuple[Unit, dict[str, Any] | None]]], processes: int, *,
-                  progress: Callable[[str, int, int], None] | None, memory_limit: str | None) -> None:
+                  progress: Callable[[str, int, int], None] | None, memory_limit: str | None,
+                  engine: str | None = None) -> None:
     """Read each rank in a worker process (:func:`advisor.ingest.pool.run_pool`) and append its
     tables, warnings and infos to the main process's, ranks in ascending order."""
     import tempfile
@@ -458,7 +460,8 @@ def _load_in_pool(con: Any, lctx: LoadContext, units: list[Unit],
         next_id = 0
         cur = con.cursor()
         for us, res in pool.run_pool(units, processes, out_dir, memory_limit=memory_limit,
-                                     max_events=lctx.max_events, progress=step, on_start=lctx.scan_starting):
+                                     max_events=lctx.max_events, progress=step, on_start=lctx.scan_starting,
+                                     engine=engine):
             pool.adopt(cur, out_dir, res, next_id)
             next_id += res.file_ids
             for w in res.warnings:

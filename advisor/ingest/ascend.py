@@ -492,6 +492,15 @@ def _register_batches(units: list[Unit]) -> None:
     flush()
 
 
+def restrict_batches(units: list[Unit]) -> None:
+    """Batch ``units`` among themselves only: a shard of a cluster (advisor.engine.mapreduce) loads
+    its units into a DuckDB of its own, so a batch that spans shards would fill another shard's."""
+    with _BATCHES_LOCK:
+        for u in units:
+            _BATCHES.pop(id(u), None)
+    _register_batches([u for u in units if not u.info.get("skip")])
+
+
 # -- loading ----------------------------------------------------------------------------------------
 
 
@@ -534,4 +543,4 @@ def load_batch(units: list[Unit], lctx: LoadContext) -> list[dict[str, Any] | Pa
             cur.close()  # a cursor is a connection with its own temp catalog: do not keep many of them open
 
 
-__all__ = ["SOURCE", "SOURCES", "UNIT_SOURCE_FOR", "claim", "load", "load_batch"]
+__all__ = ["SOURCE", "SOURCES", "UNIT_SOURCE_FOR", "claim", "load", "load_batch", "restrict_batches"]

@@ -12,17 +12,16 @@ DuckDB is not safe to fork once its threads run: workers are started with ``spaw
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import re
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from advisor.ingest.base import InputError, LoadContext, Unit, one_line
+from advisor.ingest.executors import is_remote, lost_worker_errors, open_executor
 from advisor.model import Warning_
 
 #: Below this many bytes of trace files in all, starting worker processes (each imports the
@@ -134,17 +133,20 @@ def load_rank(rank: int, units: list[Unit], out_dir: str, memory_limit: str | No
 
 def run_pool(units: list[Unit], n_workers: int, out_dir: str, *, memory_limit: str | None,
              max_events: int | None, progress: Callable[[int], None] | None = None,
-             on_start: Callable[[], object] | None = None) -> Iterator[tuple[list[Unit], RankResult]]:
-    """Read the ranks of ``units`` in ``n_workers`` processes; yields each rank's units and
+             on_start: Callable[[], object] | None = None,
+             engine: str | None = None) -> Iterator[tuple[list[Unit], RankResult]]:
+    """Read the ranks of ``units`` in ``n_workers`` processes (on the Dask cluster at ``engine``
+    when it names one: see :mod:`advisor.ingest.executors`); yields each rank's units and
     result in rank order (once all are done); ``progress`` is called with the number of units of
     each rank as it is read. An exception in a worker is raised here."""
     groups = by_rank(units)
     cores = os.cpu_count() or 1
-    threads = max(1, cores // n_workers)
-    ctx = multiprocessing.get_context("spawn")
+    remote = is_remote(engine)  # a Dask worker's DuckDB takes its machine's defaults, or the limit as given
+    threads = None if remote else max(1, cores // n_workers)
     results: dict[int, RankResult] = {}
-    with ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx) as pool:
-        limit = share_of(memory_limit, n_workers)
+    with open_executor(engine, n_workers) as pool:
+        assert pool is not None, "run_pool is for more than one worker process or a Dask engine"
+        limit = memory_limit if remote else share_of(memory_limit, n_workers)
         futures = {pool.submit(load_rank, rank, [_portable(u) for u in us], out_dir, limit, threads,
                                max_events): rank for rank, us in groups.items()}
         if on_start is not None:
@@ -154,7 +156,7 @@ def run_pool(units: list[Unit], n_workers: int, out_dir: str, *, memory_limit: s
                 rank = futures[fut]
                 try:
                     results[rank] = fut.result()
-                except BrokenProcessPool as exc:  # killed (out of memory) or crashed: no exception to pass on
+                except lost_worker_errors() as exc:  # killed (out of memory) or crashed: no exception to pass on
                     raise InputError(f"{one_line(groups[rank][0].label)}: the worker process reading rank {rank} "
                                      "ended abruptly (out of memory? --workers 1 reads in-process)") from exc
                 if progress is not None:

@@ -1,0 +1,153 @@
+"""Where the per-rank map runs: in-process, on a local process pool, or on a Dask cluster.
+
+:func:`open_executor` turns the ``--engine`` address and ``--workers`` count into a
+:class:`concurrent.futures.Executor` (or None: in-process). Map code submits top-level functions with
+picklable arguments and gets values back; it never needs to know which engine runs them.
+
+* no engine, or ``local``: a process pool of ``workers`` processes on this machine, started with
+  ``spawn`` (DuckDB is not safe to fork once its threads run); None for one worker (in-process);
+* ``tcp://HOST:PORT`` (also ``tls://``, and ``dask://HOST:PORT`` for ``tcp://``): the executor of a
+  :class:`distributed.Client` connected to a running Dask scheduler; its workers decide how many
+  ranks are read at once. Dask is an optional extra (``pip install 'advisor[dask]'``); the input files
+  must then be at the same path on every worker (a shared filesystem).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from advisor.ingest.base import InputError, one_line
+
+T = TypeVar("T")
+
+#: ``--engine`` value for the local process pool.
+LOCAL = "local"
+
+#: Seconds to wait for a Dask scheduler to answer before giving up.
+CONNECT_TIMEOUT_S = 10.0
+
+_REMOTE = re.compile(r"(tcp|tls|dask)://([^\s/]+)")
+
+
+def lost_worker_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean a worker died under a task (killed for memory, crashed), which
+    carry no exception of the task's own: a local pool's, and Dask's when it is installed."""
+    errors: list[type[BaseException]] = [BrokenProcessPool]
+    distributed = sys.modules.get("distributed")  # imported when a Dask engine ran the tasks
+    killed = getattr(distributed, "KilledWorker", None)
+    if isinstance(killed, type) and issubclass(killed, BaseException):
+        errors.append(killed)
+    return tuple(errors)
+
+
+class EngineError(InputError):
+    """The engine named by ``--engine`` cannot be used (bad address, Dask missing, unreachable)."""
+
+
+def is_remote(engine: str | None) -> bool:
+    """Whether ``engine`` names a distributed engine (a Dask scheduler), not this machine."""
+    return engine is not None and engine != LOCAL
+
+
+def scheduler_address(engine: str) -> str:
+    """The Dask scheduler address of ``engine`` (``dask://`` written as ``tcp://``); an
+    :class:`EngineError` when ``engine`` is neither ``local`` nor such an address."""
+    m = _REMOTE.fullmatch(engine.strip())
+    if m is None:
+        raise EngineError(f"--engine {one_line(engine, 200)}: not an engine address; use 'local' (the process pool) "
+                          "or a Dask scheduler's address such as tcp://HOST:8786")
+    scheme = "tcp" if m.group(1) == "dask" else m.group(1)
+    return f"{scheme}://{m.group(2)}"
+
+
+def check_engine(engine: str | None) -> str | None:
+    """``engine`` checked before any profile is read: None, ``local``, or a scheduler address whose
+    client library (Dask's ``distributed``) is installed; an :class:`EngineError` otherwise."""
+    if engine is None or engine.strip() == LOCAL:
+        return None if engine is None else LOCAL
+    address = scheduler_address(engine)
+    _distributed(engine)
+    return address
+
+
+def _distributed(engine: str) -> Any:
+    try:
+        import distributed
+    except ImportError:
+        raise EngineError(f"--engine {one_line(engine, 200)}: Dask is not installed; pip install 'advisor[dask]' "
+                          "(or dask[distributed]) to run on a Dask cluster") from None
+    return distributed
+
+
+@contextmanager
+def open_executor(engine: str | None, workers: int | None) -> Iterator[Executor | None]:
+    """The executor that runs the map, closed (its workers stopped, or the client disconnected)
+    when the block ends: a spawn process pool of ``workers`` processes for no engine or ``local``
+    (None, in-process, for one worker or none given), or a Dask client's executor for a scheduler
+    address (``workers`` is then the cluster's business)."""
+    if not is_remote(engine):
+        if workers is None or workers <= 1:
+            yield None
+            return
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            yield pool
+        return
+    assert engine is not None
+    address = scheduler_address(engine)
+    distributed = _distributed(engine)
+    try:
+        client = distributed.Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        raise EngineError(f"--engine {one_line(engine, 200)}: cannot reach the Dask scheduler at {address} "
+                          f"({one_line(str(exc) or type(exc).__name__, 300)})") from None
+    try:
+        yield InDirExecutor(client.get_executor(), os.getcwd())
+    finally:
+        client.close()
+
+
+_CWD_LOCK = threading.Lock()
+
+
+def run_in_dir(cwd: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` run with ``cwd`` as the working directory when this machine has it
+    (a worker of a shared filesystem), so that paths relative to the caller's directory name the
+    same files; one task at a time in a process changes it, and it is put back afterwards."""
+    with _CWD_LOCK:
+        before = os.getcwd()
+        moved = cwd != before and os.path.isdir(cwd)
+        if moved:
+            os.chdir(cwd)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if moved:
+                os.chdir(before)
+
+
+class InDirExecutor(Executor):
+    """An executor whose tasks run in the submitting process's working directory (see
+    :func:`run_in_dir`): a Dask worker was started wherever its machine started it."""
+
+    def __init__(self, inner: Executor, cwd: str) -> None:
+        self.inner = inner
+        self.cwd = cwd
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        return self.inner.submit(run_in_dir, self.cwd, fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if cancel_futures:
+            self.inner.shutdown(wait=wait, cancel_futures=True)
+        else:  # Dask's executor takes ``wait`` only
+            self.inner.shutdown(wait=wait)
+

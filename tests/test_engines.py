@@ -1,0 +1,200 @@
+"""The three engines of the per-rank map give the same report: in-process, the local process pool
+(2 workers) and a Dask cluster of 2 worker processes on loopback (advisor.ingest.executors).
+
+The Dask tests carry the ``dask`` marker (left out of the quick suite) and skip, with the reason,
+when Dask is not installed, unless ``ADVISOR_REQUIRE_DASK=1`` (set by .ci/run, which installs the
+``dask`` extra). The checks of ``--engine`` itself need no Dask.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from advisor.analyze import analyze
+from advisor.cli import main
+from advisor.ingest import options
+from advisor.ingest.executors import EngineError, check_engine, is_remote, open_executor, scheduler_address
+from tests.conftest import SAMPLES, report_json
+from tests.test_determinism import _strip
+
+ROOT = Path(__file__).resolve().parents[1]
+KINETO_RANKS = 4
+
+
+def _distributed() -> Any:
+    try:
+        import distributed
+    except ImportError as exc:
+        if os.environ.get("ADVISOR_REQUIRE_DASK") == "1":
+            raise
+        pytest.skip(f"Dask is not installed (pip install -e '.[dask]'): {exc}")
+    return distributed
+
+
+@pytest.fixture(scope="module")
+def dask_cluster() -> Iterator[Any]:
+    """A Dask cluster of 2 worker processes (one thread each) on loopback, for this module."""
+    distributed = _distributed()
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None, silence_logs=40) as cluster:
+        yield cluster
+
+
+def _ran_on(cluster: Any) -> int:
+    """How many rank-reading tasks the cluster's workers have finished so far (the scheduler
+    counts each task once in each state it entered)."""
+    prefix = cluster.scheduler.task_prefixes.get("run_in_dir")  # load_rank, in the caller's directory
+    return 0 if prefix is None else int(prefix.state_counts.get("memory", 0))
+
+
+def _report(path: Path, **opts: Any) -> Any:
+    with options(**opts):
+        return _strip(report_json(analyze(path)))
+
+
+@pytest.fixture(scope="module")
+def kineto_cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 ranks of 3 profiler steps each, cut from the two real ranks of sample_profiles/kineto_two_ranks
+    by the benchmark's generator (rank r copies sample rank r % 2; distributedInfo names r of 4)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from bench_kineto import Generator
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    root = tmp_path_factory.mktemp("engines_kineto")
+    gens = [Generator(SAMPLES / "kineto_two_ranks" / f"rank-{r}.json.gz") for r in (0, 1)]
+    for r in range(KINETO_RANKS):
+        gens[r % 2].write(root / f"rank-{r}.pt.trace.json", 0, rank=r, world=KINETO_RANKS)
+    return root
+
+
+@pytest.fixture(scope="module", params=["text", "db"])
+def ascend_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.ascend import gen_cluster
+
+    root = tmp_path_factory.mktemp(f"engines_ascend_{request.param}")
+    gen_cluster.generate("faults8", root, request.param)
+    return root
+
+
+def _same_three_ways(path: Path, cluster: Any, ranks: int) -> None:
+    from advisor.engine import mapreduce
+
+    before = _ran_on(cluster)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mapreduce, "SHARD_BYTES", 1)  # one rank per shard: a map task per rank
+        in_process = _report(path, processes=1)
+        pool = _report(path, processes=2)
+        dask = _report(path, engine=cluster.scheduler_address)
+    assert _ran_on(cluster) - before == ranks  # one task per rank, run by the Dask workers
+    assert in_process == pool
+    assert in_process == dask
+
+
+@pytest.mark.dask
+def test_kineto_cluster_same_report(kineto_cluster: Path, dask_cluster: Any) -> None:
+    _same_three_ways(kineto_cluster, dask_cluster, KINETO_RANKS)
+
+
+@pytest.mark.dask
+def test_ascend_cluster_same_report(ascend_cluster: Path, dask_cluster: Any) -> None:
+    _same_three_ways(ascend_cluster, dask_cluster, 8)
+
+
+@pytest.mark.dask
+def test_cli_engine(tmp_path: Path, dask_cluster: Any) -> None:
+    """``advisor analyze --engine tcp://...`` (and ``dask://``, its other spelling) writes the report
+    the in-process run writes."""
+    runner = CliRunner()
+    path = SAMPLES / "kineto_two_ranks"
+    address = dask_cluster.scheduler_address
+    outs = []
+    for args in ([], ["--engine", address], ["--engine", address.replace("tcp://", "dask://")],
+                 ["--engine", "local"]):
+        out = tmp_path / f"r{len(outs)}.json"
+        res = runner.invoke(main, ["analyze", str(path), *args, "--out", str(out)])
+        assert res.exit_code in (0, 1), res.output
+        outs.append(_strip(json.loads(out.read_text())))
+    assert all(o == outs[0] for o in outs[1:])
+
+
+def test_engine_addresses() -> None:
+    assert scheduler_address("tcp://10.0.0.1:8786") == "tcp://10.0.0.1:8786"
+    assert scheduler_address("dask://node-3:8786") == "tcp://node-3:8786"
+    assert scheduler_address("tls://[::1]:8786") == "tls://[::1]:8786"
+    for bad in ("http://x:1", "10.0.0.1:8786", "tcp://", "tcp://a b:1", ""):
+        with pytest.raises(EngineError, match="not an engine address"):
+            scheduler_address(bad)
+    assert check_engine(None) is None and check_engine("local") == "local"
+    assert not is_remote(None) and not is_remote("local") and is_remote("tcp://h:1")
+
+
+def test_local_executor() -> None:
+    with open_executor(None, None) as none, open_executor("local", 1) as one:
+        assert none is None and one is None  # in-process
+    with open_executor("local", 2) as pool:
+        assert pool is not None
+        assert pool.submit(abs, -3).result() == 3
+
+
+def test_cli_engine_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = CliRunner()
+    path = str(SAMPLES / "kineto_two_ranks")
+    res = runner.invoke(main, ["analyze", path, "--engine", "10.0.0.1:8786"])
+    assert res.exit_code == 2 and "--engine 10.0.0.1:8786: not an engine address" in res.output
+    assert "Traceback" not in res.output
+    monkeypatch.setitem(sys.modules, "distributed", None)  # as when the dask extra is not installed
+    res = runner.invoke(main, ["analyze", path, "--engine", "tcp://127.0.0.1:8786"])
+    assert res.exit_code == 2 and "Dask is not installed; pip install 'advisor[dask]'" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.dask
+def test_cli_engine_unreachable_and_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    _distributed()
+    monkeypatch.setattr("advisor.ingest.executors.CONNECT_TIMEOUT_S", 1.0)
+    runner = CliRunner()
+    path = str(SAMPLES / "kineto_two_ranks")
+    res = runner.invoke(main, ["analyze", path, "--engine", "tcp://127.0.0.1:9"])  # the discard port: nobody
+    assert res.exit_code == 2, res.output
+    assert "--engine tcp://127.0.0.1:9: cannot reach the Dask scheduler" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    res = runner.invoke(main, ["analyze", path, "--engine", "tcp://127.0.0.1:9", "--workers", "2"])
+    assert res.exit_code == 2 and "--workers 2: sizes the local process pool" in res.output
+
+
+def test_engine_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--engine local`` is the process pool, one worker per core unless ``--workers`` says."""
+    from advisor.options import AnalyzeOptions
+
+    monkeypatch.setattr("os.cpu_count", lambda: 6)
+    assert AnalyzeOptions.build(tmp_path / "p", engine="local").ingest["processes"] == 6
+    assert AnalyzeOptions.build(tmp_path / "p", engine="local", workers=3).ingest["processes"] == 3
+    assert AnalyzeOptions.build(tmp_path / "p").ingest["processes"] is None
+
+
+@pytest.mark.dask
+def test_dask_tasks_run_in_the_callers_directory(tmp_path: Path, dask_cluster: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Dask worker runs wherever it was started: a profile given by a relative path is read
+    relative to the directory ``advisor`` runs in, as on the other engines."""
+    monkeypatch.chdir(SAMPLES)
+    with open_executor(dask_cluster.scheduler_address, None) as ex:
+        assert ex is not None
+        assert ex.submit(os.getcwd).result() == str(SAMPLES)
+    runner = CliRunner()
+    outs = []
+    for args in ([], ["--engine", dask_cluster.scheduler_address]):
+        out = tmp_path / f"r{len(outs)}.json"
+        res = runner.invoke(main, ["analyze", "kineto_two_ranks", *args, "--out", str(out)])
+        assert res.exit_code in (0, 1), res.output
+        outs.append(_strip(json.loads(out.read_text())))
+    assert outs[0] == outs[1]
