@@ -56,6 +56,19 @@ CARRIED_DERIVED = ("op_step_stats",)
 #: rank -> the device index its device lanes name, made in the map from ``tracks``
 RANK_DEVICE_TABLE = "rank_device_index"
 
+#: the device's busy periods per rank, communication apart from the rest (merged, so a few rows a
+#: gap): what tells a hardware sample's phase in the reduce (advisor.stages.hardware); made where the
+#: profile has hardware series only
+PHASE_TABLE = "device_phase_islands"
+PHASE_SQL = f"""CREATE TABLE {PHASE_TABLE} AS
+WITH e AS (SELECT rank, kind = 'comm' AS comm, start_ns AS s, start_ns + dur_ns AS e FROM events
+           WHERE device AND kind IN ('kernel', 'comm', 'memcpy', 'memset') AND dur_ns > 0),
+m AS (SELECT *, max(e) OVER (PARTITION BY rank, comm ORDER BY s, e
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM e),
+g AS (SELECT *, sum(CASE WHEN reach IS NULL OR s > reach THEN 1 ELSE 0 END)
+                  OVER (PARTITION BY rank, comm ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island FROM m)
+SELECT rank, comm, min(s) AS start_ns, max(e) AS end_ns FROM g GROUP BY rank, comm, island"""
+
 
 def _file_size(path: Path) -> int:
     """Bytes of ``path`` once read: a gzip file's uncompressed size (its trailer holds it modulo
@@ -177,7 +190,7 @@ def _reduce_platform(parts: list[tuple[str | None, list[tuple[str, int]]]]) -> s
 
 def map_shard(root: str, units: list[Unit], cfg: Config, *, rank: int | None = None, step: int | None = None,
               memory_limit: str | None = None, threads: int | None = None, max_events: int | None = None,
-              debug: bool = False) -> ShardResult:
+              debug: bool = False, phases: bool = False) -> ShardResult:
     """The map: load one shard's units, run the stages, the per-rank rules and the cluster rules'
     rank parts, and return the shard's findings and summary (see the module docstring)."""
     from advisor.analyze import _critical_path, choose_focus, context_of
@@ -260,13 +273,15 @@ def map_shard(root: str, units: list[Unit], cfg: Config, *, rank: int | None = N
         f"""CREATE TABLE {RANK_DEVICE_TABLE} AS SELECT rank, min(TRY_CAST(pid AS INTEGER)) AS device FROM tracks
            WHERE device AND TRY_CAST(pid AS INTEGER) BETWEEN 0 AND 1023 GROUP BY rank HAVING count(DISTINCT pid) = 1"""
     )
+    if phases or ctx.rows("hw_metrics"):  # hardware series: the reduce tells their samples' phases
+        ctx.con.execute(PHASE_SQL)
     carried = [name for name in CARRIED_DERIVED if name in DERIVED]
     ctx.ensure_derived(carried)
     import pyarrow as pa
 
     res.breakdown = _ipc(pa.Table.from_pandas(ctx.breakdown, preserve_index=False))
     cur = ctx.con.cursor()
-    names = [*SUMMARY_TABLES, *carried, RANK_DEVICE_TABLE,
+    names = [*SUMMARY_TABLES, *carried, RANK_DEVICE_TABLE, PHASE_TABLE,
              *(t for s in cluster_rules.values() if s.rank_part is not None for t in s.rank_part.tables)]
     have = {r[0] for r in cur.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     for name in dict.fromkeys(names):
@@ -298,8 +313,10 @@ def pool_workers(workers: int | None, n_shards: int) -> int:
 
 def run_maps(root: str, shards: list[list[Unit]], cfg: Config, *, workers: int, engine: str | None = None,
              rank: int | None, step: int | None, memory_limit: str | None, max_events: int | None,
-             debug: bool, progress: Callable[[str, int, int], None] | None = None) -> Generator[ShardResult, None, None]:
-    """The maps of ``shards``, in shard order (each result as soon as it and those before it are in)."""
+             debug: bool, progress: Callable[[str, int, int], None] | None = None,
+             phases: bool = False) -> Generator[ShardResult, None, None]:
+    """The maps of ``shards``, in shard order (each result as soon as it and those before it are in);
+    ``phases``: hand the device's busy periods to the reduce (``--metrics`` files are read there)."""
     from advisor.ingest.executors import lost_worker_errors, open_executor
     from advisor.ingest.pool import _portable, share_of
 
@@ -309,7 +326,7 @@ def run_maps(root: str, shards: list[list[Unit]], cfg: Config, *, workers: int, 
         if ex is None:
             for shard in shards:
                 yield map_shard(root, shard, cfg, rank=rank, step=step, memory_limit=memory_limit,
-                                max_events=max_events, debug=debug)
+                                max_events=max_events, debug=debug, phases=phases)
                 done += len(shard)
                 if progress:
                     progress("ingest", done, total)
@@ -319,7 +336,7 @@ def run_maps(root: str, shards: list[list[Unit]], cfg: Config, *, workers: int, 
         limit = share_of(memory_limit, workers)
         futures: list[Future[ShardResult]] = [
             ex.submit(map_shard, root, [_portable(u) for u in shard], cfg, rank=rank, step=step, memory_limit=limit,
-                      threads=threads, max_events=max_events, debug=debug) for shard in shards]
+                      threads=threads, max_events=max_events, debug=debug, phases=phases) for shard in shards]
         try:
             for shard, fut in zip(shards, futures, strict=True):
                 try:
@@ -505,7 +522,8 @@ def analyze_sharded(path: str | Path, cfg: Config, *, rank: int | None = None, s
         if progress:
             progress("ingest", 0, len(units))
         maps = run_maps(str(root), shards, cfg, workers=workers, engine=opts.get("engine"), rank=rank, step=step,
-                        memory_limit=memory_limit, max_events=max_events, debug=debug, progress=progress)
+                        memory_limit=memory_limit, max_events=max_events, debug=debug, progress=progress,
+                        phases=bool(opts.get("metrics")))
         try:
             out = reduce_shards(str(root), units, maps, cfg, warnings, rank=rank, step=step,
                                 memory_limit=memory_limit, debug=debug, t0=t0)

@@ -255,12 +255,20 @@ def _assign_phases(con: Any, df: pd.DataFrame) -> tuple[np.ndarray, bool]:
     ranks = sorted({int(r) for r in df["rank"].dropna().unique()})
     if not ranks:
         return out, False
-    try:
-        ev = con.cursor().execute(
-            """SELECT rank, kind = 'comm' AS comm, start_ns, start_ns + dur_ns AS end_ns FROM events
-            WHERE device AND kind IN ('kernel', 'comm', 'memcpy', 'memset') AND dur_ns > 0
-              AND rank IN (SELECT unnest(?))""", [ranks]).df()
-    except Exception:  # noqa: BLE001 -- a cluster context without per-rank events: phases unknown
+    ev = None
+    for sql in (
+        """SELECT rank, kind = 'comm' AS comm, start_ns, start_ns + dur_ns AS end_ns FROM events
+           WHERE device AND kind IN ('kernel', 'comm', 'memcpy', 'memset') AND dur_ns > 0
+             AND rank IN (SELECT unnest(?))""",
+        # the cluster reduce holds no events: the busy periods the per-rank map merged from them
+        "SELECT rank, comm, start_ns, end_ns FROM device_phase_islands WHERE rank IN (SELECT unnest(?))",
+    ):
+        try:
+            ev = con.cursor().execute(sql, [ranks]).df()
+            break
+        except Exception:  # noqa: BLE001, S112 -- a context without this table: the next source
+            continue
+    if ev is None:  # neither: phases unknown
         return out, False
     if ev.empty:
         return out, False
