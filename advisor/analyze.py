@@ -17,6 +17,7 @@ from advisor.ingest import load
 from advisor.model import Profile, Report, Warning_, clean
 from advisor.options import AnalyzeOptions
 from advisor.schema import NO_STEP
+from advisor.text import spans
 
 # what the stages and rules import (numpy, pandas: ~0.3 s), loaded beside the ingest
 _ANALYSIS_MODULES = ("numpy", "pandas", "advisor.engine.derived", "advisor.stages.breakdown", "advisor.stages.critical_path")
@@ -61,20 +62,6 @@ BREAKDOWN_FIELDS = (
 
 class FocusError(ConfigError):
     """``--rank`` / ``--step`` name a rank or step the profile does not have (a usage error)."""
-
-
-def spans(items: list[int]) -> str:
-    """``[0, 1, 2, 3, 7, 9, 10]`` -> ``0-3, 7, 9-10`` (at most 8 runs, then how many in all)."""
-    vals = sorted(set(items))
-    runs: list[str] = []
-    i = 0
-    while i < len(vals):
-        j = i
-        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
-            j += 1
-        runs.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
-        i = j + 1
-    return ", ".join(runs[:8]) + (f", ... ({len(vals)} in all)" if len(runs) > 8 else "")
 
 
 def check_options(cfg: Config, memory_limit: str | None = None) -> str | None:

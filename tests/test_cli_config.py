@@ -173,7 +173,7 @@ def test_a_rank_or_step_the_profile_lacks_is_a_usage_error(profile: Path, args: 
 
 
 def test_spans_compress_long_lists() -> None:
-    from advisor.analyze import spans
+    from advisor.text import spans
 
     assert spans(list(range(64))) == "0-63"
     assert spans([12, 3, 4, 5, 6, 7, 8, 9, 10, 11]) == "3-12"

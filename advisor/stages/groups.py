@@ -408,7 +408,7 @@ MAX_STEPS = 120
 
 
 def _span(rs: Sequence[int]) -> str:
-    from advisor.analyze import spans
+    from advisor.text import spans
 
     return spans(sorted(rs))
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
+from advisor.text import spans
 from rules.cluster._stats import forward_search, median
 
 SQL = """
@@ -56,20 +57,6 @@ class Thresholds:
     min_wait_share: float = knob(
         0.05, "the other stages' median not-overlapped communication as a share of the step",
         "first principles: a slow stage makes the others wait; 5 % is above the CAUSES.md medium cutoff (3 %)")
-
-
-def _spans(items: list[int]) -> str:
-    """``[0, 1, 2, 3, 7]`` -> ``0-3, 7`` (at most 8 runs, then how many in all)."""
-    vals = sorted(set(items))
-    runs: list[str] = []
-    i = 0
-    while i < len(vals):
-        j = i
-        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
-            j += 1
-        runs.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
-        i = j + 1
-    return ", ".join(runs[:8]) + (f", ... ({len(vals)} in all)" if len(runs) > 8 else "")
 
 
 @rule("CLU006", "cluster.slow-stage", cause="cluster.slow_stage", scope="cluster", requires=("breakdown", "multi_rank"),
@@ -118,18 +105,18 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         stalled = sorted(r for j in others for r in stages[j])
         saving = min(own_st[i] - base_own, base_wait)
         yield ctx.finding(
-            title=f"Pipeline stage {i} (ranks {_spans(stages[i])}) is the slow stage: {own_st[i] / 1000:.2f} ms of its "
+            title=f"Pipeline stage {i} (ranks {spans(stages[i])}) is the slow stage: {own_st[i] / 1000:.2f} ms of its "
             f"own work per step vs {base_own / 1000:.2f} ms on the other {len(others)} stage(s), which wait "
             f"{base_wait / 1000:.2f} ms per step for it",
             evidence={
                 "stage": i,
                 "stages": len(stages),
-                "stage_ranks": _spans(stages[i]),
+                "stage_ranks": spans(stages[i]),
                 "stage_own_us": round(own_st[i], 1),
                 "others_own_us": round(base_own, 1),
                 "stage_wait_us": round(wait_st[i], 1),
                 "others_wait_us": round(base_wait, 1),
-                "stalled_ranks": _spans(stalled),
+                "stalled_ranks": spans(stalled),
                 "method": method,
                 "k": t.k,
                 "min_excess_ratio": t.min_excess_ratio,
@@ -139,6 +126,6 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             saving_basis="the stage's own time beyond the other stages' median, capped by their wait",
             ranks=stages[i],
             steps=steps,
-            top=[{"stage": j, "ranks": _spans(stages[j]), "own_us": round(own_st[j], 1), "wait_us": round(wait_st[j], 1)}
+            top=[{"stage": j, "ranks": spans(stages[j]), "own_us": round(own_st[j], 1), "wait_us": round(wait_st[j], 1)}
                  for j in range(len(stages))][:20],
         )

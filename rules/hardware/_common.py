@@ -11,6 +11,7 @@ from typing import Any, cast
 import pandas as pd
 
 from advisor.engine.rule import RuleContext
+from advisor.text import spans
 from rules.compute._common import Device, match_device
 
 Hardware = Any  # advisor.stages.hardware.Hardware, which rules reach through RuleContext.hardware()
@@ -44,19 +45,8 @@ def phase_samples(hw: Hardware, metric: str, phase: str) -> tuple[pd.DataFrame, 
 
 
 def steps_text(steps: list[int]) -> str:
-    """Steps as compact runs for a title: ``[1, 2, 3, 7]`` -> ``1-3, 7`` (at most 8 runs)."""
-    vals = sorted(set(steps))
-    runs: list[str] = []
-    i = 0
-    while i < len(vals):
-        j = i
-        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
-            j += 1
-        runs.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
-        i = j + 1
-    if not runs:
-        return "-"
-    return ", ".join(runs[:8]) + (f", ... ({len(vals)} in all)" if len(runs) > 8 else "")
+    """Steps as compact runs for a title: ``[1, 2, 3, 7]`` -> ``1-3, 7`` (at most 8 runs); ``-`` for none."""
+    return spans(steps) if steps else "-"
 
 
 #: link kinds and their per-direction series (bytes/s); xGMI is sampled as one figure
