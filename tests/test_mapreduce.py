@@ -61,6 +61,7 @@ def test_pool_only_for_several_shards(monkeypatch: pytest.MonkeyPatch) -> None:
     assert mr.pool_workers(None, 100) == 1
 
 
+@pytest.mark.slow  # three whole analyses twice over (~8 s); the engines' test splits clusters too
 @pytest.mark.parametrize("path", [TRACES / "gloo_slow_rank", SAMPLES / "kineto_two_ranks", ASCEND_DDP],
                          ids=lambda p: p.name)
 def test_one_rank_per_shard_same_report(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
