@@ -104,3 +104,18 @@ def test_once_computes_a_shared_figure_once_per_analysis() -> None:
     other = RuleContext(discover()["CPU002"], ctx.analysis, discover()["CPU002"].thresholds())
     assert other.once("k", compute) == 42
     assert calls == [1]
+
+
+def test_arrays_returns_numpy_columns_and_ordered_codes() -> None:
+    ctx = _ctx(_steps() + [{"rank": 1, "kind": "host_op", "name": "aten::add", "start_ns": 20, "dur_ns": 5}])
+    got = ctx.arrays("SELECT rank, name, start_ns FROM events WHERE kind = 'host_op' AND rank >= $lo ORDER BY start_ns",
+                     {"lo": 0}, codes=("name",))
+    assert got["rank"].tolist() == [0, 1] and got["start_ns"].tolist() == [10, 20]
+    # codes number the distinct values in their sorted order: aten::add before aten::mm
+    assert got.names["name"] == ["aten::add", "aten::mm"]
+    assert got["name"].tolist() == [1, 0]
+    # NULL is a value of its own, after the others
+    nulls = ctx.arrays("SELECT unnest(['b', NULL, 'a', 'b']) AS v", codes=("v",))
+    assert nulls.names["v"] == ["a", "b", None] and nulls["v"].tolist() == [1, 2, 0, 1]
+    empty = ctx.arrays("SELECT name FROM events WHERE false", codes=("name",))
+    assert empty["name"].tolist() == [] and empty.names["name"] == []

@@ -12,6 +12,7 @@ from advisor.model import Warning_
 from advisor.schema import TABLES
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
 _PARAM_RE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -52,6 +53,37 @@ class _StageResult:
 
     def __set__(self, obj: Any, value: Any) -> None:
         obj.__dict__[self.attr] = value
+
+
+class Arrays(dict[str, "np.ndarray"]):
+    """A query's columns by name as numpy arrays, with the distinct values of its coded columns."""
+
+    names: dict[str, list[Any]]
+
+    @classmethod
+    def of(cls, table: Any, codes: Iterable[str] = ()) -> Arrays:
+        """The columns of a pyarrow table; those in ``codes`` dictionary-encoded."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        out = cls()
+        out.names = {}
+        coded = set(codes)
+        for name, col in zip(table.column_names, table.columns, strict=True):
+            if name in coded:
+                import numpy as np
+
+                enc = pc.dictionary_encode(col.combine_chunks() if col.num_chunks else pa.array([], col.type),
+                                           null_encoding="encode")
+                values = enc.dictionary.to_pylist()
+                order = sorted(range(len(values)), key=lambda i: (values[i] is None, values[i] or ""))
+                code = np.empty(len(values), np.int64)
+                code[order] = np.arange(len(values))
+                out[name] = code[enc.indices.to_numpy(zero_copy_only=False)]
+                out.names[name] = [values[i] for i in order]
+            else:
+                out[name] = col.to_numpy()
+        return out
 
 
 @dataclass
@@ -137,6 +169,15 @@ class AnalysisContext:
         """Run SQL and return a DataFrame."""
         self.prepare(sql)
         return cast("pd.DataFrame", self._cursor().execute(sql, bind(sql, params)).df())
+
+    def arrays(self, sql: str, params: dict[str, Any] | None = None, codes: Iterable[str] = ()) -> Arrays:
+        """Run SQL and return its columns as numpy arrays (no pandas objects; an integer column with
+        NULLs comes back as floats with NaN). A column named in ``codes`` (strings) comes back as
+        integer codes into ``result.names[column]``, its distinct values in order (NULL last, as None):
+        codes compare as the values do."""
+        self.prepare(sql)
+        table = self._cursor().sql(sql, params=bind(sql, params)).to_arrow_table()
+        return Arrays.of(table, codes)
 
     def scalar(self, sql: str, params: dict[str, Any] | None = None) -> Any:
         """First column of the first row (None when there is no row)."""

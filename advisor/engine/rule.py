@@ -204,6 +204,11 @@ class RuleContext(Generic[T]):
         """Like :meth:`query` but return a pandas DataFrame."""
         return self.analysis.df(sql, {**dataclasses.asdict(self.t), **(params or {})})  # type: ignore[call-overload]
 
+    def arrays(self, sql: str, params: Mapping[str, Any] | None = None, codes: Iterable[str] = ()) -> Any:
+        """Like :meth:`query` but return the columns as numpy arrays (:class:`advisor.engine.context.Arrays`),
+        those named in ``codes`` as integer codes into ``result.names[column]``."""
+        return self.analysis.arrays(sql, self._params(params), codes)
+
     def scalar(self, sql: str, params: Mapping[str, Any] | None = None) -> Any:
         """Like :meth:`query` but return the first column of the first row (None without rows)."""
         return self.analysis.scalar(sql, self._params(params))

@@ -33,11 +33,10 @@ fewer distinct tensor sizes, no ``torch.cuda.empty_cache()`` in the loop).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from advisor.engine.derived import enclosing_intervals
 from advisor.engine.rule import RuleContext, knob, rule
@@ -77,49 +76,67 @@ SELECT w.rank, median((w.end_ns - w.start_ns - b.busy_ns) / (w.end_ns - w.start_
 FROM win w JOIN busy b USING (rank, step) GROUP BY w.rank
 """
 
+STEPS_SQL = """
+SELECT rank, step, start_ns, end_ns FROM steps
+WHERE rank IN (SELECT unnest($ranks)) AND end_ns > start_ns ORDER BY rank, start_ns, step
+"""
+
+BUSY_SQL = "SELECT rank, s, e FROM device_busy WHERE rank IN (SELECT unnest($ranks)) ORDER BY rank, s"
+
 # the host events of the threads that drive the device (those launching device tasks, else those making runtime
-# calls, else all); Python
-# frames (with_stack traces hold tens of thousands, nested deep) only as their union per thread, named "Python"
+# calls, else all), per rank, inside the rank's window [lo, hi); Python frames (with_stack traces hold tens of
+# thousands, nested deep) only as their union per thread, named "Python"; the rows come unordered.
 HOST_SQL = """
-WITH calls AS (SELECT tid, corr FROM events WHERE rank = $rank AND NOT device AND kind IN ('runtime', 'sync')),
-launchers AS (  -- threads whose runtime calls launched device tasks (a thread that only queries the device is not one)
-    SELECT DISTINCT tid FROM calls
-    WHERE corr IN (SELECT corr FROM events WHERE rank = $rank AND device AND corr IS NOT NULL)
+WITH win AS (SELECT unnest($ranks) AS rank, unnest($los) AS lo, unnest($his) AS hi),
+calls AS (
+    SELECT rank, tid, corr FROM events
+    WHERE rank IN (SELECT rank FROM win) AND NOT device AND kind IN ('runtime', 'sync')
 ),
-drivers AS (SELECT tid FROM launchers UNION SELECT DISTINCT tid FROM calls WHERE NOT EXISTS (SELECT 1 FROM launchers)),
+launchers AS (  -- threads whose runtime calls launched device tasks (a thread that only queries the device is not one)
+    SELECT DISTINCT c.rank, c.tid FROM calls c SEMI JOIN (
+        SELECT rank, corr FROM events WHERE rank IN (SELECT rank FROM win) AND device AND corr IS NOT NULL
+    ) d ON d.rank = c.rank AND d.corr = c.corr
+),
+drivers AS (
+    SELECT rank, tid FROM launchers
+    UNION SELECT DISTINCT rank, tid FROM calls WHERE rank NOT IN (SELECT rank FROM launchers)
+),
 sel AS (
-    SELECT tid, kind, name, start_ns AS s, start_ns + dur_ns AS e FROM events
-    WHERE rank = $rank AND NOT device AND dur_ns > 0 AND start_ns < $hi AND start_ns + dur_ns > $lo
-      AND kind IN ('sync', 'runtime', 'dataloader', 'host_op', 'python', 'comm', 'queue', 'other')
-      AND (tid IN (SELECT tid FROM drivers) OR NOT EXISTS (SELECT 1 FROM drivers))
+    SELECT e.rank, e.tid, e.kind, e.name, e.start_ns AS s, e.start_ns + e.dur_ns AS e FROM events e JOIN win w USING (rank)
+    WHERE NOT e.device AND e.dur_ns > 0 AND e.start_ns < w.hi AND e.start_ns + e.dur_ns > w.lo
+      AND e.kind IN ('sync', 'runtime', 'dataloader', 'host_op', 'python', 'comm', 'queue', 'other')
+      AND ((e.rank, e.tid) IN (SELECT (rank, tid) FROM drivers) OR e.rank NOT IN (SELECT rank FROM drivers))
 ),
 py AS (
-    SELECT tid, s, e, max(e) OVER (PARTITION BY tid ORDER BY s, e DESC
-                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+    SELECT rank, tid, s, e, max(e) OVER (PARTITION BY rank, tid ORDER BY s, e DESC
+                                         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
     FROM sel WHERE kind = 'python'
 ),
 py_isl AS (
-    SELECT tid, min(s) AS s, max(e) AS e FROM (
-        SELECT tid, s, e, sum(CASE WHEN reach IS NULL OR s > reach THEN 1 ELSE 0 END)
-                          OVER (PARTITION BY tid ORDER BY s, e DESC ROWS UNBOUNDED PRECEDING) AS isl
+    SELECT rank, tid, min(s) AS s, max(e) AS e FROM (
+        SELECT rank, tid, s, e, sum(CASE WHEN reach IS NULL OR s > reach THEN 1 ELSE 0 END)
+                                OVER (PARTITION BY rank, tid ORDER BY s, e DESC ROWS UNBOUNDED PRECEDING) AS isl
         FROM py
-    ) GROUP BY tid, isl
+    ) GROUP BY rank, tid, isl
+),
+host AS (
+    SELECT rank, tid, s, e, name,
+           CASE WHEN kind = 'sync' THEN 0
+                WHEN kind = 'runtime' AND regexp_matches(name, $alloc_re) THEN 1
+                WHEN kind = 'dataloader' THEN 2
+                WHEN kind = 'runtime' THEN 3
+                ELSE 4 END AS cls
+    FROM sel WHERE kind <> 'python'
+    UNION ALL
+    SELECT rank, tid, s, e, 'Python' AS name, 4 AS cls FROM py_isl
 )
-SELECT tid, s, e, name,
-       CASE WHEN kind = 'sync' THEN 0
-            WHEN kind = 'runtime' AND regexp_matches(name, $alloc_re) THEN 1
-            WHEN kind = 'dataloader' THEN 2
-            WHEN kind = 'runtime' THEN 3
-            ELSE 4 END AS cls
-FROM sel WHERE kind <> 'python'
-UNION ALL
-SELECT tid, s, e, 'Python' AS name, 4 AS cls FROM py_isl
-ORDER BY tid, s, e DESC
+SELECT rank, tid, s, e, cls, name FROM host
 """
 
 KERNEL_SQL = """
-SELECT step, count(*) AS n, count(*) FILTER (WHERE dur_ns < $short_kernel_us * 1000) AS n_short
-FROM events WHERE rank = $rank AND device AND kind = 'kernel' AND step IS NOT NULL GROUP BY step
+SELECT rank, step, count(*) AS n, count(*) FILTER (WHERE dur_ns < $short_kernel_us * 1000) AS n_short
+FROM events WHERE rank IN (SELECT unnest($ranks)) AND device AND kind = 'kernel' AND step IS NOT NULL
+GROUP BY rank, step
 """
 
 
@@ -131,29 +148,35 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     if not dev_ranks:
         return
     bd = step_table(ctx)
-    candidates = [int(r["rank"]) for r in ctx.query(RANKS_SQL)
-                  if int(r["rank"]) in dev_ranks and r["idle_share"] is not None
-                  and float(r["idle_share"]) >= ctx.t.min_idle_share]
-    for rank in sorted(candidates):
-        steps = ctx.df("SELECT step, start_ns, end_ns FROM steps WHERE rank = $rank AND end_ns > start_ns ORDER BY start_ns",
-                       {"rank": rank})
-        steps = steps[steps["step"].isin(bd.loc[bd["rank"] == rank, "step"])]
-        if steps.empty:
-            continue
-        finding = _rank(ctx, rank, steps)
+    candidates = sorted(int(r["rank"]) for r in ctx.query(RANKS_SQL)
+                        if int(r["rank"]) in dev_ranks and r["idle_share"] is not None
+                        and float(r["idle_share"]) >= ctx.t.min_idle_share)
+    if not candidates:
+        return
+    # the analysed steps of every candidate rank (those of the breakdown), then one query per table for them all
+    kept = set(zip(bd["rank"].astype(int), bd["step"].astype(int), strict=True))
+    st = ctx.arrays(STEPS_SQL, {"ranks": candidates})
+    keep = np.array([(int(r), int(s)) in kept for r, s in zip(st["rank"], st["step"], strict=True)], dtype=bool)
+    st = {k: v[keep] for k, v in st.items()}
+    ranks = [r for r in candidates if bool((st["rank"] == r).any())]
+    if not ranks:
+        return
+    los = [int(st["start_ns"][st["rank"] == r].min()) for r in ranks]
+    his = [int(st["end_ns"][st["rank"] == r].max()) for r in ranks]
+    busy = ctx.arrays(BUSY_SQL, {"ranks": ranks})
+    host = ctx.arrays(HOST_SQL, {"ranks": ranks, "los": los, "his": his, "alloc_re": ALLOC_RE}, codes=("tid", "name"))
+    kern = ctx.arrays(KERNEL_SQL, {"ranks": ranks})
+    for rank, lo, hi in zip(ranks, los, his, strict=True):
+        finding = _rank(ctx, rank, lo, hi, _of(st, rank), _of(busy, rank), _of(host, rank), _of(kern, rank),
+                        host.names["name"])
         if finding is not None:
             yield finding
 
 
-def _idle(busy: pd.DataFrame, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-    """The idle intervals (starts, ends) of window [a, b) given the device busy periods (sorted, disjoint)."""
-    sel = busy[(busy["s"] < b) & (busy["e"] > a)]
-    s = np.clip(sel["s"].to_numpy(np.int64), a, b)
-    e = np.clip(sel["e"].to_numpy(np.int64), a, b)
-    starts = np.concatenate([[a], e])
-    ends = np.concatenate([s, [b]])
-    keep = ends > starts
-    return starts[keep], ends[keep]
+def _of(cols: Mapping[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
+    """The rows of one rank."""
+    sel = cols["rank"] == rank
+    return {k: v[sel] for k, v in cols.items()}
 
 
 def _union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -167,47 +190,66 @@ def _union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return s[idx], np.maximum.reduceat(e, idx)
 
 
-def _rank(ctx: RuleContext[Thresholds], rank: int, steps: pd.DataFrame) -> Finding | None:
-    lo, hi = int(steps["start_ns"].min()), int(steps["end_ns"].max())
-    busy = ctx.df("SELECT s, e FROM device_busy WHERE rank = $rank AND s < $hi AND e > $lo ORDER BY s",
-                  {"rank": rank, "lo": lo, "hi": hi})
-    host = ctx.df(HOST_SQL, {"rank": rank, "lo": lo, "hi": hi, "alloc_re": ALLOC_RE})
-    threads = sorted(set(host["tid"].astype(str)))
-    thr = host["tid"].astype(str).map({t: i for i, t in enumerate(threads)}).to_numpy(np.int64)
-    hs, he = host["s"].to_numpy(np.int64), host["e"].to_numpy(np.int64)
-    cls = host["cls"].to_numpy(np.int64)
-    # idle intervals of every step, then the elementary segments between any two boundaries (idle or host
-    # event) inside them: one class per segment, from the innermost event of each driving thread
+def _idle(b_s: np.ndarray, b_e: np.ndarray, w_s: np.ndarray, w_e: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The idle intervals (starts, ends, step index) of the windows [w_s, w_e) given the device busy
+    periods (b_s, b_e), sorted by start."""
     idle_s, idle_e, idle_step = [], [], []
-    w_s, w_e = steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
-    step_ids = [int(x) for x in steps["step"]]
-    for j in range(len(steps)):
-        i_s, i_e = _idle(busy, int(w_s[j]), int(w_e[j]))
-        idle_s.append(i_s)
-        idle_e.append(i_e)
-        idle_step.append(np.full(len(i_s), j, np.int64))
+    for j in range(len(w_s)):
+        a, b = int(w_s[j]), int(w_e[j])
+        sel = (b_s < b) & (b_e > a)
+        s, e = np.clip(b_s[sel], a, b), np.clip(b_e[sel], a, b)
+        starts = np.concatenate([[a], e])
+        ends = np.concatenate([s, [b]])
+        keep = ends > starts
+        idle_s.append(starts[keep])
+        idle_e.append(ends[keep])
+        idle_step.append(np.full(int(keep.sum()), j, np.int64))
     i_s, i_e, i_j = np.concatenate(idle_s), np.concatenate(idle_e), np.concatenate(idle_step)
     order = np.argsort(i_s, kind="stable")
-    i_s, i_e, i_j = i_s[order], i_e[order], i_j[order]
-    n_steps = len(steps)
+    return i_s[order], i_e[order], i_j[order]
+
+
+def _rank(ctx: RuleContext[Thresholds], rank: int, lo: int, hi: int, steps: dict[str, np.ndarray],
+          busy: dict[str, np.ndarray], host: dict[str, np.ndarray], kern: dict[str, np.ndarray],
+          names: list[str]) -> Finding | None:
+    keep = (busy["s"] < hi) & (busy["e"] > lo)
+    b_s, b_e = busy["s"][keep].astype(np.int64), busy["e"][keep].astype(np.int64)
+    # threads numbered in the order of their ids (codes follow it); rows by thread, start, longer first (then
+    # class and name: duplicates resolve the same way every run)
+    tids = np.unique(host["tid"])
+    n_threads = len(tids)
+    thr = np.searchsorted(tids, host["tid"])
+    order = np.lexsort((host["name"], host["cls"], host["s"] - host["e"], host["s"], thr))
+    thr, cls, name_id = thr[order], host["cls"][order].astype(np.int64), host["name"][order].astype(np.int64)
+    hs, he = host["s"][order].astype(np.int64), host["e"][order].astype(np.int64)
+    # idle intervals of every step, then the elementary segments between any two boundaries (idle or host
+    # event) inside them: one class per segment, from the innermost event of each driving thread
+    w_s, w_e = steps["start_ns"].astype(np.int64), steps["end_ns"].astype(np.int64)
+    step_ids = [int(x) for x in steps["step"]]
+    i_s, i_e, i_j = _idle(b_s, b_e, w_s, w_e)
+    n_steps = len(step_ids)
     per = np.zeros((n_steps, len(CLASS_NAMES)))
-    wait: dict[str, float] = {}  # ns the device idled while each host call / operator was the innermost one
-    blocking: set[str] = set()  # the names among them that are sync or allocator calls
+    wait: np.ndarray = np.zeros(0)  # ns the device idled while each host call / operator (by name) was the innermost one
+    first = np.zeros(0, np.int64)  # the first such segment of each name (ties in wait keep that order)
+    unseen = 0  # first's value for the names of no such segment
+    blocking = np.zeros(0, dtype=bool)  # the names among them that are sync or allocator calls
     if len(i_s) and len(hs):
-        pts = np.unique(np.concatenate([i_s, i_e, hs, he]))
+        pts = np.sort(np.concatenate([i_s, i_e, hs, he]), kind="stable")  # sorted runs: a merge
         pts = pts[(pts >= lo) & (pts <= hi)]
+        pts = pts[np.concatenate([[True], pts[1:] != pts[:-1]])]
         seg_s, seg_e = pts[:-1], pts[1:]
         k = np.searchsorted(i_s, seg_s, "right") - 1
         in_idle = (k >= 0) & (seg_e <= i_e[np.maximum(k, 0)])
         seg_s, seg_e, seg_j = seg_s[in_idle], seg_e[in_idle], i_j[k[in_idle]]
-        best = np.full(len(seg_s), 99, np.int64)
-        who = np.full(len(seg_s), -1, np.int64)
-        for t in range(len(threads)):
-            owner = enclosing_intervals(thr, hs, he, np.full(len(seg_s), t, np.int64), seg_s)
-            c = np.where(owner >= 0, cls[np.maximum(owner, 0)], 99)
-            better = c < best
-            best = np.where(better, c, best)
-            who = np.where(better, owner, who)
+        # each segment's innermost event on every thread (threads by row), then the thread whose event has
+        # the lowest class (the first such thread on ties)
+        m = len(seg_s)
+        owner = enclosing_intervals(thr, hs, he, np.repeat(np.arange(n_threads, dtype=np.int64), m),
+                                    np.tile(seg_s, n_threads)).reshape(n_threads, m)
+        c = np.where(owner >= 0, cls[np.maximum(owner, 0)], 99)
+        pick = np.argmin(c, axis=0)
+        best = c[pick, np.arange(m)]
+        who = np.where(best < 99, owner[pick, np.arange(m)], -1)
         # inside a data-loading span everything but a sync or allocator call is data loading (IO001's)
         dl = np.flatnonzero(cls == DATA)
         if len(dl):
@@ -220,32 +262,28 @@ def _rank(ctx: RuleContext[Thresholds], rank: int, steps: pd.DataFrame) -> Findi
             sel = best == code
             per[:, code] = np.bincount(seg_j[sel], weights=dur[sel], minlength=n_steps)
         calls = np.isin(best, HOST_WORK)
-        names = host["name"].to_numpy()
-        for i, c, d in zip(who[calls], best[calls], dur[calls], strict=True):
-            nm = str(names[int(i)])
-            wait[nm] = wait.get(nm, 0.0) + float(d)
-            if c <= ALLOC:
-                blocking.add(nm)
+        nm = name_id[who[calls]]
+        wait = np.bincount(nm, weights=dur[calls], minlength=len(names))
+        unseen = len(nm)
+        first = np.full(len(names), unseen, np.int64)
+        np.minimum.at(first, nm, np.arange(len(nm)))
+        blocking = np.bincount(nm, weights=best[calls] <= ALLOC, minlength=len(names)) > 0
     idle_ns = np.bincount(i_j, weights=(i_e - i_s).astype(float), minlength=n_steps)
-    rows = [{"step": step_ids[j], "step_ns": int(w_e[j] - w_s[j]), "idle_ns": float(idle_ns[j]),
-             **{nm: float(per[j, code]) for code, nm in CLASS_NAMES.items()}}
-            for j in range(n_steps)]
-    df = pd.DataFrame(rows)
-    df["host_ns"] = df[[CLASS_NAMES[c] for c in HOST_WORK]].sum(axis=1).clip(upper=df["step_ns"])
-    idle_share = float((df["idle_ns"] / df["step_ns"]).median())
-    host_share = float((df["host_ns"] / df["step_ns"]).median())
+    step_ns = (w_e - w_s).astype(float)
+    host_ns = np.minimum(per[:, list(HOST_WORK)].sum(axis=1), step_ns)
+    idle_share = float(np.median(idle_ns / step_ns))
+    host_share = float(np.median(host_ns / step_ns))
     if idle_share < ctx.t.min_idle_share or host_share < ctx.t.min_host_share:
         return None
-    saving = float(df["host_ns"].median()) / 1000.0
-    step_us = float(df["step_ns"].median()) / 1000.0
-    n = len(df)
-    by_class = {nm: round(float(df[nm].sum()) / 1000.0 / n, 1) for nm in CLASS_NAMES.values()}
-    untraced = round(float((df["idle_ns"] - df[list(CLASS_NAMES.values())].sum(axis=1)).sum()) / 1000.0 / n, 1)
+    saving = float(np.median(host_ns)) / 1000.0
+    step_us = float(np.median(step_ns)) / 1000.0
+    n = n_steps
+    by_class = {nm: round(float(per[:, code].sum()) / 1000.0 / n, 1) for code, nm in CLASS_NAMES.items()}
+    untraced = round(float((idle_ns - per.sum(axis=1)).sum()) / 1000.0 / n, 1)
     work = {nm: by_class[nm] for nm in ("sync", "allocator", "launch", "framework_python")}
     main = max(work, key=lambda k: work[k])
-    kern = ctx.df(KERNEL_SQL, {"rank": rank})
-    kern = kern[kern["step"].isin(df["step"])]
-    n_k, n_short = int(kern["n"].sum()), int(kern["n_short"].sum())
+    in_steps = np.isin(kern["step"], step_ids)
+    n_k, n_short = int(kern["n"][in_steps].sum()), int(kern["n_short"][in_steps].sum())
     short_share = n_short / n_k if n_k else 0.0
     cause = "cpu.host_device_sync" if main == "sync" else "cpu.operator_dispatch"
     reason = {
@@ -256,7 +294,9 @@ def _rank(ctx: RuleContext[Thresholds], rank: int, steps: pd.DataFrame) -> Findi
         "framework_python": f"the host runs Python and framework code between launches ({short_share:.0%} of "
                             f"{n_k / n:.0f} kernels per step run under {ctx.t.short_kernel_us:g} µs)",
     }[main]
-    top_calls = sorted(wait.items(), key=lambda kv: -kv[1])[: ctx.t.top_n]
+    waited = np.flatnonzero(first < unseen)
+    top_ids = [int(i) for i in waited[np.lexsort((first[waited], -wait[waited]))][: ctx.t.top_n]]
+    top_calls = [(names[i], float(wait[i])) for i in top_ids]
     busy_share = 1.0 - idle_share
     return ctx.finding(
         title=f"Rank {rank}'s device is busy {busy_share:.0%} of the step and waits on the host for "
@@ -269,13 +309,13 @@ def _rank(ctx: RuleContext[Thresholds], rank: int, steps: pd.DataFrame) -> Findi
             "main_reason": main,
             "kernels_per_step": round(n_k / n, 1), "short_kernel_share": round(short_share, 4),
             "short_kernel_us": ctx.t.short_kernel_us,
-            "driving_threads": len(set(host["tid"])) if len(host) else 0,
+            "driving_threads": n_threads,
             "step_us_median": round(step_us, 1), "steps": n,
         },
         saving_us=min(saving, step_us), step_us=step_us, cause=cause,
         saving_basis="median per-step device idle time during which the threads driving the device were in sync, "
         "allocator, launch, framework or Python work (data loading excluded)",
         # ops: the blocking calls only, so that ranks bound the same way merge into one finding
-        ranks=[rank], steps=[int(s) for s in df["step"]], ops=sorted(nm for nm, _ in top_calls if nm in blocking),
+        ranks=[rank], steps=step_ids, ops=sorted(names[i] for i in top_ids if blocking[i]),
         top=[{"host_call": nm, "device_idle_us_per_step": round(d / 1000.0 / n, 1)} for nm, d in top_calls],
     )
