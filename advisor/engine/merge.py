@@ -16,6 +16,8 @@ from collections import defaultdict
 from advisor.model import Finding
 
 MIN_RANKS = 3
+# a title naming its rank first: "Rank 3: ...", "Rank 3 blocks ..." (group 2 set) or "Rank 3's ..." (not)
+_RANK_TITLE = re.compile(r"Rank (\d+)(:\s*|\s+)?")
 
 
 def _span(ranks: list[int]) -> str:
@@ -41,10 +43,11 @@ def merge_per_rank(findings: list[Finding]) -> list[Finding]:
             continue
         worst = max(items, key=lambda f: (f.estimated_saving_us or 0.0, f.severity))
         ranks = sorted({r for f in items for r in f.ranks})
-        m = re.match(r"^Rank (\d+)(:?)\s*", worst.title)
-        if m:
-            body = worst.title[m.end():]
-            title = f"Ranks {_span(ranks)}{m.group(2) or ':'} {body} (worst: rank {m.group(1)})"
+        m = _RANK_TITLE.match(worst.title)
+        if m and m.group(2) is not None:  # "Rank 3: body" or "Rank 3 verb ...": the body is about every rank
+            title = f"Ranks {_span(ranks)}: {worst.title[m.end():]} (worst: rank {m.group(1)})"
+        elif m:  # "Rank 3's device ...": the title speaks of the worst rank alone
+            title = f"Ranks {_span(ranks)}: r{worst.title[1:]} (worst)"
         else:
             title = f"{worst.title} (and {len(ranks) - 1} more ranks: {_span(ranks)})"
         evidence = dict(worst.evidence)
