@@ -145,8 +145,8 @@ def enclosing_intervals(thr: np.ndarray, s: np.ndarray, e: np.ndarray, pthr: np.
     out = np.full(m, -1, np.int64)
     if n == 0 or m == 0:
         return out
-    thr, pthr = thr.astype(np.int64), pthr.astype(np.int64)
-    s, e, pt = s.astype(np.int64), e.astype(np.int64), pt.astype(np.int64)
+    thr, pthr = np.asarray(thr, np.int64), np.asarray(pthr, np.int64)  # no copy of int64 input (none is written)
+    s, e, pt = np.asarray(s, np.int64), np.asarray(e, np.int64), np.asarray(pt, np.int64)
     lo = min(int(s.min()), int(pt.min()))
     hi = max(int(e.max()), int(pt.max()), int(s.max()))
     tb = max(hi - lo, 1).bit_length()

@@ -193,6 +193,30 @@ def _union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _idle(b_s: np.ndarray, b_e: np.ndarray, w_s: np.ndarray, w_e: np.ndarray) -> tuple[np.ndarray, ...]:
     """The idle intervals (starts, ends, step index) of the windows [w_s, w_e) given the device busy
     periods (b_s, b_e), sorted by start."""
+    if len(b_s) and bool(np.all(b_s[1:] >= b_e[:-1])) and bool(np.all(b_e >= b_s)):
+        # sorted disjoint periods: those of window j are the range [i0, i1); its idle candidates are
+        # [a, e_0), [s_0, e_1) ... shifted: starts a, e_0 .. e_k-1 and ends s_0 .. s_k-1, b
+        i0 = np.searchsorted(b_e, w_s, "right")
+        i1 = np.maximum(np.searchsorted(b_s, w_e, "left"), i0)
+        cnt = i1 - i0
+        win = np.repeat(np.arange(len(w_s)), cnt)
+        idx = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt - i0, cnt)
+        cs, ce = np.clip(b_s[idx], w_s[win], w_e[win]), np.clip(b_e[idx], w_s[win], w_e[win])
+        at = np.cumsum(cnt + 1) - (cnt + 1)  # where each window's candidates begin
+        starts = np.empty(len(win) + len(w_s), np.int64)
+        ends = np.empty(len(win) + len(w_s), np.int64)
+        step = np.repeat(np.arange(len(w_s)), cnt + 1)
+        inner = np.ones(len(starts), dtype=bool)
+        inner[at] = False
+        starts[at], starts[inner] = w_s, ce
+        last = at + cnt
+        outer = np.ones(len(ends), dtype=bool)
+        outer[last] = False
+        ends[last], ends[outer] = w_e, cs
+        keep = ends > starts
+        i_s, i_e, i_j = starts[keep], ends[keep], step[keep]
+        order = np.argsort(i_s, kind="stable")
+        return i_s[order], i_e[order], i_j[order]
     idle_s, idle_e, idle_step = [], [], []
     for j in range(len(w_s)):
         a, b = int(w_s[j]), int(w_e[j])
@@ -216,9 +240,9 @@ def _rank(ctx: RuleContext[Thresholds], rank: int, lo: int, hi: int, steps: dict
     b_s, b_e = busy["s"][keep].astype(np.int64), busy["e"][keep].astype(np.int64)
     # threads numbered in the order of their ids (codes follow it); rows by thread, start, longer first (then
     # class and name: duplicates resolve the same way every run)
-    tids = np.unique(host["tid"])
-    n_threads = len(tids)
-    thr = np.searchsorted(tids, host["tid"])
+    present = np.flatnonzero(np.bincount(host["tid"]))
+    n_threads = len(present)
+    thr = np.searchsorted(present, host["tid"])
     order = np.lexsort((host["name"], host["cls"], host["s"] - host["e"], host["s"], thr))
     thr, cls, name_id = thr[order], host["cls"][order].astype(np.int64), host["name"][order].astype(np.int64)
     hs, he = host["s"][order].astype(np.int64), host["e"][order].astype(np.int64)
@@ -266,7 +290,9 @@ def _rank(ctx: RuleContext[Thresholds], rank: int, lo: int, hi: int, steps: dict
         wait = np.bincount(nm, weights=dur[calls], minlength=len(names))
         unseen = len(nm)
         first = np.full(len(names), unseen, np.int64)
-        np.minimum.at(first, nm, np.arange(len(nm)))
+        by_name = np.argsort(nm, kind="stable")
+        lead = np.flatnonzero(np.concatenate([[True], np.diff(nm[by_name]) != 0])) if unseen else by_name
+        first[nm[by_name[lead]]] = by_name[lead]
         blocking = np.bincount(nm, weights=best[calls] <= ALLOC, minlength=len(names)) > 0
     idle_ns = np.bincount(i_j, weights=(i_e - i_s).astype(float), minlength=n_steps)
     step_ns = (w_e - w_s).astype(float)
