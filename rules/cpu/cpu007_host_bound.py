@@ -166,9 +166,9 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     busy = ctx.arrays(BUSY_SQL, {"ranks": ranks})
     host = ctx.arrays(HOST_SQL, {"ranks": ranks, "los": los, "his": his, "alloc_re": ALLOC_RE}, codes=("tid", "name"))
     kern = ctx.arrays(KERNEL_SQL, {"ranks": ranks})
+    names = ["(unnamed)" if nm is None else str(nm) for nm in host.names["name"]]
     for rank, lo, hi in zip(ranks, los, his, strict=True):
-        finding = _rank(ctx, rank, lo, hi, _of(st, rank), _of(busy, rank), _of(host, rank), _of(kern, rank),
-                        host.names["name"])
+        finding = _rank(ctx, rank, lo, hi, _of(st, rank), _of(busy, rank), _of(host, rank), _of(kern, rank), names)
         if finding is not None:
             yield finding
 

@@ -93,3 +93,24 @@ def test_steady_steps_and_fmt() -> None:
     assert steady_steps([3, 4]) == [3, 4]
     assert fmt_ms(1500.0) == "1.5 ms"
     assert fmt_ms(850.0) == "850 µs"
+
+
+def test_cpu007_idle_intervals_of_overlapping_step_windows() -> None:
+    import numpy as np
+
+    from rules.cpu.cpu007_host_bound import _idle
+
+    def idle(busy: list[tuple[int, int]], windows: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+        b = np.array(busy, np.int64).reshape(-1, 2)
+        w = np.array(windows, np.int64).reshape(-1, 2)
+        s, e, j = _idle(b[:, 0], b[:, 1], w[:, 0], w[:, 1])
+        return list(zip(s.tolist(), e.tolist(), j.tolist(), strict=True))
+
+    # device busy [10,20) and [30,40). Window 0 [0,25): idle [0,10) and [20,25). Window 1 [15,50) starts
+    # inside the first busy period: idle [20,30) and [40,50). Window 2 [41,45) lies in the last gap: all idle.
+    # By start; the two intervals starting at 20 in window order.
+    assert idle([(10, 20), (30, 40)], [(0, 25), (15, 50), (41, 45)]) == [
+        (0, 10, 0), (20, 25, 0), (20, 30, 1), (40, 50, 1), (41, 45, 2)]
+    # a window covered by one busy period has no idle interval; with no busy period a window is all idle
+    assert idle([(10, 20), (30, 40)], [(12, 18)]) == []
+    assert idle([], [(0, 5), (3, 9)]) == [(0, 5, 0), (3, 9, 1)]
