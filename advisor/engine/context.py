@@ -63,6 +63,7 @@ class Arrays(dict[str, "np.ndarray"]):
     @classmethod
     def of(cls, table: Any, codes: Iterable[str] = ()) -> Arrays:
         """The columns of a pyarrow table; those in ``codes`` dictionary-encoded."""
+        import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -71,8 +72,6 @@ class Arrays(dict[str, "np.ndarray"]):
         coded = set(codes)
         for name, col in zip(table.column_names, table.columns, strict=True):
             if name in coded:
-                import numpy as np
-
                 enc = pc.dictionary_encode(col.combine_chunks() if col.num_chunks else pa.array([], col.type),
                                            null_encoding="encode")
                 values = enc.dictionary.to_pylist()
