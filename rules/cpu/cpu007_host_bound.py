@@ -105,7 +105,7 @@ sel AS (
     SELECT e.rank, e.tid, e.kind, e.name, e.start_ns AS s, e.start_ns + e.dur_ns AS e FROM events e JOIN win w USING (rank)
     WHERE NOT e.device AND e.dur_ns > 0 AND e.start_ns < w.hi AND e.start_ns + e.dur_ns > w.lo
       AND e.kind IN ('sync', 'runtime', 'dataloader', 'host_op', 'python', 'comm', 'queue', 'other')
-      AND ((e.rank, e.tid) IN (SELECT (rank, tid) FROM drivers) OR e.rank NOT IN (SELECT rank FROM drivers))
+      AND (e.tid IN (SELECT d.tid FROM drivers d WHERE d.rank = e.rank) OR e.rank NOT IN (SELECT rank FROM drivers))
 ),
 py AS (
     SELECT rank, tid, s, e, max(e) OVER (PARTITION BY rank, tid ORDER BY s, e DESC
