@@ -22,6 +22,21 @@ What counts as an explanation:
   steps meet S and either do not cover every profiled step of the rank (step-specific), or whose
   cause is one that typically comes and goes (GC, data loading, compilation, contention, host
   sync) — those rules often list every step they saw but their cost concentrates in the spikes.
+* **cluster.operator_variability** (one operator explains most of the step-time variance; it
+  names every rank and no step, so only its spikes place it: ``evidence["op_spike_steps"]`` and
+  ``top``, the steps whose excess over the median step that operator carries on the rank the step
+  waits for, :func:`advisor.variability.spikes`):
+
+  - it explains a **step fluctuation** when at least half of the fluctuation's slow steps are
+    spikes of the operator (the steps are slow because that operator is);
+  - a **rank slow in some steps** (cluster.slow_rank_step, rank R, steps S; merged over ranks: any
+    of its ranks in any of its steps) explains it when at least half of its (R, step) cells are
+    spikes: the operator varies because R was slow in those steps. Where the rank's saving is
+    under half the variability's, :func:`advisor.engine.chain.link` keeps it as a partial link
+    (the operator also varies elsewhere).
+
+  These links carry no sentence in ``detail``: :func:`advisor.engine.chain.link` keeps them only
+  where the cause registry declares them and the savings allow.
 """
 
 from __future__ import annotations
@@ -31,6 +46,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from advisor.model import Finding
+
+VARIABILITY = "cluster.operator_variability"
+# share of the other finding's slow steps (or rank-step cells) that must be spikes of the operator
+MIN_SPIKE_OVERLAP = 0.5
 
 INTERMITTENT_CAUSES = (
     "cpu.garbage_collection",
@@ -91,6 +110,8 @@ def annotate(findings: Sequence[Finding], min_share: float = 0.25,
                 specific = every is not None and not set(every) <= set(f.steps)
                 if specific or f.cause in INTERMITTENT_CAUSES:
                     _link(explains, explained_by, fi, ci, f, c)
+        elif c.cause == VARIABILITY:
+            _variability_links(items, ci, c, explains)
     out: list[Finding] = []
     for i, f in enumerate(items):
         changes: dict[str, Any] = {}
@@ -106,6 +127,33 @@ def annotate(findings: Sequence[Finding], min_share: float = 0.25,
             changes["detail"] = (f.detail + " " + note).strip()
         out.append(dataclasses.replace(f, **changes) if changes else f)
     return out
+
+
+def _spike_cells(f: Finding) -> set[tuple[int, int]]:
+    """(rank, step) of each spike of a cluster.operator_variability finding (its ``top`` rows)."""
+    out = set()
+    for row in f.top:
+        if isinstance(row.get("rank"), int) and isinstance(row.get("step"), int):
+            out.add((int(row["rank"]), int(row["step"])))
+    return out
+
+
+def _variability_links(items: list[Finding], vi: int, v: Finding, explains: dict[int, list[str]]) -> None:
+    """The links of the operator-variability finding ``v`` (see the module doc), into ``explains``."""
+    cells = _spike_cells(v)
+    if not cells:
+        return
+    spike_steps = {s for _, s in cells}
+    for fi, f in enumerate(items):
+        if fi == vi or not f.steps:
+            continue
+        if f.cause == "cluster.step_fluctuation":
+            if len(set(f.steps) & spike_steps) >= MIN_SPIKE_OVERLAP * len(set(f.steps)):
+                explains.setdefault(vi, []).append(f.id)
+        elif f.cause == "cluster.slow_rank_step" and f.ranks:
+            own = {(r, s) for r in f.ranks for s in f.steps}  # merged over ranks: their ranks and steps
+            if len(own & cells) >= MIN_SPIKE_OVERLAP * len(own):
+                explains.setdefault(fi, []).append(v.id)
 
 
 def _link(explains: dict[int, list[str]], explained_by: dict[int, list[str]], fi: int, ci: int,
