@@ -284,6 +284,26 @@ def test_planted_slow_stage_is_found_and_the_stalled_stage_not_blamed(tmp_path: 
 
 
 @pytest.mark.slow
+def test_a_mildly_slow_stage_explains_part_of_the_bubble(tmp_path: Path) -> None:
+    """Stage 0 computes 1.3x longer; with two stages and two GPipe micro-batches the schedule's own bubble,
+    (p - 1) / (m + p - 1) = 1/3 of the pipeline, is well above the stage's excess: the slow stage explains
+    only a part of the bubble, which stays a root and counts what is left."""
+    facts = _gen(tmp_path, "layout_dp4_tp2_pp2", slow_stage=0, slow_stage_factor=1.3)
+    report = analyze(facts.root)
+    report_json(report)
+    (stage,) = _by_rule(report, "CLU006")
+    assert list(stage.ranks) == facts.slow_stage_ranks
+    (bubble,) = _by_rule(report, "PAR002")
+    assert stage.estimated_saving_us and bubble.estimated_saving_us
+    assert bubble.estimated_saving_us > 2 * stage.estimated_saving_us  # the schedule's bubble dominates
+    assert bubble.root and bubble.id not in stage.explains
+    assert bubble.evidence["explained_in_part_by"] == stage.id
+    assert bubble.evidence["unexplained_saving_us"] == pytest.approx(
+        bubble.estimated_saving_us - stage.estimated_saving_us, abs=1e-3)
+    assert stage.evidence["explains_in_part"] == bubble.id
+
+
+@pytest.mark.slow
 def test_planted_rank_slow_in_one_step(tmp_path: Path) -> None:
     facts = _gen(tmp_path, "layout_dp8_tp2", slow_rank_step=(5, 2), steps=5)
     report = analyze(facts.root)

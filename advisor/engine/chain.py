@@ -209,14 +209,16 @@ def link(findings: Sequence[Finding], causes: Mapping[str, Sequence[str]] | None
     return out
 
 
-def _counted(i: int, items: Sequence[Finding], idx: Mapping[str, int], here: set[int],
+def _counted(i: int, r: int | None, items: Sequence[Finding], idx: Mapping[str, int],
              chain: Mapping[int, float | None]) -> float | None:
-    """Root ``i``'s part of a rank's total: its chain saving, or where a root counted on the same rank
-    explains a part of it (:data:`PARTIAL`), its saving beyond that part."""
-    by = [idx.get(x.strip()) for x in str(items[i].evidence.get("explained_in_part_by", "")).split(",") if x.strip()]
+    """Root ``i``'s part of rank ``r``'s total: its chain saving, or where a finding of the report on the
+    same rank explains a part of it (:data:`PARTIAL`; counted in its own chain), its saving beyond that part."""
     rest = items[i].evidence.get("unexplained_saving_us")
-    if rest is not None and any(p in here for p in by if p is not None):
-        return float(rest)
+    if rest is not None:
+        for x in str(items[i].evidence.get("explained_in_part_by", "")).split(","):
+            p = idx.get(x.strip())
+            if p is not None and (r is None or not items[p].ranks or r in items[p].ranks):
+                return float(rest)
     return chain[i]
 
 
@@ -283,7 +285,7 @@ def summary(findings: Sequence[Finding], med: Mapping[int, float]) -> dict[str, 
     at = {i for i in roots if chain[i] is not None}
     for r in ranks or [None]:  # type: ignore[list-item]
         here = {i for i in at if r is None or not items[i].ranks or r in items[i].ranks}
-        parts = [_counted(i, items, idx, here, chain) for i in sorted(here)]
+        parts = [_counted(i, r, items, idx, chain) for i in sorted(here)]
         if not parts:
             continue
         raw = float(sum(p for p in parts if p is not None))
