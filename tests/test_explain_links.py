@@ -109,11 +109,16 @@ def test_a_fluctuation_whose_slow_steps_are_not_the_spikes_is_not_explained() ->
     assert got[2].explained_by == (got[0].id,)
 
 
-def test_a_rank_slow_elsewhere_neither_explains_nor_is_explained() -> None:
+def test_a_rank_slow_in_some_steps_explains_only_where_the_spikes_are_its_own() -> None:
     elsewhere = _f("CLU005", "cluster.slow_rank_step", 10_000.0, ranks=(2,), steps=(3, 8))
     got = chain.link(annotate([_var(), elsewhere]))
     assert got[0].root and got[1].root and not got[0].explains and not got[1].explains
     assert "explained_in_part_by" not in got[0].evidence
+    # merged over ranks 5 and 6, slow in steps 3, 8, 9: the spike is on one of them in 3 and 8, two of three
+    merged = _f("CLU005", "cluster.slow_rank_step", 10_000.0, ranks=(5, 6), steps=(3, 8, 9))
+    assert chain.link(annotate([_var(), merged]))[0].explained_by == (merged.id,)
+    thin = _f("CLU005", "cluster.slow_rank_step", 10_000.0, ranks=(5, 6), steps=(3, 9, 10))  # one of three
+    assert chain.link(annotate([_var(), thin]))[0].root
     # without annotate's placement the variability (every rank, no step) is linked to nothing
     here = _f("CLU005", "cluster.slow_rank_step", 10_000.0, ranks=(5,), steps=(3, 8))
     assert chain.link([_var(), here])[0].root

@@ -29,9 +29,9 @@ What counts as an explanation:
 
   - it explains a **step fluctuation** when at least half of the fluctuation's slow steps are
     spikes of the operator (the steps are slow because that operator is);
-  - a **rank slow in some steps** (cluster.slow_rank_step, rank R, steps S; merged over ranks: any
-    of its ranks in any of its steps) explains it when at least half of its (R, step) cells are
-    spikes: the operator varies because R was slow in those steps. Where the rank's saving is
+  - a **rank slow in some steps** (cluster.slow_rank_step, rank R, steps S; merged over ranks: its
+    ranks and the steps they are slow in) explains it when in at least half of S the spike is on R:
+    the operator varies because R was slow in those steps. Where the rank's saving is
     under half the variability's, :func:`advisor.engine.chain.link` keeps it as a partial link
     (the operator also varies elsewhere).
 
@@ -151,8 +151,9 @@ def _variability_links(items: list[Finding], vi: int, v: Finding, explains: dict
             if len(set(f.steps) & spike_steps) >= MIN_SPIKE_OVERLAP * len(set(f.steps)):
                 explains.setdefault(vi, []).append(f.id)
         elif f.cause == "cluster.slow_rank_step" and f.ranks:
-            own = {(r, s) for r in f.ranks for s in f.steps}  # merged over ranks: their ranks and steps
-            if len(own & cells) >= MIN_SPIKE_OVERLAP * len(own):
+            # its steps in which the spike is on one of its ranks (merged over ranks, a step is one of theirs)
+            hit = {s for r, s in cells if r in f.ranks and s in f.steps}
+            if len(hit) >= MIN_SPIKE_OVERLAP * len(set(f.steps)):
                 explains.setdefault(fi, []).append(v.id)
 
 
