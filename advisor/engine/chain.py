@@ -17,9 +17,13 @@ shows as step fluctuation. The runner calls, after every rule has run:
   slow rank or a step fluctuation also need :func:`advisor.engine.explain.annotate`'s test that
   the explaining finding is specific to that rank or those steps. A finding nothing explains is a
   *root*; the others point to their direct explainers (``explained_by``) and to the root they
-  trace back to (``root_id``).
-* :func:`summary`: the report's total saving sums the roots only, per rank, and is the largest
-  rank's sum capped at that rank's median step; the verdict is the root with the largest saving.
+  trace back to (``root_id``). For the cause pairs of :data:`PARTIAL` a link that fails only the
+  saving test is a *partial* one: the explained finding stays a root, with
+  ``evidence["explained_in_part_by"]`` and ``evidence["unexplained_saving_us"]`` (its saving less
+  the explainers'), and the explaining one gets ``evidence["explains_in_part"]``.
+* :func:`summary`: the report's total saving sums the roots only, per rank (a root explained in
+  part by a finding on that rank counts its unexplained saving), and is the largest rank's sum
+  capped at that rank's median step; the verdict is the root with the largest saving.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""Post-pass: link cluster findings (slow rank, step fluctuation) to the findings that explain them.
+"""Post-pass: link cluster findings (slow rank, step fluctuation, operator variability) to the
+findings that explain them.
 
 Rules run independently, so a cluster rule cannot see the other rules' findings. The runner
-calls :func:`annotate` once on the full list after every rule has run (proposed hook: in
-``advisor.engine.runner.run_rules``, after the loop and before sorting,
-``findings = annotate(findings)``). It returns new ``Finding`` objects (they are frozen):
+(``advisor.engine.runner.finish``) calls :func:`annotate` once on the full list after every rule
+has run and the savings are capped, then :func:`advisor.engine.chain.link`, which keeps these
+links where the cause registry declares them and the savings allow. It returns new ``Finding``
+objects (they are frozen):
 
 * the explaining finding gets the cluster finding's id in ``explains`` (A.explains ∋ B means
   "A explains B");
