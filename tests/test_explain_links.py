@@ -9,6 +9,7 @@ rank arrives. Every expected figure is worked out in the comments from those pla
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -98,7 +99,8 @@ SPIKES = ({"step": 3, "rank": 5}, {"step": 8, "rank": 5})
 
 
 def _var(saving: float = 10_000.0) -> Finding:
-    return _f("VAR001", "cluster.operator_variability", saving, ranks=tuple(range(8)), steps=(), top=SPIKES)
+    return _f("VAR001", "cluster.operator_variability", saving, ranks=tuple(range(8)), steps=(), top=SPIKES,
+              op_spike_steps="3, 8")
 
 
 def test_a_fluctuation_whose_slow_steps_are_not_the_spikes_is_not_explained() -> None:
@@ -107,6 +109,9 @@ def test_a_fluctuation_whose_slow_steps_are_not_the_spikes_is_not_explained() ->
     got = chain.link(annotate([_var(), other, half]))
     assert got[1].root and not got[1].explained_by
     assert got[2].explained_by == (got[0].id,)
+    # spikes beyond the 20 in top count by their steps: 4, 8 and 10 listed -> 3 of 3
+    more = dataclasses.replace(_var(), evidence={"op_spike_steps": "3, 4, 8, 10"})
+    assert chain.link(annotate([more, other]))[1].explained_by == (more.id,)
 
 
 def test_a_rank_slow_in_some_steps_explains_only_where_the_spikes_are_its_own() -> None:

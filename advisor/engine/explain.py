@@ -25,9 +25,9 @@ What counts as an explanation:
   cause is one that typically comes and goes (GC, data loading, compilation, contention, host
   sync) — those rules often list every step they saw but their cost concentrates in the spikes.
 * **cluster.operator_variability** (one operator explains most of the step-time variance; it
-  names every rank and no step, so only its spikes place it: ``evidence["op_spike_steps"]`` and
-  ``top``, the steps whose excess over the median step that operator carries on the rank the step
-  waits for, :func:`advisor.variability.spikes`):
+  names every rank and no step, so only its spikes place it: ``evidence["op_spike_steps"]``, the
+  steps whose excess over the median step that operator carries on the rank the step waits for,
+  and ``top``, the largest of them with that rank, :func:`advisor.variability.spikes`):
 
   - it explains a **step fluctuation** when at least half of the fluctuation's slow steps are
     spikes of the operator (the steps are slow because that operator is);
@@ -143,9 +143,10 @@ def _spike_cells(f: Finding) -> set[tuple[int, int]]:
 def _variability_links(items: list[Finding], vi: int, v: Finding, explains: dict[int, list[str]]) -> None:
     """The links of the operator-variability finding ``v`` (see the module doc), into ``explains``."""
     cells = _spike_cells(v)
-    if not cells:
+    listed = str(v.evidence.get("op_spike_steps") or "").split(",")
+    spike_steps = {int(x) for x in listed if x.strip().isdigit()} | {s for _, s in cells}  # top: the 20 largest
+    if not spike_steps:
         return
-    spike_steps = {s for _, s in cells}
     for fi, f in enumerate(items):
         if fi == vi or not f.steps:
             continue

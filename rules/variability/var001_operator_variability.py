@@ -24,8 +24,8 @@ The saving is the drop of the expected step time when that operator is held at i
 
 The operator's **spikes** are the steps it makes slow: the step time is more than ``min_spread``
 above its median, and on the rank the step waits for (the largest own time) the operator is above
-its own median by at least half the step's excess (``evidence["op_spike_steps"]``, one ``top`` row
-each). They link the finding: it explains a step fluctuation (CLU003) whose slow steps are mostly
+its own median by at least half the step's excess (``evidence["op_spike_steps"]``; the 20 largest
+in ``top``, with that rank). They link the finding: it explains a step fluctuation (CLU003) whose slow steps are mostly
 spikes, and a rank slow in those steps (CLU005) explains it, in part when the operator also
 varies elsewhere.
 
