@@ -52,6 +52,7 @@ import pandas as pd
 from advisor.schema import NO_STEP
 
 Sql = Callable[[str], pd.DataFrame]  # runs a query on the profile's tables
+CELLS_KEY = "variability_cells"  # an analysis' extras key: compute()'s ``cells``, which the VAR rules read
 
 MIN_STEPS = 5  # fewer steps than this: distributions are reported, not composed or extrapolated
 SCALES = (1, 2, 8, 64)  # prediction at these multiples of the profile's rank count
@@ -203,9 +204,13 @@ def predict_max(pooled: np.ndarray, n: int, baseline: float) -> dict[str, Any]:
 
 
 # -- the stage ----------------------------------------------------------------------------------
-def compute(bd: pd.DataFrame | None, sql: Sql) -> dict[str, Any] | None:
+def compute(bd: pd.DataFrame | None, sql: Sql, cells: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The report's ``variability`` object (None when the profile has no step breakdown), from the
-    breakdown rows and the small tables that ``sql`` reads (``op_step_stats`` must be built)."""
+    breakdown rows and the small tables that ``sql`` reads (``op_step_stats`` must be built).
+
+    ``cells``, when given, receives what :func:`spikes` reads (kept out of the report): the ranks and
+    steps composed, the cluster's step time per step, the own time and the leading operator's time
+    per (rank, step)."""
     if bd is None or bd.empty:
         return None
     ranks_in_profile = int(bd["rank"].nunique())
@@ -266,6 +271,8 @@ def compute(bd: pd.DataFrame | None, sql: Sql) -> dict[str, Any] | None:
         notes.append("one rank: the distribution across ranks, the maximum over ranks and the slowdown at scale "
                      "cannot be measured")
         ops.sort(key=lambda o: (-o.get("series_share", 0.0), o["name"]))
+    if cells is not None and ops:
+        cells.update(ranks=ranks, steps=common, cluster=cluster, own=own, op=mats[ops[0]["key"]])
     for o in ops:
         o.pop("key", None)
     out["ops"] = ops[:TOP_OPS]
@@ -290,6 +297,32 @@ def compute(bd: pd.DataFrame | None, sql: Sql) -> dict[str, Any] | None:
         out["sensitivity"] = {"tp": _tp(sql, pooled), "pipeline": _pipeline(sql, ridx, T, own)}
     if notes:
         out["note"] = "; ".join(notes)
+    return out
+
+
+def spikes(cells: dict[str, Any], min_excess_ratio: float, min_op_share: float = 0.5) -> list[dict[str, Any]]:
+    """The steps the leading operator of :func:`compute` makes slow: the cluster's step time is above its
+    median by more than ``min_excess_ratio`` of it, and on the rank the step waits for (the largest own
+    time) the operator's excess over its own median is at least ``min_op_share`` of the step's excess.
+    One row per such step: the step, that rank, the step's and the operator's times and excesses."""
+    if not cells or "op" not in cells:
+        return []
+    cluster, own, m = cells["cluster"], cells["own"], cells["op"]
+    finite = m[np.isfinite(m)]
+    if not len(cluster) or not len(finite):
+        return []
+    med, op_med = float(np.median(cluster)), float(np.median(finite))
+    out = []
+    for j, s in enumerate(cells["steps"]):
+        excess = float(cluster[j]) - med
+        col = own[:, j]
+        if excess <= min_excess_ratio * med or not np.isfinite(col).any():
+            continue
+        i = int(np.nanargmax(col))
+        op_us = float(m[i, j])
+        if np.isfinite(op_us) and op_us - op_med >= min_op_share * excess:
+            out.append({"step": int(s), "rank": int(cells["ranks"][i]), "step_us": _r(cluster[j]),
+                        "step_excess_us": _r(excess), "op_us": _r(op_us), "op_excess_us": _r(op_us - op_med)})
     return out
 
 

@@ -162,6 +162,33 @@ def test_tensor_parallel_from_placement_and_timing_without_transports() -> None:
     assert got == {"t": ("tp", False, 1.0), "d": ("dp", True, 0.0)}
 
 
+def _trace(rank: int, host: str | None, host_after_events: bool) -> dict[str, Any]:
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 1000, "dur": 500},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1100, "dur": 100}]
+    head: dict[str, Any] = {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 3}}
+    if host is not None:
+        head["host_name"] = host
+    # a trace rewritten with its keys reordered: the events first, the header keys after them
+    return {"traceEvents": ev, **head} if host_after_events else {**head, "traceEvents": ev}
+
+
+def test_kineto_host_names_place_the_ranks_on_nodes(tmp_path: Path) -> None:
+    """A Kineto trace's top-level ``host_name`` (before the events, or after them in a reordered trace) is kept in
+    ``meta`` and places its rank on that node; a trace without one (rank 2) is not placed by a guess."""
+    for rank, host, after in ((0, "node-a", False), (1, "node-b", True), (2, None, False)):
+        (tmp_path / f"rank-{rank}.pt.trace.json").write_text(json.dumps(_trace(rank, host, after)))
+    con = load(tmp_path).con
+    assert con.execute("SELECT rank, value FROM meta WHERE key = 'host_name' ORDER BY rank").fetchall() == [
+        (0, "node-a"), (1, "node-b")]
+    assert groups._nodes(con) == ({0: "node-a", 1: "node-b"}, "host names")
+
+
+def test_kineto_host_names_of_the_samples() -> None:
+    """tests/data/kineto/gloo_slow_rank: both traces say ``"host_name": "vm"`` (one machine, two processes)."""
+    con = load(TRACES / "gloo_slow_rank").con
+    assert groups._nodes(con) == ({0: "vm", 1: "vm"}, "host names")
+
+
 def test_exported_kind_reads_common_group_names() -> None:
     assert groups.exported_kind("TENSOR_MODEL_PARALLEL_GROUP") == "tp"
     assert groups.exported_kind("DATA_PARALLEL_GROUP") == "dp"
@@ -254,6 +281,26 @@ def test_planted_slow_stage_is_found_and_the_stalled_stage_not_blamed(tmp_path: 
     assert f.root
     explained = {by_id[i].rule for i in f.explains}
     assert "PAR002" in explained and "CLU001" in explained
+
+
+@pytest.mark.slow
+def test_a_mildly_slow_stage_explains_part_of_the_bubble(tmp_path: Path) -> None:
+    """Stage 0 computes 1.3x longer; with two stages and two GPipe micro-batches the schedule's own bubble,
+    (p - 1) / (m + p - 1) = 1/3 of the pipeline, is well above the stage's excess: the slow stage explains
+    only a part of the bubble, which stays a root and counts what is left."""
+    facts = _gen(tmp_path, "layout_dp4_tp2_pp2", slow_stage=0, slow_stage_factor=1.3)
+    report = analyze(facts.root)
+    report_json(report)
+    (stage,) = _by_rule(report, "CLU006")
+    assert list(stage.ranks) == facts.slow_stage_ranks
+    (bubble,) = _by_rule(report, "PAR002")
+    assert stage.estimated_saving_us and bubble.estimated_saving_us
+    assert bubble.estimated_saving_us > 2 * stage.estimated_saving_us  # the schedule's bubble dominates
+    assert bubble.root and bubble.id not in stage.explains
+    assert bubble.evidence["explained_in_part_by"] == stage.id
+    assert bubble.evidence["unexplained_saving_us"] == pytest.approx(
+        bubble.estimated_saving_us - stage.estimated_saving_us, abs=1e-3)
+    assert stage.evidence["explains_in_part"] == bubble.id
 
 
 @pytest.mark.slow

@@ -17,9 +17,13 @@ shows as step fluctuation. The runner calls, after every rule has run:
   slow rank or a step fluctuation also need :func:`advisor.engine.explain.annotate`'s test that
   the explaining finding is specific to that rank or those steps. A finding nothing explains is a
   *root*; the others point to their direct explainers (``explained_by``) and to the root they
-  trace back to (``root_id``).
-* :func:`summary`: the report's total saving sums the roots only, per rank, and is the largest
-  rank's sum capped at that rank's median step; the verdict is the root with the largest saving.
+  trace back to (``root_id``). For the cause pairs of :data:`PARTIAL` a link that fails only the
+  saving test is a *partial* one: the explained finding stays a root, with
+  ``evidence["explained_in_part_by"]`` and ``evidence["unexplained_saving_us"]`` (its saving less
+  the explainers'), and the explaining one gets ``evidence["explains_in_part"]``.
+* :func:`summary`: the report's total saving sums the roots only, per rank (a root explained in
+  part by a finding on that rank counts its unexplained saving), and is the largest rank's sum
+  capped at that rank's median step; the verdict is the root with the largest saving.
 """
 
 from __future__ import annotations
@@ -32,10 +36,22 @@ from advisor.model import Finding, severity_for_fraction
 
 # causes whose links need explain.annotate's specificity test, not only a shared rank and step
 REFINED = frozenset({"cluster.slow_rank", "cluster.step_fluctuation"})
+# causes whose links, either way, need explain.annotate's test: a finding that names every rank and no
+# step cannot be placed by a shared rank and step (its spikes place it)
+PLACED_BY_ANNOTATE = frozenset({"cluster.operator_variability"})
 # cluster causes that explain a REFINED finding without annotate's test when it lies inside them: a slow
 # pipeline stage, a slow rank whose ranks all belong to the stage; a rank slow in some steps, a step
 # fluctuation whose slow steps are all among them
 ENCLOSING = {"cluster.slow_stage": "ranks", "cluster.slow_rank_step": "steps"}
+# explaining cause -> explained cause where a finding with less than MIN_SAVING_SHARE of the other's
+# saving explains part of it: a slow pipeline stage makes the other stages wait its excess (the bubble
+# beyond it is the schedule's); a rank slow in some steps makes an operator vary in those steps (its
+# variability elsewhere is not the rank's). The explained finding stays a root and counts its saving
+# beyond the part explained.
+PARTIAL = frozenset({("cluster.slow_stage", "parallel.pipeline_bubble"),
+                     ("cluster.slow_rank_step", "cluster.operator_variability")})
+# explaining cause -> explained cause found on other ranks: a slow stage stalls the other stages
+OTHER_RANKS = frozenset({("cluster.slow_stage", "parallel.pipeline_bubble")})
 # share of the explained finding's steps the explaining one must also name
 MIN_STEP_OVERLAP = 0.5
 # where both savings are known, the explaining finding accounts for at least this share of the
@@ -148,6 +164,7 @@ def link(findings: Sequence[Finding], causes: Mapping[str, Sequence[str]] | None
     # strongest explanations first, so that where two links would close a cycle the larger saving wins
     order = sorted(range(len(items)), key=lambda i: (-(items[i].estimated_saving_us or 0.0), i))
     edges: dict[int, set[int]] = {}
+    partial: dict[int, list[int]] = {}  # explained in part -> the findings that explain that part
     for ai in order:
         a = items[ai]
         can = set(causes.get(a.cause, ()))
@@ -155,14 +172,20 @@ def link(findings: Sequence[Finding], causes: Mapping[str, Sequence[str]] | None
             b = items[bi]
             if bi == ai or b.cause == a.cause or b.cause not in can:
                 continue
-            ok = (ai, bi) in annotated if b.cause in REFINED else same_time(a, b)
+            by_annotate = b.cause in REFINED or a.cause in PLACED_BY_ANNOTATE or b.cause in PLACED_BY_ANNOTATE
+            if by_annotate:
+                ok = (ai, bi) in annotated
+            else:
+                ok = same_time(dataclasses.replace(a, ranks=()) if (a.cause, b.cause) in OTHER_RANKS else a, b)
             if not ok and b.cause in REFINED and a.cause in ENCLOSING:
                 inside = (set(b.ranks) <= set(a.ranks) if ENCLOSING[a.cause] == "ranks"
                           else set(b.steps) <= set(a.steps))
                 ok = inside and bool(b.ranks and b.steps) and same_time(a, b)
             sa, sb = a.estimated_saving_us, b.estimated_saving_us
             if sa is not None and (sa <= 0 or sb is not None and sa < MIN_SAVING_SHARE * sb):
-                ok = False  # nothing to remove explains nothing
+                if ok and sa > 0 and (a.cause, b.cause) in PARTIAL:
+                    partial.setdefault(bi, []).append(ai)
+                ok = False  # nothing to remove explains nothing; a small part explains a part
             if ok and not _reaches(edges, bi, ai):
                 edges.setdefault(ai, set()).add(bi)
     parents: dict[int, list[int]] = {}
@@ -183,10 +206,39 @@ def link(findings: Sequence[Finding], causes: Mapping[str, Sequence[str]] | None
             ev["explained_by"] = ", ".join(items[p].id for p in ps)
         else:
             ev.pop("explained_by", None)
+        _part_evidence(ev, i, items, partial)
         out.append(dataclasses.replace(
             f, explains=tuple(items[b].id for b in sorted(edges.get(i, ()))),
             explained_by=tuple(items[p].id for p in ps), root=not ps, root_id=root_id, evidence=ev))
     return out
+
+
+def _counted(i: int, r: int | None, items: Sequence[Finding], idx: Mapping[str, int],
+             chain: Mapping[int, float | None]) -> float | None:
+    """Root ``i``'s part of rank ``r``'s total: its chain saving, or where a finding of the report on the
+    same rank explains a part of it (:data:`PARTIAL`; counted in its own chain), its saving beyond that part."""
+    rest = items[i].evidence.get("unexplained_saving_us")
+    if rest is not None:
+        for x in str(items[i].evidence.get("explained_in_part_by", "")).split(","):
+            p = idx.get(x.strip())
+            if p is not None and (r is None or not items[p].ranks or r in items[p].ranks):
+                return float(rest)
+    return chain[i]
+
+
+def _part_evidence(ev: dict[str, Any], i: int, items: Sequence[Finding], partial: Mapping[int, list[int]]) -> None:
+    """Record in ``ev`` (finding ``i``'s evidence) the partial links of :data:`PARTIAL`: what explains a part
+    of it and its saving beyond that part, or the findings it explains a part of."""
+    for key in ("explained_in_part_by", "unexplained_saving_us", "explains_in_part"):
+        ev.pop(key, None)
+    by = partial.get(i, [])
+    if by:
+        ev["explained_in_part_by"] = ", ".join(items[p].id for p in by)
+        rest = float(items[i].estimated_saving_us or 0.0) - sum(float(items[p].estimated_saving_us or 0.0) for p in by)
+        ev["unexplained_saving_us"] = round(max(0.0, rest), 3)
+    parts = [items[b].id for b, ps in sorted(partial.items()) if i in ps]
+    if parts:
+        ev["explains_in_part"] = ", ".join(parts)
 
 
 def _ancestors(i: int, parents: Mapping[int, list[int]]) -> list[int]:
@@ -234,9 +286,10 @@ def summary(findings: Sequence[Finding], med: Mapping[int, float]) -> dict[str, 
     verdict = min(roots, key=lambda i: (chain[i] is None, -(chain[i] or 0.0), -items[i].severity, i), default=None)
     ranks = sorted(set(med) | {r for i in roots for r in items[i].ranks})
     best: tuple[float, int | None, float, float | None] | None = None  # (total, rank, uncapped, cap)
+    at = {i for i in roots if chain[i] is not None}
     for r in ranks or [None]:  # type: ignore[list-item]
-        parts = [chain[i] for i in roots if chain[i] is not None and (r is None or not items[i].ranks
-                                                                       or r in items[i].ranks)]
+        here = {i for i in at if r is None or not items[i].ranks or r in items[i].ranks}
+        parts = [_counted(i, r, items, idx, chain) for i in sorted(here)]
         if not parts:
             continue
         raw = float(sum(p for p in parts if p is not None))

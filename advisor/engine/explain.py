@@ -1,9 +1,11 @@
-"""Post-pass: link cluster findings (slow rank, step fluctuation) to the findings that explain them.
+"""Post-pass: link cluster findings (slow rank, step fluctuation, operator variability) to the
+findings that explain them.
 
 Rules run independently, so a cluster rule cannot see the other rules' findings. The runner
-calls :func:`annotate` once on the full list after every rule has run (proposed hook: in
-``advisor.engine.runner.run_rules``, after the loop and before sorting,
-``findings = annotate(findings)``). It returns new ``Finding`` objects (they are frozen):
+(``advisor.engine.runner.finish``) calls :func:`annotate` once on the full list after every rule
+has run and the savings are capped, then :func:`advisor.engine.chain.link`, which keeps these
+links where the cause registry declares them and the savings allow. It returns new ``Finding``
+objects (they are frozen):
 
 * the explaining finding gets the cluster finding's id in ``explains`` (A.explains ∋ B means
   "A explains B");
@@ -22,6 +24,21 @@ What counts as an explanation:
   steps meet S and either do not cover every profiled step of the rank (step-specific), or whose
   cause is one that typically comes and goes (GC, data loading, compilation, contention, host
   sync) — those rules often list every step they saw but their cost concentrates in the spikes.
+* **cluster.operator_variability** (one operator explains most of the step-time variance; it
+  names every rank and no step, so only its spikes place it: ``evidence["op_spike_steps"]``, the
+  steps whose excess over the median step that operator carries on the rank the step waits for,
+  and ``top``, the largest of them with that rank, :func:`advisor.variability.spikes`):
+
+  - it explains a **step fluctuation** when at least half of the fluctuation's slow steps are
+    spikes of the operator (the steps are slow because that operator is);
+  - a **rank slow in some steps** (cluster.slow_rank_step, rank R, steps S; merged over ranks: its
+    ranks and the steps they are slow in) explains it when in at least half of S the spike is on R:
+    the operator varies because R was slow in those steps. Where the rank's saving is
+    under half the variability's, :func:`advisor.engine.chain.link` keeps it as a partial link
+    (the operator also varies elsewhere).
+
+  These links carry no sentence in ``detail``: :func:`advisor.engine.chain.link` keeps them only
+  where the cause registry declares them and the savings allow.
 """
 
 from __future__ import annotations
@@ -31,6 +48,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from advisor.model import Finding
+
+VARIABILITY = "cluster.operator_variability"
+# share of the other finding's slow steps (or rank-step cells) that must be spikes of the operator
+MIN_SPIKE_OVERLAP = 0.5
 
 INTERMITTENT_CAUSES = (
     "cpu.garbage_collection",
@@ -91,6 +112,8 @@ def annotate(findings: Sequence[Finding], min_share: float = 0.25,
                 specific = every is not None and not set(every) <= set(f.steps)
                 if specific or f.cause in INTERMITTENT_CAUSES:
                     _link(explains, explained_by, fi, ci, f, c)
+        elif c.cause == VARIABILITY:
+            _variability_links(items, ci, c, explains)
     out: list[Finding] = []
     for i, f in enumerate(items):
         changes: dict[str, Any] = {}
@@ -106,6 +129,35 @@ def annotate(findings: Sequence[Finding], min_share: float = 0.25,
             changes["detail"] = (f.detail + " " + note).strip()
         out.append(dataclasses.replace(f, **changes) if changes else f)
     return out
+
+
+def _spike_cells(f: Finding) -> set[tuple[int, int]]:
+    """(rank, step) of each spike of a cluster.operator_variability finding (its ``top`` rows)."""
+    out = set()
+    for row in f.top:
+        if isinstance(row.get("rank"), int) and isinstance(row.get("step"), int):
+            out.add((int(row["rank"]), int(row["step"])))
+    return out
+
+
+def _variability_links(items: list[Finding], vi: int, v: Finding, explains: dict[int, list[str]]) -> None:
+    """The links of the operator-variability finding ``v`` (see the module doc), into ``explains``."""
+    cells = _spike_cells(v)
+    listed = str(v.evidence.get("op_spike_steps") or "").split(",")
+    spike_steps = {int(x) for x in listed if x.strip().isdigit()} | {s for _, s in cells}  # top: the 20 largest
+    if not spike_steps:
+        return
+    for fi, f in enumerate(items):
+        if fi == vi or not f.steps:
+            continue
+        if f.cause == "cluster.step_fluctuation":
+            if len(set(f.steps) & spike_steps) >= MIN_SPIKE_OVERLAP * len(set(f.steps)):
+                explains.setdefault(vi, []).append(f.id)
+        elif f.cause == "cluster.slow_rank_step" and f.ranks:
+            # its steps in which the spike is on one of its ranks (merged over ranks, a step is one of theirs)
+            hit = {s for r, s in cells if r in f.ranks and s in f.steps}
+            if len(hit) >= MIN_SPIKE_OVERLAP * len(set(f.steps)):
+                explains.setdefault(fi, []).append(v.id)
 
 
 def _link(explains: dict[int, list[str]], explained_by: dict[int, list[str]], fi: int, ci: int,

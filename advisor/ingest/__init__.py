@@ -623,6 +623,7 @@ def _check_late_ranks(infos: dict[int, list[tuple[Unit, dict[str, Any]]]], warn:
 
 def _write_ranks(con: Any, infos: dict[int, list[tuple[Unit, dict[str, Any]]]]) -> None:
     rows = []
+    hosts = []  # (rank, 'host_name', the host its trace names): meta, beside the exports' other metadata
     for rank, items in sorted(infos.items()):
         units = [u for u, _ in items]
         merged: dict[str, Any] = {}
@@ -630,6 +631,8 @@ def _write_ranks(con: Any, infos: dict[int, list[tuple[Unit, dict[str, Any]]]]) 
             for k, v in info.items():
                 if v is not None and k not in merged:
                     merged[k] = v
+        if merged.get("host_name"):
+            hosts.append((rank, "host_name", str(merged["host_name"])))
         world = next((u.world_size for u in units if u.world_size), None) or merged.get("world_size")
         backend = next((u.backend for u in units if u.backend), None) or merged.get("backend")
         rows.append(
@@ -646,6 +649,8 @@ def _write_ranks(con: Any, infos: dict[int, list[tuple[Unit, dict[str, Any]]]]) 
             )
         )
     insert_rows(con, "ranks", rows)
+    if hosts:
+        insert_rows(con, "meta", hosts)
     con.execute(
         """UPDATE ranks SET has_device = coalesce((SELECT bool_or(device AND kind IN ('kernel','comm','memcpy','memset'))
                                                    FROM events e WHERE e.rank = ranks.rank), false)"""

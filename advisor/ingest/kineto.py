@@ -81,7 +81,7 @@ EVENT_TYPE = (
 )
 COLUMNS = (
     "{'traceEvents': '" + EVENT_TYPE + "', 'distributedInfo': 'JSON', 'deviceProperties': 'JSON', "
-    "'baseTimeNanoseconds': 'VARCHAR', 'displayTimeUnit': 'VARCHAR'}"
+    "'baseTimeNanoseconds': 'VARCHAR', 'displayTimeUnit': 'VARCHAR', 'host_name': 'VARCHAR'}"
 )
 
 # args fields read (one JSON parse of args per event): name used in SQL -> JSON path; both
@@ -285,11 +285,11 @@ def _untimed(head: bytes, form: str, whole: bool, path: Path | None = None) -> i
     return sum(1 for ph in phases if ph in ("B", "E"))
 
 
-HEADER_KEYS = ("distributedInfo", "deviceProperties", "baseTimeNanoseconds", "displayTimeUnit")
+HEADER_KEYS = ("distributedInfo", "deviceProperties", "baseTimeNanoseconds", "displayTimeUnit", "host_name")
 
 
 def _header(head: bytes, trailer: dict[str, Any]) -> tuple[Any, ...]:
-    """(distributedInfo JSON, deviceProperties JSON, baseTimeNanoseconds text, displayTimeUnit)
+    """(distributedInfo JSON, deviceProperties JSON, baseTimeNanoseconds text, displayTimeUnit, host_name)
     from the bytes before the events, else from the keys written after them."""
     import json
 
@@ -297,12 +297,13 @@ def _header(head: bytes, trailer: dict[str, Any]) -> tuple[Any, ...]:
     for key in HEADER_KEYS:
         v = header_value(head, key)
         vals.append(trailer.get(key) if v is None else v)
-    dist, props, base, unit = vals
+    dist, props, base, unit, host = vals
     return (
         None if dist is None else json.dumps(dist),
         None if props is None else json.dumps(props),
         None if base is None else str(base),
         unit,
+        host if isinstance(host, str) else None,
     )
 
 
@@ -317,7 +318,7 @@ def _header_from_head(path: Path) -> tuple[Any, ...] | None:
 def _header_from_whole(cur: Any, path: Path) -> tuple[Any, ...]:
     """The header keys wherever they are in the file (a second full parse: only when needed)."""
     return cast(tuple[Any, ...], cur.execute(
-        f"SELECT distributedInfo::VARCHAR, deviceProperties::VARCHAR, baseTimeNanoseconds, displayTimeUnit "
+        f"SELECT distributedInfo::VARCHAR, deviceProperties::VARCHAR, baseTimeNanoseconds, displayTimeUnit, host_name "
         f"FROM read_json($path, columns={COLUMNS}, format='auto', maximum_object_size={_max_object_size(path)})",
         {"path": str(path)},
     ).fetchall()[0])
@@ -920,7 +921,7 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
             results[f.fid] = ParseError(f.path, f"{total} events exceed --max-events {lctx.max_events}", code="too_big")
             gone.append(f.fid)
         else:
-            results[f.fid] = _info(devprops_json, dist_json, total)
+            results[f.fid] = _info(devprops_json, dist_json, total, f.header[4] if f.header else None)
             ok.append((total, f.fid))
     if shift:
         update_rows(cur, part, "start_ns = start_ns + v.value", "file_id", shift)
@@ -1243,10 +1244,10 @@ def _no_events_reason(n_begin_end: int) -> str:
     return "the trace holds no timed events (traceEvents missing or empty)"
 
 
-def _info(devprops_json: str | None, dist_json: str | None, total: int) -> dict[str, Any]:
+def _info(devprops_json: str | None, dist_json: str | None, total: int, host: str | None = None) -> dict[str, Any]:
     import json
 
-    info: dict[str, Any] = {"events": total}
+    info: dict[str, Any] = {"events": total, "host_name": host[:200] if host else None}
     if devprops_json:
         try:
             props = json.loads(devprops_json)

@@ -131,11 +131,11 @@ def _rows(con: Any, sql: str) -> list[dict[str, Any]]:
 
 def _nodes(con: Any) -> tuple[dict[int, str], str | None]:
     """rank -> host name and where it comes from: the export's host names (Ascend device_info hostname,
-    any ``*hostname`` key), else, when every rank knows how many devices its host has, the usual
+    any ``*hostname`` key, a Kineto trace's top-level ``host_name``), else, when every rank knows how many devices its host has, the usual
     launch (one process per device, ranks filling the nodes in order: node = rank // devices)."""
     out: dict[int, str] = {}
     for r in _rows(con, "SELECT rank, min(value) AS v FROM meta WHERE rank IS NOT NULL AND "
-                        "(lower(key) LIKE '%hostname' OR lower(key) IN ('host', 'node')) GROUP BY rank"):
+                        "(lower(key) LIKE '%hostname' OR lower(key) IN ('host', 'host_name', 'node')) GROUP BY rank"):
         if r["v"]:
             out[int(r["rank"])] = str(r["v"])
     if out:

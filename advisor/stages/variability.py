@@ -16,7 +16,7 @@ KEY = "variability"  # the analysis' extras key (the VAR rules' ``ctx.once`` sha
 def compute(ctx: Any) -> dict[str, Any] | None:
     """The report's ``variability`` object for an analysis context."""
     ctx.ensure_derived(["op_step_stats"])
-    return variability.compute(ctx.breakdown, ctx.df)
+    return variability.compute(ctx.breakdown, ctx.df, ctx.extras.setdefault(variability.CELLS_KEY, {}))
 
 
 def of(ctx: Any) -> dict[str, Any] | None:

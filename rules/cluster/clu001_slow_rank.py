@@ -30,7 +30,8 @@ A rank flagged in some steps is a straggler only when its excess is significant 
 every step its group has in common, its own time minus the median of the others' must have a mean
 above k standard errors (with fewer than three steps: flagged in every one), and the others' wait
 it causes, amortised over those steps, must reach ``min_wait_share`` of the step. A rank slow in
-one step of many is a slow step (cluster.step_fluctuation), not a straggler. The peers a finding
+one step of many is not a straggler: it is a rank slow in that step (CLU005,
+cluster.slow_rank_step), and the step a slow step of the job (CLU003, cluster.step_fluctuation). The peers a finding
 names are the ranks that waited, never another rank flagged in the same step.
 
 Both bounds also require the excess to exceed ``min_excess_ratio`` of the peers' median own time

@@ -8,8 +8,9 @@ trained down to a lower rate, a congested switch port) slows every collective th
 failures; LLMPrism Fig. 5: degraded switches at 30–60 Gb/s among healthy ones at 100–180 Gb/s).
 
 ## How it is detected
-From the communication matrix (Ascend ``communication_matrix.json``: bytes and transit time per
-source → destination link), per link and transport: bandwidth = bytes / transit time over the
+From the communication matrix (Ascend ``communication_matrix.json`` or its database: bytes and
+transit time per source → destination link; Kineto's point-to-point rows carry no transit time,
+since their duration includes the wait for the peer, and are left out), per link and transport: bandwidth = bytes / transit time over the
 profile (``*-total`` aggregate rows when the export has them, else every operator row), links
 with fewer than ``min_link_bytes`` left out (latency-bound transfers cannot show bandwidth),
 local (same-rank) links excluded. Within each transport — only the same transport is compared —

@@ -4,14 +4,17 @@
 In steady training every step does the same work, so its time should be nearly constant
 (LLMPrism §IV-D cross-step diagnosis). A step far above the others means something ran that
 is not part of the training computation: a checkpoint, a Python garbage-collector pass (25 %
-of the fluctuation cases in Hermes §5.2.3), a data-loader stall, a recompilation, a slow node.
+of the fluctuation cases in Hermes §5.2.3), a data-loader stall, a host sync, a slow node.
 In synchronous training every rank waits for the slowest step of any rank, so the cost
 multiplies with the cluster size. PRISM shows that step-time variability alone can cost a
-large job tens of percent of its throughput.
+large job tens of percent of its throughput. A step slowed by operator compilation, or a lone
+slow first step of a profiling cycle, is warm-up rather than fluctuation and is left out (below;
+the compiles are CPU001's).
 
 ## How it is detected
-Per rank, the step times of the breakdown (``step_us`` of every ``ProfilerStep#N`` window)
-are tested with LLMPrism's rule, *step time > mean + k·σ* with k = 3, made robust:
+Per rank, the step times of the breakdown (``step_us`` of every step window: ``ProfilerStep#N``
+on Kineto traces, the exported steps on Ascend) are tested with LLMPrism's rule, *step time >
+mean + k·σ* with k = 3, made robust:
 
 * plain k-sigma cannot work on a profile's few steps: an outlier inflates the σ it is compared
   with, and with n steps a single outlier's z-score is at most (n − 1)/√n (2.85 for n = 10),
@@ -22,33 +25,41 @@ are tested with LLMPrism's rule, *step time > mean + k·σ* with k = 3, made rob
   one, is an outlier;
 * a step must also exceed the baseline median by ``min_excess_ratio`` (10 %, the fluctuation
   size Hermes §5.2.1 counts), so very regular runs with a tiny σ do not flag noise;
-* warm-up steps are left out, of the baseline and of the outliers: a step whose host compile
-  events (CPU001's definition: JIT / CANN compiles, torch.compile's compile regions) alone take
-  more than ``min_excess_ratio`` of the median step, and the first step of a profiling cycle
-  when it is the only slow one (one-off initialisation: lazy init, autotuning, allocator
-  growth). A slow first step next to other slow steps stays an outlier.
+* warm-up steps are left out, of the baseline and of the outliers, before the search: a step
+  whose host compile events (CPU001's definition: JIT / CANN compiles, torch.compile's compile
+  regions) alone take more than ``min_excess_ratio`` of the rank's median step (over all its
+  steps). Then, when the search finds exactly one slow step and it is the first step of a
+  profiling cycle (the step before it was not profiled), it is warm-up too (one-off
+  initialisation: lazy init, autotuning, allocator growth) and the search is run again without
+  it. A slow first step next to other slow steps stays an outlier. The warm-up steps a finding
+  left out are in ``evidence["warmup_steps_excluded"]``; ``steps_profiled`` counts the others.
 
-Slow steps are then classed as *isolated* (one), *recurring*, or *periodic* (three or more, at
-gaps within ±1 step of their median gap: e.g. a full GC every few steps, a checkpoint every N).
+Slow steps are then classed as *isolated* (one), *recurring*, or *periodic* (three or more,
+never two in a row, at gaps within ±1 step of their median gap: e.g. a full GC every few steps,
+a checkpoint every N).
 The finding carries the PRISM-style step-time distribution of the rank (p50 / p90 / p99 / max
 and coefficient of variation). Ranks with the same set of slow steps are reported together.
-At least ``min_steps`` steps are needed; with fewer the rule says so in the warnings.
+At least ``min_steps`` steps of a rank (warm-up ones included) are needed; with fewer the rule
+says so in the warnings.
 
-It then names what the slow steps run extra (on the representative rank): per name, the host
-events inside each step window are summed, and the mean per slow step is compared with the mean
-per other step. A name that runs in at least half of the slow steps and in no other step (a
-``save_checkpoint`` range), or that takes ``extra_min_ratio`` times longer there (a full GC pass,
-operators slowed by contention), is named when it explains at least ``extra_min_share`` of the
-slow steps' mean excess. Of names nested in each other only the outermost is kept (the
+It then names what the slow steps run extra (on the representative rank, the one with the
+largest excess; for the ``extra_max_findings`` findings with the largest excess): per name, the
+host events inside each step window are summed, and the mean per slow step is compared with the
+mean per other step (warm-up steps left out). A name that runs in at least half of the slow
+steps and in no other step (a ``save_checkpoint`` range), or that takes ``extra_min_ratio`` times
+longer there (a full GC pass, operators slowed by contention), is named when it explains at least
+``extra_min_share`` of the slow steps' mean excess. Of names nested in each other only the outermost is kept (the
 checkpoint range, not the copies inside it). With periodic spikes the detail reads "Every 10
 steps (10, 20, 30): these steps run save_checkpoint (0.90 s) that the other steps do not".
 
 The saving is the excess of the slow steps over the baseline median, summed and amortised
-over all profiled steps: what removing the spikes would give back per step on average.
+over the rank's steps other than warm-up ones (the median of that over the ranks reported
+together): what removing the spikes would give back per step on average.
 
 ## What to do
 Look at what the slow steps do that the others do not: the findings listed as explaining this
-one (GC, data loading, host syncs, recompilation), ``record_function`` ranges such as
+one (GC, data loading, host syncs; an operator whose spikes make those steps slow, VAR001),
+``record_function`` ranges such as
 checkpointing, and whether the spikes are periodic. Move checkpoints and logging off the
 critical path (async checkpointing), tune or freeze the GC, and isolate a node whose slow steps
 do not line up with any software cause.
@@ -71,13 +82,15 @@ from rules.cpu.cpu001_operator_compilation import COMPILE_RE, COMPILE_SQL, NOT_C
 class Thresholds:
     """Thresholds for CLU003."""
 
-    k: float = knob(3.0, "a step is slow when above baseline mean + k·σ", "LLMPrism §IV-D k-sigma rule, k = 3")
+    k: float = knob(3.0, "a step is slow when above baseline mean + k·σ (and the min_excess_ratio floor)",
+                    "LLMPrism §IV-D k-sigma rule, k = 3")
     min_excess_ratio: float = knob(
         0.10,
-        "a slow step must also exceed the baseline median by this fraction",
+        "a slow step must also exceed the baseline median by this fraction; a step whose host compile time "
+        "exceeds this fraction of the median step is warm-up, left out",
         "Hermes §5.2.1 counts step-time fluctuations exceeding 10 %",
     )
-    min_steps: int = knob(4, "fewest steps per rank to test (the baseline needs at least two)",
+    min_steps: int = knob(4, "fewest steps per rank to test, warm-up ones included (the baseline needs at least two)",
                           "first principles: σ needs two baseline values; the baseline is half the steps")
     periodic_min_count: int = knob(3, "slow steps needed to call the spikes periodic",
                                    "first principles: two gaps are the least that can agree")

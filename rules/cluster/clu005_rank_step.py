@@ -16,17 +16,22 @@ deviation, which an outlier cannot inflate) find it high:
 
 * **cross-step**: above the rank's median own time over its steps by more than k × its MAD-σ
   and by more than ``min_excess_ratio`` of that median;
-* **cross-rank**: above the median own time of its peers in that step (the ranks of its pipeline
-  stage where the job has stages, else every rank) by the same two margins;
+* **cross-rank**: above the median own time of the ranks it is compared with in that step (the
+  ranks of its pipeline stage where the job has stages, else every rank; itself included) by the
+  same two margins;
 * and its peers wait for it: their median not-overlapped communication in that step is at least
   ``min_wait_share`` of the step and above the rank's own.
 
-At least ``min_steps`` steps and ``min_ranks`` peers are needed. A rank slow in more than half of
+At least ``min_steps`` steps of the rank and ``min_ranks`` ranks compared in the step (itself
+included) are needed. A rank slow in more than half of
 its steps is a straggler (cluster.slow_rank) and is left to CLU001; a step slow on every rank is
 a step fluctuation (CLU003) and does not pass the cross-rank test.
 
 The saving per step: the cell's excess over the peers' median own time, capped by the peers'
 wait in that step, summed over the flagged steps and spread over the rank's steps.
+
+Where the cell's excess is one operator's, the operator-variability finding (VAR001) lists that
+step among its spikes: this finding explains it (in part when the operator also varies elsewhere).
 
 ## What to do
 Look at what ran on that rank in that step (``advisor analyze --rank R --step S``): GC, I/O,

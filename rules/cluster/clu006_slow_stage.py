@@ -21,7 +21,9 @@ than ``min_excess_ratio``. In both cases it must also exceed the baseline median
 in the evidence, never as the cause.
 
 The saving per step is the stage's excess own time over the other stages' median, capped by
-their median wait (what they would get back).
+their median wait (what they would get back). The pipeline bubble the other stages show (PAR002)
+is its symptom: this finding explains it, in full when this saving is at least half the bubble's,
+in part otherwise (the bubble beyond it is the schedule's, and stays a finding of its own).
 
 ## What to do
 Rebalance the layers across stages (fewer on the slow stage, or move the embedding / loss layer),

@@ -22,6 +22,13 @@ at least ``min_share`` of that variance.
 The saving is the drop of the expected step time when that operator is held at its median
 (with one rank: its mean minus its median), never more than the median step.
 
+The operator's **spikes** are the steps it makes slow: the step time is more than ``min_spread``
+above its median, and on the rank the step waits for (the largest own time) the operator is above
+its own median by at least half the step's excess (``evidence["op_spike_steps"]``; the 20 largest
+in ``top``, with that rank). They link the finding: it explains a step fluctuation (CLU003) whose slow steps are mostly
+spikes, and a rank slow in those steps (CLU005) explains it, in part when the operator also
+varies elsewhere.
+
 ## What to do
 Look at why that operator's time varies: for a collective, the links and switches of its group
 and what shares them (other jobs, concurrent traffic); for a kernel, the ranks where it is
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from advisor import variability
 from advisor.engine.rule import RuleContext, knob, rule
@@ -57,7 +65,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     if not ctx.scalar("SELECT count(*) FROM op_step_stats WHERE step >= 0"):
         return  # no operator inside a step window: nothing to decompose
     # the same result as the report's section (one computation per analysis, whichever asks first)
-    v = ctx.once("variability", lambda: variability.compute(ctx.breakdown(), ctx.df))
+    cells: dict[str, Any] = ctx.once(variability.CELLS_KEY, dict)
+    v = ctx.once("variability", lambda: variability.compute(ctx.breakdown(), ctx.df, cells))
     if not v or not v.get("ops") or v.get("steps", 0) < variability.MIN_STEPS:
         return
     st = v.get("step_time") or {}
@@ -86,6 +95,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     }
     if parallel:
         evidence["p95_drop_us"] = op.get("p95_drop_us")
+    spikes = variability.spikes(cells, ctx.t.min_spread)
+    evidence["op_spike_steps"] = ", ".join(str(x["step"]) for x in spikes)
     yield ctx.finding(
         title=title,
         detail=("Held at its median on every rank and step, the step's p95 would drop by "
@@ -98,4 +109,5 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                       "operator is held at its median" if parallel else "the operator's mean minus its median"),
         ops=[op["name"]],
         ranks=sorted({int(r) for r in ctx.breakdown()["rank"]}),  # the maximum over ranks: every rank takes part
+        top=sorted(spikes, key=lambda x: -x["op_excess_us"])[:20],
     )
