@@ -1169,15 +1169,23 @@ def _backend_of(dist: dict[str, Any], pg: str | None) -> str:
 def _all_to_all_launches(cur: Any, part: str) -> str:
     """A temporary table (rank, corr) of the launches made inside a host all-to-all call
     (``nccl:all_to_all``, ``c10d::alltoall_base`` ...): NCCL runs an all-to-all as ``SendRecv``
-    kernels, which are a collective of the whole group, not point-to-point transfers."""
+    kernels, which are a collective of the whole group, not point-to-point transfers.
+
+    A launch is inside such a call when the latest call of its thread that started at or before
+    it (ASOF) reaches past it, each call's end being the latest end of the calls of its thread
+    started up to it (nested calls: an inner one may end before a launch the outer one holds).
+    A range join of launches and calls cost their product on a thread (a 500 MB trace: 1.2 s)."""
     name = f"{part}_a2a"
     cur.execute(
         f"""CREATE OR REPLACE TEMP TABLE {name} AS
-        WITH h AS (SELECT rank, tid, start_ns, start_ns + dur_ns AS end_ns FROM {part}
-                   WHERE NOT device AND kind IN ('comm', 'host_op') AND regexp_matches(name, '(?i)all_?to_?all'))
-        SELECT DISTINCT r.rank, r.corr FROM {part} r JOIN h ON r.rank = h.rank AND r.tid IS NOT DISTINCT FROM h.tid
-             AND r.start_ns >= h.start_ns AND r.start_ns < h.end_ns
-        WHERE NOT r.device AND r.kind = 'runtime' AND r.corr IS NOT NULL"""
+        WITH h AS (SELECT rank, tid, start_ns, max(start_ns + dur_ns) OVER (PARTITION BY rank, tid ORDER BY start_ns) AS end_ns
+                   FROM {part}
+                   WHERE NOT device AND kind IN ('comm', 'host_op') AND name ILIKE '%all%to%all%'
+                     AND regexp_matches(name, '(?i)all_?to_?all'))
+        SELECT DISTINCT r.rank, r.corr
+        FROM (SELECT rank, tid, start_ns, corr FROM {part} WHERE NOT device AND kind = 'runtime' AND corr IS NOT NULL) r
+        ASOF JOIN h ON r.rank = h.rank AND r.tid IS NOT DISTINCT FROM h.tid AND r.start_ns >= h.start_ns
+        WHERE r.start_ns < h.end_ns"""
     )
     return name
 
