@@ -204,3 +204,27 @@ def test_sanitise_json_reads_gzip(tmp_path: Path) -> None:
     src.write_bytes(gzip.compress(b'[{"name": "\\ud800"}]'))
     out = io.BytesIO()
     assert sanitise_json(src, out) == 1 and json.loads(out.getvalue()) == [{"name": "\ufffd"}]
+
+
+
+@pytest.mark.parametrize("chunk", [7, 1000, 70_000, 4 << 20])
+@pytest.mark.parametrize("n_events", [0, 3, 2_000])
+def test_spilled_gzip_copy_is_what_the_stream_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n_events: int,
+                                                     chunk: int) -> None:
+    """A gzip file's copy (written chunk by chunk, the last bytes held back to find the list's
+    close) holds exactly the bytes the stream serves, whether the list is shorter than the
+    held-back tail or many chunks long and wherever the chunks end (small chunks and head)."""
+    from advisor.ingest import jsonstream
+
+    events = [{"ph": "X", "name": f"op]{i}", "ts": i, "dur": 1, "args": {"l": [[i]], "s": "}]"}} for i in range(n_events)]
+    doc = {"schemaVersion": 1, "traceEvents": events, "traceName": "t]", "deviceProperties": [{"ids": []}]}
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    monkeypatch.setattr(jsonstream, "CHUNK", chunk)
+    monkeypatch.setattr(jsonstream, "HEAD", max(chunk, 100))
+    s = EventsStream(path)
+    served = b"".join(iter(lambda: s.read(1 << 16), b""))
+    with SpilledEvents(path, tmp_dir=str(tmp_path)) as spilled:
+        assert spilled.path.read_bytes() == served
+        assert json.loads(served) == events
+        assert spilled.trailer == s.trailer == {"traceName": "t]", "deviceProperties": [{"ids": []}]}

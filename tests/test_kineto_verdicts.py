@@ -74,6 +74,47 @@ def test_send_recv_kernels_of_an_all_to_all_are_a_collective(tmp_path: Path) -> 
     assert got == [("alltoall",), ("sendrecv",)]
 
 
+
+def test_launches_inside_all_to_all_calls_nested_tied_and_on_their_own_thread() -> None:
+    """A launch belongs to an all-to-all call of its rank and thread that holds its start: inside
+    an outer call after a nested one ended, at a call's start (not its end), under the longer of
+    two calls starting together, on a thread with no id; not on another thread or rank, under
+    another operator or a device event, nor without a correlation id. Expected set by hand."""
+    import duckdb
+
+    from advisor.ingest.kineto import _all_to_all_launches
+
+    rows = [  # rank, tid, start, dur, device, kind, name, corr
+        (0, 1, 0, 100, False, "host_op", "c10d::alltoall_base", None),
+        (0, 1, 10, 10, False, "comm", "nccl:all_to_all", None),
+        (0, 1, 15, 1, False, "runtime", "cudaLaunchKernel", 1),
+        (0, 1, 50, 1, False, "runtime", "cudaLaunchKernel", 2),  # outer only: the inner one ended at 20
+        (0, 1, 100, 1, False, "runtime", "cudaLaunchKernel", 3),  # at the outer one's end: outside
+        (0, 1, 0, 1, False, "runtime", "cudaLaunchKernel", 4),  # at its start: inside
+        (0, 2, 50, 1, False, "runtime", "cudaLaunchKernel", 5),  # another thread
+        (0, None, 200, 100, False, "comm", "gloo:all_to_all", None),
+        (0, None, 250, 1, False, "runtime", "cudaLaunchKernel", 6),
+        (0, 1, 250, 1, False, "runtime", "cudaLaunchKernel", 7),
+        (0, 1, 400, 10, False, "host_op", "aten::all_to_all_single", None),
+        (0, 1, 400, 100, False, "host_op", "c10d::alltoall_", None),
+        (0, 1, 450, 1, False, "runtime", "cudaLaunchKernel", 8),  # under the longer of the two
+        (1, 1, 50, 1, False, "runtime", "cudaLaunchKernel", 9),  # another rank
+        (0, 1, 600, 100, False, "host_op", "aten::mm", None),
+        (0, 1, 650, 1, False, "runtime", "cudaLaunchKernel", 10),
+        (0, 1, 800, 100, True, "comm", "all_to_all_kernel", None),
+        (0, 1, 850, 1, False, "runtime", "cudaLaunchKernel", 11),
+        (0, 1, 460, 1, False, "runtime", "cudaLaunchKernel", None),
+    ]
+    con = duckdb.connect()
+    con.execute("CREATE TABLE part (rank INTEGER, tid VARCHAR, start_ns BIGINT, dur_ns BIGINT, device BOOLEAN, "
+                "kind VARCHAR, name VARCHAR, corr BIGINT)")
+    con.executemany("INSERT INTO part VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(r[0], None if r[1] is None else str(r[1]), *r[2:]) for r in rows])
+    table = _all_to_all_launches(con, "part")
+    got = con.execute(f"SELECT rank, corr FROM {table} ORDER BY ALL").fetchall()
+    assert got == [(0, 1), (0, 2), (0, 4), (0, 6), (0, 8)]
+
+
 def _cpu003(rows: dict[str, list[dict[str, Any]]]) -> list[Any]:
     report = analyze_context(context_from_tables(rows), Config(select=["CPU003"]))
     return [f for f in report.findings if f.rule == "CPU003"]

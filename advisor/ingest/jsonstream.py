@@ -84,15 +84,20 @@ class EventsStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def _next_chunk(self) -> bytes:
+        """The next bytes of the file (b'' at its end); ValueError beyond the gzip bomb limit."""
+        chunk: bytes = self._src.read(CHUNK)
+        self._read_total += len(chunk)
+        if self._read_total > self._limit:
+            raise ValueError(
+                f"decompresses to more than {self._limit >> 20} MiB ({MAX_GZIP_RATIO}x its size): "
+                "refused as a possible gzip bomb"
+            )
+        return chunk
+
     def _fill(self, want: int) -> None:
         while not self._eof and len(self._buf) < want + TAIL:
-            chunk = self._src.read(CHUNK)
-            self._read_total += len(chunk)
-            if self._read_total > self._limit:
-                raise ValueError(
-                    f"decompresses to more than {self._limit >> 20} MiB ({MAX_GZIP_RATIO}x its size): "
-                    "refused as a possible gzip bomb"
-                )
+            chunk = self._next_chunk()
             if not chunk:
                 self._eof = True
                 self._finish()
@@ -120,6 +125,26 @@ class EventsStream(io.RawIOBase):
         del self._buf[:take]
         return take
 
+    def copy_to(self, out: Any) -> None:
+        """Write what is left of the list to the binary file ``out``: the bytes reading the
+        stream to its end gives, without passing them through the stream's buffer (each chunk
+        is written as it is read; only the last :data:`TRAILER_MAX` bytes, where the list's
+        close is looked for, are held back). Raises as reading would (LayoutError, ValueError)."""
+        held = [bytes(self._buf)]  # not yet written; the ones after the first hold >= TRAILER_MAX bytes
+        held_len = len(held[0])
+        self._buf = bytearray()
+        while chunk := self._next_chunk():
+            held.append(chunk)
+            held_len += len(chunk)
+            while len(held) > 1 and held_len - len(held[0]) >= TRAILER_MAX:
+                held_len -= len(held[0])
+                out.write(held.pop(0))
+        rest = b"".join(held)
+        tail = rest[-TRAILER_MAX:]
+        pos, self.trailer = find_close(tail)
+        out.write(rest[:len(rest) - len(tail) + pos + 1])
+        self._eof = self._done = True
+
     def close(self) -> None:
         try:
             if self._src is not self._raw:
@@ -141,7 +166,6 @@ class SpilledEvents:
     """
 
     def __init__(self, path: Path, tmp_dir: str | None = None, probe: tuple[bytes, ...] = ()) -> None:
-        import shutil
         import tempfile
 
         with path.open("rb") as fh:
@@ -154,7 +178,7 @@ class SpilledEvents:
             with os.fdopen(fd, "wb") as out:
                 if gz:  # decompressed on the way
                     with stream:
-                        shutil.copyfileobj(stream, out, CHUNK)
+                        stream.copy_to(out)
                     self.head_bytes, self.trailer, self.found = stream.head_bytes, stream.trailer, stream.found
                 else:  # the byte range of the list, copied by the kernel
                     self.head_bytes, self.trailer, self.found = self._copy_plain(path, out, probe)

@@ -1170,15 +1170,25 @@ def _backend_of(dist: dict[str, Any], pg: str | None) -> str:
 def _all_to_all_launches(cur: Any, part: str) -> str:
     """A temporary table (rank, corr) of the launches made inside a host all-to-all call
     (``nccl:all_to_all``, ``c10d::alltoall_base`` ...): NCCL runs an all-to-all as ``SendRecv``
-    kernels, which are a collective of the whole group, not point-to-point transfers."""
+    kernels, which are a collective of the whole group, not point-to-point transfers.
+
+    A launch is inside such a call when the latest call of its thread that started at or before
+    it (ASOF) reaches past it, each call's end being the latest end of the calls of its thread
+    started up to it (nested calls: an inner one may end before a launch the outer one holds).
+    Linear in the events, where a range join of launches and calls costs their product on a
+    thread; only the launches of threads that made such a call are sorted for the join."""
     name = f"{part}_a2a"
     cur.execute(
         f"""CREATE OR REPLACE TEMP TABLE {name} AS
-        WITH h AS (SELECT rank, tid, start_ns, start_ns + dur_ns AS end_ns FROM {part}
-                   WHERE NOT device AND kind IN ('comm', 'host_op') AND regexp_matches(name, '(?i)all_?to_?all'))
-        SELECT DISTINCT r.rank, r.corr FROM {part} r JOIN h ON r.rank = h.rank AND r.tid IS NOT DISTINCT FROM h.tid
-             AND r.start_ns >= h.start_ns AND r.start_ns < h.end_ns
-        WHERE NOT r.device AND r.kind = 'runtime' AND r.corr IS NOT NULL"""
+        WITH h AS (SELECT rank, tid, start_ns, max(start_ns + dur_ns) OVER (PARTITION BY rank, tid ORDER BY start_ns) AS end_ns
+                   FROM {part}
+                   WHERE NOT device AND kind IN ('comm', 'host_op') AND name ILIKE '%all%to%all%'
+                     AND regexp_matches(name, '(?i)all_?to_?all'))
+        SELECT DISTINCT r.rank, r.corr
+        FROM (SELECT rank, tid, start_ns, corr FROM {part} r WHERE NOT device AND kind = 'runtime' AND corr IS NOT NULL
+              AND EXISTS (SELECT 1 FROM h WHERE h.rank = r.rank AND h.tid IS NOT DISTINCT FROM r.tid)) r
+        ASOF JOIN h ON r.rank = h.rank AND r.tid IS NOT DISTINCT FROM h.tid AND r.start_ns >= h.start_ns
+        WHERE r.start_ns < h.end_ns"""
     )
     return name
 
@@ -1221,17 +1231,12 @@ def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadC
             cur.execute(f"DELETE FROM {kf} WHERE fid IN ({ids})")
             cur.execute(f"DELETE FROM profile_files WHERE file_id IN ({ids})")
             on_drop(ids)
-    src = f"{kf}_marks"  # the narrow columns the step windows need, read several times
-    cur.execute(
-        f"""CREATE OR REPLACE TEMP TABLE {src} AS
-        SELECT rank, is_mark, device, tid, CASE WHEN is_mark THEN name END AS name, start_ns, dur_ns, corr FROM {ev}
-        WHERE rank IN ({', '.join(map(str, sorted(whole)))})"""
-    )
-    try:
-        with lctx.steps_lock:
-            build_steps(cur, src, lctx.warn, detail=ev)
-    finally:
-        cur.execute(f"DROP TABLE {src}")
+    # the narrow columns the step windows need, read from the part by each statement (each
+    # reads the few columns and rows it filters on; a copy of them all cost more than the reads)
+    src = (f"(SELECT rank, is_mark, device, tid, CASE WHEN is_mark THEN name END AS name, start_ns, dur_ns, corr "
+           f"FROM {ev} WHERE rank IN ({', '.join(map(str, sorted(whole)))}))")
+    with lctx.steps_lock:
+        build_steps(cur, src, lctx.warn, detail=ev)
     return whole
 
 
