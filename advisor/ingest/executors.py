@@ -89,13 +89,13 @@ def _distributed(engine: str) -> Any:
 
 
 @contextmanager
-def open_executor(engine: str | None, workers: int | None) -> Iterator[Executor | None]:
+def open_executor(engine: str | None, workers: int | None, *, pool_from: int = 2) -> Iterator[Executor | None]:
     """The executor that runs the map, closed (its workers stopped, or the client disconnected)
     when the block ends: a spawn process pool of ``workers`` processes for no engine or ``local``
-    (None, in-process, for one worker or none given), or a Dask client's executor for a scheduler
-    address (``workers`` is then the cluster's business)."""
+    (None, in-process, for fewer than ``pool_from`` workers or none given), or a Dask client's
+    executor for a scheduler address (``workers`` is then the cluster's business)."""
     if not is_remote(engine):
-        if workers is None or workers <= 1:
+        if workers is None or workers < max(1, pool_from):
             yield None
             return
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -110,9 +110,17 @@ def open_executor(engine: str | None, workers: int | None) -> Iterator[Executor 
         raise EngineError(f"--engine {one_line(engine, 200)}: cannot reach the Dask scheduler at {address} "
                           f"({one_line(str(exc) or type(exc).__name__, 300)})") from None
     try:
-        yield InDirExecutor(client.get_executor(), os.getcwd())
+        yield InDirExecutor(client.get_executor(), os.getcwd(), slots=_slots(client))
     finally:
         client.close()
+
+
+def _slots(client: Any) -> int:
+    """How many tasks the cluster of ``client`` runs at once: its workers' threads (1 when it cannot say)."""
+    try:
+        return max(1, sum(int(n) for n in client.nthreads().values()))
+    except Exception:  # noqa: BLE001 -- a scheduler that cannot say: the limit is not shared out
+        return 1
 
 
 _CWD_LOCK = threading.Lock()
@@ -138,9 +146,10 @@ class InDirExecutor(Executor):
     """An executor whose tasks run in the submitting process's working directory (see
     :func:`run_in_dir`): a Dask worker was started wherever its machine started it."""
 
-    def __init__(self, inner: Executor, cwd: str) -> None:
+    def __init__(self, inner: Executor, cwd: str, slots: int = 1) -> None:
         self.inner = inner
         self.cwd = cwd
+        self.slots = max(1, slots)  # tasks the cluster runs at once
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         return self.inner.submit(run_in_dir, self.cwd, fn, *args, **kwargs)
