@@ -198,3 +198,39 @@ def test_dask_tasks_run_in_the_callers_directory(tmp_path: Path, dask_cluster: A
         assert res.exit_code in (0, 1), res.output
         outs.append(_strip(json.loads(out.read_text())))
     assert outs[0] == outs[1]
+
+
+def test_unguarded_script_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that ends before its first task because spawn re-ran a script without a ``__main__``
+    guard is reported as that, not as a worker out of memory."""
+    import types
+
+    from advisor.ingest.executors import lost_worker, unguarded_main
+
+    script = tmp_path / "job.py"
+    main_module = types.ModuleType("__main__")
+    main_module.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main_module)
+    script.write_text("from advisor.analyze import analyze\nanalyze('x')\n")
+    assert unguarded_main() == str(script)
+    msg = str(lost_worker("ranks 0-3"))
+    assert "job.py has no 'if __name__ == \"__main__\":' guard" in msg and "\n" not in msg
+    script.write_text("from advisor.analyze import analyze\nif __name__ == '__main__':\n    analyze('x')\n")
+    assert unguarded_main() is None
+    assert str(lost_worker("ranks 0-3")) == "ranks 0-3 ended abruptly (out of memory? --workers 1 reads in-process)"
+    del main_module.__file__  # an interactive session: nothing to run again
+    assert unguarded_main() is None
+
+
+@pytest.mark.slow
+def test_unguarded_script_fails_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+
+    script = tmp_path / "job.py"
+    script.write_text("from advisor.analyze import analyze\nfrom advisor.engine import mapreduce\n"
+                      "from advisor.ingest import options\nmapreduce.SHARD_BYTES = 1\n"
+                      f"with options(processes=2):\n    analyze({str(SAMPLES / 'kineto_two_ranks')!r})\n")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode != 0
+    last = res.stderr.strip().splitlines()[-1]
+    assert "job.py has no 'if __name__ == \"__main__\":' guard" in last, res.stderr[-2000:]

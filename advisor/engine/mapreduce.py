@@ -349,11 +349,11 @@ def run_maps(root: str, shards: list[list[Unit]], cfg: Config, *, workers: int, 
 
 
 def _lost(shard: list[Unit], exc: BaseException) -> InputError:
-    """The error of a map whose worker ended under it (killed for memory, crashed)."""
+    """The error of a map whose worker ended under it (killed for memory, crashed, or never started)."""
     from advisor.ingest.base import one_line
+    from advisor.ingest.executors import lost_worker
 
-    return InputError(f"{one_line(shard[0].label)}: the worker process reading ranks {shard[0].rank}-{shard[-1].rank} "
-                      "ended abruptly (out of memory? --workers 1 reads in-process)")
+    return lost_worker(f"{one_line(shard[0].label)}: the worker process reading ranks {shard[0].rank}-{shard[-1].rank}")
 
 
 def _remote_maps(root: str, shards: list[list[Unit]], cfg: Config, engine: str | None, *,

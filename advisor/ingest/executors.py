@@ -49,6 +49,39 @@ def lost_worker_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def unguarded_main() -> str | None:
+    """The file of the program's ``__main__`` when its top level has no ``if __name__ ...`` test: a
+    spawned worker runs that file again before its first task, and so would start the analysis
+    again (where multiprocessing refuses, which ends the worker). None otherwise, or when it cannot say."""
+    import ast
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str) or not path.endswith(".py"):
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.If) and any(isinstance(n, ast.Name) and n.id == "__name__"
+                                            for n in ast.walk(node.test)):
+            return None
+    return path
+
+
+def lost_worker(what: str) -> InputError:
+    """The error for a worker process that ended under its task (``what``: a phrase saying what it
+    was reading): the script missing a ``__main__`` guard when that is the cause, else memory or a crash."""
+    script = unguarded_main()
+    if script is not None:
+        return InputError(f"the worker processes could not start: {one_line(script, 300)} has no "
+                          "'if __name__ == \"__main__\":' guard, which they need (spawn runs the script again in "
+                          "each worker); put the script's code under one, or read in-process (processes=1, --workers 1)")
+    return InputError(f"{what} ended abruptly (out of memory? --workers 1 reads in-process)")
+
+
 class EngineError(InputError):
     """The engine named by ``--engine`` cannot be used (bad address, Dask missing, unreachable)."""
 
