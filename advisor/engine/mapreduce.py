@@ -360,14 +360,13 @@ def _remote_maps(root: str, shards: list[list[Unit]], cfg: Config, engine: str |
                  memory_limit: str | None, **kw: Any) -> Generator[ShardResult, None, None]:
     """The maps on a Dask cluster, all submitted at once (the cluster decides how many run), in
     shard order; ``memory_limit`` is shared out among the maps the cluster runs at once."""
-    from advisor.ingest.executors import InDirExecutor, lost_worker_errors, open_executor
-    from advisor.ingest.pool import _portable, share_of
+    from advisor.ingest.executors import InDirExecutor, lost_worker_errors, open_executor, portable, share_of
 
     with open_executor(engine, None) as ex:
         assert ex is not None
         kw["memory_limit"] = share_of(memory_limit, ex.slots if isinstance(ex, InDirExecutor) else 1)
         futures: list[Future[ShardResult] | None] = [
-            ex.submit(map_shard, root, [_portable(u) for u in shard], cfg, **kw) for shard in shards]
+            ex.submit(map_shard, root, [portable(u) for u in shard], cfg, **kw) for shard in shards]
         try:
             for i, shard in enumerate(shards):
                 fut = futures[i]
@@ -428,8 +427,7 @@ def _local_maps(root: str, shards: list[list[Unit]], cfg: Config, workers: int, 
     One thread of the main process feeds each spawned worker a shard at a time (so that no shard
     waits in a busy worker's queue while another process is free); the main process runs the next
     shard nobody has taken whenever the result it must hand on next is not in yet."""
-    from advisor.ingest.executors import lost_worker_errors, open_executor
-    from advisor.ingest.pool import _portable, share_of
+    from advisor.ingest.executors import lost_worker_errors, open_executor, portable, share_of
 
     cores = os.cpu_count() or 1
     kw["threads"] = max(1, cores // workers)
@@ -441,7 +439,7 @@ def _local_maps(root: str, shards: list[list[Unit]], cfg: Config, workers: int, 
         def feed() -> None:
             while (i := todo.take()) is not None:
                 try:
-                    res = ex.submit(map_shard, root, [_portable(u) for u in shards[i]], cfg, **kw).result()
+                    res = ex.submit(map_shard, root, [portable(u) for u in shards[i]], cfg, **kw).result()
                 except BaseException as exc:  # noqa: BLE001 -- handed on in shard order
                     todo.put(i, None, exc)
                 else:

@@ -25,7 +25,7 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from advisor.ingest.base import InputError, one_line
+from advisor.ingest.base import InputError, Unit, one_line
 
 T = TypeVar("T")
 
@@ -80,6 +80,26 @@ def lost_worker(what: str) -> InputError:
                           "'if __name__ == \"__main__\":' guard, which they need (spawn runs the script again in "
                           "each worker); put the script's code under one, or read in-process (processes=1, --workers 1)")
     return InputError(f"{what} ended abruptly (out of memory? --workers 1 reads in-process)")
+
+
+def share_of(memory_limit: str | None, n_workers: int) -> str | None:
+    """Each worker's DuckDB memory limit: an ``n_workers``-th of ``memory_limit`` (a number and
+    a unit, as :func:`advisor.config.parse_memory_limit` returns it), so that the workers, which
+    run side by side, stay within it together."""
+    if memory_limit is None:
+        return None
+    m = re.fullmatch(r"([0-9.]+)(.*)", memory_limit)
+    if m is None:
+        return memory_limit
+    return f"{float(m.group(1)) / n_workers:.6g}{m.group(2)}"
+
+
+def portable(unit: Unit) -> Unit:
+    """The unit as a worker gets it: its reader's notes that only make sense in this process
+    (background copies of the event lists) are left out."""
+    info = {k: v for k, v in unit.info.items() if not isinstance(v, Future)}
+    return Unit(unit.source, list(unit.files), unit.root, unit.rank_hint, unit.rank_source, unit.world_size,
+                unit.backend, unit.run_key, info, unit.rank)
 
 
 class EngineError(InputError):
