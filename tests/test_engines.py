@@ -234,3 +234,40 @@ def test_unguarded_script_fails_in_one_line(tmp_path: Path) -> None:
     assert res.returncode != 0
     last = res.stderr.strip().splitlines()[-1]
     assert "job.py has no 'if __name__ == \"__main__\":' guard" in last, res.stderr[-2000:]
+
+
+def test_dask_memory_limit_is_shared_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a Dask engine each map gets ``--memory-limit`` divided by the tasks the cluster runs at once."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+    from contextlib import contextmanager
+
+    from advisor.config import Config
+    from advisor.engine import mapreduce as mr
+    from advisor.ingest.base import Unit
+    from advisor.ingest.executors import InDirExecutor, _slots
+
+    class Client:
+        def nthreads(self) -> dict[str, int]:
+            return {"tcp://a:1": 2, "tcp://b:1": 2}
+
+    assert _slots(Client()) == 4
+    assert _slots(object()) == 1  # a client that cannot say
+    limits: list[str | None] = []
+
+    def fake(root: str, units: list[Unit], cfg: Config, **kw: Any) -> mr.ShardResult:
+        limits.append(kw["memory_limit"])
+        return mr.ShardResult(ranks=[u.rank for u in units], load_warnings=[])
+
+    @contextmanager
+    def executor(engine: Any, workers: Any, pool_from: int = 2) -> Any:
+        with ThreadPoolExecutor(2) as ex:
+            yield InDirExecutor(ex, os.getcwd(), slots=_slots(Client()))
+
+    monkeypatch.setattr(mr, "map_shard", fake)
+    monkeypatch.setattr("advisor.ingest.executors.open_executor", executor)
+    shards = [[Unit("kineto", [Path(f"r{r}.json")], Path("."), rank=r)] for r in range(3)]
+    out = list(mr.run_maps(".", shards, Config(), workers=2, engine="tcp://h:1", rank=None, step=None,
+                           memory_limit="8GB", max_events=None, debug=False))
+    assert [r.ranks for r in out] == [[0], [1], [2]]
+    assert limits == ["2GB"] * 3
