@@ -474,8 +474,10 @@ def _local_maps(root: str, shards: list[list[Unit]], cfg: Config, workers: int, 
                 yield res
                 del res
         finally:
+            # no shard is queued in the pool (each feeder waits for its one): the feeders end with
+            # the maps they run, then the pool's end waits for its processes to exit (a process
+            # that ends with os._exit would otherwise leave them behind, unreaped)
             todo.stop()
-            ex.shutdown(wait=False, cancel_futures=True)
             for t in feeders:
                 t.join()
 
