@@ -341,6 +341,7 @@ def run_measured(cmd: list[str], timeout: float, env: dict | None = None) -> dic
     err.close()
     return {
         "seconds": wall,
+        "cpu": usage.ru_utime + usage.ru_stime,  # user + system of the process and the children it waited for
         # ru_maxrss only when nothing could be polled: Linux carries the parent's high-water mark
         # across the vfork + exec that starts the child, so it may be this script's own peak
         "rss": max(peak[0], hwm[0]) or usage.ru_maxrss * 1024,

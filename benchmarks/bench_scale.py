@@ -17,7 +17,8 @@ Ascend torch_npu clusters (``--ascend N,...``) come from ``tests/ascend/gen_clus
 For each cluster, one tool at a time, each a subprocess:
 
 * advisor: ``advisor analyze DIR --format json --out ... --workers W`` for each ``--workers`` (1:
-  in-process; 2: a process pool of 2 reading the ranks side by side);
+  in-process; 2: the main process and one spawned worker mapping shards side by side); its CPU time
+  (user + system, workers included) is logged beside the wall time;
 * floor: one process reading each rank's files one after another, bare: Kineto a DuckDB ``read_json``
   of the events with advisor's column types into a table, dropped after each rank; Ascend DuckDB
   ``read_csv`` of each CSV file, ``read_json_objects`` of each JSON file (parsed and checked, one row
@@ -318,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         row: dict[str, Any] = {"case": case, "advisor": {}}
         for w in workers:
             r = run_advisor(case["target"], w, args.timeout)
-            log(f"   advisor --workers {w}: {_s(r)} s, peak {_mb(r['rss'])} MB" + ("" if _ok(r) else "\n" + r["stderr"][-600:]))
+            log(f"   advisor --workers {w}: {_s(r)} s, {r.get('cpu', 0.0):.1f} CPU-s, peak {_mb(r['rss'])} MB"
+                + ("" if _ok(r) else "\n" + r["stderr"][-600:]))
             row["advisor"][w] = r
         script, items = case["floor"]
         row["floor"] = run_floor(script, items, args.timeout)

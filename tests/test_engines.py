@@ -198,3 +198,76 @@ def test_dask_tasks_run_in_the_callers_directory(tmp_path: Path, dask_cluster: A
         assert res.exit_code in (0, 1), res.output
         outs.append(_strip(json.loads(out.read_text())))
     assert outs[0] == outs[1]
+
+
+def test_unguarded_script_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that ends before its first task because spawn re-ran a script without a ``__main__``
+    guard is reported as that, not as a worker out of memory."""
+    import types
+
+    from advisor.ingest.executors import lost_worker, unguarded_main
+
+    script = tmp_path / "job.py"
+    main_module = types.ModuleType("__main__")
+    main_module.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main_module)
+    script.write_text("from advisor.analyze import analyze\nanalyze('x')\n")
+    assert unguarded_main() == str(script)
+    msg = str(lost_worker("ranks 0-3"))
+    assert "job.py has no 'if __name__ == \"__main__\":' guard" in msg and "\n" not in msg
+    script.write_text("from advisor.analyze import analyze\nif __name__ == '__main__':\n    analyze('x')\n")
+    assert unguarded_main() is None
+    assert str(lost_worker("ranks 0-3")) == "ranks 0-3 ended abruptly (out of memory? --workers 1 reads in-process)"
+    del main_module.__file__  # an interactive session: nothing to run again
+    assert unguarded_main() is None
+
+
+@pytest.mark.slow
+def test_unguarded_script_fails_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+
+    script = tmp_path / "job.py"
+    script.write_text("from advisor.analyze import analyze\nfrom advisor.engine import mapreduce\n"
+                      "from advisor.ingest import options\nmapreduce.SHARD_BYTES = 1\n"
+                      f"with options(processes=2):\n    analyze({str(SAMPLES / 'kineto_two_ranks')!r})\n")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode != 0
+    last = res.stderr.strip().splitlines()[-1]
+    assert "job.py has no 'if __name__ == \"__main__\":' guard" in last, res.stderr[-2000:]
+
+
+def test_dask_memory_limit_is_shared_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a Dask engine each map gets ``--memory-limit`` divided by the tasks the cluster runs at once."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+    from contextlib import contextmanager
+
+    from advisor.config import Config
+    from advisor.engine import mapreduce as mr
+    from advisor.ingest.base import Unit
+    from advisor.ingest.executors import InDirExecutor, _slots
+
+    class Client:
+        def nthreads(self) -> dict[str, int]:
+            return {"tcp://a:1": 2, "tcp://b:1": 2}
+
+    assert _slots(Client()) == 4
+    assert _slots(object()) == 1  # a client that cannot say
+    limits: list[str | None] = []
+
+    def fake(root: str, units: list[Unit], cfg: Config, **kw: Any) -> mr.ShardResult:
+        limits.append(kw["memory_limit"])
+        return mr.ShardResult(ranks=[u.rank for u in units], load_warnings=[])
+
+    @contextmanager
+    def executor(engine: Any, workers: Any, pool_from: int = 2) -> Any:
+        with ThreadPoolExecutor(2) as ex:
+            yield InDirExecutor(ex, os.getcwd(), slots=_slots(Client()))
+
+    monkeypatch.setattr(mr, "map_shard", fake)
+    monkeypatch.setattr("advisor.ingest.executors.open_executor", executor)
+    shards = [[Unit("kineto", [Path(f"r{r}.json")], Path("."), rank=r)] for r in range(3)]
+    out = list(mr.run_maps(".", shards, Config(), workers=2, engine="tcp://h:1", rank=None, step=None,
+                           memory_limit="8GB", max_events=None, debug=False))
+    assert [r.ranks for r in out] == [[0], [1], [2]]
+    assert limits == ["2GB"] * 3

@@ -182,3 +182,66 @@ def test_pool_by_default_for_the_cli_only(monkeypatch: pytest.MonkeyPatch) -> No
     with options(processes=None):
         analyze(TRACES / "gloo_slow_rank")
     assert seen == [1, 2]  # two ranks: two shards, two workers
+
+
+def _fake_maps(monkeypatch: pytest.MonkeyPatch, fail: dict[int, BaseException] | None = None) -> list[tuple[int, str]]:
+    """``map_shard`` replaced by one that records which thread ran which shard (its first rank), on
+    a pool of one thread standing for the spawned worker."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    from contextlib import contextmanager
+
+    ran: list[tuple[int, str]] = []
+
+    def fake(root: str, units: list[Unit], cfg: Config, **kw: Any) -> mr.ShardResult:
+        time.sleep(0.02)  # long enough for the other side to take a shard meanwhile
+        ran.append((units[0].rank, threading.current_thread().name))
+        if fail and units[0].rank in fail:
+            raise fail[units[0].rank]
+        return mr.ShardResult(ranks=[u.rank for u in units], load_warnings=[])
+
+    @contextmanager
+    def executor(engine: Any, workers: Any, pool_from: int = 2) -> Any:
+        assert workers == 1 and pool_from == 1
+        with ThreadPoolExecutor(1, thread_name_prefix="worker") as ex:
+            yield ex
+
+    monkeypatch.setattr(mr, "map_shard", fake)
+    monkeypatch.setattr("advisor.ingest.executors.open_executor", executor)
+    return ran
+
+
+def _shards(n: int) -> list[list[Unit]]:
+    return [[Unit("kineto", [Path(f"r{r}.json")], Path("."), rank=r)] for r in range(n)]
+
+
+def test_main_process_runs_maps_beside_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran = _fake_maps(monkeypatch)
+    out = list(mr.run_maps(".", _shards(8), Config(), workers=2, rank=None, step=None, memory_limit=None,
+                           max_events=None, debug=False))
+    assert [r.ranks for r in out] == [[r] for r in range(8)]  # in shard order, whoever ran them
+    assert sorted(r for r, _ in ran) == list(range(8))  # each shard once
+    who = {name.split("_")[0] for _, name in ran}
+    assert who == {"MainThread", "worker"}
+
+
+def test_map_errors_come_in_shard_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures.process import BrokenProcessPool
+
+    from advisor.ingest.base import InputError
+
+    _fake_maps(monkeypatch, {3: ValueError("bad shard"), 5: ValueError("later")})
+    maps = mr.run_maps(".", _shards(8), Config(), workers=2, rank=None, step=None, memory_limit=None,
+                       max_events=None, debug=False)
+    got = []
+    with pytest.raises(ValueError, match="bad shard"):
+        for r in maps:
+            got.append(r.ranks[0])
+    assert got == [0, 1, 2]
+    _fake_maps(monkeypatch, {r: BrokenProcessPool("gone") for r in range(8)})
+    maps = mr.run_maps(".", _shards(2), Config(), workers=2, rank=None, step=None, memory_limit=None,
+                       max_events=None, debug=False)
+    # a worker killed under its map: the shard's ranks and the likely cause, not the pool's exception
+    with pytest.raises(InputError, match=r"reading ranks 0-0 ended abruptly \(out of memory\?"):
+        list(maps)

@@ -1,4 +1,5 @@
-"""The per-rank load on a process pool (advisor.ingest.pool) gives what the in-process load gives."""
+"""The per-rank load on a process pool (``load(path, processes=N)``: advisor.ingest._load_in_pool)
+gives what the in-process load gives."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from advisor.analyze import analyze
 from advisor.cli import main
 from advisor.ingest import InputError, load, options
 from advisor.ingest.base import Unit
-from advisor.ingest.pool import POOL_ABOVE_BYTES, pool_size, share_of
+from advisor.ingest.executors import share_of
 from advisor.schema import TABLES
 from tests.ascend import gen_cluster
 from tests.conftest import SAMPLES, TRACES, report_json
@@ -27,33 +28,6 @@ KINETO_CLUSTERS = [TRACES / "gloo_slow_rank", SAMPLES / "kineto_two_ranks"]
 def _report(path: Path, processes: int) -> Any:
     with options(processes=processes):
         return _strip(report_json(analyze(path)))
-
-
-def _units(tmp_path: Path, ranks: int, size: int) -> list[Unit]:
-    out = []
-    for r in range(ranks):
-        f = tmp_path / f"r{r}.json"
-        f.write_bytes(b"x" * size)
-        out.append(Unit("kineto", [f], f, rank=r))
-    return out
-
-
-def test_pool_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("os.cpu_count", lambda: 8)
-    small = _units(tmp_path, 4, 10)
-    assert pool_size(1, small) == 1
-    assert pool_size(3, small) == 3
-    assert pool_size(16, small) == 4  # never more workers than ranks
-    monkeypatch.setattr("advisor.ingest.pool._total_bytes", lambda units: POOL_ABOVE_BYTES)
-    assert pool_size(None, small) == 1  # no pool unless asked for
-    monkeypatch.setattr("advisor.ingest.pool.POOL_BY_DEFAULT", True)
-    assert pool_size(None, small) == 4
-    monkeypatch.setattr("advisor.ingest.pool._total_bytes", lambda units: POOL_ABOVE_BYTES - 1)
-    assert pool_size(None, small) == 1  # small inputs stay in-process
-    monkeypatch.setattr("advisor.ingest.pool._total_bytes", lambda units: POOL_ABOVE_BYTES)
-    assert pool_size(None, small[:1]) == 1  # one rank: nothing to share out
-    monkeypatch.setattr("os.cpu_count", lambda: 1)
-    assert pool_size(None, small) == 1
 
 
 def test_memory_limit_shared() -> None:
@@ -133,16 +107,16 @@ def test_ascend_same_findings(faults8: Path) -> None:
 @pytest.fixture
 def pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The number of workers of each pool the loads start."""
-    from advisor.ingest import pool
+    from advisor import ingest
 
     started: list[int] = []
-    orig = pool.run_pool
+    orig = ingest._load_in_pool
 
-    def spy(units: list[Unit], n_workers: int, *args: Any, **kwargs: Any) -> Any:
+    def spy(con: Any, lctx: Any, units: list[Unit], infos: Any, n_workers: int, **kwargs: Any) -> Any:
         started.append(n_workers)
-        return orig(units, n_workers, *args, **kwargs)
+        return orig(con, lctx, units, infos, n_workers, **kwargs)
 
-    monkeypatch.setattr(pool, "run_pool", spy)
+    monkeypatch.setattr(ingest, "_load_in_pool", spy)
     return started
 
 
@@ -157,7 +131,9 @@ def _cluster_with_bad_rank(tmp_path: Path) -> Path:
 
 def test_worker_warnings_come_back(tmp_path: Path, pools: list[int]) -> None:
     root = _cluster_with_bad_rank(tmp_path)
-    one, two = load(root, processes=1), load(root, processes=3)
+    with options(processes=None):
+        one = load(root)  # no pool unless asked for
+    two = load(root, processes=3)
     assert pools == [2]  # one worker per rank at most
     assert one.ranks == two.ranks == [0, 1]
     said = [(w.code, w.message, w.path) for w in two.warnings]

@@ -13,7 +13,7 @@ the checks that compare ranks (runs, windows), picks the focus, runs the rules o
 ``cluster`` and merges every shard's findings into one account.
 
 Shards run one after the other in the main process (each DuckDB dropped before the next), or
-side by side in worker processes (spawn) or on a Dask cluster
+side by side in the main process and worker processes (spawn), or on a Dask cluster
 (:func:`advisor.ingest.executors.open_executor`): the same
 map on the same shards, so the three give the same report. Memory then grows with the largest
 shard, not with the cluster.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future
@@ -316,43 +317,169 @@ def run_maps(root: str, shards: list[list[Unit]], cfg: Config, *, workers: int, 
              debug: bool, progress: Callable[[str, int, int], None] | None = None,
              phases: bool = False) -> Generator[ShardResult, None, None]:
     """The maps of ``shards``, in shard order (each result as soon as it and those before it are in);
-    ``phases``: hand the device's busy periods to the reduce (``--metrics`` files are read there)."""
-    from advisor.ingest.executors import lost_worker_errors, open_executor
-    from advisor.ingest.pool import _portable, share_of
+    ``phases``: hand the device's busy periods to the reduce (``--metrics`` files are read there).
+
+    ``workers`` processes run them on this machine: the main process and ``workers - 1`` spawned
+    ones, each taking the next shard when it is free (the main process would otherwise only wait,
+    and it has the map's modules imported already); on a Dask engine, the cluster's workers."""
+    from advisor.ingest.executors import is_remote
 
     total = sum(len(s) for s in shards)
     done = 0
-    with open_executor(engine, workers) as ex:
-        if ex is None:
-            for shard in shards:
-                yield map_shard(root, shard, cfg, rank=rank, step=step, memory_limit=memory_limit,
-                                max_events=max_events, debug=debug, phases=phases)
-                done += len(shard)
-                if progress:
-                    progress("ingest", done, total)
-            return
-        cores = os.cpu_count() or 1
-        threads = max(1, cores // workers)
-        limit = share_of(memory_limit, workers)
-        futures: list[Future[ShardResult]] = [
-            ex.submit(map_shard, root, [_portable(u) for u in shard], cfg, rank=rank, step=step, memory_limit=limit,
-                      threads=threads, max_events=max_events, debug=debug, phases=phases) for shard in shards]
+    if is_remote(engine):
+        maps: Iterator[ShardResult] = _remote_maps(root, shards, cfg, engine, rank=rank, step=step,
+                                                   memory_limit=memory_limit, max_events=max_events, debug=debug,
+                                                   phases=phases)
+    elif workers > 1:
+        maps = _local_maps(root, shards, cfg, workers, rank=rank, step=step, memory_limit=memory_limit,
+                           max_events=max_events, debug=debug, phases=phases)
+    else:
+        maps = (map_shard(root, shard, cfg, rank=rank, step=step, memory_limit=memory_limit, max_events=max_events,
+                          debug=debug, phases=phases) for shard in shards)
+    try:
+        for shard, res in zip(shards, maps):
+            yield res
+            done += len(shard)
+            if progress:
+                progress("ingest", done, total)
+    finally:
+        close = getattr(maps, "close", None)
+        if close is not None:
+            close()
+
+
+def _lost(shard: list[Unit], exc: BaseException) -> InputError:
+    """The error of a map whose worker ended under it (killed for memory, crashed, or never started)."""
+    from advisor.ingest.base import one_line
+    from advisor.ingest.executors import lost_worker
+
+    return lost_worker(f"{one_line(shard[0].label)}: the worker process reading ranks {shard[0].rank}-{shard[-1].rank}")
+
+
+def _remote_maps(root: str, shards: list[list[Unit]], cfg: Config, engine: str | None, *,
+                 memory_limit: str | None, **kw: Any) -> Generator[ShardResult, None, None]:
+    """The maps on a Dask cluster, all submitted at once (the cluster decides how many run), in
+    shard order; ``memory_limit`` is shared out among the maps the cluster runs at once."""
+    from advisor.ingest.executors import InDirExecutor, lost_worker_errors, open_executor, portable, share_of
+
+    with open_executor(engine, None) as ex:
+        assert ex is not None
+        kw["memory_limit"] = share_of(memory_limit, ex.slots if isinstance(ex, InDirExecutor) else 1)
+        futures: list[Future[ShardResult] | None] = [
+            ex.submit(map_shard, root, [portable(u) for u in shard], cfg, **kw) for shard in shards]
         try:
-            for shard, fut in zip(shards, futures, strict=True):
+            for i, shard in enumerate(shards):
+                fut = futures[i]
+                assert fut is not None
+                futures[i] = None  # the reduce keeps what it needs of a result: the bytes go with it
                 try:
                     yield fut.result()
                 except lost_worker_errors() as exc:  # killed (out of memory) or crashed: no exception to pass on
-                    from advisor.ingest.base import one_line
-
-                    raise InputError(f"{one_line(shard[0].label)}: the worker process reading ranks "
-                                     f"{shard[0].rank}-{shard[-1].rank} ended abruptly (out of memory? "
-                                     "--workers 1 reads in-process)") from exc
-                done += len(shard)
-                if progress:
-                    progress("ingest", done, total)
+                    raise _lost(shard, exc) from exc
         finally:
             for f in futures:
-                f.cancel()
+                if f is not None:
+                    f.cancel()
+
+
+class _Shards:
+    """The shards handed out one at a time, in order, to whoever is free, and their outcomes
+    (a result, or the exception its map raised) until they are taken in order."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.cond = threading.Condition()
+        self.next = 0
+        self.stopped = False
+        self.outcomes: dict[int, tuple[ShardResult | None, BaseException | None]] = {}
+
+    def take(self, *, main: bool = False) -> int | None:
+        """The next shard nobody has taken (None when none is left, or for a worker once stopped)."""
+        with self.cond:
+            if self.next >= self.n or (self.stopped and not main):
+                return None
+            self.next += 1
+            return self.next - 1
+
+    def put(self, i: int, res: ShardResult | None, exc: BaseException | None) -> None:
+        with self.cond:
+            self.outcomes[i] = (res, exc)
+            self.cond.notify_all()
+
+    def ready(self, i: int) -> tuple[ShardResult | None, BaseException | None] | None:
+        with self.cond:
+            return self.outcomes.pop(i, None)
+
+    def wait(self, i: int) -> tuple[ShardResult | None, BaseException | None]:
+        with self.cond:
+            self.cond.wait_for(lambda: i in self.outcomes)
+            return self.outcomes.pop(i)
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+
+
+def _local_maps(root: str, shards: list[list[Unit]], cfg: Config, workers: int, *, memory_limit: str | None,
+                **kw: Any) -> Generator[ShardResult, None, None]:
+    """The maps in the main process and ``workers - 1`` spawned processes side by side, in shard order.
+
+    One thread of the main process feeds each spawned worker a shard at a time (so that no shard
+    waits in a busy worker's queue while another process is free); the main process runs the next
+    shard nobody has taken whenever the result it must hand on next is not in yet."""
+    from advisor.ingest.executors import lost_worker_errors, open_executor, portable, share_of
+
+    cores = os.cpu_count() or 1
+    kw["threads"] = max(1, cores // workers)
+    kw["memory_limit"] = share_of(memory_limit, workers)
+    todo = _Shards(len(shards))
+    with open_executor(None, workers - 1, pool_from=1) as ex:
+        assert ex is not None
+
+        def feed() -> None:
+            while (i := todo.take()) is not None:
+                try:
+                    res = ex.submit(map_shard, root, [portable(u) for u in shards[i]], cfg, **kw).result()
+                except BaseException as exc:  # noqa: BLE001 -- handed on in shard order
+                    todo.put(i, None, exc)
+                else:
+                    todo.put(i, res, None)
+
+        feeders = [threading.Thread(target=feed, name=f"advisor-map-feed-{n}", daemon=True)
+                   for n in range(workers - 1)]
+        for t in feeders:
+            t.start()
+        try:
+            for i, shard in enumerate(shards):
+                outcome = todo.ready(i)
+                while outcome is None:
+                    j = todo.take(main=True)
+                    if j is None:
+                        outcome = todo.wait(i)
+                        break
+                    try:
+                        mine = map_shard(root, shards[j], cfg, **kw)
+                    except Exception as exc:  # noqa: BLE001 -- raised in shard order, as in-process
+                        todo.put(j, None, exc)
+                    else:
+                        todo.put(j, mine, None)
+                    outcome = todo.ready(i)
+                res, failed = outcome
+                if failed is not None:
+                    if isinstance(failed, lost_worker_errors()):  # killed (out of memory) or crashed
+                        raise _lost(shard, failed) from failed
+                    raise failed
+                assert res is not None
+                del outcome
+                yield res
+                del res
+        finally:
+            # no shard is queued in the pool (each feeder waits for its one): the feeders end with
+            # the maps they run, then the pool's end waits for its processes to exit (a process
+            # that ends with os._exit would otherwise leave them behind, unreaped)
+            todo.stop()
+            for t in feeders:
+                t.join()
 
 
 @dataclass

@@ -14,7 +14,7 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -220,10 +220,9 @@ def load(
     ``run``: which run (1-based) to analyse when the directory holds several (see
     :func:`advisor.ingest.runs.split_runs`); ``follow_symlinks``: follow symbolic links that
     point outside the directory. Both default to what :func:`options` set, else None / False.
-    ``processes``: worker processes that read the ranks (``--workers``; None: as many as are
-    worth it, see :func:`advisor.ingest.pool.pool_size`), defaulting to what :func:`options` set,
-    else 1 (in-process: a pool starts its workers with ``spawn``, which imports the caller's
-    ``__main__`` again; the CLI sets None).
+    ``processes``: worker processes that read the ranks (at most one per rank; None or 1:
+    in-process), defaulting to what :func:`options` set, else 1 (a pool starts its workers with
+    ``spawn``, which imports the caller's ``__main__`` again).
     ``_only``: read these files of the directory only (the files of the run chosen).
     """
     t0 = time.perf_counter()
@@ -241,9 +240,7 @@ def load(
         warnings.append(Warning_(code, one_line(message, 500), None if p is None else str(p)))
 
     units = claim_units(root, warnings, warn, follow_symlinks=follow_symlinks, only=_only)
-    from advisor.ingest.pool import pool_size
-
-    n_processes = pool_size(processes, units)
+    n_processes = 1 if processes is None else max(1, min(int(processes), len({u.rank for u in units})))
     # readers may start slow file work (Kineto: copying event lists) while the database is set up
     cleanups = [r.prefetch(units) for r in readers() if hasattr(r, "prefetch") and n_processes == 1]
     try:
@@ -349,7 +346,7 @@ def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: C
                 cluster: dict[str, Any] | None = None, engine: str | None = None) -> Profile:
     """The rest of :func:`load_profile`, once the units are claimed and their ranks assigned:
     the units are read in-process, or rank by rank in ``processes`` worker processes (see
-    :mod:`advisor.ingest.pool`); then what compares files and ranks runs here.
+    :func:`_load_in_pool`); then what compares files and ranks runs here.
 
     ``cluster``: the units are a shard of the profile's ranks (see :mod:`advisor.engine.mapreduce`):
     the checks that compare them with the other ranks are left to the caller, which gets in this
@@ -442,35 +439,94 @@ def _load_in_pool(con: Any, lctx: LoadContext, units: list[Unit],
                   infos: dict[int, list[tuple[Unit, dict[str, Any] | None]]], processes: int, *,
                   progress: Callable[[str, int, int], None] | None, memory_limit: str | None,
                   engine: str | None = None) -> None:
-    """Read each rank in a worker process (:func:`advisor.ingest.pool.run_pool`) and append its
-    tables, warnings and infos to the main process's, ranks in ascending order."""
-    import tempfile
+    """Read each rank in a worker process (:func:`_load_rank`, on the executor of
+    :func:`advisor.ingest.executors.open_executor`) and append its tables, warnings and infos to
+    the main process's, ranks in ascending order, each as soon as it and those before it are in."""
+    from advisor.engine.mapreduce import _adopt
+    from advisor.ingest.executors import is_remote, lost_worker, lost_worker_errors, open_executor, portable, share_of
 
-    from advisor.ingest import pool
-
-    done = 0
-
-    def step(n_units: int) -> None:
-        nonlocal done
-        done += n_units
-        if progress:
-            progress("ingest", done, len(units))
-
-    with tempfile.TemporaryDirectory(prefix="advisor-ranks-") as out_dir:
-        next_id = 0
+    groups: dict[int, list[Unit]] = {}
+    for u in sorted(units, key=lambda u: u.rank):
+        groups.setdefault(u.rank, []).append(u)
+    remote = is_remote(engine)  # a Dask worker's DuckDB takes its machine's defaults, or the limit as given
+    threads = None if remote else max(1, (os.cpu_count() or 1) // processes)
+    limit = memory_limit if remote else share_of(memory_limit, processes)
+    done = next_id = 0
+    with open_executor(engine, processes) as ex:
+        assert ex is not None, "_load_in_pool is for more than one worker process or a Dask engine"
+        futures: list[Future[RankTables] | None] = [
+            ex.submit(_load_rank, rank, [portable(u) for u in us], limit, threads, lctx.max_events)
+            for rank, us in groups.items()]
+        lctx.scan_starting()
         cur = con.cursor()
-        for us, res in pool.run_pool(units, processes, out_dir, memory_limit=memory_limit,
-                                     max_events=lctx.max_events, progress=step, on_start=lctx.scan_starting,
-                                     engine=engine):
-            pool.adopt(cur, out_dir, res, next_id)
-            next_id += res.file_ids
-            for w in res.warnings:
-                lctx.warn(w.code, w.message, w.path)
-            lctx.stepped |= res.stepped
-            lctx.clashes.extend(res.clashes)
-            for i, info in sorted(res.infos):
-                infos[us[i].rank].append((us[i], info))
-        cur.close()
+        try:
+            for i, (rank, us) in enumerate(groups.items()):
+                fut = futures[i]
+                assert fut is not None
+                futures[i] = None  # its rows are adopted below: they go with the result
+                try:
+                    res = fut.result()
+                except lost_worker_errors() as exc:  # killed (out of memory) or crashed: no exception to pass on
+                    raise lost_worker(f"{one_line(us[0].label)}: the worker process reading rank {rank}") from exc
+                del fut
+                for name, data in res.tables.items():
+                    _adopt(cur, name, data, next_id)
+                next_id += res.file_ids
+                for w in res.warnings:
+                    lctx.warn(w.code, w.message, w.path)
+                lctx.stepped |= res.stepped
+                lctx.clashes.extend(res.clashes)
+                for j, info in sorted(res.infos):
+                    infos[us[j].rank].append((us[j], info))
+                done += len(us)
+                if progress:
+                    progress("ingest", done, len(units))
+        finally:
+            cur.close()
+            for f in futures:
+                if f is not None:
+                    f.cancel()
+
+
+class RankTables:
+    """What a worker of :func:`_load_in_pool` hands back: one rank's canonical tables (those with
+    rows, Arrow IPC) and what the main process's checks need of its load."""
+
+    def __init__(self, infos: list[tuple[int, dict[str, Any] | None]], warnings: list[Warning_], stepped: set[int],
+                 clashes: list[tuple[Any, ...]], file_ids: int, tables: dict[str, bytes]) -> None:
+        self.infos = infos  # (index of the unit in the rank's list, its info or None)
+        self.warnings = warnings
+        self.stepped = stepped
+        self.clashes = clashes
+        self.file_ids = file_ids  # file ids used: 0 .. file_ids - 1
+        self.tables = tables
+
+
+def _load_rank(rank: int, units: list[Unit], memory_limit: str | None, threads: int | None,
+               max_events: int | None) -> RankTables:
+    """Worker: read one rank's units into a fresh DuckDB and hand back its tables as values."""
+    from advisor.engine.mapreduce import _arrow, _ipc
+    from advisor.schema import TABLES
+
+    warnings: list[Warning_] = []
+    con = connect(memory_limit=memory_limit, threads=threads)
+    create_all(con)
+    lctx = LoadContext(con, warnings, max_events=max_events)
+    lctx.units_per_rank[rank] = len(units)
+    infos: list[tuple[int, dict[str, Any] | None]] = []
+    index = {id(u): i for i, u in enumerate(units)}
+    for unit, info in read_units(units, lctx, workers=1):
+        infos.append((index[id(unit)], info))
+    _adopt_events_parts(con, lctx.events_parts)
+    cur = con.cursor()
+    tables = {}
+    for name in TABLES:
+        table = _arrow(cur, f"SELECT * FROM {name}")
+        if table.num_rows:
+            tables[name] = _ipc(table)
+    cur.close()
+    con.close()
+    return RankTables(infos, warnings, set(lctx.stepped), list(lctx.clashes), lctx._next_file_id, tables)
 
 
 def _adopt_events_parts(con: Any, parts: list[str]) -> None:

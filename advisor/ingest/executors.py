@@ -25,7 +25,7 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from advisor.ingest.base import InputError, one_line
+from advisor.ingest.base import InputError, Unit, one_line
 
 T = TypeVar("T")
 
@@ -47,6 +47,59 @@ def lost_worker_errors() -> tuple[type[BaseException], ...]:
     if isinstance(killed, type) and issubclass(killed, BaseException):
         errors.append(killed)
     return tuple(errors)
+
+
+def unguarded_main() -> str | None:
+    """The file of the program's ``__main__`` when its top level has no ``if __name__ ...`` test: a
+    spawned worker runs that file again before its first task, and so would start the analysis
+    again (where multiprocessing refuses, which ends the worker). None otherwise, or when it cannot say."""
+    import ast
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str) or not path.endswith(".py"):
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.If) and any(isinstance(n, ast.Name) and n.id == "__name__"
+                                            for n in ast.walk(node.test)):
+            return None
+    return path
+
+
+def lost_worker(what: str) -> InputError:
+    """The error for a worker process that ended under its task (``what``: a phrase saying what it
+    was reading): the script missing a ``__main__`` guard when that is the cause, else memory or a crash."""
+    script = unguarded_main()
+    if script is not None:
+        return InputError(f"the worker processes could not start: {one_line(script, 300)} has no "
+                          "'if __name__ == \"__main__\":' guard, which they need (spawn runs the script again in "
+                          "each worker); put the script's code under one, or read in-process (processes=1, --workers 1)")
+    return InputError(f"{what} ended abruptly (out of memory? --workers 1 reads in-process)")
+
+
+def share_of(memory_limit: str | None, n_workers: int) -> str | None:
+    """Each worker's DuckDB memory limit: an ``n_workers``-th of ``memory_limit`` (a number and
+    a unit, as :func:`advisor.config.parse_memory_limit` returns it), so that the workers, which
+    run side by side, stay within it together."""
+    if memory_limit is None:
+        return None
+    m = re.fullmatch(r"([0-9.]+)(.*)", memory_limit)
+    if m is None:
+        return memory_limit
+    return f"{float(m.group(1)) / n_workers:.6g}{m.group(2)}"
+
+
+def portable(unit: Unit) -> Unit:
+    """The unit as a worker gets it: its reader's notes that only make sense in this process
+    (background copies of the event lists) are left out."""
+    info = {k: v for k, v in unit.info.items() if not isinstance(v, Future)}
+    return Unit(unit.source, list(unit.files), unit.root, unit.rank_hint, unit.rank_source, unit.world_size,
+                unit.backend, unit.run_key, info, unit.rank)
 
 
 class EngineError(InputError):
@@ -89,13 +142,13 @@ def _distributed(engine: str) -> Any:
 
 
 @contextmanager
-def open_executor(engine: str | None, workers: int | None) -> Iterator[Executor | None]:
+def open_executor(engine: str | None, workers: int | None, *, pool_from: int = 2) -> Iterator[Executor | None]:
     """The executor that runs the map, closed (its workers stopped, or the client disconnected)
     when the block ends: a spawn process pool of ``workers`` processes for no engine or ``local``
-    (None, in-process, for one worker or none given), or a Dask client's executor for a scheduler
-    address (``workers`` is then the cluster's business)."""
+    (None, in-process, for fewer than ``pool_from`` workers or none given), or a Dask client's
+    executor for a scheduler address (``workers`` is then the cluster's business)."""
     if not is_remote(engine):
-        if workers is None or workers <= 1:
+        if workers is None or workers < max(1, pool_from):
             yield None
             return
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -110,9 +163,17 @@ def open_executor(engine: str | None, workers: int | None) -> Iterator[Executor 
         raise EngineError(f"--engine {one_line(engine, 200)}: cannot reach the Dask scheduler at {address} "
                           f"({one_line(str(exc) or type(exc).__name__, 300)})") from None
     try:
-        yield InDirExecutor(client.get_executor(), os.getcwd())
+        yield InDirExecutor(client.get_executor(), os.getcwd(), slots=_slots(client))
     finally:
         client.close()
+
+
+def _slots(client: Any) -> int:
+    """How many tasks the cluster of ``client`` runs at once: its workers' threads (1 when it cannot say)."""
+    try:
+        return max(1, sum(int(n) for n in client.nthreads().values()))
+    except Exception:  # noqa: BLE001 -- a scheduler that cannot say: the limit is not shared out
+        return 1
 
 
 _CWD_LOCK = threading.Lock()
@@ -138,9 +199,10 @@ class InDirExecutor(Executor):
     """An executor whose tasks run in the submitting process's working directory (see
     :func:`run_in_dir`): a Dask worker was started wherever its machine started it."""
 
-    def __init__(self, inner: Executor, cwd: str) -> None:
+    def __init__(self, inner: Executor, cwd: str, slots: int = 1) -> None:
         self.inner = inner
         self.cwd = cwd
+        self.slots = max(1, slots)  # tasks the cluster runs at once
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         return self.inner.submit(run_in_dir, self.cwd, fn, *args, **kwargs)
