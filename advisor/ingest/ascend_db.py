@@ -311,8 +311,8 @@ def load_profiler_db(
             SELECT $rank, pid, tid, bool_or(dev), max(pname), max(tid) FROM (
                 SELECT DISTINCT 'NPU ' || coalesce(dev::VARCHAR, '?') AS pid, 'Stream ' || coalesce(stream::VARCHAR, '?') AS tid,
                        true AS dev, 'Ascend Hardware' AS pname FROM {p}_device_tasks
-                UNION ALL SELECT DISTINCT 'HCCL', 'Group ' || coalesce(sg.value, '?') || ' Communication', true, 'HCCL'
-                FROM {p}_comm_op_rows o LEFT JOIN {sid} sg ON sg.id = o.grp
+                UNION ALL SELECT DISTINCT 'HCCL', 'Group ' || coalesce({strs.val("sg", "o.grp")}, '?') || ' Communication', true, 'HCCL'
+                FROM {p}_comm_op_rows o {strs.joins()}
                 UNION ALL SELECT DISTINCT (gtid >> 32)::VARCHAR, (gtid & 4294967295)::VARCHAR, false, 'CANN' FROM {p}_cann_calls
                 UNION ALL SELECT DISTINCT (gtid >> 32)::VARCHAR, (gtid & 4294967295)::VARCHAR, false, 'Python' FROM {p}_torch_ops
             ) GROUP BY pid, tid""",
@@ -541,11 +541,10 @@ def _comm(
         bytes_sql = f"o.cnt * ({HCCL_DTYPE_BYTES_SQL.format(d='dt.value')})"
         cur.execute(
             f"""INSERT INTO {EVENTS_INSERT}
-            SELECT $rank, NULL, 'comm', coalesce(sn.value, 'hcom'), 'HCCL', 'HCCL',
-                   'Group ' || coalesce(sg.value, '?') || ' Communication', true, NULL,
+            SELECT $rank, NULL, 'comm', coalesce({strs.val("sn", "o.name")}, 'hcom'), 'HCCL', 'HCCL',
+                   'Group ' || coalesce({strs.val("sg", "o.grp")}, '?') || ' Communication', true, NULL,
                    o.start, greatest(o.end_ - o.start, 0), NULLIF(o.conn, 4294967295), NULL, {bytes_sql}, NULL, dt.value, NULL, NULL, $fid
-            FROM {ops} o LEFT JOIN {sid} sn ON sn.id = o.name LEFT JOIN {sid} sg ON sg.id = o.grp
-            LEFT JOIN {dtype_t} dt ON dt.id = o.dtype
+            FROM {ops} o LEFT JOIN {dtype_t} dt ON dt.id = o.dtype {strs.joins()}
             WHERE o.start IS NOT NULL AND o.end_ IS NOT NULL""",
             {"rank": rank, "fid": fid},
         )
@@ -553,8 +552,9 @@ def _comm(
         # kernel_details.csv lists every HCCL operator as a task with core type HCCL (format doc §6.3): same here
         cur.execute(
             f"""INSERT INTO kernels (rank, step, name, op_type, core_type, start_ns, dur_ns, block_dim)
-            SELECT $rank, NULL, sn.value, st.value, 'HCCL', o.start, greatest(o.end_ - o.start, 0), 0
-            FROM {ops} o LEFT JOIN {sid} sn ON sn.id = o.name LEFT JOIN {sid} st ON st.id = o.op_type
+            SELECT $rank, NULL, {strs.val("sn", "o.name")}, {strs.val("st", "o.op_type")}, 'HCCL', o.start,
+                   greatest(o.end_ - o.start, 0), 0
+            FROM {ops} o {strs.joins()}
             WHERE o.start IS NOT NULL AND o.end_ IS NOT NULL""",
             {"rank": rank},
         )
