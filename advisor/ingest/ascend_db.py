@@ -185,23 +185,33 @@ def _insert_chunks(
 
 
 def _load_lookup(cur: Any, db: Db, table: str, name: str, key_cols: tuple[str, str] = ("id", "value")) -> None:
-    """Copy an (id, text) lookup table (STRING_IDS, ENUM_*) into a DuckDB temp table ``name``."""
-    cur.execute(f"DROP TABLE IF EXISTS {name}")
-    cur.execute(f"CREATE TEMP TABLE {name} (id BIGINT, value VARCHAR)")
-    if not db.has(table):
-        return
-    k, v = db.pick(table, key_cols[0]), db.pick(table, key_cols[1], "name")
-    if k == "NULL" or v == "NULL":
-        return
-    _insert_chunks(
-        cur,
-        db,
-        f'SELECT CAST({k} AS INTEGER), CAST({v} AS TEXT) FROM "{table}"',
-        [("id", _I64), ("value", _STR)],
-        f"INSERT INTO {name} SELECT * FROM _chunk",
-        {},
-        "_chunk",
+    """Copy an (id, text) lookup table (STRING_IDS, ENUM_*) into a DuckDB temp table ``name``
+    (id BIGINT, value VARCHAR): made from its first chunk of rows, or empty."""
+    k, v = (db.pick(table, key_cols[0]), db.pick(table, key_cols[1], "name")) if db.has(table) else ("NULL", "NULL")
+    chunks = (
+        db.chunks(f'SELECT CAST({k} AS INTEGER), CAST({v} AS TEXT) FROM "{table}"', [("id", _I64), ("value", _STR)])
+        if k != "NULL" and v != "NULL"
+        else iter(())
     )
+    first = next(chunks, None)
+    if first is None:
+        cur.execute(f"CREATE OR REPLACE TEMP TABLE {name} (id BIGINT, value VARCHAR)")
+        return
+    _settle(cur)
+    cur.register("_chunk", first)
+    try:
+        cur.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM _chunk")
+    finally:
+        with contextlib.suppress(Exception):  # an aborted transaction must not mask the real error
+            cur.unregister("_chunk")
+    for tbl in chunks:
+        _settle(cur)
+        cur.register("_chunk", tbl)
+        try:
+            cur.execute(f"INSERT INTO {name} SELECT * FROM _chunk")
+        finally:
+            with contextlib.suppress(Exception):
+                cur.unregister("_chunk")
 
 
 class _Strings:
@@ -275,12 +285,14 @@ def load_profiler_db(
             raise ParseError(
                 path, "no TASK, PYTORCH_API or CANN_API table: not an Ascend profiler database", code="bad_db"
             )
-        n_rows = 0
-        for t in ("TASK", "PYTORCH_API", "CANN_API", "COMMUNICATION_OP"):
-            if db.has(t):
-                n_rows += db.con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
-        if max_events is not None and n_rows > max_events:
-            raise ParseError(path, f"{n_rows} events exceed --max-events {max_events}", code="too_big")
+        if max_events is not None:
+            n_rows = sum(
+                db.con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
+                for t in ("TASK", "PYTORCH_API", "CANN_API", "COMMUNICATION_OP")
+                if db.has(t)
+            )
+            if n_rows > max_events:
+                raise ParseError(path, f"{n_rows} events exceed --max-events {max_events}", code="too_big")
         _load_lookup(cur, db, "STRING_IDS", sid)
         _load_lookup(cur, db, "ENUM_API_TYPE", api_t, ("id", "name"))
         _load_lookup(cur, db, "ENUM_HCCL_DATA_TYPE", dtype_t, ("id", "name"))
