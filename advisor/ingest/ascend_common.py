@@ -13,7 +13,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from advisor.ingest.base import LoadContext, ParseError, one_line
+from advisor.ingest.base import LoadContext, ParseError, insert_rows, one_line
 from advisor.kinds import Source
 
 SOURCE_PT = Source.ASCEND_PT.value
@@ -315,14 +315,15 @@ def insert_meta(cur: Any, rank: int, rows: list[tuple[str, str]]) -> None:
         seen.add(k)
         vals.append((rank, k, v))
     if vals:
-        cur.executemany("INSERT INTO meta VALUES (?, ?, ?)", vals)
+        insert_rows(cur, "meta", vals)
 
 
 def insert_groups(cur: Any, rank: int, groups: list[dict[str, Any]]) -> None:
     """Insert comm_groups rows."""
     if groups:
-        cur.executemany(
-            "INSERT INTO comm_groups VALUES (?, ?, ?, ?, ?, ?)",
+        insert_rows(
+            cur,
+            "comm_groups",
             [
                 (rank, g["group_name"], g["comm_name"], g["pg_name"], g["group_rank"], json.dumps(g["global_ranks"]))
                 for g in groups

@@ -185,23 +185,67 @@ def _insert_chunks(
 
 
 def _load_lookup(cur: Any, db: Db, table: str, name: str, key_cols: tuple[str, str] = ("id", "value")) -> None:
-    """Copy an (id, text) lookup table (STRING_IDS, ENUM_*) into a DuckDB temp table ``name``."""
-    cur.execute(f"DROP TABLE IF EXISTS {name}")
-    cur.execute(f"CREATE TEMP TABLE {name} (id BIGINT, value VARCHAR)")
-    if not db.has(table):
-        return
-    k, v = db.pick(table, key_cols[0]), db.pick(table, key_cols[1], "name")
-    if k == "NULL" or v == "NULL":
-        return
-    _insert_chunks(
-        cur,
-        db,
-        f'SELECT CAST({k} AS INTEGER), CAST({v} AS TEXT) FROM "{table}"',
-        [("id", _I64), ("value", _STR)],
-        f"INSERT INTO {name} SELECT * FROM _chunk",
-        {},
-        "_chunk",
+    """Copy an (id, text) lookup table (STRING_IDS, ENUM_*) into a DuckDB temp table ``name``
+    (id BIGINT, value VARCHAR): made from its first chunk of rows, or empty."""
+    k, v = (db.pick(table, key_cols[0]), db.pick(table, key_cols[1], "name")) if db.has(table) else ("NULL", "NULL")
+    chunks = (
+        db.chunks(f'SELECT CAST({k} AS INTEGER), CAST({v} AS TEXT) FROM "{table}"', [("id", _I64), ("value", _STR)])
+        if k != "NULL" and v != "NULL"
+        else iter(())
     )
+    first = next(chunks, None)
+    if first is None:
+        cur.execute(f"CREATE OR REPLACE TEMP TABLE {name} (id BIGINT, value VARCHAR)")
+        return
+    _settle(cur)
+    cur.register("_chunk", first)
+    try:
+        cur.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM _chunk")
+    finally:
+        with contextlib.suppress(Exception):  # an aborted transaction must not mask the real error
+            cur.unregister("_chunk")
+    for tbl in chunks:
+        _settle(cur)
+        cur.register("_chunk", tbl)
+        try:
+            cur.execute(f"INSERT INTO {name} SELECT * FROM _chunk")
+        finally:
+            with contextlib.suppress(Exception):
+                cur.unregister("_chunk")
+
+
+class _Strings:
+    """SQL for STRING_IDS lookups. When the ids are unique, not negative and dense enough, the
+    strings form one list indexed by id: one element access per value instead of a hash join per
+    column (each join costs a statement about a millisecond, whatever its rows). Otherwise each
+    value is a LEFT JOIN, as the ids dictate. Both give the string of the id, NULL for an unknown id.
+
+    ``val(alias, col)`` is the string of ``col`` (``alias`` names its join in the join form);
+    ``joins()`` is what the statement's FROM clause needs after its own joins, and starts afresh."""
+
+    def __init__(self, cur: Any, sid: str, p: str) -> None:
+        self.sid, self.table = sid, f"{p}_string_list"
+        n, distinct, lo, hi = cur.execute(f"SELECT count(*), count(DISTINCT id), min(id), max(id) FROM {sid}").fetchone()
+        self.dense = n == distinct and (n == 0 or (lo >= 0 and hi < 2 * n + 1024))
+        self.hi = -1 if hi is None else int(hi)
+        self._joins: list[str] = []
+        if self.dense:
+            cur.execute(
+                f"""CREATE OR REPLACE TEMP TABLE {self.table} AS
+                SELECT coalesce((SELECT list(s.value ORDER BY r.range) FROM range(0, {self.hi + 1}) r
+                                 LEFT JOIN {sid} s ON s.id = r.range), []::VARCHAR[]) AS l"""
+            )
+
+    def val(self, alias: str, col: str) -> str:
+        if self.dense:
+            return f"(CASE WHEN {col} BETWEEN 0 AND {self.hi} THEN _sl.l[{col} + 1] END)"
+        self._joins.append(f"LEFT JOIN {self.sid} {alias} ON {alias}.id = {col}")
+        return f"{alias}.value"
+
+    def joins(self) -> str:
+        out = f"CROSS JOIN {self.table} _sl" if self.dense else " ".join(self._joins)
+        self._joins = []
+        return out
 
 
 def load_profiler_db(
@@ -234,24 +278,28 @@ def load_profiler_db(
         f"{p}_comm_task_rows",
         f"{p}_torch_ops",
         f"{p}_comm_windows",
+        f"{p}_string_list",
     ]
     try:
         if not (db.has("TASK") or db.has("PYTORCH_API") or db.has("CANN_API")):
             raise ParseError(
                 path, "no TASK, PYTORCH_API or CANN_API table: not an Ascend profiler database", code="bad_db"
             )
-        n_rows = 0
-        for t in ("TASK", "PYTORCH_API", "CANN_API", "COMMUNICATION_OP"):
-            if db.has(t):
-                n_rows += db.con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
-        if max_events is not None and n_rows > max_events:
-            raise ParseError(path, f"{n_rows} events exceed --max-events {max_events}", code="too_big")
+        if max_events is not None:
+            n_rows = sum(
+                db.con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
+                for t in ("TASK", "PYTORCH_API", "CANN_API", "COMMUNICATION_OP")
+                if db.has(t)
+            )
+            if n_rows > max_events:
+                raise ParseError(path, f"{n_rows} events exceed --max-events {max_events}", code="too_big")
         _load_lookup(cur, db, "STRING_IDS", sid)
         _load_lookup(cur, db, "ENUM_API_TYPE", api_t, ("id", "name"))
         _load_lookup(cur, db, "ENUM_HCCL_DATA_TYPE", dtype_t, ("id", "name"))
         _load_lookup(cur, db, "ENUM_HCCL_LINK_TYPE", link_t, ("id", "name"))
         _load_lookup(cur, db, "ENUM_HCCL_TRANSPORT_TYPE", trans_t, ("id", "name"))
         _meta(cur, db, rank, sid, meta_rows, info)
+        strs = _Strings(cur, sid, p)
         # links first (torch op -> CANN connection ids), so every row is inserted once, complete:
         # no UPDATE on the shared canonical tables (their cost would grow with the cluster)
         has_cann = (
@@ -260,10 +308,10 @@ def load_profiler_db(
         )
         _pytorch_stage(cur, db, p)
         stats = {"events": 0}
-        stats["events"] += _device_tasks(cur, db, rank, fid, p, sid, has_cann=has_cann)
-        stats["events"] += _comm(cur, db, rank, fid, p, sid, dtype_t, link_t, trans_t, comm_ops_from_db)
-        stats["events"] += _cann_api(cur, db, rank, fid, p, sid, api_t)
-        n_host, has_step_events = _pytorch_insert(cur, db, rank, fid, p, sid, api_t, has_cann=has_cann)
+        stats["events"] += _device_tasks(cur, db, rank, fid, p, sid, strs, has_cann=has_cann)
+        stats["events"] += _comm(cur, db, rank, fid, p, sid, strs, dtype_t, link_t, trans_t, comm_ops_from_db)
+        stats["events"] += _cann_api(cur, db, rank, fid, p, strs, api_t)
+        n_host, has_step_events = _pytorch_insert(cur, db, rank, fid, p, strs, api_t, has_cann=has_cann)
         stats["events"] += n_host
         stats["events"] += _gc_mstx(cur, db, rank, fid, sid)
         _memory_freq(cur, db, rank, sid)
@@ -275,8 +323,8 @@ def load_profiler_db(
             SELECT $rank, pid, tid, bool_or(dev), max(pname), max(tid) FROM (
                 SELECT DISTINCT 'NPU ' || coalesce(dev::VARCHAR, '?') AS pid, 'Stream ' || coalesce(stream::VARCHAR, '?') AS tid,
                        true AS dev, 'Ascend Hardware' AS pname FROM {p}_device_tasks
-                UNION ALL SELECT DISTINCT 'HCCL', 'Group ' || coalesce(sg.value, '?') || ' Communication', true, 'HCCL'
-                FROM {p}_comm_op_rows o LEFT JOIN {sid} sg ON sg.id = o.grp
+                UNION ALL SELECT DISTINCT 'HCCL', 'Group ' || coalesce({strs.val("sg", "o.grp")}, '?') || ' Communication', true, 'HCCL'
+                FROM {p}_comm_op_rows o {strs.joins()}
                 UNION ALL SELECT DISTINCT (gtid >> 32)::VARCHAR, (gtid & 4294967295)::VARCHAR, false, 'CANN' FROM {p}_cann_calls
                 UNION ALL SELECT DISTINCT (gtid >> 32)::VARCHAR, (gtid & 4294967295)::VARCHAR, false, 'Python' FROM {p}_torch_ops
             ) GROUP BY pid, tid""",
@@ -330,7 +378,7 @@ def _meta(cur: Any, db: Db, rank: int, sid: str, meta_rows: list[tuple[str, str]
             meta_rows.append(("device_id", ",".join(str(d) for d in devs if d is not None)))
 
 
-def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, has_cann: bool) -> int:
+def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, strs: _Strings, *, has_cann: bool) -> int:
     """TASK (+ COMPUTE_TASK_INFO, TASK_PMU_INFO) -> events (device) and kernels."""
     ktask, pmu = f"{p}_device_tasks", f"{p}_task_pmu"
     if not db.has("TASK"):
@@ -408,11 +456,13 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
             FROM {tmp} l LEFT JOIN {sid} s ON s.id = l.name GROUP BY l.gtid"""
         )
         cur.execute(f"DROP TABLE {tmp}")
-    kind = """CASE WHEN k.is_compute = 1 THEN
-                   CASE WHEN upper(coalesce(sc.value, '')) LIKE '%MEMCPY%' THEN 'memcpy' ELSE 'kernel' END
-               WHEN upper(coalesce(st.value, '')) LIKE '%MEMCPY%' THEN 'memcpy'
-               WHEN upper(coalesce(st.value, '')) LIKE '%MEMSET%' THEN 'memset'
-               WHEN upper(coalesce(st.value, '')) LIKE 'KERNEL%' OR upper(coalesce(st.value, '')) LIKE 'FFTS%' THEN 'kernel'
+    sn, st, sc = strs.val("sn", "k.name"), strs.val("st", "k.ttype"), strs.val("sc", "k.core")
+    si, sd = strs.val("si", "k.ish"), strs.val("sd", "k.idt")
+    kind = f"""CASE WHEN k.is_compute = 1 THEN
+                   CASE WHEN upper(coalesce({sc}, '')) LIKE '%MEMCPY%' THEN 'memcpy' ELSE 'kernel' END
+               WHEN upper(coalesce({st}, '')) LIKE '%MEMCPY%' THEN 'memcpy'
+               WHEN upper(coalesce({st}, '')) LIKE '%MEMSET%' THEN 'memset'
+               WHEN upper(coalesce({st}, '')) LIKE 'KERNEL%' OR upper(coalesce({st}, '')) LIKE 'FFTS%' THEN 'kernel'
                ELSE 'other' END"""
     # a computing-looking task on a stream HCCL uses is a step of a collective ...
     comm_streams: list[int] = []
@@ -442,13 +492,11 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
     corr = "NULLIF(k.conn, 4294967295)" if has_cann else "x.ext"
     cur.execute(
         f"""INSERT INTO {EVENTS_INSERT}
-        SELECT $rank, NULL, {kind}, coalesce(sn.value, st.value, 'task'), coalesce(sc.value, st.value, 'Ascend Hardware'),
+        SELECT $rank, NULL, {kind}, coalesce({sn}, {st}, 'task'), coalesce({sc}, {st}, 'Ascend Hardware'),
                'NPU ' || coalesce(k.dev::VARCHAR, '?'), 'Stream ' || coalesce(k.stream::VARCHAR, '?'), true, k.stream,
                k.start, greatest(k.end_ - k.start, 0), {corr}, x.ext, NULL,
-               si.value, sd.value, NULL, NULL, $fid
-        FROM {ktask} k LEFT JOIN {p}_torch_op_of_connection x ON x.conn = k.conn
-        LEFT JOIN {sid} sn ON sn.id = k.name LEFT JOIN {sid} st ON st.id = k.ttype LEFT JOIN {sid} sc ON sc.id = k.core
-        LEFT JOIN {sid} si ON si.id = k.ish LEFT JOIN {sid} sd ON sd.id = k.idt
+               {si}, {sd}, NULL, NULL, $fid
+        FROM {ktask} k LEFT JOIN {p}_torch_op_of_connection x ON x.conn = k.conn {strs.joins()}
         WHERE k.start IS NOT NULL AND k.end_ IS NOT NULL""",
         {"rank": rank, "fid": fid, "cs": comm_streams},
     )
@@ -458,14 +506,11 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, *, ha
         f"""INSERT INTO kernels
         WITH w AS (SELECT *, greatest(start - lag(end_) OVER (PARTITION BY dev, stream ORDER BY start), 0) AS wait
                    FROM {ktask} WHERE start IS NOT NULL AND end_ IS NOT NULL)
-        SELECT $rank, NULL, sn.value, so.value, upper(sc.value), k.start, greatest(k.end_ - k.start, 0), k.wait,
-               {_int32("k.block")}, {_int32("k.mix")}, si.value, sd.value, sf.value, s2.value, s3.value, s4.value,
-               NULL, NULL, pm.pmu, NULL
-        FROM w k
-        LEFT JOIN {sid} sn ON sn.id = k.name LEFT JOIN {sid} so ON so.id = k.optype LEFT JOIN {sid} sc ON sc.id = k.core
-        LEFT JOIN {sid} si ON si.id = k.ish LEFT JOIN {sid} sd ON sd.id = k.idt LEFT JOIN {sid} sf ON sf.id = k.ifm
-        LEFT JOIN {sid} s2 ON s2.id = k.osh LEFT JOIN {sid} s3 ON s3.id = k.odt LEFT JOIN {sid} s4 ON s4.id = k.ofm
-        LEFT JOIN {pmu} pm ON pm.gtid = k.gtid
+        SELECT $rank, NULL, {strs.val("sn", "k.name")}, {strs.val("so", "k.optype")}, upper({strs.val("sc", "k.core")}),
+               k.start, greatest(k.end_ - k.start, 0), k.wait, {_int32("k.block")}, {_int32("k.mix")},
+               {strs.val("si", "k.ish")}, {strs.val("sd", "k.idt")}, {strs.val("sf", "k.ifm")}, {strs.val("s2", "k.osh")},
+               {strs.val("s3", "k.odt")}, {strs.val("s4", "k.ofm")}, NULL, NULL, pm.pmu, NULL
+        FROM w k LEFT JOIN {pmu} pm ON pm.gtid = k.gtid {strs.joins()}
         WHERE k.is_compute = 1""",
         {"rank": rank},
     )
@@ -479,6 +524,7 @@ def _comm(
     fid: int,
     p: str,
     sid: str,
+    strs: _Strings,
     dtype_t: str,
     link_t: str,
     trans_t: str,
@@ -507,11 +553,10 @@ def _comm(
         bytes_sql = f"o.cnt * ({HCCL_DTYPE_BYTES_SQL.format(d='dt.value')})"
         cur.execute(
             f"""INSERT INTO {EVENTS_INSERT}
-            SELECT $rank, NULL, 'comm', coalesce(sn.value, 'hcom'), 'HCCL', 'HCCL',
-                   'Group ' || coalesce(sg.value, '?') || ' Communication', true, NULL,
+            SELECT $rank, NULL, 'comm', coalesce({strs.val("sn", "o.name")}, 'hcom'), 'HCCL', 'HCCL',
+                   'Group ' || coalesce({strs.val("sg", "o.grp")}, '?') || ' Communication', true, NULL,
                    o.start, greatest(o.end_ - o.start, 0), NULLIF(o.conn, 4294967295), NULL, {bytes_sql}, NULL, dt.value, NULL, NULL, $fid
-            FROM {ops} o LEFT JOIN {sid} sn ON sn.id = o.name LEFT JOIN {sid} sg ON sg.id = o.grp
-            LEFT JOIN {dtype_t} dt ON dt.id = o.dtype
+            FROM {ops} o LEFT JOIN {dtype_t} dt ON dt.id = o.dtype {strs.joins()}
             WHERE o.start IS NOT NULL AND o.end_ IS NOT NULL""",
             {"rank": rank, "fid": fid},
         )
@@ -519,8 +564,9 @@ def _comm(
         # kernel_details.csv lists every HCCL operator as a task with core type HCCL (format doc §6.3): same here
         cur.execute(
             f"""INSERT INTO kernels (rank, step, name, op_type, core_type, start_ns, dur_ns, block_dim)
-            SELECT $rank, NULL, sn.value, st.value, 'HCCL', o.start, greatest(o.end_ - o.start, 0), 0
-            FROM {ops} o LEFT JOIN {sid} sn ON sn.id = o.name LEFT JOIN {sid} st ON st.id = o.op_type
+            SELECT $rank, NULL, {strs.val("sn", "o.name")}, {strs.val("st", "o.op_type")}, 'HCCL', o.start,
+                   greatest(o.end_ - o.start, 0), 0
+            FROM {ops} o {strs.joins()}
             WHERE o.start IS NOT NULL AND o.end_ IS NOT NULL""",
             {"rank": rank},
         )
@@ -561,11 +607,11 @@ def _comm(
         )
         cur.execute(
             f"""INSERT INTO comm_tasks
-            SELECT $rank, NULL, so.value, sg.value, {_int32("h.plane")}, coalesce(sn.value, ''), stt.value, h.start,
+            SELECT $rank, NULL, {strs.val("so", "o.name")}, {strs.val("sg", "h.grp")}, {_int32("h.plane")},
+                   coalesce({strs.val("sn", "h.name")}, ''), {strs.val("stt", "h.ttype")}, h.start,
                    greatest(h.end_ - h.start, 0), {_int32("h.src")}, {_int32("h.dst")}, tr.value, lk.value, coalesce(h.size, 0)
             FROM {ct} h LEFT JOIN {ops} o ON o.op_id = h.op_id
-            LEFT JOIN {sid} so ON so.id = o.name LEFT JOIN {sid} sg ON sg.id = h.grp LEFT JOIN {sid} sn ON sn.id = h.name
-            LEFT JOIN {sid} stt ON stt.id = h.ttype LEFT JOIN {trans_t} tr ON tr.id = h.transport LEFT JOIN {link_t} lk ON lk.id = h.link
+            LEFT JOIN {trans_t} tr ON tr.id = h.transport LEFT JOIN {link_t} lk ON lk.id = h.link {strs.joins()}
             WHERE h.start IS NOT NULL""",
             {"rank": rank},
         )
@@ -595,7 +641,7 @@ def _comm(
     return n
 
 
-def _cann_api(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, api_t: str) -> int:
+def _cann_api(cur: Any, db: Db, rank: int, fid: int, p: str, strs: _Strings, api_t: str) -> int:
     """CANN_API -> runtime / sync events (corr = connectionId, shared with the TASK it queued)."""
     cann = f"{p}_cann_calls"
     cur.execute(f"CREATE OR REPLACE TEMP TABLE {cann} (start BIGINT, end_ BIGINT, type BIGINT, gtid BIGINT, conn BIGINT, name BIGINT)")
@@ -611,12 +657,13 @@ def _cann_api(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, api_t: st
         {},
         "_chunk",
     )
+    sn = strs.val("sn", "c.name")
     cur.execute(
         f"""INSERT INTO {EVENTS_INSERT}
-        SELECT $rank, NULL, CASE WHEN regexp_matches(coalesce(sn.value, ''), {sql_str(SYNC_RE)}) THEN 'sync' ELSE 'runtime' END,
-               coalesce(ap.value || '@', '') || coalesce(sn.value, ''), 'CANN', (c.gtid >> 32)::VARCHAR, (c.gtid & 4294967295)::VARCHAR,
+        SELECT $rank, NULL, CASE WHEN regexp_matches(coalesce({sn}, ''), {sql_str(SYNC_RE)}) THEN 'sync' ELSE 'runtime' END,
+               coalesce(ap.value || '@', '') || coalesce({sn}, ''), 'CANN', (c.gtid >> 32)::VARCHAR, (c.gtid & 4294967295)::VARCHAR,
                false, NULL, c.start, greatest(c.end_ - c.start, 0), NULLIF(c.conn, 4294967295), x.ext, NULL, NULL, NULL, NULL, NULL, $fid
-        FROM {cann} c LEFT JOIN {p}_torch_op_of_connection x ON x.conn = c.conn LEFT JOIN {sid} sn ON sn.id = c.name LEFT JOIN {api_t} ap ON ap.id = c.type
+        FROM {cann} c LEFT JOIN {p}_torch_op_of_connection x ON x.conn = c.conn LEFT JOIN {api_t} ap ON ap.id = c.type {strs.joins()}
         WHERE c.start IS NOT NULL AND c.end_ IS NOT NULL""",
         {"rank": rank, "fid": fid},
     )
@@ -681,27 +728,28 @@ def _pytorch_stage(cur: Any, db: Db, p: str) -> None:
 
 
 def _pytorch_insert(
-    cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, api_t: str, *, has_cann: bool
+    cur: Any, db: Db, rank: int, fid: int, p: str, strs: _Strings, api_t: str, *, has_cann: bool
 ) -> tuple[int, bool]:
     """The staged PYTORCH_API rows -> host events (ext_id = own id; corr too when there is no CANN layer)."""
     conn, host = f"{p}_connection_ids", f"{p}_torch_ops"
     typ = "lower(coalesce(ap.value, CASE h.type WHEN 50001 THEN 'op' WHEN 50002 THEN 'queue' WHEN 50003 THEN 'trace' WHEN 50004 THEN 'mstx' END, 'op'))"
+    sn = strs.val("sn", "h.name")
     kind = f"""CASE WHEN {typ} = 'queue' THEN 'queue' WHEN {typ} = 'trace' THEN 'python' WHEN {typ} = 'mstx' THEN 'annotation'
-                    WHEN sn.value LIKE 'ProfilerStep#%' THEN 'step'
-                    WHEN lower(sn.value) LIKE '%dataloader%' THEN 'dataloader' ELSE 'host_op' END"""
+                    WHEN {sn} LIKE 'ProfilerStep#%' THEN 'step'
+                    WHEN lower({sn}) LIKE '%dataloader%' THEN 'dataloader' ELSE 'host_op' END"""
     corr = "NULL" if has_cann else f"CASE WHEN h.conn IN (SELECT id FROM {conn}) THEN {_EXT_BASE} + h.rid END"
     cur.execute(
         f"""INSERT INTO {EVENTS_INSERT}
-        SELECT $rank, NULL, {kind}, coalesce(sn.value, ''), CASE WHEN {typ} = 'op' THEN 'cpu_op' ELSE {typ} END,
+        SELECT $rank, NULL, {kind}, coalesce({sn}, ''), CASE WHEN {typ} = 'op' THEN 'cpu_op' ELSE {typ} END,
                (h.gtid >> 32)::VARCHAR, (h.gtid & 4294967295)::VARCHAR, false, NULL, h.start, greatest(h.end_ - h.start, 0),
-               {corr}, {_EXT_BASE} + h.rid, NULL, si.value, sd.value, NULL, h.stack, $fid
-        FROM {host} h LEFT JOIN {sid} sn ON sn.id = h.name LEFT JOIN {api_t} ap ON ap.id = h.type
-        LEFT JOIN {sid} si ON si.id = h.ish LEFT JOIN {sid} sd ON sd.id = h.idt
+               {corr}, {_EXT_BASE} + h.rid, NULL, {strs.val("si", "h.ish")}, {strs.val("sd", "h.idt")}, NULL, h.stack, $fid
+        FROM {host} h LEFT JOIN {api_t} ap ON ap.id = h.type {strs.joins()}
         WHERE h.start IS NOT NULL AND h.end_ IS NOT NULL""",
         {"rank": rank, "fid": fid},
     )
+    sn = strs.val("sn", "h.name")
     n, steps = cur.execute(
-        f"SELECT count(*), count(*) FILTER (WHERE sn.value LIKE 'ProfilerStep#%') FROM {host} h LEFT JOIN {sid} sn ON sn.id = h.name "
+        f"SELECT count(*), count(*) FILTER (WHERE {sn} LIKE 'ProfilerStep#%') FROM {host} h {strs.joins()} "
         "WHERE h.start IS NOT NULL AND h.end_ IS NOT NULL"
     ).fetchone()
     return n, steps > 0

@@ -38,7 +38,7 @@ from advisor.ingest.ascend_common import (
     sql_ident,
     sql_str,
 )
-from advisor.ingest.base import ParseError, read_head
+from advisor.ingest.base import ParseError, insert_rows, read_head
 from advisor.metrics.ascend import insert_text_series
 from advisor.schema import EVENTS_INSERT
 
@@ -71,10 +71,7 @@ def _files_table(cur: Any, name: str, jobs: list[Job], flags: tuple[str, ...] = 
     """Temp table (fno, filename, rank, fid, <flags>) that every staged row joins to."""
     extra = "".join(f", {f} BOOLEAN" for f in flags)
     cur.execute(f"CREATE TEMP TABLE {name} (fno INTEGER, filename VARCHAR, rank INTEGER, fid INTEGER{extra})")
-    cur.executemany(
-        f"INSERT INTO {name} VALUES ({', '.join(['?'] * (4 + len(flags)))})",
-        [(j.fno, str(j.path), j.rank, j.fid, *(bool(j.flags.get(f)) for f in flags)) for j in jobs],
-    )
+    insert_rows(cur, name, [(j.fno, str(j.path), j.rank, j.fid, *(bool(j.flags.get(f)) for f in flags)) for j in jobs])
 
 
 def _fail_or_raise(jobs: list[Job], path: Path, message: str, code: str) -> None:
@@ -265,7 +262,7 @@ def _traces_from_stage(
             WHERE t.ph = 'X' AND t.ts_ns IS NOT NULL AND t.dur_ns >= 0
         ),
         c AS (SELECT *, coalesce(tname ILIKE '%communication%', false) AS op_lane,
-                     bool_or(layer = 'hccl' AND coalesce(tname ILIKE '%communication%', false)) OVER (PARTITION BY fno) AS has_op_lanes
+                     fno IN (SELECT fno FROM b WHERE layer = 'hccl' AND tname ILIKE '%communication%') AS has_op_lanes
               FROM b)
         SELECT *, {_KIND_SQL} AS kind, (layer = 'hccl' AND has_op_lanes AND NOT op_lane) AS is_task FROM c"""
     )
@@ -385,7 +382,9 @@ def _traces_from_stage(
             FROM {xe} WHERE layer = 'hccl' AND op_lane AND TRY_CAST(tid AS BIGINT) IS NOT NULL
         ),
         ops AS (SELECT rid AS op_rid, fno, pid, tid, ts_ns, dur_ns, name FROM {xe} WHERE layer = 'hccl' AND op_lane),
-        tasks AS (SELECT *, TRY_CAST(tid AS BIGINT) AS t FROM {xe} WHERE is_task),
+        tasks AS (SELECT rank, cfb, fno, pid, tid, ts_ns, dur_ns, name, tname, task_type, hccl_task_type, plane_id,
+                         src_rank, dst_rank, transport, link_type, size_b, TRY_CAST(tid AS BIGINT) AS t
+                  FROM {xe} WHERE is_task),
         tl AS (SELECT tk.*, o.tid AS op_tid, o.grp FROM tasks tk ASOF LEFT JOIN opl o ON tk.fno = o.fno AND tk.pid = o.pid AND tk.t >= o.t)
         SELECT tl.*, CASE WHEN tl.ts_ns <= op.ts_ns + op.dur_ns THEN op.name END AS op_name,
                CASE WHEN tl.ts_ns <= op.ts_ns + op.dur_ns THEN op.op_rid END AS op_rid

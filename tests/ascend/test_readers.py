@@ -198,3 +198,35 @@ def test_a_reader_needing_an_unknown_reader_is_refused(monkeypatch, tmp_path) ->
     monkeypatch.setattr(ascend_readers, "READERS", [*READERS, dataclasses.replace(TOY, needs=("no_such",))])
     with pytest.raises(ReaderDeclarationError, match="no_such"):
         load(root)
+
+
+# -- STRING_IDS lookups ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ids", "dense"),
+    [
+        ([0, 1, 2, 5], True),  # holes: unknown ids inside the range
+        ([], True),  # no strings at all
+        ([3, 3, 4], False),  # an id twice: a join, which gives the row twice, as the ids say
+        ([-1, 0, 1], False),  # a negative id
+        ([0, 10**12], False),  # too sparse for a list
+    ],
+)
+def test_string_ids_resolve_as_a_join_would(ids: list[int], dense: bool) -> None:
+    import duckdb
+
+    from advisor.ingest.ascend_db import _Strings
+
+    cur = duckdb.connect()
+    cur.execute("CREATE TABLE sid (id BIGINT, value VARCHAR)")
+    for i, v in enumerate(ids):
+        cur.execute("INSERT INTO sid VALUES (?, ?)", [v, None if i == 1 else f"s{v}"])  # one NULL string
+    probes = [0, 1, 2, 3, 4, 5, 6, -1, -2, None, 10**12, 2**62]
+    cur.execute("CREATE TABLE k AS SELECT * FROM (SELECT unnest(?::BIGINT[]) AS name)", [probes])
+    strs = _Strings(cur, "sid", "t")
+    assert strs.dense is dense
+    got = cur.execute(f"SELECT k.name, {strs.val('sn', 'k.name')} AS v FROM k {strs.joins()} ORDER BY ALL").fetchall()
+    want = cur.execute("SELECT k.name, sn.value FROM k LEFT JOIN sid sn ON sn.id = k.name ORDER BY ALL").fetchall()
+    assert got == want
+    assert strs.joins() == ("CROSS JOIN t_string_list _sl" if dense else "")  # the joins start afresh
