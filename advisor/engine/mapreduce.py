@@ -214,14 +214,13 @@ def map_shard(root: str, units: list[Unit], cfg: Config, *, rank: int | None = N
     cleanups = [r.prefetch(units) for r in readers() if hasattr(r, "prefetch")]
     try:
         profile = _load_units(Path(root), units, warnings, warn, t0, progress=None, max_events=max_events,
-                              workers=None, memory_limit=memory_limit, on_scan=None, cluster=cluster)
+                              workers=None, memory_limit=memory_limit, on_scan=None, cluster=cluster,
+                              threads=threads)
     except InputError:  # no file of the shard could be read: its warnings say why
         return ShardResult(ranks=[], load_warnings=warnings)
     finally:
         for cleanup in cleanups:
             cleanup()
-    if threads:
-        profile.con.execute(f"SET threads = {int(threads)}")
     ctx = context_of(profile)
     res = ShardResult(ranks=list(ctx.ranks), load_warnings=list(ctx.warnings), spans=cluster.get("spans", []),
                       worlds=cluster.get("worlds", {}), sources=list(profile.sources),

@@ -343,15 +343,17 @@ def _one_source(root: Path, units: list[Unit], warn: Callable[..., None]) -> lis
 def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: Callable[..., None], t0: float, *,
                 progress: Callable[[str, int, int], None] | None, max_events: int | None, workers: int | None,
                 memory_limit: str | None, on_scan: Callable[[], object] | None, processes: int = 1,
-                cluster: dict[str, Any] | None = None, engine: str | None = None) -> Profile:
+                cluster: dict[str, Any] | None = None, engine: str | None = None,
+                threads: int | None = None) -> Profile:
     """The rest of :func:`load_profile`, once the units are claimed and their ranks assigned:
     the units are read in-process, or rank by rank in ``processes`` worker processes (see
     :func:`_load_in_pool`); then what compares files and ranks runs here.
 
     ``cluster``: the units are a shard of the profile's ranks (see :mod:`advisor.engine.mapreduce`):
     the checks that compare them with the other ranks are left to the caller, which gets in this
-    dict what they need (``spans``: :func:`file_spans`; ``worlds``: :func:`unit_worlds`)."""
-    con = connect(memory_limit=memory_limit)
+    dict what they need (``spans``: :func:`file_spans`; ``worlds``: :func:`unit_worlds`).
+    ``threads``: DuckDB's threads from the start (a map beside other maps: its share of the cores)."""
+    con = connect(memory_limit=memory_limit, threads=threads)
     create_all(con)
     lctx = LoadContext(con, warnings, max_events=max_events, on_scan=on_scan)
     for u in units:
