@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from advisor.engine.derived import enclosing_intervals
+from advisor.engine.derived import IntervalIndex
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
 from rules.cpu._common import fmt_ms, step_table
@@ -174,8 +174,10 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
 
 
 def _of(cols: Mapping[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
-    """The rows of one rank."""
+    """The rows of one rank (the columns themselves when all rows are)."""
     sel = cols["rank"] == rank
+    if bool(sel.all()):
+        return dict(cols)
     return {k: v[sel] for k, v in cols.items()}
 
 
@@ -233,6 +235,41 @@ def _idle(b_s: np.ndarray, b_e: np.ndarray, w_s: np.ndarray, w_e: np.ndarray) ->
     return i_s[order], i_e[order], i_j[order]
 
 
+SEGMENTS_AT_ONCE = 1 << 18  # elementary segments classified at a time (bounds the memory of a big rank)
+
+
+def _segments(seg_s: np.ndarray, seg_e: np.ndarray, i_s: np.ndarray, i_e: np.ndarray, i_j: np.ndarray,
+              index: IntervalIndex, n_threads: int, cls: np.ndarray, d_s: np.ndarray, d_e: np.ndarray,
+              per: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Classify the elementary segments [seg_s, seg_e) (consecutive boundaries) that lie in an idle
+    interval: add their time to ``per`` (step, class); return, for those in host work, the innermost
+    event (row) of the thread that sets their class, their durations and whether that class blocks."""
+    k = np.searchsorted(i_s, seg_s, "right") - 1
+    in_idle = (k >= 0) & (seg_e <= i_e[np.maximum(k, 0)])
+    seg_s, seg_e, seg_j = seg_s[in_idle], seg_e[in_idle], i_j[k[in_idle]]
+    # each segment's innermost event on every thread (threads by row), then the thread whose event has
+    # the lowest class (the first such thread on ties)
+    m = len(seg_s)
+    owner = index.find(np.repeat(np.arange(n_threads, dtype=np.int64), m),
+                       np.tile(seg_s, n_threads)).reshape(n_threads, m)
+    c = np.where(owner >= 0, cls[np.maximum(owner, 0)], 99)
+    pick = np.argmin(c, axis=0)
+    best = c[pick, np.arange(m)]
+    who = np.where(best < 99, owner[pick, np.arange(m)], -1)
+    del owner, c
+    # inside a data-loading span everything but a sync or allocator call is data loading (IO001's)
+    if len(d_s):
+        k = np.searchsorted(d_s, seg_s, "right") - 1
+        in_dl = (k >= 0) & (seg_s < d_e[np.maximum(k, 0)])
+        best = np.where(in_dl & (best > ALLOC), DATA, best)
+    dur = (seg_e - seg_s).astype(float)
+    for code in CLASS_NAMES:
+        sel = best == code
+        per[:, code] += np.bincount(seg_j[sel], weights=dur[sel], minlength=per.shape[0])
+    calls = np.isin(best, HOST_WORK)
+    return who[calls], dur[calls], best[calls] <= ALLOC
+
+
 def _rank(ctx: RuleContext[Thresholds], rank: int, lo: int, hi: int, steps: dict[str, np.ndarray],
           busy: dict[str, np.ndarray], host: dict[str, np.ndarray], kern: dict[str, np.ndarray],
           names: list[str]) -> Finding | None:
@@ -258,42 +295,28 @@ def _rank(ctx: RuleContext[Thresholds], rank: int, lo: int, hi: int, steps: dict
     unseen = 0  # first's value for the names of no such segment
     blocking = np.zeros(0, dtype=bool)  # the names among them that are sync or allocator calls
     if len(i_s) and len(hs):
-        pts = np.sort(np.concatenate([i_s, i_e, hs, he]), kind="stable")  # sorted runs: a merge
-        pts = pts[(pts >= lo) & (pts <= hi)]
+        pts = np.concatenate([i_s, i_e, hs, he])
+        pts = np.sort(pts[(pts >= lo) & (pts <= hi)], kind="stable")  # sorted runs: a merge
         pts = pts[np.concatenate([[True], pts[1:] != pts[:-1]])]
-        seg_s, seg_e = pts[:-1], pts[1:]
-        k = np.searchsorted(i_s, seg_s, "right") - 1
-        in_idle = (k >= 0) & (seg_e <= i_e[np.maximum(k, 0)])
-        seg_s, seg_e, seg_j = seg_s[in_idle], seg_e[in_idle], i_j[k[in_idle]]
-        # each segment's innermost event on every thread (threads by row), then the thread whose event has
-        # the lowest class (the first such thread on ties)
-        m = len(seg_s)
-        owner = enclosing_intervals(thr, hs, he, np.repeat(np.arange(n_threads, dtype=np.int64), m),
-                                    np.tile(seg_s, n_threads)).reshape(n_threads, m)
-        c = np.where(owner >= 0, cls[np.maximum(owner, 0)], 99)
-        pick = np.argmin(c, axis=0)
-        best = c[pick, np.arange(m)]
-        who = np.where(best < 99, owner[pick, np.arange(m)], -1)
-        # inside a data-loading span everything but a sync or allocator call is data loading (IO001's)
+        index = IntervalIndex(thr, hs, he)
         dl = np.flatnonzero(cls == DATA)
-        if len(dl):
-            d_s, d_e = _union(hs[dl], he[dl])
-            k = np.searchsorted(d_s, seg_s, "right") - 1
-            in_dl = (k >= 0) & (seg_s < d_e[np.maximum(k, 0)])
-            best = np.where(in_dl & (best > ALLOC), DATA, best)
-        dur = (seg_e - seg_s).astype(float)
-        for code in CLASS_NAMES:
-            sel = best == code
-            per[:, code] = np.bincount(seg_j[sel], weights=dur[sel], minlength=n_steps)
-        calls = np.isin(best, HOST_WORK)
-        nm = name_id[who[calls]]
-        wait = np.bincount(nm, weights=dur[calls], minlength=len(names))
-        unseen = len(nm)
-        first = np.full(len(names), unseen, np.int64)
-        by_name = np.argsort(nm, kind="stable")
-        lead = np.flatnonzero(np.concatenate([[True], np.diff(nm[by_name]) != 0])) if unseen else by_name
-        first[nm[by_name[lead]]] = by_name[lead]
-        blocking = np.bincount(nm, weights=best[calls] <= ALLOC, minlength=len(names)) > 0
+        d_s, d_e = _union(hs[dl], he[dl]) if len(dl) else (hs[:0], he[:0])
+        wait = np.zeros(len(names))
+        first = np.full(len(names), -1, np.int64)
+        blocking = np.zeros(len(names), dtype=bool)
+        # the segments in batches (each is classified on its own; the sums are of whole ns, exact in any order)
+        for a in range(0, len(pts) - 1, SEGMENTS_AT_ONCE):
+            b = min(a + SEGMENTS_AT_ONCE, len(pts) - 1)
+            row, w, blk = _segments(pts[a:b], pts[a + 1:b + 1], i_s, i_e, i_j, index, n_threads, cls, d_s, d_e, per)
+            nm = name_id[row]
+            wait += np.bincount(nm, weights=w, minlength=len(names))
+            blocking |= np.bincount(nm, weights=blk, minlength=len(names)) > 0
+            by_name = np.argsort(nm, kind="stable")
+            lead = by_name[np.flatnonzero(np.concatenate([[True], np.diff(nm[by_name]) != 0]))] if len(nm) else by_name
+            new = first[nm[lead]] < 0
+            first[nm[lead[new]]] = unseen + lead[new]
+            unseen += len(nm)
+        first[first < 0] = unseen
     idle_ns = np.bincount(i_j, weights=(i_e - i_s).astype(float), minlength=n_steps)
     step_ns = (w_e - w_s).astype(float)
     host_ns = np.minimum(per[:, list(HOST_WORK)].sum(axis=1), step_ns)
