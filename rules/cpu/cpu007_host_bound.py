@@ -64,16 +64,21 @@ CLASS_NAMES = {SYNC: "sync", ALLOC: "allocator", DATA: "data_loading", LAUNCH: "
 HOST_WORK = (SYNC, ALLOC, LAUNCH, FRAMEWORK)  # the classes whose time the device waits on the host for
 ALLOC_RE = r"^(cuda|hip)(Malloc|Free|MallocHost|FreeHost|HostAlloc|HostFree)$|^cuMem(Alloc|Free)(_v2)?$"
 
+# the busy time of a window [a, b) is busy(b) - busy(a), busy(t) the rank's device busy time before t: that of
+# the periods before the last one starting at or before t, plus what of that one lies before t; a window with
+# no device busy time in it counts as not idle
 RANKS_SQL = """
 WITH win AS (SELECT s.rank, s.step, s.start_ns, s.end_ns FROM steps s JOIN breakdown b USING (rank, step)
              WHERE s.end_ns > s.start_ns),
 busy AS (
-    SELECT w.rank, w.step, coalesce(sum(least(w.end_ns, d.e) - greatest(w.start_ns, d.s)), 0) AS busy_ns
-    FROM win w LEFT JOIN device_busy d ON d.rank = w.rank AND d.s < w.end_ns AND d.e > w.start_ns
-    GROUP BY ALL
+    SELECT w.rank, w.start_ns, w.end_ns, coalesce(de.before + least(w.end_ns, de.e) - de.s, 0)
+                                         - coalesce(ds.before + least(w.start_ns, ds.e) - ds.s, 0) AS busy_ns
+    FROM win w ASOF LEFT JOIN device_busy de ON de.rank = w.rank AND w.end_ns >= de.s
+               ASOF LEFT JOIN device_busy ds ON ds.rank = w.rank AND w.start_ns >= ds.s
 )
-SELECT w.rank, median((w.end_ns - w.start_ns - b.busy_ns) / (w.end_ns - w.start_ns)) AS idle_share
-FROM win w JOIN busy b USING (rank, step) GROUP BY w.rank
+SELECT rank, median(CASE WHEN busy_ns = 0 THEN 0.0 ELSE (end_ns - start_ns - busy_ns) / (end_ns - start_ns) END)
+       AS idle_share
+FROM busy GROUP BY rank
 """
 
 STEPS_SQL = """
