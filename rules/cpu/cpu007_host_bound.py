@@ -91,9 +91,11 @@ BUSY_SQL = "SELECT rank, s, e FROM device_busy WHERE rank IN (SELECT unnest($ran
 # the host events of the threads that drive the device (those launching device tasks, else those making runtime
 # calls, else all), per rank, inside the rank's window [lo, hi); Python frames (with_stack traces hold tens of
 # thousands, nested deep) only as their union per thread, named "Python"; the rows come unordered.
+# calls and sel are inlined in each query reading them (NOT MATERIALIZED), which filters them further, rather
+# than held whole (a big rank's host events with their names) while the query runs.
 HOST_SQL = """
 WITH win AS (SELECT unnest($ranks) AS rank, unnest($los) AS lo, unnest($his) AS hi),
-calls AS (
+calls AS NOT MATERIALIZED (
     SELECT rank, tid, corr FROM events
     WHERE rank IN (SELECT rank FROM win) AND NOT device AND kind IN ('runtime', 'sync')
 ),
@@ -106,7 +108,7 @@ drivers AS (
     SELECT rank, tid FROM launchers
     UNION SELECT DISTINCT rank, tid FROM calls WHERE rank NOT IN (SELECT rank FROM launchers)
 ),
-sel AS (
+sel AS NOT MATERIALIZED (
     SELECT e.rank, e.tid, e.kind, e.name, e.start_ns AS s, e.start_ns + e.dur_ns AS e FROM events e JOIN win w USING (rank)
     WHERE NOT e.device AND e.dur_ns > 0 AND e.start_ns < w.hi AND e.start_ns + e.dur_ns > w.lo
       AND e.kind IN ('sync', 'runtime', 'dataloader', 'host_op', 'python', 'comm', 'queue', 'other')
