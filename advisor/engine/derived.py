@@ -170,23 +170,26 @@ class IntervalIndex:
             tb = (2 * len(self.times) + 1).bit_length()
         self.tb = tb
         th = (thr - self.t0) << tb
-        skey, dur = th | ks, e - s
+        skey, ekey = th | ks, th | ke
+        del th, ks, ke
+        dur = e - s
         step, ddur = np.diff(skey), np.diff(dur)
-        if bool(np.all((step > 0) | ((step == 0) & (ddur <= 0)))):  # already by (thread, start), longer first
-            order = np.arange(n)
-        else:
+        self.order: np.ndarray | None = None  # rows by (thread, start), longer first; None: as given
+        if not bool(np.all((step > 0) | ((step == 0) & (ddur <= 0)))):
             order = np.argsort(-dur, kind="stable")  # longer first among equal starts ...
-            order = order[np.argsort(skey[order], kind="stable")]  # ... within (thread, start)
-        self.order = order
-        self.starts = starts = skey[order]
-        ekey = (th | ke)[order]
+            self.order = order[np.argsort(skey[order], kind="stable")]  # ... within (thread, start)
+        del step, ddur, dur
+        self.starts = starts = skey if self.order is None else skey[self.order]
+        ordered_ends = ekey if self.order is None else ekey[self.order]
         # no interval overlaps the next one of its thread (top-level operators): the one started
         # last up to a point is the only one that can hold it
-        self.disjoint = bool(np.all(ekey[:-1] <= starts[1:]))
+        self.disjoint = bool(np.all(ordered_ends[:-1] <= starts[1:]))
         if self.disjoint:
             return
-        self.reach = np.maximum.accumulate(ekey)
-        self.ends = np.sort(th | ke)
+        self.reach = np.maximum.accumulate(ordered_ends)
+        del ordered_ends
+        ekey.sort()
+        self.ends = ekey
         self.depth = depth = np.arange(1, n + 1) - np.searchsorted(self.ends, starts, "right")
         self.by_depth = by_depth = np.argsort(depth, kind="stable")  # grouped by depth, in start order within one
         self.keys = depth[by_depth].astype(np.int64) * n + by_depth
@@ -213,13 +216,17 @@ class IntervalIndex:
             out[sl][known] = self._find(pthr[sl][known], pt[sl][known])
         return out
 
+    def _row(self, pos: np.ndarray) -> np.ndarray:
+        """The rows of positions in (thread, start) order."""
+        return pos if self.order is None else self.order[pos]
+
     def _find(self, pthr: np.ndarray, pt: np.ndarray) -> np.ndarray:
-        thr, s, e, order, n = self.thr, self.s, self.e, self.order, self.n
+        thr, s, e, n = self.thr, self.s, self.e, self.n
         pkey = self._point_keys(pthr, pt)
         started = np.searchsorted(self.starts, pkey, "right")  # of the point's thread started up to it, + earlier threads'
         if self.disjoint:
             i = started - 1
-            idx = order[np.maximum(i, 0)]
+            idx = self._row(np.maximum(i, 0))
             ok = (i >= 0) & (thr[idx] == pthr) & (s[idx] <= pt) & (pt < e[idx])
             return np.where(ok, idx, -1)
         out = np.full(len(pt), -1, np.int64)
@@ -233,7 +240,7 @@ class IntervalIndex:
         ok = (pdepth > 0) & (i >= 0)
         pos = self.by_depth[np.where(ok, i, 0)]
         ok &= self.depth[pos] == pdepth
-        idx = order[pos]
+        idx = self._row(pos)
         ok &= (thr[idx] == pthr) & (s[idx] <= pt) & (pt < e[idx])
         out[inside] = np.where(ok, idx, -1)
         return out

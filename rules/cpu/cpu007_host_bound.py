@@ -174,8 +174,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     host = ctx.arrays(HOST_SQL, {"ranks": ranks, "los": los, "his": his, "alloc_re": ALLOC_RE}, codes=("tid", "name"))
     kern = ctx.arrays(KERNEL_SQL, {"ranks": ranks})
     names = ["(unnamed)" if nm is None else str(nm) for nm in host.names["name"]]
-    for rank, lo, hi in zip(ranks, los, his, strict=True):
-        finding = _rank(ctx, rank, lo, hi, _of(st, rank), _of(busy, rank), _of(host, rank), _of(kern, rank), names)
+    for rank, lo, hi, rank_host in zip(ranks, los, his, _split(host, ranks), strict=True):
+        finding = _rank(ctx, rank, lo, hi, _of(st, rank), _of(busy, rank), rank_host, _of(kern, rank), names)
         if finding is not None:
             yield finding
 
@@ -186,6 +186,16 @@ def _of(cols: Mapping[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
     if bool(sel.all()):
         return dict(cols)
     return {k: v[sel] for k, v in cols.items()}
+
+
+def _split(cols: dict[str, np.ndarray], ranks: list[int]) -> Iterator[dict[str, np.ndarray]]:
+    """The rows of each rank in turn, ``cols`` emptied once the last is taken (a big rank's host
+    events are then held only by the rank's own columns, which :func:`_rank` drops once sorted)."""
+    for i, rank in enumerate(ranks):
+        part = _of(cols, rank)
+        if i == len(ranks) - 1:
+            cols.clear()
+        yield part
 
 
 def _union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -290,6 +300,8 @@ def _rank(ctx: RuleContext[Thresholds], rank: int, lo: int, hi: int, steps: dict
     order = np.lexsort((host["name"], host["cls"], host["s"] - host["e"], host["s"], thr))
     thr, cls, name_id = thr[order], host["cls"][order].astype(np.int64), host["name"][order].astype(np.int64)
     hs, he = host["s"][order].astype(np.int64), host["e"][order].astype(np.int64)
+    host.clear()  # the unsorted columns (the caller keeps none of them)
+    del order
     # idle intervals of every step, then the elementary segments between any two boundaries (idle or host
     # event) inside them: one class per segment, from the innermost event of each driving thread
     w_s, w_e = steps["start_ns"].astype(np.int64), steps["end_ns"].astype(np.int64)
