@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from advisor.analyze import build_context
-from advisor.engine.derived import enclosing_intervals
+from advisor.engine.derived import IntervalIndex, enclosing_intervals
 from advisor.testing import context_from_tables
 from rules.compute import _common  # noqa: F401  (registers kernel_ops)
 
@@ -72,6 +72,35 @@ def test_disjoint_and_nested_intervals_against_brute_force(seed: int) -> None:
             assert idx >= 0, (pth, pt)  # the innermost: latest start, then the shortest
             best = max(holding, key=lambda i: (ops[i][1], -ops[i][2]))
             assert ops[idx][1:] == ops[best][1:], (pth, pt)
+
+
+@pytest.mark.parametrize("far", [False, True])
+def test_index_looks_points_up_in_batches_and_calls(far: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One :class:`IntervalIndex`, its points looked up in small batches over several calls (and
+    times too far apart to pack with the thread in an int64): each point gets the innermost
+    interval of its thread holding it, checked by brute force."""
+    monkeypatch.setattr(IntervalIndex, "BATCH", 7)
+    rng = np.random.default_rng(3)
+    unit = 1 << 55 if far else 5
+    ops: list[tuple[int, int, int]] = []
+    for th in (2, 3, 5):
+        t = 0
+        for _ in range(30):
+            t += int(rng.integers(0, 3))
+            length = int(rng.integers(2, 6))
+            ops += [(th, t * unit, (t + length) * unit), (th, t * unit, (t + 1) * unit)]  # a child at its start
+            t += length
+    a = np.array(ops, dtype=np.int64)
+    index = IntervalIndex(a[:, 0], a[:, 1], a[:, 2])
+    points = [(int(rng.integers(1, 7)), (int(rng.integers(-2, 130)) * unit) // 2) for _ in range(300)]
+    got: list[int] = []
+    for part in (points[:100], points[100:101], points[101:]):
+        p = np.array(part, dtype=np.int64)
+        got += index.find(p[:, 0], p[:, 1]).tolist()
+    for (pth, pt), idx in zip(points, got, strict=True):
+        holding = [i for i, (th, s, e) in enumerate(ops) if th == pth and s <= pt < e]
+        want = max(holding, key=lambda i: (ops[i][1], -ops[i][2])) if holding else -1
+        assert idx == want, (pth, pt)
 
 
 def test_input_order_does_not_matter_and_overlaps_are_not_guessed() -> None:

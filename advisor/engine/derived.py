@@ -141,57 +141,109 @@ def enclosing_intervals(thr: np.ndarray, s: np.ndarray, e: np.ndarray, pthr: np.
     to it. A found interval that does not hold the point
     (intervals that overlap without nesting) is not reported. Zero-length intervals hold no point.
     """
-    n, m = len(s), len(pt)
-    out = np.full(m, -1, np.int64)
-    if n == 0 or m == 0:
-        return out
-    thr, pthr = np.asarray(thr, np.int64), np.asarray(pthr, np.int64)  # no copy of int64 input (none is written)
-    s, e, pt = np.asarray(s, np.int64), np.asarray(e, np.int64), np.asarray(pt, np.int64)
-    lo = min(int(s.min()), int(pt.min()))
-    hi = max(int(e.max()), int(pt.max()), int(s.max()))
-    tb = max(hi - lo, 1).bit_length()
-    ks, ke, kp = s - lo, e - lo, pt - lo
-    if tb + max(int(thr.max()), int(pthr.max()), 1).bit_length() > 62:  # (thread, time) must pack in an int64
-        _, inv = np.unique(np.concatenate([s, e, pt]), return_inverse=True)  # times by rank: order and ties kept
-        ks, ke, kp = inv[:n], inv[n:2 * n], inv[2 * n:]
-        tb = max(int(inv.max()), 1).bit_length()
-    skey, dur = (thr << tb) | ks, e - s
-    step, ddur = np.diff(skey), np.diff(dur)
-    if bool(np.all((step > 0) | ((step == 0) & (ddur <= 0)))):  # already by (thread, start), longer first
-        order = np.arange(n)
-    else:
-        order = np.argsort(-dur, kind="stable")  # longer first among equal starts ...
-        order = order[np.argsort(skey[order], kind="stable")]  # ... within (thread, start)
-    starts = skey[order]
-    pkey = (pthr << tb) | kp
-    started = np.searchsorted(starts, pkey, "right")  # intervals of the point's thread started up to it, + earlier threads'
-    ekey = ((thr << tb) | ke)[order]
-    if bool(np.all(ekey[:-1] <= starts[1:])):
+    return IntervalIndex(thr, s, e).find(pthr, pt)
+
+
+class IntervalIndex:
+    """The intervals of :func:`enclosing_intervals` (threads, starts, ends), prepared once so that
+    points can be looked up in as many calls as wanted, each point as if alone."""
+
+    BATCH = 1 << 18  # points looked up at a time (bounds the memory of a lookup)
+
+    def __init__(self, thr: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
+        self.n = n = len(s)
+        self.thr = np.asarray(thr, np.int64)  # no copy of int64 input (none is written)
+        self.s, self.e = np.asarray(s, np.int64), np.asarray(e, np.int64)
+        if n == 0:
+            return
+        thr, s, e = self.thr, self.s, self.e
+        # keys (thread, time) packed in an int64, times as offsets from below every start (a point
+        # before them all or after every end is clipped to those bounds: it stays outside them all)
+        self.t0, self.t1 = int(thr.min()), int(thr.max())
+        self.lo, self.hi = int(s.min()) - 1, max(int(e.max()), int(s.max()))
+        tb = max(self.hi - self.lo, 1).bit_length()
+        self.times: np.ndarray | None = None
+        ks, ke = s - self.lo, e - self.lo
+        if tb + max(self.t1 - self.t0, 1).bit_length() > 62:  # times by rank instead: order and ties kept
+            self.times = np.unique(np.concatenate([s, e]))
+            ks, ke = 2 * np.searchsorted(self.times, s) + 1, 2 * np.searchsorted(self.times, e) + 1
+            tb = (2 * len(self.times) + 1).bit_length()
+        self.tb = tb
+        th = (thr - self.t0) << tb
+        skey, ekey = th | ks, th | ke
+        del th, ks, ke
+        dur = e - s
+        step, ddur = np.diff(skey), np.diff(dur)
+        self.order: np.ndarray | None = None  # rows by (thread, start), longer first; None: as given
+        if not bool(np.all((step > 0) | ((step == 0) & (ddur <= 0)))):
+            order = np.argsort(-dur, kind="stable")  # longer first among equal starts ...
+            self.order = order[np.argsort(skey[order], kind="stable")]  # ... within (thread, start)
+        del step, ddur, dur
+        self.starts = starts = skey if self.order is None else skey[self.order]
+        ordered_ends = ekey if self.order is None else ekey[self.order]
         # no interval overlaps the next one of its thread (top-level operators): the one started
         # last up to a point is the only one that can hold it
-        i = started - 1
-        idx = order[np.maximum(i, 0)]
-        ok = (i >= 0) & (thr[idx] == pthr) & (s[idx] <= pt) & (pt < e[idx])
-        return np.where(ok, idx, -1)
-    # a point inside no interval: the latest end among those started up to it is not after it
-    # (thread bits lead the keys, so an earlier thread's end never is)
-    reach = np.maximum.accumulate(ekey)
-    inside = np.flatnonzero(started > 0)
-    inside = inside[reach[started[inside] - 1] > pkey[inside]]
-    pkey, started, pt, pthr = pkey[inside], started[inside], pt[inside], pthr[inside]
-    ends = np.sort((thr << tb) | ke)
-    depth = np.arange(1, n + 1) - np.searchsorted(ends, starts, "right")
-    pdepth = started - np.searchsorted(ends, pkey, "right")
-    by_depth = np.argsort(depth, kind="stable")  # positions grouped by depth, in start order within a depth
-    keys = depth[by_depth].astype(np.int64) * n + by_depth
-    i = np.searchsorted(keys, pdepth.astype(np.int64) * n + (started - 1), "right") - 1  # last of its depth
-    ok = (pdepth > 0) & (i >= 0)
-    pos = by_depth[np.where(ok, i, 0)]
-    ok &= depth[pos] == pdepth
-    idx = order[pos]
-    ok &= (thr[idx] == pthr) & (s[idx] <= pt) & (pt < e[idx])
-    out[inside] = np.where(ok, idx, -1)
-    return out
+        self.disjoint = bool(np.all(ordered_ends[:-1] <= starts[1:]))
+        if self.disjoint:
+            return
+        self.reach = np.maximum.accumulate(ordered_ends)
+        del ordered_ends
+        ekey.sort()
+        self.ends = ekey
+        self.depth = depth = np.arange(1, n + 1) - np.searchsorted(self.ends, starts, "right")
+        self.by_depth = by_depth = np.argsort(depth, kind="stable")  # grouped by depth, in start order within one
+        self.keys = depth[by_depth].astype(np.int64) * n + by_depth
+
+    def _point_keys(self, pthr: np.ndarray, pt: np.ndarray) -> np.ndarray:
+        if self.times is None:
+            kp = np.clip(pt, self.lo, self.hi) - self.lo
+        else:
+            j = np.searchsorted(self.times, pt)
+            kp = 2 * j + (self.times[np.minimum(j, len(self.times) - 1)] == pt)
+        return np.asarray(((pthr - self.t0) << self.tb) | kp, np.int64)
+
+    def find(self, pthr: np.ndarray, pt: np.ndarray) -> np.ndarray:
+        """For each point (thread ``pthr``, time ``pt``): the index of the innermost interval of
+        its thread open at that time; -1 where none is (as :func:`enclosing_intervals`)."""
+        m = len(pt)
+        out = np.full(m, -1, np.int64)
+        if self.n == 0 or m == 0:
+            return out
+        pthr, pt = np.asarray(pthr, np.int64), np.asarray(pt, np.int64)
+        for a in range(0, m, self.BATCH):
+            sl = slice(a, min(a + self.BATCH, m))
+            known = np.flatnonzero((pthr[sl] >= self.t0) & (pthr[sl] <= self.t1))  # threads with intervals
+            out[sl][known] = self._find(pthr[sl][known], pt[sl][known])
+        return out
+
+    def _row(self, pos: np.ndarray) -> np.ndarray:
+        """The rows of positions in (thread, start) order."""
+        return pos if self.order is None else self.order[pos]
+
+    def _find(self, pthr: np.ndarray, pt: np.ndarray) -> np.ndarray:
+        thr, s, e, n = self.thr, self.s, self.e, self.n
+        pkey = self._point_keys(pthr, pt)
+        started = np.searchsorted(self.starts, pkey, "right")  # of the point's thread started up to it, + earlier threads'
+        if self.disjoint:
+            i = started - 1
+            idx = self._row(np.maximum(i, 0))
+            ok = (i >= 0) & (thr[idx] == pthr) & (s[idx] <= pt) & (pt < e[idx])
+            return np.where(ok, idx, -1)
+        out = np.full(len(pt), -1, np.int64)
+        # a point inside no interval: the latest end among those started up to it is not after it
+        # (thread bits lead the keys, so an earlier thread's end never is)
+        inside = np.flatnonzero(started > 0)
+        inside = inside[self.reach[started[inside] - 1] > pkey[inside]]
+        pkey, started, pt, pthr = pkey[inside], started[inside], pt[inside], pthr[inside]
+        pdepth = started - np.searchsorted(self.ends, pkey, "right")
+        i = np.searchsorted(self.keys, pdepth.astype(np.int64) * n + (started - 1), "right") - 1  # last of its depth
+        ok = (pdepth > 0) & (i >= 0)
+        pos = self.by_depth[np.where(ok, i, 0)]
+        ok &= self.depth[pos] == pdepth
+        idx = self._row(pos)
+        ok &= (thr[idx] == pthr) & (s[idx] <= pt) & (pt < e[idx])
+        out[inside] = np.where(ok, idx, -1)
+        return out
 
 
 def _values(a: Any) -> tuple[np.ndarray, np.ndarray]:

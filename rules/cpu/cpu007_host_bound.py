@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from advisor.engine.derived import enclosing_intervals
+from advisor.engine.derived import IntervalIndex
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
 from rules.cpu._common import fmt_ms, step_table
@@ -64,16 +64,21 @@ CLASS_NAMES = {SYNC: "sync", ALLOC: "allocator", DATA: "data_loading", LAUNCH: "
 HOST_WORK = (SYNC, ALLOC, LAUNCH, FRAMEWORK)  # the classes whose time the device waits on the host for
 ALLOC_RE = r"^(cuda|hip)(Malloc|Free|MallocHost|FreeHost|HostAlloc|HostFree)$|^cuMem(Alloc|Free)(_v2)?$"
 
+# the busy time of a window [a, b) is busy(b) - busy(a), busy(t) the rank's device busy time before t: that of
+# the periods before the last one starting at or before t, plus what of that one lies before t; a window with
+# no device busy time in it counts as not idle
 RANKS_SQL = """
 WITH win AS (SELECT s.rank, s.step, s.start_ns, s.end_ns FROM steps s JOIN breakdown b USING (rank, step)
              WHERE s.end_ns > s.start_ns),
 busy AS (
-    SELECT w.rank, w.step, coalesce(sum(least(w.end_ns, d.e) - greatest(w.start_ns, d.s)), 0) AS busy_ns
-    FROM win w LEFT JOIN device_busy d ON d.rank = w.rank AND d.s < w.end_ns AND d.e > w.start_ns
-    GROUP BY ALL
+    SELECT w.rank, w.start_ns, w.end_ns, coalesce(de.before + least(w.end_ns, de.e) - de.s, 0)
+                                         - coalesce(ds.before + least(w.start_ns, ds.e) - ds.s, 0) AS busy_ns
+    FROM win w ASOF LEFT JOIN device_busy de ON de.rank = w.rank AND w.end_ns >= de.s
+               ASOF LEFT JOIN device_busy ds ON ds.rank = w.rank AND w.start_ns >= ds.s
 )
-SELECT w.rank, median((w.end_ns - w.start_ns - b.busy_ns) / (w.end_ns - w.start_ns)) AS idle_share
-FROM win w JOIN busy b USING (rank, step) GROUP BY w.rank
+SELECT rank, median(CASE WHEN busy_ns = 0 THEN 0.0 ELSE (end_ns - start_ns - busy_ns) / (end_ns - start_ns) END)
+       AS idle_share
+FROM busy GROUP BY rank
 """
 
 STEPS_SQL = """
@@ -86,9 +91,11 @@ BUSY_SQL = "SELECT rank, s, e FROM device_busy WHERE rank IN (SELECT unnest($ran
 # the host events of the threads that drive the device (those launching device tasks, else those making runtime
 # calls, else all), per rank, inside the rank's window [lo, hi); Python frames (with_stack traces hold tens of
 # thousands, nested deep) only as their union per thread, named "Python"; the rows come unordered.
+# calls and sel are inlined in each query reading them (NOT MATERIALIZED), which filters them further, rather
+# than held whole (a big rank's host events with their names) while the query runs.
 HOST_SQL = """
 WITH win AS (SELECT unnest($ranks) AS rank, unnest($los) AS lo, unnest($his) AS hi),
-calls AS (
+calls AS NOT MATERIALIZED (
     SELECT rank, tid, corr FROM events
     WHERE rank IN (SELECT rank FROM win) AND NOT device AND kind IN ('runtime', 'sync')
 ),
@@ -101,7 +108,7 @@ drivers AS (
     SELECT rank, tid FROM launchers
     UNION SELECT DISTINCT rank, tid FROM calls WHERE rank NOT IN (SELECT rank FROM launchers)
 ),
-sel AS (
+sel AS NOT MATERIALIZED (
     SELECT e.rank, e.tid, e.kind, e.name, e.start_ns AS s, e.start_ns + e.dur_ns AS e FROM events e JOIN win w USING (rank)
     WHERE NOT e.device AND e.dur_ns > 0 AND e.start_ns < w.hi AND e.start_ns + e.dur_ns > w.lo
       AND e.kind IN ('sync', 'runtime', 'dataloader', 'host_op', 'python', 'comm', 'queue', 'other')
@@ -167,16 +174,28 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     host = ctx.arrays(HOST_SQL, {"ranks": ranks, "los": los, "his": his, "alloc_re": ALLOC_RE}, codes=("tid", "name"))
     kern = ctx.arrays(KERNEL_SQL, {"ranks": ranks})
     names = ["(unnamed)" if nm is None else str(nm) for nm in host.names["name"]]
-    for rank, lo, hi in zip(ranks, los, his, strict=True):
-        finding = _rank(ctx, rank, lo, hi, _of(st, rank), _of(busy, rank), _of(host, rank), _of(kern, rank), names)
+    for rank, lo, hi, rank_host in zip(ranks, los, his, _split(host, ranks), strict=True):
+        finding = _rank(ctx, rank, lo, hi, _of(st, rank), _of(busy, rank), rank_host, _of(kern, rank), names)
         if finding is not None:
             yield finding
 
 
 def _of(cols: Mapping[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
-    """The rows of one rank."""
+    """The rows of one rank (the columns themselves when all rows are)."""
     sel = cols["rank"] == rank
+    if bool(sel.all()):
+        return dict(cols)
     return {k: v[sel] for k, v in cols.items()}
+
+
+def _split(cols: dict[str, np.ndarray], ranks: list[int]) -> Iterator[dict[str, np.ndarray]]:
+    """The rows of each rank in turn, ``cols`` emptied once the last is taken (a big rank's host
+    events are then held only by the rank's own columns, which :func:`_rank` drops once sorted)."""
+    for i, rank in enumerate(ranks):
+        part = _of(cols, rank)
+        if i == len(ranks) - 1:
+            cols.clear()
+        yield part
 
 
 def _union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -233,6 +252,41 @@ def _idle(b_s: np.ndarray, b_e: np.ndarray, w_s: np.ndarray, w_e: np.ndarray) ->
     return i_s[order], i_e[order], i_j[order]
 
 
+SEGMENTS_AT_ONCE = 1 << 18  # elementary segments classified at a time (bounds the memory of a big rank)
+
+
+def _segments(seg_s: np.ndarray, seg_e: np.ndarray, i_s: np.ndarray, i_e: np.ndarray, i_j: np.ndarray,
+              index: IntervalIndex, n_threads: int, cls: np.ndarray, d_s: np.ndarray, d_e: np.ndarray,
+              per: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Classify the elementary segments [seg_s, seg_e) (consecutive boundaries) that lie in an idle
+    interval: add their time to ``per`` (step, class); return, for those in host work, the innermost
+    event (row) of the thread that sets their class, their durations and whether that class blocks."""
+    k = np.searchsorted(i_s, seg_s, "right") - 1
+    in_idle = (k >= 0) & (seg_e <= i_e[np.maximum(k, 0)])
+    seg_s, seg_e, seg_j = seg_s[in_idle], seg_e[in_idle], i_j[k[in_idle]]
+    # each segment's innermost event on every thread (threads by row), then the thread whose event has
+    # the lowest class (the first such thread on ties)
+    m = len(seg_s)
+    owner = index.find(np.repeat(np.arange(n_threads, dtype=np.int64), m),
+                       np.tile(seg_s, n_threads)).reshape(n_threads, m)
+    c = np.where(owner >= 0, cls[np.maximum(owner, 0)], 99)
+    pick = np.argmin(c, axis=0)
+    best = c[pick, np.arange(m)]
+    who = np.where(best < 99, owner[pick, np.arange(m)], -1)
+    del owner, c
+    # inside a data-loading span everything but a sync or allocator call is data loading (IO001's)
+    if len(d_s):
+        k = np.searchsorted(d_s, seg_s, "right") - 1
+        in_dl = (k >= 0) & (seg_s < d_e[np.maximum(k, 0)])
+        best = np.where(in_dl & (best > ALLOC), DATA, best)
+    dur = (seg_e - seg_s).astype(float)
+    for code in CLASS_NAMES:
+        sel = best == code
+        per[:, code] += np.bincount(seg_j[sel], weights=dur[sel], minlength=per.shape[0])
+    calls = np.isin(best, HOST_WORK)
+    return who[calls], dur[calls], best[calls] <= ALLOC
+
+
 def _rank(ctx: RuleContext[Thresholds], rank: int, lo: int, hi: int, steps: dict[str, np.ndarray],
           busy: dict[str, np.ndarray], host: dict[str, np.ndarray], kern: dict[str, np.ndarray],
           names: list[str]) -> Finding | None:
@@ -246,6 +300,8 @@ def _rank(ctx: RuleContext[Thresholds], rank: int, lo: int, hi: int, steps: dict
     order = np.lexsort((host["name"], host["cls"], host["s"] - host["e"], host["s"], thr))
     thr, cls, name_id = thr[order], host["cls"][order].astype(np.int64), host["name"][order].astype(np.int64)
     hs, he = host["s"][order].astype(np.int64), host["e"][order].astype(np.int64)
+    host.clear()  # the unsorted columns (the caller keeps none of them)
+    del order
     # idle intervals of every step, then the elementary segments between any two boundaries (idle or host
     # event) inside them: one class per segment, from the innermost event of each driving thread
     w_s, w_e = steps["start_ns"].astype(np.int64), steps["end_ns"].astype(np.int64)
@@ -258,42 +314,28 @@ def _rank(ctx: RuleContext[Thresholds], rank: int, lo: int, hi: int, steps: dict
     unseen = 0  # first's value for the names of no such segment
     blocking = np.zeros(0, dtype=bool)  # the names among them that are sync or allocator calls
     if len(i_s) and len(hs):
-        pts = np.sort(np.concatenate([i_s, i_e, hs, he]), kind="stable")  # sorted runs: a merge
-        pts = pts[(pts >= lo) & (pts <= hi)]
+        pts = np.concatenate([i_s, i_e, hs, he])
+        pts = np.sort(pts[(pts >= lo) & (pts <= hi)], kind="stable")  # sorted runs: a merge
         pts = pts[np.concatenate([[True], pts[1:] != pts[:-1]])]
-        seg_s, seg_e = pts[:-1], pts[1:]
-        k = np.searchsorted(i_s, seg_s, "right") - 1
-        in_idle = (k >= 0) & (seg_e <= i_e[np.maximum(k, 0)])
-        seg_s, seg_e, seg_j = seg_s[in_idle], seg_e[in_idle], i_j[k[in_idle]]
-        # each segment's innermost event on every thread (threads by row), then the thread whose event has
-        # the lowest class (the first such thread on ties)
-        m = len(seg_s)
-        owner = enclosing_intervals(thr, hs, he, np.repeat(np.arange(n_threads, dtype=np.int64), m),
-                                    np.tile(seg_s, n_threads)).reshape(n_threads, m)
-        c = np.where(owner >= 0, cls[np.maximum(owner, 0)], 99)
-        pick = np.argmin(c, axis=0)
-        best = c[pick, np.arange(m)]
-        who = np.where(best < 99, owner[pick, np.arange(m)], -1)
-        # inside a data-loading span everything but a sync or allocator call is data loading (IO001's)
+        index = IntervalIndex(thr, hs, he)
         dl = np.flatnonzero(cls == DATA)
-        if len(dl):
-            d_s, d_e = _union(hs[dl], he[dl])
-            k = np.searchsorted(d_s, seg_s, "right") - 1
-            in_dl = (k >= 0) & (seg_s < d_e[np.maximum(k, 0)])
-            best = np.where(in_dl & (best > ALLOC), DATA, best)
-        dur = (seg_e - seg_s).astype(float)
-        for code in CLASS_NAMES:
-            sel = best == code
-            per[:, code] = np.bincount(seg_j[sel], weights=dur[sel], minlength=n_steps)
-        calls = np.isin(best, HOST_WORK)
-        nm = name_id[who[calls]]
-        wait = np.bincount(nm, weights=dur[calls], minlength=len(names))
-        unseen = len(nm)
-        first = np.full(len(names), unseen, np.int64)
-        by_name = np.argsort(nm, kind="stable")
-        lead = np.flatnonzero(np.concatenate([[True], np.diff(nm[by_name]) != 0])) if unseen else by_name
-        first[nm[by_name[lead]]] = by_name[lead]
-        blocking = np.bincount(nm, weights=best[calls] <= ALLOC, minlength=len(names)) > 0
+        d_s, d_e = _union(hs[dl], he[dl]) if len(dl) else (hs[:0], he[:0])
+        wait = np.zeros(len(names))
+        first = np.full(len(names), -1, np.int64)
+        blocking = np.zeros(len(names), dtype=bool)
+        # the segments in batches (each is classified on its own; the sums are of whole ns, exact in any order)
+        for a in range(0, len(pts) - 1, SEGMENTS_AT_ONCE):
+            b = min(a + SEGMENTS_AT_ONCE, len(pts) - 1)
+            row, w, blk = _segments(pts[a:b], pts[a + 1:b + 1], i_s, i_e, i_j, index, n_threads, cls, d_s, d_e, per)
+            nm = name_id[row]
+            wait += np.bincount(nm, weights=w, minlength=len(names))
+            blocking |= np.bincount(nm, weights=blk, minlength=len(names)) > 0
+            by_name = np.argsort(nm, kind="stable")
+            lead = by_name[np.flatnonzero(np.concatenate([[True], np.diff(nm[by_name]) != 0]))] if len(nm) else by_name
+            new = first[nm[lead]] < 0
+            first[nm[lead[new]]] = unseen + lead[new]
+            unseen += len(nm)
+        first[first < 0] = unseen
     idle_ns = np.bincount(i_j, weights=(i_e - i_s).astype(float), minlength=n_steps)
     step_ns = (w_e - w_s).astype(float)
     host_ns = np.minimum(per[:, list(HOST_WORK)].sum(axis=1), step_ns)
