@@ -73,9 +73,13 @@ def browser() -> Iterator[object]:
 def _open(driver, path: Path) -> float:
     t0 = time.perf_counter()
     driver.get(path.resolve().as_uri())
-    elapsed = time.perf_counter() - t0
-    assert driver.execute_script("return document.readyState") == "complete"
-    return elapsed
+    # get() can hand back between two file:// documents while the new one still parses (seen on a
+    # loaded machine): wait for the document itself to say it is complete
+    deadline = t0 + 60
+    while driver.execute_script("return document.readyState") != "complete":
+        assert time.perf_counter() < deadline, f"{path.name} did not finish loading within 60 s"
+        time.sleep(0.05)
+    return time.perf_counter() - t0
 
 
 def _no_requests(driver) -> None:

@@ -59,6 +59,7 @@ def test_profile_against_itself_passes(tmp_path: Path) -> None:
     assert diff["regression_pct"] == 0 and not diff["new_findings"] and not diff["gone_findings"]
 
 
+@pytest.mark.slow
 def test_baseline_from_earlier_json_report(healthy_json: Path, tmp_path: Path) -> None:
     assert run_cli(HEALTHY, "--baseline", healthy_json, "--max-regression", "0").returncode == 0
     out = tmp_path / "r.json"

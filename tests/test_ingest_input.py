@@ -445,6 +445,7 @@ def test_a_copy_of_a_rank_file_is_still_dropped_not_a_second_run(tmp_path: Path)
     assert len(warned(ctx, "duplicate_rank")) == 1
 
 
+@pytest.mark.slow
 def test_cli_refuses_two_runs_with_exit_2_and_run_picks_one(tmp_path: Path) -> None:
     from click.testing import CliRunner
 

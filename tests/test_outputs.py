@@ -75,6 +75,7 @@ def _huge(d: dict[str, Any], ranks: int = 64, steps: int = 300, findings: int = 
     return d
 
 
+@pytest.mark.slow
 def test_markdown_of_a_huge_report_fits_a_comment_in_order() -> None:
     """Whatever the profile holds, the default Markdown stays under 60,000 characters, in the order
     verdict, gate, breakdown, findings (evidence, first fixes, ``advisor explain ID``), confidence

@@ -281,6 +281,7 @@ def test_slow_steps_are_the_ones_the_step_fluctuation_finding_lists() -> None:
         assert slow_steps({"breakdown": bd, "rules": status, "findings": [finding]}) == ({(0, 4)}, "robust")
 
 
+@pytest.mark.slow
 def test_html_marks_the_slow_steps_of_the_finding(tmp_path: Path) -> None:
     """On a real trace with a CLU003 finding, the step-time chart marks exactly the pairs of the
     finding's rows, and says so; with CLU003 skipped its caption names the fallback."""

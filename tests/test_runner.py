@@ -58,6 +58,7 @@ def _report_without_timings(rep: Report) -> dict[str, Any]:
     return d
 
 
+@pytest.mark.slow
 def test_stages_beside_the_rules_give_the_report_of_stages_before_them() -> None:
     """analyze() runs the breakdown and critical path in a thread beside the rules; the report
     (findings, warnings and their order, focus, critical path) is the one of running them first."""

@@ -194,6 +194,7 @@ def _cut_db_copy(src: Path, dst: Path, keep_marker: bool) -> dict[int, tuple[int
     return out
 
 
+@pytest.mark.slow
 def test_db_step_time_gives_the_windows_the_step_events_give(tmp_path: Path) -> None:
     """A `.db` export without ProfilerStep rows in PYTORCH_API takes its steps from STEP_TIME, by
     the same definition as from the events: on the real export of tests/data/ascend_real with
