@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import csv
 import re
 from collections import defaultdict
 from collections.abc import Callable
@@ -542,6 +543,25 @@ def _header(path: Path) -> tuple[str, bytes]:
     return delim, line
 
 
+#: Columns a CSV of an export may have: the widest export has under a hundred (kernel_details.csv
+#: with every PMU metric). A wider header is not an export's, and each column costs a term in the
+#: statements that read it (the FLOPs sum is one expression over every ``*_fops`` column).
+MAX_CSV_COLUMNS = 512
+_HEADER_MAX_BYTES = 65536
+
+
+def _width_problem(path: Path, delim: str) -> str | None:
+    """Why the header of ``path`` is too wide to read (None when it is not)."""
+    head = read_head(path, _HEADER_MAX_BYTES)
+    if b"\n" not in head and len(head) >= _HEADER_MAX_BYTES:
+        return f"its header line is longer than {_HEADER_MAX_BYTES // 1024} KiB: not an export's CSV; skipped"
+    line = head.split(b"\n", 1)[0].decode("utf-8", errors="replace")
+    n = max((len(r) for r in csv.reader([line], delimiter=delim)), default=0)
+    if n > MAX_CSV_COLUMNS:
+        return f"{n} columns in its header, more than the {MAX_CSV_COLUMNS} read: not an export's CSV; skipped"
+    return None
+
+
 def csv_groups(
     cur: Any,
     jobs: list[Job],
@@ -561,9 +581,12 @@ def csv_groups(
         try:
             if j.path.stat().st_size == 0:
                 _fail_or_raise(jobs, j.path, "empty file; skipped", "empty_file")
+            key = _header(j.path)
+            if problem := _width_problem(j.path, key[0]):
+                _fail_or_raise(jobs, j.path, problem, "too_wide")
         except OSError as exc:
             _fail_or_raise(jobs, j.path, f"cannot read: {exc.strerror or exc}", "unreadable")
-        groups[_header(j.path)].append(j)
+        groups[key].append(j)
     files = f"{stage}_files"
     for (delim, _line), gjobs in groups.items():
         _drop(cur, stage, files)
