@@ -373,7 +373,7 @@ ASCEND_DB = ASCEND / "ascend_pt_resnet_ddp_l1_db/rank1_ascend_pt/ASCEND_PROFILER
 def _db_truth() -> tuple[list[tuple[int, float]], list[tuple[int, float]], int]:
     """Independent reads of the database: HBM read bandwidth summed over the stacks per time,
     the device's used HBM, and the number of AI Core frequency samples."""
-    with sqlite3.connect(f"file:{ASCEND_DB}?mode=ro", uri=True) as c:
+    with sqlite3.connect(f"file:{ASCEND_DB}?mode=ro&immutable=1", uri=True) as c:
         reads = c.execute("""SELECT timestampNs, sum(bandwidth) FROM HBM WHERE type =
                              (SELECT id FROM STRING_IDS WHERE value = 'read') GROUP BY 1 ORDER BY 1""").fetchall()
         mem = c.execute("""SELECT timestampNs, hbm FROM NPU_MEM WHERE type =
@@ -384,9 +384,13 @@ def _db_truth() -> tuple[list[tuple[int, float]], list[tuple[int, float]], int]:
 
 def test_ascend_db_series() -> None:
     from advisor.metrics.ascend import db_rows
+    from advisor.sqlite_safe import SafeSqlite
 
-    with sqlite3.connect(f"file:{ASCEND_DB}?mode=ro", uri=True) as c:
-        rows = db_rows(c, 1)
+    db = SafeSqlite(ASCEND_DB)
+    try:
+        rows = db_rows(db, 1)
+    finally:
+        db.close()
     reads, mem, freq = _db_truth()
     assert sorted((r[2], r[3]) for r in rows if r[1] == "hbm_read_bps") == reads
     assert sorted((r[2], r[3]) for r in rows if r[1] == "mem_used_bytes") == mem

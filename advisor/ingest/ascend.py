@@ -40,7 +40,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from advisor.ingest import ascend_readers
 from advisor.ingest.ascend_common import (
@@ -51,6 +50,7 @@ from advisor.ingest.ascend_common import (
     read_small_json,
 )
 from advisor.ingest.base import LoadContext, ParseError, Unit, read_head
+from advisor.sqlite_safe import SafeSqlite, SqliteRefused, quote_ident
 
 SOURCE = SOURCE_PT
 SOURCES = (SOURCE_PT, SOURCE_MS)
@@ -238,32 +238,32 @@ def _content_ok(p: Path, role: str, in_layout: bool) -> bool | None:
 def _sqlite_problem(p: Path) -> str | None:
     """Why an SQLite file cannot be read (None when it opens and its schema lists)."""
     try:
-        con = sqlite3.connect(f"file:{quote(str(p.resolve()))}?mode=ro&immutable=1", uri=True)
+        SafeSqlite(p).close()
+        return None
+    except SqliteRefused as exc:
+        return f"unsafe SQLite database ({exc})"
     except sqlite3.Error as exc:
         return f"not a readable SQLite database ({exc})"
-    try:
-        con.execute("SELECT count(*) FROM sqlite_master").fetchall()
-        return None
-    except sqlite3.Error as exc:
-        return f"corrupt SQLite database ({exc})"
-    finally:
-        con.close()
 
 
 def _db_rank(p: Path) -> int | None:
     """``RANK_DEVICE_MAP.rankId`` of a torch_npu / MindSpore db (None when absent or -1)."""
     try:
-        con = sqlite3.connect(f"file:{quote(str(p.resolve()))}?mode=ro&immutable=1", uri=True)
-    except sqlite3.Error:
+        db = SafeSqlite(p)
+    except (sqlite3.Error, SqliteRefused):
         return None
     try:
-        row = con.execute("SELECT max(rankId) FROM RANK_DEVICE_MAP").fetchone()
-        r = row[0] if row else None
-        return int(r) if isinstance(r, int) and r >= 0 else None
-    except sqlite3.Error:
+        table = db.table("RANK_DEVICE_MAP")
+        col = next((c for c in db.columns(table) if c.lower() == "rankid"), None) if table else None
+        if table is None or col is None:
+            return None
+        row = db.query(f"SELECT max({quote_ident(col)}) FROM {quote_ident(table)}", [table], ["max"])
+    except (sqlite3.Error, SqliteRefused):
         return None
     finally:
-        con.close()
+        db.close()
+    r = row[0][0] if row else None
+    return int(r) if isinstance(r, int) and r >= 0 else None
 
 
 _RAW_PROF_HINT = (

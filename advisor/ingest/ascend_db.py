@@ -9,8 +9,9 @@ DuckDB's sqlite extension cannot be downloaded here, so SQLite is read with Pyth
 timestamps never pass through float64) and inserted with one SQL statement per chunk. String
 ids and enums are resolved by joins in DuckDB. No Python code runs per row.
 
-The database is opened read-only and immutable (``mode=ro&immutable=1``): nothing is written
-beside it (no journal, no -shm file).
+The database is untrusted: it is opened through :mod:`advisor.sqlite_safe` (read-only and
+immutable, nothing written beside it; an authorizer lets each statement read only the real tables
+it names; the work of each statement is bounded; identifiers from the file are quoted).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import quote
 
 import pyarrow as pa
 
@@ -42,6 +42,7 @@ from advisor.ingest.base import ParseError
 from advisor.ingest.steps import windows_sql
 from advisor.metrics.ascend import insert_db_series
 from advisor.schema import EVENTS_INSERT
+from advisor.sqlite_safe import SafeSqlite, SqliteRefused, quote_ident
 
 CHUNK_ROWS = 250_000
 _EXT_BASE = 1 << 62
@@ -50,49 +51,39 @@ _STR = pa.string()
 _F64 = pa.float64()
 
 
-def connect_ro(path: Path) -> sqlite3.Connection:
-    """Open an SQLite file read-only without creating journal or WAL side files."""
-    try:
-        con = sqlite3.connect(
-            f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1", uri=True, check_same_thread=False
-        )
-        con.execute("PRAGMA query_only = 1")
-        con.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    except sqlite3.Error as exc:
-        raise ParseError(path, f"not a readable SQLite database: {exc}", code="bad_db") from None
-    return con
-
-
 class Db:
-    """A read-only SQLite source with schema lookups."""
+    """A read-only SQLite source with schema lookups, opened by :class:`advisor.sqlite_safe.SafeSqlite`:
+    every statement names the tables it reads and is bounded; only real tables are seen (a view or
+    virtual table looked up as one is noted in :attr:`notes` and read as absent)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.con = connect_ro(path)
         try:
-            self.tables = {
-                r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
-            }
+            self.safe = SafeSqlite(path)
+        except SqliteRefused as exc:
+            raise ParseError(path, str(exc), code="bad_db") from None
         except sqlite3.Error as exc:
-            self.con.close()
-            raise ParseError(path, f"corrupt SQLite database: {exc}", code="bad_db") from None
+            raise ParseError(path, f"not a readable SQLite database: {exc}", code="bad_db") from None
         self._cols: dict[str, list[str]] = {}
+
+    @property
+    def notes(self) -> list[str]:
+        """One line per table looked up that is a view or virtual table (skipped)."""
+        return self.safe.notes
 
     def close(self) -> None:
         """Close the connection."""
-        self.con.close()
+        self.safe.close()
 
     def has(self, table: str) -> bool:
-        """True when the table exists."""
-        return table in self.tables
+        """True when the real table exists."""
+        return self.safe.has(table)
 
     def cols(self, table: str) -> list[str]:
         """Column names of a table (PRAGMA table_info), [] when absent."""
         if table not in self._cols:
             try:
-                self._cols[table] = (
-                    [r[1] for r in self.con.execute(f'PRAGMA table_info("{table}")')] if self.has(table) else []
-                )
+                self._cols[table] = self.safe.columns(table)
             except sqlite3.Error:
                 self._cols[table] = []
         return self._cols[table]
@@ -102,21 +93,23 @@ class Db:
         have = {c.lower(): c for c in self.cols(table)}
         for n in names:
             if n.lower() in have:
-                return f'"{have[n.lower()]}"'
+                return quote_ident(have[n.lower()])
         return default
 
-    def chunks(self, sql: str, schema: list[tuple[str, pa.DataType]]) -> Iterator[pa.Table]:
-        """Run ``sql`` and yield Arrow tables of at most CHUNK_ROWS rows, typed by ``schema``.
+    def query(self, sql: str, reads: tuple[str, ...], functions: tuple[str, ...] = ()) -> list[Any]:
+        """All rows of ``sql``, which reads the tables ``reads`` and calls ``functions`` only."""
+        return self.safe.query(sql, reads, functions)
+
+    def chunks(
+        self, sql: str, schema: list[tuple[str, pa.DataType]], reads: tuple[str, ...], functions: tuple[str, ...] = ()
+    ) -> Iterator[pa.Table]:
+        """Run ``sql`` (reading only ``reads``) and yield Arrow tables of at most CHUNK_ROWS rows, typed by ``schema``.
 
         Integer columns are read through ``CAST(.. AS INTEGER)`` in the SQL by the callers, so
         SQLite's type affinity (TEXT timestamps in PYTORCH_API) cannot leak mixed types here.
         """
-        cur = self.con.execute(sql)
         names = [n for n, _ in schema]
-        while True:
-            rows = cur.fetchmany(CHUNK_ROWS)
-            if not rows:
-                break
+        for rows in self.safe.chunks(sql, reads, CHUNK_ROWS, functions):
             cols = list(zip(*rows, strict=True))
             arrays = []
             for (_, typ), values in zip(schema, cols, strict=True):
@@ -169,10 +162,14 @@ def _insert_chunks(
     insert_sql: str,
     params: dict[str, Any],
     view: str,
+    *,
+    reads: tuple[str, ...],
+    functions: tuple[str, ...] = (),
 ) -> int:
-    """Stream ``sql`` from SQLite and run ``insert_sql`` (which reads ``view``) once per chunk."""
+    """Stream ``sql`` (which reads the SQLite tables ``reads``) and run ``insert_sql`` (which reads
+    ``view``) once per chunk."""
     n = 0
-    for tbl in db.chunks(sql, schema):
+    for tbl in db.chunks(sql, schema, reads, functions):
         _settle(cur)
         cur.register(view, tbl)
         try:
@@ -189,7 +186,7 @@ def _load_lookup(cur: Any, db: Db, table: str, name: str, key_cols: tuple[str, s
     (id BIGINT, value VARCHAR): made from its first chunk of rows, or empty."""
     k, v = (db.pick(table, key_cols[0]), db.pick(table, key_cols[1], "name")) if db.has(table) else ("NULL", "NULL")
     chunks = (
-        db.chunks(f'SELECT CAST({k} AS INTEGER), CAST({v} AS TEXT) FROM "{table}"', [("id", _I64), ("value", _STR)])
+        db.chunks(f"SELECT CAST({k} AS INTEGER), CAST({v} AS TEXT) FROM {quote_ident(table)}", [("id", _I64), ("value", _STR)], (table,))
         if k != "NULL" and v != "NULL"
         else iter(())
     )
@@ -283,11 +280,13 @@ def load_profiler_db(
     try:
         if not (db.has("TASK") or db.has("PYTORCH_API") or db.has("CANN_API")):
             raise ParseError(
-                path, "no TASK, PYTORCH_API or CANN_API table: not an Ascend profiler database", code="bad_db"
+                path,
+                "; ".join(["no TASK, PYTORCH_API or CANN_API table: not an Ascend profiler database", *db.notes]),
+                code="bad_db",
             )
         if max_events is not None:
             n_rows = sum(
-                db.con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
+                db.query(f"SELECT count(*) FROM {quote_ident(t)}", (t,), ("count",))[0][0]
                 for t in ("TASK", "PYTORCH_API", "CANN_API", "COMMUNICATION_OP")
                 if db.has(t)
             )
@@ -304,7 +303,7 @@ def load_profiler_db(
         # no UPDATE on the shared canonical tables (their cost would grow with the cluster)
         has_cann = (
             db.has("CANN_API")
-            and db.con.execute("SELECT count(*) FROM (SELECT 1 FROM CANN_API LIMIT 1)").fetchone()[0] > 0
+            and db.query("SELECT count(*) FROM (SELECT 1 FROM CANN_API LIMIT 1)", ("CANN_API",), ("count",))[0][0] > 0
         )
         _pytorch_stage(cur, db, p)
         stats = {"events": 0}
@@ -330,7 +329,10 @@ def load_profiler_db(
             ) GROUP BY pid, tid""",
             {"rank": rank},
         )
+        stats["notes"] = db.notes
         return stats
+    except SqliteRefused as exc:
+        raise ParseError(path, str(exc), code="bad_db") from None
     finally:
         for t in temps:
             with contextlib.suppress(Exception):  # cleanup after an error must not mask it
@@ -346,8 +348,9 @@ def _s(sid: str, col: str) -> str:
 def _meta(cur: Any, db: Db, rank: int, sid: str, meta_rows: list[tuple[str, str]], info: dict[str, Any]) -> None:
     if db.has("META_DATA"):
         doc: dict[str, Any] = {}
-        for name, value in db.con.execute(
-            f"SELECT CAST({db.pick('META_DATA', 'name')} AS TEXT), CAST({db.pick('META_DATA', 'value')} AS TEXT) FROM META_DATA LIMIT 10000"
+        for name, value in db.query(
+            f"SELECT CAST({db.pick('META_DATA', 'name')} AS TEXT), CAST({db.pick('META_DATA', 'value')} AS TEXT) FROM META_DATA LIMIT 10000",
+            ("META_DATA",),
         ):
             if name is None:
                 continue
@@ -362,16 +365,18 @@ def _meta(cur: Any, db: Db, rank: int, sid: str, meta_rows: list[tuple[str, str]
         if not cur.execute("SELECT count(*) FROM comm_groups WHERE rank = ?", [rank]).fetchall()[0][0]:
             insert_groups(cur, rank, groups)  # profiler_metadata.json, when present, was loaded already
     if db.has("HOST_INFO"):
-        for uid, name in db.con.execute(
-            f"SELECT CAST({db.pick('HOST_INFO', 'hostUid')} AS TEXT), CAST({db.pick('HOST_INFO', 'hostName')} AS TEXT) FROM HOST_INFO LIMIT 4"
+        for uid, name in db.query(
+            f"SELECT CAST({db.pick('HOST_INFO', 'hostUid')} AS TEXT), CAST({db.pick('HOST_INFO', 'hostName')} AS TEXT) FROM HOST_INFO LIMIT 4",
+            ("HOST_INFO",),
         ):
             meta_rows.append(("host.uid", str(uid)))
             meta_rows.append(("host.name", str(name)))
     if db.has("RANK_DEVICE_MAP"):
         devs = [
             r[0]
-            for r in db.con.execute(
-                f"SELECT DISTINCT CAST({db.pick('RANK_DEVICE_MAP', 'deviceId')} AS INTEGER) FROM RANK_DEVICE_MAP LIMIT 8"
+            for r in db.query(
+                f"SELECT DISTINCT CAST({db.pick('RANK_DEVICE_MAP', 'deviceId')} AS INTEGER) FROM RANK_DEVICE_MAP LIMIT 8",
+                ("RANK_DEVICE_MAP",),
             )
         ]
         if devs:
@@ -433,7 +438,8 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, strs:
     ]
     cur.execute(f"DROP TABLE IF EXISTS {ktask}")
     cur.execute(f"CREATE TEMP TABLE {ktask} ({', '.join(f'{n} BIGINT' for n, _ in schema)})")
-    _insert_chunks(cur, db, sql, schema, f"INSERT INTO {ktask} SELECT * FROM _chunk", {}, "_chunk")
+    reads = ("TASK",) + ((cti,) if has_cti else ()) + (("COMMUNICATION_TASK_INFO",) if comm_filter else ())
+    _insert_chunks(cur, db, sql, schema, f"INSERT INTO {ktask} SELECT * FROM _chunk", {}, "_chunk", reads=reads)
     # PMU: one JSON object per task (names resolved; time metrics as exported, ns in the db [U])
     cur.execute(f"DROP TABLE IF EXISTS {pmu}")
     cur.execute(f"CREATE TEMP TABLE {pmu} (gtid BIGINT, pmu VARCHAR)")
@@ -449,6 +455,7 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, strs:
             f"INSERT INTO {tmp} SELECT * FROM _chunk",
             {},
             "_chunk",
+            reads=("TASK_PMU_INFO",),
         )
         cur.execute(
             f"""INSERT INTO {pmu}
@@ -469,10 +476,11 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, strs:
     if db.has("COMMUNICATION_TASK_INFO"):
         comm_streams = [
             int(r[0])
-            for r in db.con.execute(
+            for r in db.query(
                 f"""SELECT DISTINCT CAST(t.{db.pick("TASK", "deviceId")} AS INTEGER) * 4294967296
                                     + CAST(t.{db.pick("TASK", "streamId")} AS INTEGER)
-                    FROM TASK t JOIN COMMUNICATION_TASK_INFO h ON h.globalTaskId = t.globalTaskId"""
+                    FROM TASK t JOIN COMMUNICATION_TASK_INFO h ON h.globalTaskId = t.globalTaskId""",
+                ("TASK", "COMMUNICATION_TASK_INFO"),
             )
             if isinstance(r[0], int)
         ]
@@ -483,7 +491,8 @@ def _device_tasks(cur: Any, db: Db, rank: int, fid: int, p: str, sid: str, strs:
     if comm_streams and db.has("COMMUNICATION_OP"):
         o = partial(_ci, db, "COMMUNICATION_OP", "")
         _insert_chunks(cur, db, f"SELECT {o('startNs')}, {o('endNs')} FROM COMMUNICATION_OP",
-                       [("s", _I64), ("e", _I64)], f"INSERT INTO {cw} SELECT * FROM _chunk WHERE s IS NOT NULL", {}, "_chunk")
+                       [("s", _I64), ("e", _I64)], f"INSERT INTO {cw} SELECT * FROM _chunk WHERE s IS NOT NULL", {}, "_chunk",
+                       reads=("COMMUNICATION_OP",))
     kind = f"""CASE WHEN list_contains($cs, k.dev * 4294967296 + k.stream) AND ({kind}) IN ('kernel', 'memcpy', 'memset')
                     AND EXISTS (SELECT 1 FROM {cw} w WHERE k.start >= w.s AND k.start < w.e)
                THEN 'comm' ELSE {kind} END"""
@@ -549,6 +558,7 @@ def _comm(
             f"INSERT INTO {ops} SELECT * FROM _chunk",
             {},
             "_chunk",
+            reads=("COMMUNICATION_OP",),
         )
         bytes_sql = f"o.cnt * ({HCCL_DTYPE_BYTES_SQL.format(d='dt.value')})"
         cur.execute(
@@ -604,6 +614,7 @@ def _comm(
             f"INSERT INTO {ct} SELECT * FROM _chunk",
             {},
             "_chunk",
+            reads=("COMMUNICATION_TASK_INFO", "TASK"),
         )
         cur.execute(
             f"""INSERT INTO comm_tasks
@@ -656,6 +667,7 @@ def _cann_api(cur: Any, db: Db, rank: int, fid: int, p: str, strs: _Strings, api
         f"INSERT INTO {cann} SELECT * FROM _chunk",
         {},
         "_chunk",
+        reads=("CANN_API",),
     )
     sn = strs.val("sn", "c.name")
     cur.execute(
@@ -691,14 +703,17 @@ def _pytorch_stage(cur: Any, db: Db, p: str) -> None:
                 f"INSERT INTO {conn} SELECT * FROM _chunk",
                 {},
                 "_chunk",
+                reads=("CONNECTION_IDS",),
             )
         a = partial(_ci, db, "PYTORCH_API", "p")
         stack_sql = "NULL"
+        reads: tuple[str, ...] = ("PYTORCH_API",)
         if db.has("PYTORCH_CALLCHAINS") and db.has("STRING_IDS") and db.pick("PYTORCH_API", "callchainId") != "NULL":
             stack_sql = (
                 f"(SELECT group_concat(s.value, char(10)) FROM (SELECT c.stack AS sid_, c.stackDepth FROM PYTORCH_CALLCHAINS c "
                 f"WHERE c.id = p.{db.pick('PYTORCH_API', 'callchainId')} ORDER BY c.stackDepth) cc JOIN STRING_IDS s ON s.id = cc.sid_)"
             )
+            reads += ("PYTORCH_CALLCHAINS", "STRING_IDS")
         _insert_chunks(
             cur,
             db,
@@ -719,6 +734,8 @@ def _pytorch_stage(cur: Any, db: Db, p: str) -> None:
             f"INSERT INTO {host} SELECT * FROM _chunk",
             {},
             "_chunk",
+            reads=reads,
+            functions=("group_concat", "char"),
         )
     # every torch op gets an id; the CANN calls and tasks of its connection ids share it
     cur.execute(
@@ -769,6 +786,7 @@ def _gc_mstx(cur: Any, db: Db, rank: int, fid: int, sid: str) -> int:
                FROM _chunk WHERE start IS NOT NULL AND end_ IS NOT NULL""",
             {"rank": rank, "fid": fid},
             "_chunk",
+            reads=("GC_RECORD",),
         )
     if db.has("MSTX_EVENTS"):
         m = partial(_ci, db, "MSTX_EVENTS", "")
@@ -783,6 +801,7 @@ def _gc_mstx(cur: Any, db: Db, rank: int, fid: int, sid: str) -> int:
                FROM _chunk c LEFT JOIN {sid} s ON s.id = c.msg WHERE c.start IS NOT NULL AND c.end_ IS NOT NULL""",
             {"rank": rank, "fid": fid},
             "_chunk",
+            reads=("MSTX_EVENTS",),
         )
     return n
 
@@ -799,9 +818,10 @@ def _memory_freq(cur: Any, db: Db, rank: int, sid: str) -> None:
                FROM _chunk c LEFT JOIN {sid} s ON s.id = c.comp WHERE c.ts IS NOT NULL""",
             {"rank": rank},
             "_chunk",
+            reads=("MEMORY_RECORD",),
         )
     # hardware series: AI Core frequency, HBM / LLC bandwidth, NPU memory ...
-    insert_db_series(cur, db.con, rank)
+    insert_db_series(cur, db.safe, rank)
 
 
 def _steps_from_step_time(cur: Any, db: Db, rank: int, p: str) -> None:
@@ -810,7 +830,7 @@ def _steps_from_step_time(cur: Any, db: Db, rank: int, p: str) -> None:
     if not db.has("STEP_TIME"):
         return
     s = partial(_ci, db, "STEP_TIME", "")
-    rows = db.con.execute(f"SELECT {s('id')}, {s('startNs')}, {s('endNs')} FROM STEP_TIME").fetchall()
+    rows = db.query(f"SELECT {s('id')}, {s('startNs')}, {s('endNs')} FROM STEP_TIME", ("STEP_TIME",))
     rows = [r for r in rows if None not in r]
     if not rows:
         return
@@ -835,7 +855,7 @@ def load_analysis_db(cur: Any, path: Path, rank: int) -> dict[str, Any]:
         if not any(
             db.has(t) for t in ("CommAnalyzerTime", "CommAnalyzerBandwidth", "CommAnalyzerMatrix", "StepTraceTime")
         ):
-            raise ParseError(path, "no CommAnalyzer* or StepTraceTime table", code="bad_db")
+            raise ParseError(path, "; ".join(["no CommAnalyzer* or StepTraceTime table", *db.notes]), code="bad_db")
         # bandwidth first: operator bytes are summed from it before the operators are inserted (no UPDATE)
         bstage, op_bytes = "stage_analysis_bandwidth", "stage_analysis_op_bytes"
         cols = ("op", "grp", "transport", "size", "time", "bw", "lpr", "pkg", "cnt", "tot", "step")
@@ -854,6 +874,7 @@ def load_analysis_db(cur: Any, path: Path, rank: int) -> dict[str, Any]:
                     f"INSERT INTO {bstage} SELECT * FROM _chunk",
                     {},
                     "_chunk",
+                    reads=("CommAnalyzerBandwidth",),
                 )
                 # per-transport totals repeat on every packet-size row: one row per (op, transport), sizes gathered
                 cur.execute(
@@ -904,6 +925,7 @@ def load_analysis_db(cur: Any, path: Path, rank: int) -> dict[str, Any]:
                     WHERE t.op IS NOT NULL AND NOT starts_with(lower(t.op), 'total')""",
                     {"rank": rank},
                     "_chunk",
+                    reads=("CommAnalyzerTime",),
                 )
         finally:
             cur.execute(f"DROP TABLE IF EXISTS {bstage}")
@@ -925,6 +947,7 @@ def load_analysis_db(cur: Any, path: Path, rank: int) -> dict[str, Any]:
                 f"INSERT INTO {stage}_raw SELECT * FROM _chunk",
                 {},
                 "_chunk",
+                reads=("CommAnalyzerMatrix",),
             )
             cur.execute(
                 f"""CREATE TEMP TABLE {stage} AS
@@ -955,7 +978,11 @@ def load_analysis_db(cur: Any, path: Path, rank: int) -> dict[str, Any]:
                 FROM _chunk""",
                 {"rank": rank},
                 "_chunk",
+                reads=("StepTraceTime",),
             )
+        stats["notes"] = db.notes
         return stats
+    except SqliteRefused as exc:
+        raise ParseError(path, str(exc), code="bad_db") from None
     finally:
         db.close()

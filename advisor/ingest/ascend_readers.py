@@ -405,6 +405,8 @@ def _read_analysis_db(ctx: ReadContext, st: Export, paths: list[Path]) -> None:
     for p in paths:
         ctx.file_id(st, p)
         stats = guarded(ctx, st, "analysis_db", p, partial(ascend_db.load_analysis_db, ctx.cur, p, st.unit.rank))
+        for note in (stats or {}).pop("notes", ()):
+            ctx.warn("bad_db", note, p)
         st.info["analysis_db_stats"] = stats
         if stats is not None:
             st.info["data_loaded"] = True
@@ -435,6 +437,8 @@ def _read_profiler_db(ctx: ReadContext, st: Export, paths: list[Path]) -> None:
                 max_events=ctx.lctx.max_events,
             ),
         )
+        for note in (stats or {}).pop("notes", ()):
+            ctx.warn("bad_db", note, p)
         if stats is not None:
             st.info["data_loaded"] = True
             st.info["events"] = stats["events"]

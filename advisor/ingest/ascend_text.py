@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import csv
 import re
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from advisor.ingest.ascend_common import (
     HCCL_DTYPE_BYTES_SQL,
@@ -191,42 +192,83 @@ def load_traces(cur: Any, jobs: list[Job]) -> dict[int, dict[str, Any]]:
     (kernel_details.csv, communication.json). Returns per-file statistics keyed by ``fno``.
     """
     names = list(_TRACE_STAGES)
-    files, tv = names[0], names[1]
-    paths = "[" + ", ".join(sql_str(q) for _, q in _ARG_PATHS) + "]"
-    extracted = ", ".join(f"r.a[{i + 1}] AS {n}" for i, (n, _) in enumerate(_ARG_PATHS))
-    biggest = max(j.path.stat().st_size for j in jobs)
-    max_obj = int(min(max(biggest + (1 << 20), 1 << 24), (1 << 32) - 2))
     try:
-        _files_table(cur, files, jobs, ("kernels", "comm_ops"))
-        try:
-            cur.execute(
-                f"""CREATE TEMP TABLE {tv} AS
-                SELECT f.fno, f.rank, f.fid, f.kernels AS kfb, f.comm_ops AS cfb, r.ph, r.name, r.cat, r.pid, r.tid,
-                       {US_TO_NS.format(x="r.ts")} AS ts_ns, {US_TO_NS.format(x="r.dur")} AS dur_ns, r.id, {extracted},
-                       CASE WHEN r.ph = 'C' THEN r.args END AS cargs
-                FROM (SELECT *, json_extract_string(args, {paths}) AS a
-                      FROM read_json($paths, columns={_TRACE_COLUMNS}, format='array', maximum_object_size={max_obj},
-                                     filename=true)) r
-                JOIN {files} f ON f.filename = r.filename""",
-                {"paths": [str(j.path) for j in jobs]},
-            )
-        except Exception as exc:  # noqa: BLE001 - duckdb or binding error alike: a batch retries file by file
-            _fail_or_raise(
-                jobs,
-                jobs[0].path,
-                "not a readable Ascend timeline (JSON array of trace events): " + short_error(exc),
-                "bad_file",
-            )
+        _stage_trace_rows(cur, jobs, TraceStages(*names))
         return _traces_from_stage(cur, jobs, names, jobs[0].max_events)
     finally:
         _drop(cur, *names)
 
 
+def _stage_trace_rows(cur: Any, jobs: list[Job], t: TraceStages) -> None:
+    """The files table and every trace event of the batch, one row each, its arguments extracted."""
+    files, tv = t.files, t.rows
+    paths = "[" + ", ".join(sql_str(q) for _, q in _ARG_PATHS) + "]"
+    extracted = ", ".join(f"r.a[{i + 1}] AS {n}" for i, (n, _) in enumerate(_ARG_PATHS))
+    biggest = max(j.path.stat().st_size for j in jobs)
+    max_obj = int(min(max(biggest + (1 << 20), 1 << 24), (1 << 32) - 2))
+    _files_table(cur, files, jobs, ("kernels", "comm_ops"))
+    try:
+        cur.execute(
+            f"""CREATE TEMP TABLE {tv} AS
+            SELECT f.fno, f.rank, f.fid, f.kernels AS kfb, f.comm_ops AS cfb, r.ph, r.name, r.cat, r.pid, r.tid,
+                   {US_TO_NS.format(x="r.ts")} AS ts_ns, {US_TO_NS.format(x="r.dur")} AS dur_ns, r.id, {extracted},
+                   CASE WHEN r.ph = 'C' THEN r.args END AS cargs
+            FROM (SELECT *, json_extract_string(args, {paths}) AS a
+                  FROM read_json($paths, columns={_TRACE_COLUMNS}, format='array', maximum_object_size={max_obj},
+                                 filename=true)) r
+            JOIN {files} f ON f.filename = r.filename""",
+            {"paths": [str(j.path) for j in jobs]},
+        )
+    except Exception as exc:  # noqa: BLE001 - duckdb or binding error alike: a batch retries file by file
+        _fail_or_raise(
+            jobs,
+            jobs[0].path,
+            "not a readable Ascend timeline (JSON array of trace events): " + short_error(exc),
+            "bad_file",
+        )
+
+
+class TraceStages(NamedTuple):
+    """The temp tables of one trace batch, in the order of :data:`_TRACE_STAGES`."""
+
+    files: str
+    rows: str
+    processes: str
+    threads: str
+    slices: str
+    flows: str
+    flow_end_candidates: str
+    flow_starts_bound: str
+    flow_ends_bound: str
+    host_to_device: str
+    async_npu: str
+    corr: str
+    ext: str
+    plane_tasks: str
+
+
 def _traces_from_stage(
     cur: Any, jobs: list[Job], names: list[str], max_events: int | None
 ) -> dict[int, dict[str, Any]]:
-    files, tv, lanes, thr, xe, fl, xi, sb, fb, h2d, npu, cmap, emap, ht = names
+    """The staged rows of a trace batch -> canonical tables, step by step; per-file statistics."""
+    t = TraceStages(*names)
     stats: dict[int, dict[str, Any]] = {j.fno: {} for j in jobs}
+    _check_trace_counts(cur, t, jobs, max_events, stats)
+    _stage_slices(cur, t)
+    _link_flows(cur, t, stats)
+    _insert_trace_events(cur, t, stats)
+    _insert_trace_tracks(cur, t)
+    _insert_plane_tasks(cur, t)
+    _insert_trace_fallbacks(cur, t)
+    _device_ids(cur, t, stats)
+    return stats
+
+
+def _check_trace_counts(
+    cur: Any, t: TraceStages, jobs: list[Job], max_events: int | None, stats: dict[int, dict[str, Any]]
+) -> None:
+    """Per file: refuse one without trace events or over ``max_events``; count unusable slices."""
+    tv = t.rows
     counts = {
         r[0]: r[1:]
         for r in cur.execute(
@@ -243,6 +285,11 @@ def _traces_from_stage(
         if max_events is not None and n_x > max_events:
             _fail_or_raise(jobs, j.path, f"{n_x} events exceed --max-events {max_events}", "too_big")
         stats[j.fno].update(bad_events=bad, negative_events=neg)
+
+
+def _stage_slices(cur: Any, t: TraceStages) -> None:
+    """Process and thread names, and the X slices with their lane, layer and kind."""
+    tv, lanes, thr, xe = t.rows, t.processes, t.threads, t.slices
     cur.execute(
         f"""CREATE TEMP TABLE {lanes} AS
         SELECT fno, pid, max(meta) FILTER (WHERE name = 'process_name') AS pname,
@@ -267,6 +314,12 @@ def _traces_from_stage(
         SELECT *, {_KIND_SQL} AS kind, (layer = 'hccl' AND has_op_lanes AND NOT op_lane) AS is_task FROM c"""
     )
     _comm_streams(cur, xe)
+
+
+def _link_flows(cur: Any, t: TraceStages, stats: dict[int, dict[str, Any]]) -> None:
+    """Flow events -> the correlation id and torch-op id of each slice (stages ``corr``, ``ext``)."""
+    tv, xe, fl, xi, sb, fb = t.rows, t.slices, t.flows, t.flow_end_candidates, t.flow_starts_bound, t.flow_ends_bound
+    h2d, npu, cmap, emap, files = t.host_to_device, t.async_npu, t.corr, t.ext, t.files
     # -- flows: bind 'f' to the event starting at its ts on its thread, 's' to the innermost
     # event enclosing its ts (format doc §5.9); pair them by (cat, id) within a file.
     cur.execute(
@@ -321,7 +374,11 @@ def _traces_from_stage(
             FROM {files} f"""
     ).fetchall():
         stats[fno].update(h2d_links=n_h2d, npu_links=n_npu)
-    # -- events
+
+
+def _insert_trace_events(cur: Any, t: TraceStages, stats: dict[int, dict[str, Any]]) -> None:
+    """The slices (not Overlap Analysis, frequency or HCCL plane tasks) -> events; counts per file."""
+    xe, cmap, emap = t.slices, t.corr, t.ext
     stream = "TRY_CAST(coalesce(x.stream_id, x.phys_stream_id, x.lc_stream_id, regexp_extract(x.tname, 'Stream\\s+(\\d+)', 1)) AS BIGINT)"
     cur.execute(
         f"""INSERT INTO {EVENTS_INSERT}
@@ -348,7 +405,11 @@ def _traces_from_stage(
     for st in stats.values():
         for k in ("events", "steps", "comm_events", "device_events", "overlap"):
             st.setdefault(k, 0)
-    # -- tracks
+
+
+def _insert_trace_tracks(cur: Any, t: TraceStages) -> None:
+    """Every lane -> tracks; the Overlap Analysis lanes -> vendor_overlap; counter lanes -> hw_metrics."""
+    xe, thr, files, lanes, tv = t.slices, t.threads, t.files, t.processes, t.rows
     cur.execute(
         f"""INSERT INTO tracks
         SELECT rank, pid, tid, bool_or(dev), max(pname), max(tname) FROM (
@@ -374,7 +435,11 @@ def _traces_from_stage(
     )
     # -- hardware series: AI Core frequency, HBM / LLC bandwidth, NPU memory ... (counter lanes)
     insert_text_series(cur, tv, lanes)
-    # -- HCCL plane tasks -> comm_tasks, each matched to its operator (lane by tid order, then time)
+
+
+def _insert_plane_tasks(cur: Any, t: TraceStages) -> None:
+    """HCCL plane tasks -> comm_tasks, each matched to its operator (lane by tid order, then time)."""
+    xe, ht = t.slices, t.plane_tasks
     cur.execute(
         f"""CREATE TEMP TABLE {ht} AS
         WITH opl AS (
@@ -398,8 +463,12 @@ def _traces_from_stage(
                coalesce(TRY_CAST(size_b AS BIGINT), 0)
         FROM {ht}"""
     )
-    # -- fallbacks: comm_ops from the HCCL operator lanes (times from their master-plane tasks,
-    # definitions of the format doc addendum), kernels from the device lane.
+
+
+def _insert_trace_fallbacks(cur: Any, t: TraceStages) -> None:
+    """For files whose export lacks better sources: comm_ops from the HCCL operator lanes (times from
+    their master-plane tasks, definitions of the format doc addendum), kernels from the device lane."""
+    xe, ht = t.slices, t.plane_tasks
     cur.execute(
         f"""INSERT INTO comm_ops
         WITH t AS (
@@ -429,13 +498,17 @@ def _traces_from_stage(
         SELECT rank, NULL, name, NULLIF(upper(task_type), 'OTHER'), ts_ns, dur_ns
         FROM {xe} WHERE kfb AND layer = 'hw' AND kind = 'kernel'"""
     )
+
+
+def _device_ids(cur: Any, t: TraceStages, stats: dict[int, dict[str, Any]]) -> None:
+    """The NPU numbers of each file's process labels ('NPU 3') -> ``stats[fno]['device_ids']``."""
+    lanes = t.processes
     for fno, labels in cur.execute(
         f"SELECT fno, list(DISTINCT plabels) FROM {lanes} WHERE plabels LIKE 'NPU %' GROUP BY fno"
     ).fetchall():
         stats[fno]["device_ids"] = sorted(
             {int(m.group(1)) for lab in labels if (m := re.match(r"NPU\s+(\d+)", lab or ""))}
         )
-    return stats
 
 
 _HW_STREAM_SQL = "TRY_CAST(coalesce(stream_id, phys_stream_id, lc_stream_id, regexp_extract(tname, 'Stream\\s+(\\d+)', 1)) AS BIGINT)"
@@ -542,6 +615,25 @@ def _header(path: Path) -> tuple[str, bytes]:
     return delim, line
 
 
+#: Columns a CSV of an export may have: the widest export has under a hundred (kernel_details.csv
+#: with every PMU metric). A wider header is not an export's, and each column costs a term in the
+#: statements that read it (the FLOPs sum is one expression over every ``*_fops`` column).
+MAX_CSV_COLUMNS = 512
+_HEADER_MAX_BYTES = 65536
+
+
+def _width_problem(path: Path, delim: str) -> str | None:
+    """Why the header of ``path`` is too wide to read (None when it is not)."""
+    head = read_head(path, _HEADER_MAX_BYTES)
+    if b"\n" not in head and len(head) >= _HEADER_MAX_BYTES:
+        return f"its header line is longer than {_HEADER_MAX_BYTES // 1024} KiB: not an export's CSV; skipped"
+    line = head.split(b"\n", 1)[0].decode("utf-8", errors="replace")
+    n = max((len(r) for r in csv.reader([line], delimiter=delim)), default=0)
+    if n > MAX_CSV_COLUMNS:
+        return f"{n} columns in its header, more than the {MAX_CSV_COLUMNS} read: not an export's CSV; skipped"
+    return None
+
+
 def csv_groups(
     cur: Any,
     jobs: list[Job],
@@ -561,9 +653,12 @@ def csv_groups(
         try:
             if j.path.stat().st_size == 0:
                 _fail_or_raise(jobs, j.path, "empty file; skipped", "empty_file")
+            key = _header(j.path)
+            if problem := _width_problem(j.path, key[0]):
+                _fail_or_raise(jobs, j.path, problem, "too_wide")
         except OSError as exc:
             _fail_or_raise(jobs, j.path, f"cannot read: {exc.strerror or exc}", "unreadable")
-        groups[_header(j.path)].append(j)
+        groups[key].append(j)
     files = f"{stage}_files"
     for (delim, _line), gjobs in groups.items():
         _drop(cur, stage, files)

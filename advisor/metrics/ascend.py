@@ -30,6 +30,7 @@ from collections import defaultdict
 from typing import Any
 
 from advisor.metrics.vocab import CANONICAL, KIB, MIB, src_name
+from advisor.sqlite_safe import SafeSqlite, quote_ident
 
 Row = tuple[Any, ...]  # hw_metrics row: rank, metric, ts_ns, value, device, node, unit, source
 
@@ -146,66 +147,68 @@ def insert_text_series(cur: Any, tv: str, lanes: str) -> None:
 
 # -- .db: the system sample tables ---------------------------------------------------------------
 
-def _cols(con: sqlite3.Connection, table: str) -> dict[str, str]:
+def _cols(db: SafeSqlite, table: str) -> dict[str, str]:
     try:
-        return {r[1].lower(): r[1] for r in con.execute(f'PRAGMA table_info("{table}")')}
+        return {c.lower(): c for c in db.columns(table)}
     except sqlite3.Error:
         return {}
 
 
-def _strings(con: sqlite3.Connection, table: str, key: str = "id", value: str = "value") -> dict[int, str]:
-    cols = _cols(con, table)
+def _strings(db: SafeSqlite, table: str, key: str = "id", value: str = "value") -> dict[int, str]:
+    cols = _cols(db, table)
     k, v = cols.get(key.lower()), cols.get(value.lower()) or cols.get("name")
     if not k or not v:
         return {}
     try:
-        return {int(a): str(b) for a, b in con.execute(f'SELECT "{k}", "{v}" FROM "{table}"') if a is not None}
+        rows = db.query(f"SELECT {quote_ident(k)}, {quote_ident(v)} FROM {quote_ident(table)}", [table])
+        return {int(a): str(b) for a, b in rows if a is not None}
     except (sqlite3.Error, ValueError, TypeError):
         return {}
 
 
-def _select(con: sqlite3.Connection, table: str, *names: str) -> list[tuple[Any, ...]]:
+def _select(db: SafeSqlite, table: str, *names: str) -> list[tuple[Any, ...]]:
     """Rows of ``table`` with the columns ``names`` (case-insensitive; a missing one reads NULL),
-    plus deviceId and timestampNs first."""
-    cols = _cols(con, table)
+    plus deviceId and timestampNs first. Every column name is quoted: it comes from the file."""
+    cols = _cols(db, table)
     if not cols or "timestampns" not in cols:
         return []
-    exprs = [f'"{cols["deviceid"]}"' if "deviceid" in cols else "NULL", f'CAST("{cols["timestampns"]}" AS INTEGER)']
-    exprs += [f'"{cols[n.lower()]}"' if n.lower() in cols else "NULL" for n in names]
+    exprs = [quote_ident(cols["deviceid"]) if "deviceid" in cols else "NULL",
+             f"CAST({quote_ident(cols['timestampns'])} AS INTEGER)"]
+    exprs += [quote_ident(cols[n.lower()]) if n.lower() in cols else "NULL" for n in names]
     try:
-        return list(con.execute(f'SELECT {", ".join(exprs)} FROM "{table}"'))
+        return db.query(f'SELECT {", ".join(exprs)} FROM {quote_ident(table)}', [table])
     except sqlite3.Error:
         return []
 
 
-def db_rows(con: sqlite3.Connection, rank: int) -> list[Row]:
-    """``hw_metrics`` rows of one rank's ``ascend_pytorch_profiler_*.db`` (or msprof db)."""
-    tables = {r[0].upper(): r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
-    sid = _strings(con, tables["STRING_IDS"]) if "STRING_IDS" in tables else {}
+def db_rows(db: SafeSqlite, rank: int) -> list[Row]:
+    """``hw_metrics`` rows of one rank's ``ascend_pytorch_profiler_*.db`` (or msprof db), opened by
+    :class:`advisor.sqlite_safe.SafeSqlite` (only its real tables are read)."""
+    sid = _strings(db, tb) if (tb := db.table("STRING_IDS")) else {}
     out = _Rows(rank, "ascend-db")
 
     def dev(d: Any) -> str | None:
         return None if d is None else str(d)
 
     def t(name: str) -> str | None:
-        return tables.get(name)
+        return db.table(name)
 
     if tb := t("AICORE_FREQ"):
-        for d, ts, f in _select(con, tb, "freq"):
+        for d, ts, f in _select(db, tb, "freq"):
             out.add("aicore_freq_mhz", ts, _num(f), dev(d))
     if tb := t("HBM"):
-        for d, ts, bw, typ in _select(con, tb, "bandwidth", "type"):
+        for d, ts, bw, typ in _select(db, tb, "bandwidth", "type"):
             mode = sid.get(typ, str(typ)).lower() if typ is not None else ""
             if mode in ("read", "write"):
                 out.add(f"hbm_{mode}_bps", ts, _num(bw), dev(d))
     if tb := t("LLC"):
-        for d, ts, llc, mode_id, hit, thr in _select(con, tb, "llcId", "mode", "hitRate", "throughput"):
+        for d, ts, llc, mode_id, hit, thr in _select(db, tb, "llcId", "mode", "hitRate", "throughput"):
             mode = sid.get(mode_id, str(mode_id)).lower() if mode_id is not None else ""
             if mode in ("read", "write"):
                 out.add(f"llc_{mode}_bps", ts, _num(thr), dev(d))
                 out.add(src_name(f"llc {llc} {mode}/hit rate"), ts, _num(hit), dev(d), "%")
     if tb := t("NPU_MEM"):
-        for d, ts, typ, hbm, ddr in _select(con, tb, "type", "hbm", "ddr"):
+        for d, ts, typ, hbm, ddr in _select(db, tb, "type", "hbm", "ddr"):
             kind = sid.get(typ, str(typ)).lower() if typ is not None else "?"
             if kind == "device":
                 out.add("mem_used_bytes", ts, _num(hbm), dev(d))
@@ -213,22 +216,22 @@ def db_rows(con: sqlite3.Connection, rank: int) -> list[Row]:
                 out.add(src_name(f"npu mem/{kind}/hbm"), ts, _num(hbm), dev(d), "B")
             out.add(src_name(f"npu mem/{kind}/ddr"), ts, _num(ddr), dev(d), "B")
     if tb := t("NPU_MODULE_MEM"):
-        modules = _strings(con, tables["ENUM_MODULE"], "id", "name") if "ENUM_MODULE" in tables else {}
-        rows = _select(con, tb, "moduleId", "totalReserved")
+        modules = _strings(db, em, "id", "name") if (em := db.table("ENUM_MODULE")) else {}
+        rows = _select(db, tb, "moduleId", "totalReserved")
         used = {m for _d, _ts, m, v in rows if _num(v)}
         for d, ts, m, v in rows:
             if m in used:  # the modules that reserved memory at some time
                 out.add(src_name(f"npu module mem/{modules.get(m, m)}"), ts, _num(v), dev(d), "B")
     if tb := t("DDR"):
-        rw = [c for c in _cols(con, tb).values() if re.search("read|write", c, re.IGNORECASE)]
-        for d, ts, *vals in _select(con, tb, *rw):
+        rw = [c for c in _cols(db, tb).values() if re.search("read|write", c, re.IGNORECASE)]
+        for d, ts, *vals in _select(db, tb, *rw):
             out.add("ddr_bw_bps", ts, sum(_num(v) or 0.0 for v in vals), dev(d))
     if tb := t("HCCS"):
-        for d, ts, tx, rx in _select(con, tb, "txThroughput", "rxThroughput"):
+        for d, ts, tx, rx in _select(db, tb, "txThroughput", "rxThroughput"):
             out.add("hccs_tx_bps", ts, _num(tx), dev(d))
             out.add("hccs_rx_bps", ts, _num(rx), dev(d))
     if tb := t("PCIE"):
-        for d, ts, *v in _select(con, tb, "txPostAvg", "txNonpostAvg", "txCplAvg", "rxPostAvg", "rxNonpostAvg",
+        for d, ts, *v in _select(db, tb, "txPostAvg", "txNonpostAvg", "txCplAvg", "rxPostAvg", "rxNonpostAvg",
                                  "rxCplAvg"):
             nums = [_num(x) for x in v]
             if any(x is not None for x in nums[:3]):
@@ -237,7 +240,7 @@ def db_rows(con: sqlite3.Connection, rank: int) -> list[Row]:
                 out.add("pcie_rx_bps", ts, sum(x or 0.0 for x in nums[3:]), dev(d))
     for name, prefix in (("NIC", "nic"), ("ROCE", "roce")):
         if tb := t(name):
-            for d, ts, tx, rx in _select(con, tb, "txByteRate", "rxByteRate"):
+            for d, ts, tx, rx in _select(db, tb, "txByteRate", "rxByteRate"):
                 out.add(f"{prefix}_tx_bps", ts, _num(tx), dev(d))
                 out.add(f"{prefix}_rx_bps", ts, _num(rx), dev(d))
     levels: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -245,18 +248,18 @@ def db_rows(con: sqlite3.Connection, rank: int) -> list[Row]:
         ("SOC_BANDWIDTH_LEVEL", ("l2BufferBwLevel", "mataBwLevel")))
     for name, lcols in levels:
         if tb := t(name):
-            for d, ts, *vals in _select(con, tb, *lcols):
+            for d, ts, *vals in _select(db, tb, *lcols):
                 for c, v in zip(lcols, vals, strict=True):
                     out.add(src_name(f"{name.lower()}/{c}"), ts, _num(v), dev(d), "level")
     return out.done()
 
 
-def insert_db_series(cur: Any, con: sqlite3.Connection, rank: int) -> None:
-    """``hw_metrics`` rows from one rank's database ``con`` (sqlite3, read-only)."""
+def insert_db_series(cur: Any, db: SafeSqlite, rank: int) -> None:
+    """``hw_metrics`` rows from one rank's database ``db``."""
     from advisor.ingest.base import insert_rows
 
     try:
-        rows = db_rows(con, rank)
+        rows = db_rows(db, rank)
     except sqlite3.Error:
         return
     if rows:

@@ -92,6 +92,21 @@ def test_kernel_details_without_required_column_is_skipped(tmp_path):
     assert ctx.con.execute("SELECT count(*) FROM kernels").fetchone()[0] > 0  # from the timeline instead
 
 
+@pytest.mark.parametrize(("extra", "why"), [(600, "columns in its header, more than the 512 read"),
+                                             (20_000, "header line is longer than 64 KiB")])
+def test_too_wide_kernel_details_is_one_warning(tmp_path, extra, why):
+    """Issue 33: thousands of ``*_fops`` columns (one FLOPs sum term each) are refused up front
+    with one line naming the file, not a DuckDB "Max expression depth" error; the rest loads."""
+    header, rows = kd_rows()
+    names = [f"x{i}_fops" for i in range(extra - len(header))]
+    csv_text = write_csv(header + names, [r + ["1"] * len(names) for r in rows[:5]])
+    root = export(tmp_path, {"kernel_details.csv": csv_text, "trace_view.json": TRACE.read_bytes()})
+    ctx = load_profile(root)
+    bad = [w for w in ctx.warnings if w.path and w.path.endswith("kernel_details.csv")]
+    assert len(bad) == 1 and why in bad[0].message and "\n" not in bad[0].message
+    assert ctx.con.execute("SELECT count(*) FROM kernels").fetchone()[0] > 0  # from the timeline instead
+
+
 @pytest.mark.parametrize("cut", [0.5, 0.999])
 def test_truncated_timeline_keeps_the_rest(tmp_path, cut):
     raw = TRACE.read_bytes()
