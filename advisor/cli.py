@@ -153,7 +153,9 @@ def main() -> None:
 @click.option("--baseline", type=click.Path(path_type=Path), help="Profile dir or JSON report to compare with.")
 @click.option("--max-regression", type=float, default=10.0, show_default=True, help="Percent slower than the baseline that fails the gate.")
 @click.option("--budget", "budgets", multiple=True, metavar="NAME=VALUE", help="Absolute budget, e.g. step_ms=120, comm_only_ratio=0.15.")
-@click.option("--max-events", type=int, help="Refuse files with more events than this (default: no limit).")
+@click.option("--max-events", type=int, help="Refuse files with more events than this; the read stops there "
+              "(default: no limit; gzip traces are refused beyond 100x their size, at least 256 MB, and Kineto names cut "
+              "at 4,096 characters).")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 8GB (default: 80% of RAM).")
 @click.option("--run", "run", type=click.IntRange(min=1), help="Analyse run N of a directory holding several.")
 @click.option("--follow-symlinks", is_flag=True, help="Follow symbolic links that point outside PROFILE.")

@@ -20,6 +20,7 @@ import contextlib
 import contextvars
 import csv
 import re
+import zlib
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,7 +40,8 @@ from advisor.ingest.ascend_common import (
     sql_ident,
     sql_str,
 )
-from advisor.ingest.base import ParseError, insert_rows, read_head
+from advisor.ingest.base import ParseError, duckdb_name, duckdb_path, insert_rows, is_gzip, read_head
+from advisor.ingest.jsonstream import gunzip_guarded
 from advisor.metrics.ascend import insert_text_series
 from advisor.schema import EVENTS_INSERT
 
@@ -72,7 +74,7 @@ def _files_table(cur: Any, name: str, jobs: list[Job], flags: tuple[str, ...] = 
     """Temp table (fno, filename, rank, fid, <flags>) that every staged row joins to."""
     extra = "".join(f", {f} BOOLEAN" for f in flags)
     cur.execute(f"CREATE TEMP TABLE {name} (fno INTEGER, filename VARCHAR, rank INTEGER, fid INTEGER{extra})")
-    insert_rows(cur, name, [(j.fno, str(j.path), j.rank, j.fid, *(bool(j.flags.get(f)) for f in flags)) for j in jobs])
+    insert_rows(cur, name, [(j.fno, duckdb_name(j.path), j.rank, j.fid, *(bool(j.flags.get(f)) for f in flags)) for j in jobs])
 
 
 def _fail_or_raise(jobs: list[Job], path: Path, message: str, code: str) -> None:
@@ -207,6 +209,14 @@ def _stage_trace_rows(cur: Any, jobs: list[Job], t: TraceStages) -> None:
     biggest = max(j.path.stat().st_size for j in jobs)
     max_obj = int(min(max(biggest + (1 << 20), 1 << 24), (1 << 32) - 2))
     _files_table(cur, files, jobs, ("kernels", "comm_ops"))
+    for j in jobs:  # DuckDB's own gunzip knows no bomb limit: a gzip timeline is measured first
+        try:
+            if is_gzip(j.path):
+                gunzip_guarded(j.path)
+        except ValueError as exc:
+            _fail_or_raise(jobs, j.path, str(exc), "too_big")
+        except (OSError, EOFError, zlib.error) as exc:
+            _fail_or_raise(jobs, j.path, f"not a readable gzip file: {short_error(exc)}", "bad_file")
     try:
         cur.execute(
             f"""CREATE TEMP TABLE {tv} AS
@@ -217,7 +227,7 @@ def _stage_trace_rows(cur: Any, jobs: list[Job], t: TraceStages) -> None:
                   FROM read_json($paths, columns={_TRACE_COLUMNS}, format='array', maximum_object_size={max_obj},
                                  filename=true)) r
             JOIN {files} f ON f.filename = r.filename""",
-            {"paths": [str(j.path) for j in jobs]},
+            {"paths": [duckdb_path(j.path) for j in jobs]},
         )
     except Exception as exc:  # noqa: BLE001 - duckdb or binding error alike: a batch retries file by file
         _fail_or_raise(
@@ -668,7 +678,7 @@ def csv_groups(
                 f"""CREATE TEMP TABLE {stage} AS
                 SELECT f.fno, f.rank, f.fid{"".join(f", f.{x}" for x in flags)}, r.* EXCLUDE (filename)
                 FROM read_csv($paths, delim={sql_str(delim)}, {_CSV_OPTS}) r JOIN {files} f ON f.filename = r.filename""",
-                {"paths": [str(j.path) for j in gjobs]},
+                {"paths": [duckdb_path(j.path) for j in gjobs]},
             )
         except Exception as exc:  # noqa: BLE001 - duckdb or binding error alike: a batch retries file by file
             _drop(cur, files)
@@ -1084,7 +1094,7 @@ def _stage_ops(cur: Any, jobs: list[Job], stage: str) -> dict[int, ParseError]:
                 f"""CREATE TEMP TABLE {doc} AS
                 SELECT f.fno, f.rank, CASE WHEN json_valid(r.content) THEN r.content::JSON END AS j
                 FROM read_text($paths) r JOIN {files} f ON f.filename = r.filename""",
-                {"paths": [str(j.path) for j in jobs]},
+                {"paths": [duckdb_path(j.path) for j in jobs]},
             )
         except Exception as exc:  # noqa: BLE001 - duckdb or binding error alike: a batch retries file by file
             _fail_or_raise(jobs, jobs[0].path, "cannot read: " + short_error(exc), "unreadable")

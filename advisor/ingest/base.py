@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import stat
 import threading
 import zlib
@@ -226,9 +227,37 @@ def overlapping_files(spans: list[tuple[Any, ...]], warn: Any,
     return dropped
 
 
+# Text fields of an event are bounded as they are read: a longer value keeps its first
+# characters and a mark of the cut (its length and a hash, so that distinct long names stay
+# distinct): a hostile 60 MB operator name costs 4 KiB of every report, not 60 MB. Names
+# (operators, kernels, categories, processes, threads) take NAME_MAX characters (real kernel
+# names reach ~2,000); call stacks and input shapes / types TEXT_MAX.
+NAME_MAX = 4096
+TEXT_MAX = 65536
+CUT_MARK = "…[cut: "  # what a cut value ends with: "…[cut: <chars> chars, #<8 hex digits of its md5>]"
+
+
+def bounded_sql(x: str, limit: int = NAME_MAX) -> str:
+    """SQL: the text ``x`` cut to ``limit`` characters when longer, the cut marked (see
+    :data:`CUT_MARK`); its byte length is looked at first (free), its characters only beyond."""
+    return (f"CASE WHEN strlen({x}) > {limit} AND length({x}) > {limit} THEN left({x}, {limit}) || '{CUT_MARK}' || "
+            f"length({x}) || ' chars, #' || left(md5({x}), 8) || ']' ELSE {x} END")
+
+
+def cut_sql(x: str, limit: int = NAME_MAX) -> str:
+    """SQL: true when ``x`` is a value :func:`bounded_sql` cut."""
+    return f"(strlen({x}) > {limit} AND contains({x}, '{CUT_MARK}'))"
+
+
 # -- safe discovery ----------------------------------------------------------------------------
 
+# Files walked below a profile directory: an Ascend export holds ~100-200 files a rank (its raw
+# PROF_* data included), so 200,000 covers a 1,024-rank cluster; beyond, the walk stops with an error.
 MAX_FILES = 200_000
+# Kineto trace files (*.json, *.json.gz) read at once: 16,384 = 4,096 ranks x 4 files (several
+# profiling cycles), or 1,024 ranks x 16. More is refused before any is read: every file costs
+# ~10-20 ms of the analysis, so 60,000 would take many minutes.
+MAX_TRACE_FILES = 16_384
 
 
 LINK_OUTSIDE = "link_outside"  # warning code of a symbolic link not followed out of the profile directory
@@ -239,7 +268,7 @@ def walk_files(root: Path, warn: Any, follow_links: bool = False) -> Iterator[Pa
 
     Links are followed only when they resolve inside ``root``, or anywhere with
     ``follow_links``; loops (a directory reached twice), dangling links, pipes, sockets and
-    devices are skipped with a warning.
+    devices are skipped with a warning. Raises InputError beyond :data:`MAX_FILES` files.
     """
     root_real = Path(os.path.realpath(root))
     seen_dirs: set[tuple[int, int]] = set()
@@ -284,11 +313,38 @@ def walk_files(root: Path, warn: Any, follow_links: bool = False) -> Iterator[Pa
                 seen_files.add((st.st_dev, st.st_ino))
                 count += 1
                 if count > MAX_FILES:
-                    warn("too_many_files", f"more than {MAX_FILES} files; the rest are ignored", root)
-                    return
+                    raise InputError(f"{one_line(root)}: more than {MAX_FILES:,} files below it, more than a profile of "
+                                     "1,024 ranks holds; point advisor at the folder of one run's traces")
                 yield p
             else:
                 warn("special_file", "not a regular file (pipe, socket or device); skipped", p)
+
+
+# DuckDB's file readers (read_json, read_csv, read_text ...) expand a name holding one of these
+# as a glob pattern ("*", "?", "[...]", "**"); "{" / "}" are escaped as well, should a version
+# read them as alternatives
+_GLOB_CHARS = re.compile(r"[*?\[{}]")
+
+
+def duckdb_path(path: Path | str) -> str:
+    """The text to hand a DuckDB reader so that it reads ``path`` and nothing else: the
+    absolute path (no ``~`` expansion of a relative name, no URL scheme), its glob characters
+    each in a one-character class (``x*.json`` -> ``x[*].json``), which matches only itself.
+    DuckDB then reports the file as :func:`duckdb_name`. Raises ParseError for a name holding a
+    glob character and a backslash, which DuckDB's matcher takes as an escape: no pattern names
+    such a file exactly."""
+    p = os.path.abspath(path)
+    if not _GLOB_CHARS.search(p):
+        return p
+    if "\\" in p:
+        raise ParseError(path, "the file name holds a backslash and a glob character (* ? [ { }), which the JSON/CSV "
+                         "reader cannot take literally; rename the file to read it", code="bad_name")
+    return _GLOB_CHARS.sub(lambda m: "[" + m.group(0) + "]", p)
+
+
+def duckdb_name(path: Path | str) -> str:
+    """The ``filename`` a DuckDB reader reports for a file read through :func:`duckdb_path`."""
+    return os.path.abspath(path)
 
 
 def read_head(path: Path, n: int = 65536) -> bytes:

@@ -36,6 +36,37 @@ MAX_GZIP_RATIO = 100  # Kineto JSON compresses 10-20x; 100x leaves room and stop
 MIN_LIMIT = 256 << 20
 
 
+def gzip_limit(size: int, max_ratio: int = MAX_GZIP_RATIO) -> int:
+    """The most bytes a gzip file of ``size`` bytes may decompress to before it is refused."""
+    return max(MIN_LIMIT, size * max_ratio)
+
+
+def gzip_bomb(limit: int) -> ValueError:
+    """The error of a gzip file that decompresses beyond ``limit`` bytes."""
+    return ValueError(f"decompresses to more than {limit >> 20} MiB ({MAX_GZIP_RATIO}x its size, at least "
+                      f"{MIN_LIMIT >> 20} MiB): refused as a possible gzip bomb")
+
+
+def gunzip_guarded(path: Path, out: Any = None) -> bytes:
+    """Decompress the gzip file ``path`` into the binary file ``out`` (None: only measure it),
+    refusing it with ValueError (:func:`gzip_bomb`) as soon as it passes :func:`gzip_limit`;
+    returns its first :data:`PROBE` bytes. Raises OSError / EOFError / zlib.error for a
+    damaged file."""
+    limit = gzip_limit(path.stat().st_size)
+    total = 0
+    first = b""
+    with path.open("rb") as raw, gzip.GzipFile(fileobj=raw) as src:
+        while chunk := src.read(CHUNK):
+            total += len(chunk)
+            if total > limit:
+                raise gzip_bomb(limit)
+            if len(first) < PROBE:
+                first += chunk[:PROBE - len(first)]
+            if out is not None:
+                out.write(chunk)
+    return first
+
+
 class LayoutError(Exception):
     """The file is not laid out as ``{... "traceEvents": [ ... ] ...}``."""
 
@@ -52,7 +83,7 @@ class EventsStream(io.RawIOBase):
         self._src: Any = gzip.GzipFile(fileobj=self._raw) if gz else self._raw
         size = path.stat().st_size
         # a gzip bomb is refused before it is expanded in memory (DuckDB buffers the stream)
-        self._limit = max(MIN_LIMIT, size * max_ratio) if gz else size + 1
+        self._limit = gzip_limit(size, max_ratio) if gz else size + 1
         self._read_total = 0
         try:
             head = self._read_full(HEAD)
@@ -89,10 +120,7 @@ class EventsStream(io.RawIOBase):
         chunk: bytes = self._src.read(CHUNK)
         self._read_total += len(chunk)
         if self._read_total > self._limit:
-            raise ValueError(
-                f"decompresses to more than {self._limit >> 20} MiB ({MAX_GZIP_RATIO}x its size): "
-                "refused as a possible gzip bomb"
-            )
+            raise gzip_bomb(self._limit)
         return chunk
 
     def _fill(self, want: int) -> None:
@@ -155,7 +183,8 @@ class EventsStream(io.RawIOBase):
 
 
 class SpilledEvents:
-    """The ``traceEvents`` array of a big trace copied to a temporary file as a top-level array.
+    """The ``traceEvents`` array of a big trace copied to a temporary file as a top-level array
+    (``array``: a trace in the bare event-list form, copied whole).
 
     DuckDB keeps every byte it reads from a Python file object or a pipe in memory (a 500 MB
     trace cost 500 MB more), but reads a file path in bounded buffers, several threads at once.
@@ -165,18 +194,29 @@ class SpilledEvents:
     Raises LayoutError (layout not recognised) or OSError (no room to write the copy).
     """
 
-    def __init__(self, path: Path, tmp_dir: str | None = None, probe: tuple[bytes, ...] = ()) -> None:
+    def __init__(self, path: Path, tmp_dir: str | None = None, probe: tuple[bytes, ...] = (),
+                 array: bool = False) -> None:
         import tempfile
 
         with path.open("rb") as fh:
             gz = fh.read(2) == b"\x1f\x8b"
-        if gz:
+        if gz and not array:
             stream = EventsStream(path, probe=probe)
         fd, name = tempfile.mkstemp(prefix="advisor-events-", suffix=".json", dir=tmp_dir)
         self.path = Path(name)
         try:
             with os.fdopen(fd, "wb") as out:
-                if gz:  # decompressed on the way
+                if array:  # the bare event-list form: the whole file (decompressed, under the bomb limit)
+                    if gz:
+                        first = gunzip_guarded(path, out)
+                    else:
+                        with path.open("rb") as fh:
+                            first = fh.read(PROBE)
+                            out.flush()
+                            _copy_range(fh, out, 0, path.stat().st_size)
+                    self.head_bytes, self.trailer = b"", {}
+                    self.found = _probe(first, 0, probe)
+                elif gz:  # decompressed on the way
                     with stream:
                         stream.copy_to(out)
                     self.head_bytes, self.trailer, self.found = stream.head_bytes, stream.trailer, stream.found
@@ -367,6 +407,7 @@ def sanitise_json(src: Path, out: Any) -> int:
 
     Escapes never span a ``}`` (that character is never part of one), so the text is worked on
     in pieces cut after their last ``}``; the decoder carries split UTF-8 sequences over itself.
+    Raises ValueError for a gzip file beyond :func:`gzip_limit`.
     """
     escapes = 0
 
@@ -379,6 +420,8 @@ def sanitise_json(src: Path, out: Any) -> int:
 
     _REPLACED.n = 0
     decoder = codecs.getincrementaldecoder("utf-8")("advisor-count-replace")
+    limit = gzip_limit(src.stat().st_size)
+    total = 0
     with src.open("rb") as raw:
         gz = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)
@@ -386,6 +429,9 @@ def sanitise_json(src: Path, out: Any) -> int:
         carry = ""
         while True:
             chunk = fh.read(CHUNK)
+            total += len(chunk)
+            if gz and total > limit:
+                raise gzip_bomb(limit)
             text = carry + decoder.decode(chunk, not chunk)
             cut = text.rfind("}") + 1 if chunk else len(text)
             out.write(_ESCAPE.sub(escape, text[:cut]).encode("utf-8"))

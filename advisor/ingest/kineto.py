@@ -39,10 +39,18 @@ from advisor.ingest.base import (
     DUCKDB_ERRORS,
     FAR_TIMES_SQL,
     FAR_TIMES_WARNING,
+    MAX_TRACE_FILES,
+    NAME_MAX,
+    TEXT_MAX,
+    InputError,
     LoadContext,
     ParseError,
     Unit,
+    bounded_sql,
     checkpoint,
+    cut_sql,
+    duckdb_name,
+    duckdb_path,
     insert_rows,
     is_gzip,
     one_line,
@@ -57,6 +65,7 @@ from advisor.ingest.jsonstream import (
     LayoutError,
     SpilledEvents,
     find_close,
+    gzip_limit,
     header_value,
     sanitise_json,
 )
@@ -184,11 +193,18 @@ def worker_key(path: Path) -> str:
 
 
 def claim(files: list[Path], ctx_warn: Any) -> list[Unit]:
-    """Claim the Kineto trace files among ``files`` (one unit per file; ranks are decided later)."""
+    """Claim the Kineto trace files among ``files`` (one unit per file; ranks are decided later).
+    Raises InputError when more than :data:`MAX_TRACE_FILES` are named like traces (before any is read)."""
+    named = [p for p in files if _NAME_RE.search(p.name)]
+    if len(named) > MAX_TRACE_FILES:
+        import os
+
+        folder = os.path.commonpath([str(p.parent) for p in named])
+        raise InputError(f"{one_line(folder)}: {len(named):,} trace files (*.json, *.json.gz), more than the "
+                         f"{MAX_TRACE_FILES:,} advisor reads at once (4,096 ranks x 4 files); analyse a folder "
+                         "holding fewer ranks")
     units = []
-    for p in files:
-        if not _NAME_RE.search(p.name):
-            continue
+    for p in named:
         head = read_head(p)
         if not head:
             if p.name.endswith(".gz") and not is_gzip(p):
@@ -202,12 +218,15 @@ def claim(files: list[Path], ctx_warn: Any) -> list[Unit]:
         if form is None:
             ctx_warn("not_a_trace", "not a Chrome/Kineto trace (no traceEvents object or event list); skipped", p)
             continue
-        n_begin_end = _untimed(head, form, whole=len(head) < HEAD_BYTES, path=p)
+        whole = len(head) < HEAD_BYTES
+        n_begin_end = _untimed(head, form, whole=whole, path=p)
         if n_begin_end is not None:  # no rank for it: the real traces keep theirs
             ctx_warn("empty_trace", _no_events_reason(n_begin_end) + "; skipped, given no rank", p)
             continue
         unit = Unit(SOURCE, [p], p, run_key=worker_key(p), info={"form": form})
-        dist = _distributed_info(head) or (_trailing_distributed_info(p) if form == "object" else None)
+        # a head that is the whole file holds whatever the file's end holds: no second read
+        trailing = form == "object" and (not whole or b'"distributedInfo"' in head)
+        dist = _distributed_info(head) or (_trailing_distributed_info(p) if trailing else None)
         if dist:
             rank = _named_rank(dist)
             if rank is not None:
@@ -239,11 +258,17 @@ def _untimed_beyond_head(path: Path | None, chunk: int = 1 << 20) -> int | None:
         return None
     tail = b""
     n_begin_end = 0
+    read = 0
     try:
         with path.open("rb") as raw:
-            fh: Any = gzip.GzipFile(fileobj=raw) if raw.read(2) == b"\x1f\x8b" else raw
+            gz = raw.read(2) == b"\x1f\x8b"
+            fh: Any = gzip.GzipFile(fileobj=raw) if gz else raw
+            limit = gzip_limit(path.stat().st_size) if gz else None
             raw.seek(0)
             while block := fh.read(chunk):
+                read += len(block)
+                if limit is not None and read > limit:
+                    return None  # a gzip bomb: the load refuses it
                 text = tail + block
                 if _TIMED_RE.search(text):
                     return None
@@ -320,7 +345,7 @@ def _header_from_whole(cur: Any, path: Path) -> tuple[Any, ...]:
     return cast(tuple[Any, ...], cur.execute(
         f"SELECT distributedInfo::VARCHAR, deviceProperties::VARCHAR, baseTimeNanoseconds, displayTimeUnit, host_name "
         f"FROM read_json($path, columns={COLUMNS}, format='auto', maximum_object_size={_max_object_size(path)})",
-        {"path": str(path)},
+        {"path": duckdb_path(path)},
     ).fetchall()[0])
 
 
@@ -380,11 +405,12 @@ def _gzip_isize(path: Path) -> int | None:
 
 def _max_object_size(path: Path) -> int:
     """DuckDB's ``maximum_object_size`` for reading the file whole: its uncompressed size with
-    a margin (a gzip file: at least 20x its compressed size, as the trailer's size wraps at 4 GiB)."""
+    a margin (a gzip file: at least 20x its compressed size, as the trailer's size wraps at 4 GiB,
+    and at most the gzip bomb limit)."""
     size = path.stat().st_size
     isize = _gzip_isize(path)
     if isize is not None:
-        size = max(isize, size * 20)
+        size = min(max(isize, size * 20), gzip_limit(size))
     return int(min(max(size * 1.05 + (1 << 20), 1 << 24), (1 << 32) - 2))
 
 
@@ -442,19 +468,21 @@ def _events_sql(unnest: str, struct: bool = False, numeric: bool = False) -> str
 
     dtype = DTYPE_BYTES_SQL.format(d=_arg("dtype"))
     return f"""SELECT fid, CASE WHEN ph IN ('M', 'B', 'E', 'C') THEN 'meta' ELSE {_KIND_SQL} END AS kind,
-           coalesce(name, '') AS name, cat, pid, tid,
+           {bounded_sql("coalesce(name, '')")} AS name, {bounded_sql("cat")} AS cat, {bounded_sql("pid")} AS pid,
+           {bounded_sql("tid")} AS tid,
            CASE WHEN ph IN ('B', 'E') THEN NULL ELSE lcat IN {DEVICE_CATS} END AS device,
            TRY_CAST({_arg("stream")} AS BIGINT) AS stream, ts_ns, dur_ns,
            TRY_CAST({_arg("corr")} AS BIGINT) AS corr,
            TRY_CAST(coalesce({_arg("ext")}, {_arg("ext_lower")}) AS BIGINT) AS ext_id,
            coalesce(TRY_CAST({_arg("bytes")} AS BIGINT), TRY_CAST({_arg("nelems")} AS BIGINT) * ({dtype})) AS bytes,
-           coalesce({_arg("dims")}, {_arg("dims_lower")}) AS shapes, {_arg("types")} AS dtypes,
-           TRY_CAST({_arg("flops")} AS DOUBLE) AS flops, {_arg("stack")} AS stack,
-           CASE WHEN ph = 'M' THEN {_arg("meta_name")} WHEN ph = 'C' THEN {COUNTER_SQL} END AS x_extra,
+           {bounded_sql(f'coalesce({_arg("dims")}, {_arg("dims_lower")})', TEXT_MAX)} AS shapes,
+           {bounded_sql(_arg("types"), TEXT_MAX)} AS dtypes,
+           TRY_CAST({_arg("flops")} AS DOUBLE) AS flops, {bounded_sql(_arg("stack"), TEXT_MAX)} AS stack,
+           CASE WHEN ph = 'M' THEN {bounded_sql(_arg("meta_name"))} WHEN ph = 'C' THEN {COUNTER_SQL} END AS x_extra,
            CASE WHEN lcat = 'kernel' THEN TRY_CAST(list_aggregate(TRY_CAST({_arg("grid")} AS BIGINT[]), 'product') AS INTEGER)
            END AS block_dim,
            {sync_id("wait_stream")} AS wait_stream, {sync_id("wait_corr")} AS wait_corr,
-           CASE WHEN lcat = 'kernel' THEN coalesce({_arg("pg_name")}, {_arg("pg_desc")}) END AS x_group,
+           CASE WHEN lcat = 'kernel' THEN {bounded_sql(f'coalesce({_arg("pg_name")}, {_arg("pg_desc")})')} END AS x_group,
            {_p2p_sql(_arg)} AS x_p2p
     FROM (
         SELECT fid, e.ph AS ph, e.cat AS cat, lower(coalesce(e.cat, '')) AS lcat, e.name AS name, e.pid AS pid,
@@ -530,15 +558,22 @@ def _array_scan(kf: str, struct: bool = False, numeric: bool = False) -> str:
 
 
 class _File:
-    """One trace file being loaded: its unit, id, rank, header keys and what DuckDB reads."""
+    """One trace file being loaded: its unit, id, rank, header keys and what DuckDB reads
+    (``src_path``: the trace or a copy of its events; ``src``: that path as DuckDB is given it,
+    ``fname``: as DuckDB names it, see :func:`advisor.ingest.base.duckdb_path`)."""
 
-    def __init__(self, unit: Unit, fid: int, header: Any, src: str, reread_header: bool = False,
+    def __init__(self, unit: Unit, fid: int, header: Any, src: Path, reread_header: bool = False,
                  struct: bool = False) -> None:
-        self.unit, self.fid, self.header, self.src = unit, fid, header, src
+        self.unit, self.fid, self.header = unit, fid, header
+        self.read_from(src)
         self.struct = struct  # args may be read as a STRUCT (:data:`ARGS_STRUCT`): no lower-case key seen
         self.reread_header = reread_header  # header read from the head only: base time may follow the events
         self.path = unit.files[0]
         self.rank = unit.rank
+
+    def read_from(self, src: Path) -> None:
+        """Read ``src`` for this file. Raises ParseError for a name DuckDB cannot take literally."""
+        self.src_path, self.src, self.fname = src, duckdb_path(src), duckdb_name(src)
 
 
 def _fid(unit: Unit, lctx: LoadContext) -> int:
@@ -621,11 +656,14 @@ def prefetch(units: list[Unit]) -> Callable[[], None]:
 
 def _spill_one(u: Unit) -> SpilledEvents | None:
     """The unit's event list copied to a temporary file; None where the layout is not recognised
-    or the copy failed: that file is read on its own by :func:`load`, which reports precisely."""
-    if u.info.get("form", "object") == "array":
+    or the copy failed: that file is read on its own by :func:`load`, which reports precisely.
+    A plain file in the bare event-list form is read as it is (None); a gzip one is copied
+    decompressed, under the gzip bomb limit."""
+    array = u.info.get("form", "object") == "array"
+    if array and not is_gzip(u.files[0]):
         return None
     try:
-        return SpilledEvents(u.files[0], probe=LOWER_CASE_KEYS)
+        return SpilledEvents(u.files[0], probe=LOWER_CASE_KEYS, array=array)
     except (LayoutError, OSError, EOFError, ValueError, zlib.error):
         return None
 
@@ -653,12 +691,13 @@ def _load_batch(batch: list[tuple[int, Unit, int]], lctx: LoadContext) -> dict[i
     lctx.scan_starting()
     try:
         entries = [(i, u, sp) for (i, u, _s), sp in zip(batch, spills, strict=True)
-                   if sp is not None or u.info.get("form") == "array"]
+                   if sp is not None or (u.info.get("form") == "array" and not is_gzip(u.files[0]))]
         if len(entries) < 2:
             return {}
         fids = _fids([u for _i, u, _sp in entries], lctx)
         files = [_File(u, fid, None if sp is None else _header(sp.head_bytes, sp.trailer),
-                       str(u.files[0] if sp is None else sp.path), struct=sp is not None and not sp.found)
+                       u.files[0] if sp is None else sp.path,
+                       struct=sp is not None and not sp.found and u.info.get("form") != "array")
                  for (_i, u, sp), fid in zip(entries, fids, strict=True)]
         results: dict[int, dict[str, Any] | ParseError] = {}
         spill_of = {f.fid: sp for f, (_i, _u, sp) in zip(files, entries, strict=True)}
@@ -671,8 +710,8 @@ def _load_batch(batch: list[tuple[int, Unit, int]], lctx: LoadContext) -> dict[i
                         deleter.submit(_close_all, [spill_of[f.fid] for f in group])
                     try:
                         results.update(_fill_part(cur, f"kpart_{group[0].fid}", group, None, lctx, scanned))
-                    except DUCKDB_ERRORS:  # one bad file fails the scan: the group's files are read on their own
-                        pass
+                    except (*DUCKDB_ERRORS, EventCapReached):  # one bad or big file fails the scan: the group's
+                        pass  # files are read on their own
         finally:
             cur.close()
     finally:
@@ -708,14 +747,21 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
     try:
         unnest = None
         if unit.info.get("form", "object") == "array":  # the bare event-list form: read as it is
-            f = _File(unit, fid, None, str(path))
+            if is_gzip(path):  # decompressed to a copy first: DuckDB's own gunzip knows no bomb limit
+                try:
+                    spill = SpilledEvents(path, array=True)
+                except ValueError as exc:  # a gzip bomb
+                    raise ParseError(path, str(exc), code="too_big") from None
+                except (OSError, EOFError, zlib.error) as exc:
+                    raise ParseError(path, f"not a readable gzip file: {one_line(exc, 120)}") from None
+            f = _File(unit, fid, None, path if spill is None else spill.path)
         else:
             try:
                 fut = unit.info.pop(_SPILL, None)  # copied by prefetch() (a failed copy is made again: its error)
                 spill = (fut.result() if fut is not None else None) or SpilledEvents(path, probe=LOWER_CASE_KEYS)
-                f = _File(unit, fid, _header(spill.head_bytes, spill.trailer), str(spill.path), struct=not spill.found)
+                f = _File(unit, fid, _header(spill.head_bytes, spill.trailer), spill.path, struct=not spill.found)
             except ValueError as exc:  # a gzip bomb
-                raise ParseError(path, str(exc)) from None
+                raise ParseError(path, str(exc), code="too_big") from None
             except (LayoutError, OSError, EOFError, zlib.error):
                 # not laid out as expected, truncated, or no room for the copy: DuckDB's
                 # whole-object reader either manages (with more memory) or reports the precise error
@@ -723,7 +769,7 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
                 unnest = (f"SELECT {int(fid)} AS fid, unnest(traceEvents) AS e FROM read_json($paths, "
                           f"columns={COLUMNS}, format='auto', maximum_object_size={limit})")
                 header = _header_from_head(path)
-                f = _File(unit, fid, header, str(path), reread_header=header is not None)
+                f = _File(unit, fid, header, path, reread_header=header is not None)
                 if header is None:
                     f.header = _header_from_whole(cur, path)
         try:
@@ -734,9 +780,10 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
             res = _fill_sanitised(cur, f, unnest, lctx, exc)
     except DUCKDB_ERRORS as exc:  # duckdb raises its own error types for bad JSON / gzip / IO
         msg = "invalid data (not UTF-8)" if isinstance(exc, UnicodeDecodeError) else str(exc)
-        read = f.src if f is not None else str(path)  # what DuckDB read: the file, or a copy of its events
-        if read != str(path):  # name the user's file, not the copy (whose byte offsets mean nothing to them)
-            msg = re.sub(r",? at byte \d+", "", msg.replace(read, str(path)))
+        if f is not None:  # name the user's file as they gave it, not the copy DuckDB read
+            msg = msg.replace(f.src, str(path)).replace(f.fname, str(path))
+            if f.src_path != path:  # a copy's byte offsets mean nothing to the user
+                msg = re.sub(r",? at byte \d+", "", msg)
         raise ParseError(path, "not a readable Kineto trace: " + _short_duckdb_error(msg)) from None
     finally:
         if spill is not None:
@@ -757,16 +804,18 @@ def _fill_sanitised(cur: Any, f: _File, unnest: str | None, lctx: LoadContext,
     import tempfile
 
     fd, name = tempfile.mkstemp(prefix="advisor-clean-", suffix=".json")
-    src = f.src
+    src = f.src_path
     try:
         try:
             with os.fdopen(fd, "wb") as out:
-                replaced = sanitise_json(Path(src), out)
+                replaced = sanitise_json(src, out)
         except (OSError, EOFError, zlib.error):  # no room for the copy, a truncated gzip: DuckDB's error stands
             replaced = 0
+        except ValueError as exc:  # a gzip bomb
+            raise ParseError(f.path, str(exc), code="too_big") from None
         if not replaced:  # the error was another one, reported as it is
             raise error
-        f.src = name
+        f.read_from(Path(name))
         res = _fill_part(cur, f"kpart_{f.fid}", [f], unnest, lctx)[f.fid]
     finally:
         try:
@@ -817,14 +866,15 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None, lctx
     and assigned in place (an UPDATE of one column), comm_ops filled from the part,
     the extra column dropped and the part handed to the loader. No row is copied twice.
     ``scanned`` is called once the scan has read the files (their copies may go).
-    Raises duckdb.Error when the scan fails (the part is dropped then).
+    Raises duckdb.Error when the scan fails (the part is dropped then), EventCapReached when a
+    batch reaches ``--max-events`` (see below).
     """
     from advisor.schema import TABLES
 
     kf = f"{part}_f"
     bases = {f.fid: _base_ns((f.header or (None, None, None, None))[2], f, lctx) for f in files}
     cur.execute(f"CREATE OR REPLACE TEMP TABLE {kf} (fname VARCHAR, fid INTEGER, rank INTEGER, base_ns BIGINT, path VARCHAR, n BIGINT)")
-    insert_rows(cur, kf, [(f.src, f.fid, f.rank, bases[f.fid], str(f.path), 0) for f in files])
+    insert_rows(cur, kf, [(f.fname, f.fid, f.rank, bases[f.fid], str(f.path), 0) for f in files])
     try:
         # typed as the schema says: the part may become ``events`` itself (renamed, not copied)
         cols = ", ".join(f"CAST({_PART_COLUMNS.get(c.name, c.name)} AS {c.sql_type}) AS {c.name}" for c in TABLES["events"].columns)
@@ -833,12 +883,17 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None, lctx
         # the most tolerant one (args as JSON, times as text) then reads it or reports the error
         tolerant = (False, False)
         tries = [(all(f.struct for f in files), True), tolerant] if unnest is None else [tolerant]
+        # --max-events N: the scan stops at N + 1 events a file (a batch: at N + 1 times its
+        # files, a sign that one holds more; its files are then read one by one)
+        cap = None if lctx.max_events is None else (max(lctx.max_events, 0) + 1) * len(files)
         for struct, numeric in tries:
             try:
-                scan = unnest or _array_scan(kf, struct, numeric)
+                events = _events_sql(unnest or _array_scan(kf, struct, numeric), struct, numeric)
+                if cap is not None:
+                    events = f"SELECT * FROM ({events}) LIMIT {cap}"
                 cur.execute(
                     f"CREATE TABLE {part} AS SELECT {cols}, x_extra, x_group, x_p2p "
-                    f"FROM ({_events_sql(scan, struct, numeric)}) JOIN {kf} f USING (fid)",
+                    f"FROM ({events}) JOIN {kf} f USING (fid)",
                     {"paths": [f.src for f in files]},
                 )
                 break
@@ -846,6 +901,9 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None, lctx
                 cur.execute(f"DROP TABLE IF EXISTS {part}")
                 if (struct, numeric) == tolerant:
                     raise
+        if cap is not None and len(files) > 1 and cur.execute(f"SELECT count(*) FROM {part}").fetchone()[0] >= cap:
+            cur.execute(f"DROP TABLE {part}")
+            raise EventCapReached(part)
         if scanned is not None:
             scanned()
         release_memory()  # the JSON reader's buffers
@@ -857,6 +915,11 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None, lctx
             raise
     finally:
         cur.execute(f"DROP TABLE IF EXISTS {kf}")
+
+
+class EventCapReached(Exception):
+    """A batched scan read ``--max-events`` + 1 events per file: some file holds more; each is
+    read on its own, which stops at its own limit."""
 
 
 def _compress(cur: Any) -> None:
@@ -886,14 +949,15 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
                    count(*) FILTER (WHERE kind <> 'meta' AND dur_ns < 0),
                    count(*) FILTER (WHERE kind <> 'meta' AND dur_ns >= 0 AND {FAR_TIMES_SQL}),
                    count(*) FILTER (WHERE kind <> 'meta' AND start_ns IS NOT NULL AND dur_ns >= 0 AND NOT {FAR_TIMES_SQL}),
-                   count(*) FILTER (WHERE kind = 'meta' AND device IS NULL)
+                   count(*) FILTER (WHERE kind = 'meta' AND device IS NULL),
+                   count(*), count(DISTINCT name) FILTER (WHERE {cut_sql("name")})
             FROM {part} GROUP BY file_id"""
         ).fetchall()
     }
     results: dict[int, dict[str, Any] | ParseError] = {}
     ok, gone, shift = [], [], []
     for f in files:
-        med, n_null, n_neg, n_far, total, n_begin_end = stats.get(f.fid, (None, 0, 0, 0, 0, 0))
+        med, n_null, n_neg, n_far, total, n_begin_end, n_read, n_cut = stats.get(f.fid, (None, 0, 0, 0, 0, 0, 0, 0))
         base = bases[f.fid]
         if f.reread_header and f.header is not None and f.header[2] is None and med is not None and med < 10**17:
             # relative timestamps but no base before the events: it may follow them
@@ -904,6 +968,9 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
         elif base and med is not None and med - base > 10**17:
             shift.append((-base, f.fid))  # timestamps already absolute (µs since the epoch): a base would count twice
         dist_json, devprops_json = (f.header or (None, None))[:2]
+        if n_cut:
+            lctx.warn("long_names", f"{n_cut} names longer than {NAME_MAX} characters were cut to their first {NAME_MAX} "
+                      "(marked '…[cut: <length> chars, #<hash>]')", f.path)
         if n_null:
             lctx.warn("bad_events", f"{n_null} events without a usable ts/dur were dropped", f.path)
         if n_neg:
@@ -917,8 +984,9 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
         if not total:
             results[f.fid] = ParseError(f.path, _no_events_reason(n_begin_end), code="empty_trace")
             gone.append(f.fid)
-        elif lctx.max_events is not None and total > lctx.max_events:
-            results[f.fid] = ParseError(f.path, f"{total} events exceed --max-events {lctx.max_events}", code="too_big")
+        elif lctx.max_events is not None and n_read > lctx.max_events:
+            results[f.fid] = ParseError(f.path, f"more than {lctx.max_events} events (--max-events {lctx.max_events}): "
+                                        "refused", code="too_big")
             gone.append(f.fid)
         else:
             results[f.fid] = _info(devprops_json, dist_json, total, f.header[4] if f.header else None)

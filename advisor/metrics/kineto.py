@@ -102,15 +102,16 @@ def _us_ns(us: float) -> int:
 def _rescan(cur: Any, rank: int, path: Path, first_ns: int) -> list[tuple[Any, ...]]:
     """The counter events of one trace, read with their arguments as JSON; times placed so that
     the first counter lands where the main scan put it (``first_ns``: base time and shifts applied)."""
+    from advisor.ingest.base import duckdb_path, is_gzip
     from advisor.ingest.jsonstream import LayoutError, SpilledEvents
 
     spill = None
     try:
         try:
             spill = SpilledEvents(path)
-            src = str(spill.path)
-        except LayoutError:  # the bare event-list form
-            src = str(path)
+        except LayoutError:  # the bare event-list form: read as it is, a gzip one from a copy (bomb limit)
+            spill = SpilledEvents(path, array=True) if is_gzip(path) else None
+        src = duckdb_path(path if spill is None else spill.path)
         etype = "STRUCT(ph VARCHAR, name VARCHAR, pid VARCHAR, ts VARCHAR, args JSON)"
         got = cur.execute(
             f"""SELECT e.name, e.pid, TRY_CAST(e.ts AS DOUBLE) AS ts, CAST(e.args AS VARCHAR) FROM (
