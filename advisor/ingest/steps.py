@@ -280,6 +280,9 @@ def finalize(con: Any, warn: Callable[..., None], assigned: set[int] | frozenset
             f"""UPDATE {table} t SET step = s.step FROM steps s
             WHERE t.step IS NULL AND t.rank = s.rank AND t.start_ns >= s.start_ns AND t.start_ns < s.end_ns"""
         )
+    from advisor.ingest.window import review
+
+    review(con, warn)
 
 
 def _assign(con: Any) -> None:
