@@ -271,7 +271,7 @@ def finalize(con: Any, warn: Callable[..., None], assigned: set[int] | frozenset
     ranks = {r[0] for r in con.execute("SELECT DISTINCT rank FROM events").fetchall()}
     have = {r[0] for r in con.execute("SELECT DISTINCT rank FROM steps").fetchall()}
     if ranks - have:
-        build_steps(con, "(SELECT rank, kind = 'step' AS is_mark, kind, device, tid, name, start_ns, dur_ns, corr "
+        build_steps(con, "(SELECT rank, kind = 'step' AS is_mark, kind, device, tid, name, start_ns, dur_ns, corr, bytes "
                     "FROM events)", warn)
     if ranks - set(assigned):
         _assign(con)
