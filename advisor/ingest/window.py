@@ -233,7 +233,8 @@ def find(con: Any) -> dict[int, RankWindow]:
                         continue
                     rows.append((name, s0, s0 + d, label(name)))
                     continue
-                if r.kind != "runtime" or s0 >= early[rank] or name in recurring:
+                # timing tells a first step only from others: one marked step has none to compare
+                if r.kind != "runtime" or s0 >= early[rank] or name in recurring or n_steps == 1:
                     continue
                 is_slow = bool(r.calls >= 3 and d >= SLOW_FACTOR * float(r.med_ns or 0))
                 only_early = rank in second and (rank, name) not in later
@@ -346,12 +347,14 @@ def review(con: Any, warn: Callable[..., None]) -> None:
                               for (what, n), r in by.head(4).iterrows())
             excluded = bool(win.trimmed_to) or any(v == "one_time" for v in (win.left_out or {}).values()) \
                 or _before_steps(s, iv, one_window)
-            phases.append((rank, "one_time", None, int(min(a for a, _ in iv)), int(max(b for _, b in iv)), int(cost),
-                           len(ot), names[:2000], excluded))
-            where = _where(win, s, one_window, iv)
-            notes.setdefault("one_time_phase", []).append(
-                (rank, (f"the window includes {_fmt(cost)} of one-time set-up ({names}){where}; profile after "
-                        "warm-up (torch.profiler.schedule(wait=1, warmup=1, active=N) skips the first steps)")))
+            # kept in the figures and too small to matter in them: not said
+            if excluded or cost >= STEP_SHARE * float((s["end_ns"] - s["start_ns"]).median()):
+                phases.append((rank, "one_time", None, int(min(a for a, _ in iv)), int(max(b for _, b in iv)),
+                               int(cost), len(ot), names[:2000], excluded))
+                where = _where(win, s, one_window, iv)
+                notes.setdefault("one_time_phase", []).append(
+                    (rank, (f"the window includes {_fmt(cost)} of one-time set-up ({names}){where}; profile after "
+                            "warm-up (torch.profiler.schedule(wait=1, warmup=1, active=N) skips the first steps)")))
         if win.capture:
             a, b = win.capture
             phases.append((rank, "capture", None, int(a), int(b), int(b - a), None, None, True))
@@ -395,7 +398,7 @@ def _where(win: RankWindow, s: pd.DataFrame, one_window: bool, iv: list[tuple[in
         return f"; {_steps_text(gone)} holding it left out of every per-step figure"
     if _before_steps(s, iv, one_window):
         return "; before the first step, so in no per-step figure"
-    return f"; under {STEP_SHARE:.0%} of a step, kept in the figures"
+    return "; kept in the figures"
 
 
 def _apply(con: Any, drops: list[tuple[int, int]], trims: list[tuple[int, int]]) -> None:
