@@ -337,6 +337,21 @@ TABLES: dict[str, Table] = {
             ("global_ranks", "VARCHAR", "JSON list of the group's global ranks in group-rank order"),
         ),
         _t(
+            "window_phases",
+            ("what the profile window holds besides the steady state (advisor.ingest.window): one-time set-up, "
+             "graph capture, and the steps left out of every per-step figure for them or for being cut short"),
+            ("rank", "INTEGER", "global rank"),
+            ("kind", "VARCHAR", ("one_time (set-up calls), capture (graph capture phase), warmup_step / capture_step / "
+                                 "stub_step (a step left out: one-time work in it, capture, cut short by the window)")),
+            ("step", "INTEGER", "the step left out (NULL for a phase)"),
+            ("start_ns", "BIGINT", "start, ns"),
+            ("end_ns", "BIGINT", "end, ns"),
+            ("dur_ns", "BIGINT", "time: the union of the one-time calls, the phase's span or the step's window, ns"),
+            ("calls", "INTEGER", "one-time calls (one_time rows)"),
+            ("names", "VARCHAR", "the largest one-time calls: name x count (what, time)"),
+            ("excluded", "BOOLEAN", "true when it is in no per-step figure (left out, trimmed off or before the steps)"),
+        ),
+        _t(
             "vendor_op_stats",
             "the exporter's own per-operator aggregates (Ascend op_statistic.csv / api_statistic.csv), for cross-checks",
             ("rank", "INTEGER", "global rank"),

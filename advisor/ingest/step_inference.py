@@ -31,7 +31,12 @@ hold the same number of them (the same collectives run every iteration).
 
 Collectives alone (the big gaps between their bursts, as LLMPrism's change-point detection
 reads them) place a step boundary only somewhere in the compute between two bursts; the host
-operators place it at the marker (tests/test_step_inference.py measures both).
+operators place it at the marker (tests/test_step_inference.py measures both). Where the
+operators do not repeat cleanly (a sparse part whose operators vary with the batch, work spread
+over several host threads), the sequence of collectives does: each step runs the same
+collectives in the same order, of the same kinds and sizes (LLMPrism's own signal), and
+:func:`infer_from_collectives` takes the period from it and the boundary from the main thread's
+idle gap in the longest pause between collectives.
 
 Cost: one window query sorting the rank's host events by thread and time, then O(m log m) numpy
 over the ``m`` top-level operators of one thread.
@@ -62,6 +67,8 @@ PAUSE = 2.0
 #: name prefixes of PyTorch's own ranges around an optimizer step and a DataLoader batch
 OPTIMIZER_STEP = "Optimizer.step#"
 DATALOADER_NEXT = "enumerate(DataLoader)#"
+#: a collective's name holding this (lower case, underscores dropped) is a gradient all-reduce
+ALL_REDUCE = "allreduce"
 
 
 @dataclass
@@ -281,6 +288,84 @@ def infer_rank(rank: int, names: np.ndarray, starts: np.ndarray, ends: np.ndarra
     return out
 
 
+def infer_from_collectives(rank: int, threads: dict[str, tuple[np.ndarray, np.ndarray]], sig: np.ndarray,
+                           c_starts: np.ndarray, c_ends: np.ndarray, c_tids: np.ndarray,
+                           kinds: np.ndarray | None = None, opt_starts: np.ndarray | None = None) -> Inference:
+    """Steps from the sequence of collectives (LLMPrism's signal) where the operators do not repeat
+    cleanly (several host threads, a sparse part whose operators vary with the batch): every training
+    step runs the same collectives, in the same order, of the same kinds and sizes (``sig``, one code
+    per collective, in time order with their starts and ends).
+
+    The period is that of the codes (as for the operators). A step starts in the pause between
+    two collectives that holds PyTorch's ``Optimizer.step#`` range in most periods, else in the
+    pause after the period's last all-reduce (the gradients' synchronisation ends a step; ``kinds``:
+    the collectives' names), else in the longest pause, at the top-level
+    operator of the thread calling that collective (``threads``: per thread id, the starts and ends
+    of its top-level operators, in order; ``c_tids``: the collectives' threads) after the longest
+    idle gap of that thread in the pause (the loop's own Python between iterations), else at that
+    collective. The checks are those of the operators': whole periods, at least :data:`MIN_STEPS`."""
+    out = Inference(rank)
+    m = len(sig)
+    kinds = np.array([""] * m) if kinds is None else kinds
+    opt_starts = np.zeros(0, dtype=np.int64) if opt_starts is None else opt_starts
+    cands, best = candidate_periods(sig) if m >= 2 * MIN_STEPS else ([], 0.0)
+    if not cands:
+        out.reason = f"its {m} collectives do not repeat either (at most {best:.0%} equal one period later)"
+        return out
+    p = cands[0]
+    gaps = np.full(m, np.nan)
+    gaps[1:] = c_starts[1:] - np.maximum.accumulate(c_ends)[:-1]
+    whole = (m - 1) // p * p
+    table = gaps[1: 1 + whole].reshape(-1, p)
+    with np.errstate(all="ignore"):
+        phase = (int(np.argmax(np.nanmedian(table, axis=0))) + 1) % p
+    # a step ends with its optimizer step, after the gradients' all-reduce: the pause holding
+    # PyTorch's Optimizer.step# range in most periods, else the one after the period's last all-reduce
+    if len(opt_starts):
+        held = np.zeros(p)
+        c_done = np.maximum.accumulate(c_ends)
+        for i in range(1, m):
+            held[i % p] += np.any((opt_starts >= c_done[i - 1]) & (opt_starts < c_starts[i]))
+        if held.max() * 2 >= m // p:
+            phase = int(np.argmax(held))
+    elif len(reduce_at := [i for i in range(p) if ALL_REDUCE in str(kinds[i]).lower().replace("_", "")]):
+        phase = (reduce_at[-1] + 1) % p
+    cuts = anchor_cuts(sig, phase, p)
+    if len(cuts) < MIN_STEPS:
+        out.reason = f"its collectives repeat every {p} but fewer than {MIN_STEPS} whole times"
+        return out
+    c_done = np.maximum.accumulate(c_ends)
+    empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    bounds = []
+    for c in cuts.tolist():
+        starts, ends = threads.get(str(c_tids[c]), empty)
+        hi = int(c_starts[c])
+        lo = int(c_done[c - 1]) if c > 0 else (int(starts[0]) - 1 if len(starts) else hi)
+        i0, i1 = np.searchsorted(starts, [lo, hi], "left") if len(starts) else (0, 0)
+        if i1 > i0 and c > 0:
+            before = np.maximum.accumulate(ends)
+            idx = np.arange(i0, i1)
+            idle = starts[idx] - np.where(idx > 0, before[np.maximum(idx - 1, 0)], lo)
+            bounds.append(int(starts[i0 + int(np.argmax(idle))]))
+        else:
+            bounds.append(int(starts[i0]) if i1 > i0 else hi)
+    span = np.diff(bounds)
+    med = float(np.median(span)) if len(span) else 0.0
+    steps, num = [], 0
+    for k in range(len(bounds) - 1):
+        steps.append((num, bounds[k], bounds[k + 1]))
+        num += 1 if bounds[k + 1] - bounds[k] <= PAUSE * med else 2
+    # the last step runs to the end of the thread when it holds a whole period of collectives
+    if m - cuts[-1] >= p:
+        end = max([int(c_ends.max())] + [int(e.max()) for _, e in threads.values() if len(e)])
+        steps.append((num, bounds[-1], end))
+    if len(steps) < MIN_STEPS:
+        out.reason = f"its collectives repeat every {p} but fewer than {MIN_STEPS} whole times"
+        return out
+    out.steps, out.period = steps, p
+    return out
+
+
 def main_threads(rank: np.ndarray, tid: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict[int, str]:
     """Per rank, the host thread whose top-level events cover the most time."""
     out: dict[int, str] = {}
@@ -314,6 +399,26 @@ def infer(con: Any, detail: str, ranks: list[int]) -> list[Inference]:
     ).fetchnumpy()
     c_rank = np.asarray(comm["rank"], dtype=np.int64)
     c_s = np.asarray(comm["start_ns"], dtype=np.int64)
+    # the sequence of collectives, for ranks whose operators do not repeat: the outermost host
+    # collectives (their calls in order), else the device ones; one code per kind and size
+    cols = {d[0] for d in con.execute(f"SELECT * FROM {detail} LIMIT 0").description}
+    size = "coalesce(bytes, -1)" if "bytes" in cols else "-1"
+    seq = con.execute(
+        f"""WITH c AS (SELECT rank, device, CAST(tid AS VARCHAR) AS tid, name, {size} AS nbytes,
+                          start_ns AS s, start_ns + dur_ns AS e FROM {detail}
+                   WHERE kind = 'comm' AND rank IN ({in_ranks}) AND start_ns IS NOT NULL AND dur_ns >= 0),
+        h AS (SELECT *, bool_or(NOT device) OVER (PARTITION BY rank) AS host FROM c),
+        k AS (SELECT *, max(e) OVER (PARTITION BY rank, device, tid ORDER BY s, e DESC
+                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS pe
+              FROM h WHERE device <> host)
+        SELECT rank, name || '|' || nbytes AS sig, s, e, tid FROM k WHERE pe IS NULL OR s >= pe ORDER BY rank, s, e"""
+    ).fetchnumpy()
+    q_rank = np.asarray(seq["rank"], dtype=np.int64)
+    q_sig = pd.factorize(np.asarray(seq["sig"]).astype(str))[0].astype(np.int64) if len(q_rank) else q_rank
+    q_s = np.asarray(seq["s"], dtype=np.int64)
+    q_e = np.asarray(seq["e"], dtype=np.int64)
+    q_tid = np.asarray(seq["tid"]).astype(str)
+    q_name = np.asarray(seq["sig"]).astype(str)
     extra: dict[int, np.ndarray] = {}
     if main:
         con.execute("CREATE OR REPLACE TEMP TABLE _main_tid (rank INTEGER, tid VARCHAR)")
@@ -335,6 +440,18 @@ def infer(con: Any, detail: str, ranks: list[int]) -> list[Inference]:
         sel = np.zeros(len(t_rank), dtype=bool)
         sel[lo:hi] = t_tid[lo:hi] == main.get(rank, "")
         clo, chi = np.searchsorted(c_rank, [rank, rank + 1])
-        res.append(infer_rank(rank, t_name[sel], t_s[sel], t_e[sel], extra.get(rank, np.zeros(0, dtype=np.int64)),
-                              c_s[clo:chi]))
+        got = infer_rank(rank, t_name[sel], t_s[sel], t_e[sel], extra.get(rank, np.zeros(0, dtype=np.int64)),
+                         c_s[clo:chi])
+        qlo, qhi = np.searchsorted(q_rank, [rank, rank + 1])
+        if not got.steps and qhi - qlo >= 2 * MIN_STEPS:
+            threads = {str(t): (t_s[lo:hi][t_tid[lo:hi] == t], t_e[lo:hi][t_tid[lo:hi] == t])
+                       for t in np.unique(t_tid[lo:hi])}
+            opt = np.sort(t_s[lo:hi][np.char.startswith(t_name[lo:hi], OPTIMIZER_STEP)])
+            by_comm = infer_from_collectives(rank, threads, q_sig[qlo:qhi], q_s[qlo:qhi], q_e[qlo:qhi],
+                                             q_tid[qlo:qhi], q_name[qlo:qhi], opt)
+            if by_comm.steps:
+                got = by_comm
+            else:
+                got.reason += f"; {by_comm.reason}"
+        res.append(got)
     return res

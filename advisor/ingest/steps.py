@@ -271,7 +271,7 @@ def finalize(con: Any, warn: Callable[..., None], assigned: set[int] | frozenset
     ranks = {r[0] for r in con.execute("SELECT DISTINCT rank FROM events").fetchall()}
     have = {r[0] for r in con.execute("SELECT DISTINCT rank FROM steps").fetchall()}
     if ranks - have:
-        build_steps(con, "(SELECT rank, kind = 'step' AS is_mark, kind, device, tid, name, start_ns, dur_ns, corr "
+        build_steps(con, "(SELECT rank, kind = 'step' AS is_mark, kind, device, tid, name, start_ns, dur_ns, corr, bytes "
                     "FROM events)", warn)
     if ranks - set(assigned):
         _assign(con)
@@ -280,6 +280,9 @@ def finalize(con: Any, warn: Callable[..., None], assigned: set[int] | frozenset
             f"""UPDATE {table} t SET step = s.step FROM steps s
             WHERE t.step IS NULL AND t.rank = s.rank AND t.start_ns >= s.start_ns AND t.start_ns < s.end_ns"""
         )
+    from advisor.ingest.window import review
+
+    review(con, warn)
 
 
 def _assign(con: Any) -> None:

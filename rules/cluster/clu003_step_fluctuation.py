@@ -45,7 +45,8 @@ says so in the warnings.
 It then names what the slow steps run extra (on the representative rank, the one with the
 largest excess; for the ``extra_max_findings`` findings with the largest excess): per name, the
 host events inside each step window are summed, and the mean per slow step is compared with the
-mean per other step (warm-up steps left out). A name that runs in at least half of the slow
+mean per other step (warm-up steps left out; a host event counts in the step whose marker it runs
+in, even where the device lags and the step's window starts later). A name that runs in at least half of the slow
 steps and in no other step (a ``save_checkpoint`` range), or that takes ``extra_min_ratio`` times
 longer there (a full GC pass, operators slowed by contention), is named when it explains at least
 ``extra_min_share`` of the slow steps' mean excess. Of names nested in each other only the outermost is kept (the
@@ -255,23 +256,24 @@ def _finding(ctx: RuleContext[Thresholds], slow: tuple[int, ...], group: list[di
     )
 
 
+# a host event belongs to the step whose marker it runs in (events.step): the step's device window
+# starts later when the device lags, and bounding by it would lose the host work at the step's start
+# (a batch fetched before the step's first launch) in exactly the steps where the device lags
 EXTRA_SQL = """
-WITH w AS (SELECT step, start_ns, end_ns FROM steps WHERE rank = $rank AND step >= 0)
+WITH w AS (SELECT step FROM steps WHERE rank = $rank AND step >= 0)
 SELECT e.step, regexp_replace(e.name, ' at 0x[0-9a-fA-F]+', '') AS name, sum(e.dur_ns) / 1000.0 AS us
 FROM events e JOIN w ON w.step = e.step
-WHERE e.rank = $rank AND NOT e.device AND e.kind <> 'step' AND e.start_ns >= w.start_ns
-  AND e.start_ns + e.dur_ns <= w.end_ns
+WHERE e.rank = $rank AND NOT e.device AND e.kind <> 'step'
 GROUP BY ALL
 """
 
 # the candidates' events in the slow steps that no other candidate event encloses on the same thread
 OUTERMOST_SQL = """
-WITH w AS (SELECT step, start_ns, end_ns FROM steps WHERE rank = $rank AND step >= 0 AND list_contains($slow, step)),
+WITH w AS (SELECT step FROM steps WHERE rank = $rank AND step >= 0 AND list_contains($slow, step)),
 cand AS (
     SELECT e.rank, e.pid, e.tid, regexp_replace(e.name, ' at 0x[0-9a-fA-F]+', '') AS name, e.start_ns, e.dur_ns
     FROM events e JOIN w ON w.step = e.step
-    WHERE e.rank = $rank AND NOT e.device AND e.kind <> 'step' AND e.start_ns >= w.start_ns
-      AND e.start_ns + e.dur_ns <= w.end_ns
+    WHERE e.rank = $rank AND NOT e.device AND e.kind <> 'step'
       AND list_contains($names, regexp_replace(e.name, ' at 0x[0-9a-fA-F]+', ''))
 ),
 top AS (

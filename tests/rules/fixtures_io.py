@@ -88,3 +88,20 @@ def h2d_pinned_overlapped() -> Rows:
 
 
 __all__ = ["HOST"]
+
+
+def dataloader_waits_in_some_steps() -> Rows:
+    """Twenty 10 ms steps (CPU-only, 1-20), each fetching its batch from a multi-process DataLoader
+    at its start and running a 1 ms operator at 8.5 ms. Steps 1, 6, 11 and 16 wait 8 ms for the
+    batch (the queue ran dry), the 16 others 20 µs (a batch was ready).
+
+    Over the window: 4 x 8 ms + 16 x 0.02 ms = 32.32 ms of 200 ms waiting (16.16 %), 1.616 ms per
+    step; the median step waits 20 µs (0.2 %).
+    """
+    ev = _steps(20)
+    for i in range(20):
+        t0 = BASE + i * STEP_NS
+        wait = 8 * MS if i % 5 == 0 else 20 * US
+        ev.append(_ev("dataloader", "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", t0 + 10 * US, wait))
+        ev.append(_ev("host_op", "aten::linear", t0 + 8500 * US, MS))
+    return {"events": ev}
