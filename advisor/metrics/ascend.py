@@ -121,7 +121,7 @@ _TEXT_LANES = ("AI Core Freq", "HBM", "LLC", "NPU MEM", "DDR", "HCCS", "PCIe", "
 def insert_text_series(cur: Any, tv: str, lanes: str) -> None:
     """``hw_metrics`` rows from the staged timeline ``tv`` (columns fno, rank, pid, ph, name, ts_ns,
     mhz, cargs: the JSON arguments of counter events) and its lanes (fno, pid, pname)."""
-    from advisor.ingest.base import insert_rows
+    from advisor.schema import insert_rows
 
     names = "(" + ", ".join("'" + n.replace("'", "''") + "'" for n in _TEXT_LANES) + ")"
     got = cur.execute(
@@ -253,7 +253,7 @@ def db_rows(con: sqlite3.Connection, rank: int) -> list[Row]:
 
 def insert_db_series(cur: Any, con: sqlite3.Connection, rank: int) -> None:
     """``hw_metrics`` rows from one rank's database ``con`` (sqlite3, read-only)."""
-    from advisor.ingest.base import insert_rows
+    from advisor.schema import insert_rows
 
     try:
         rows = db_rows(con, rank)
