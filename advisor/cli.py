@@ -216,8 +216,8 @@ def _analyze(opts: AnalyzeOptions) -> int:
     finally:
         if progress is not None:
             progress.close()
-    gate = evaluate(report, fail_on=opts.fail_on, baseline=opts.baseline, max_regression=opts.max_regression,
-                    budgets=opts.budgets, cfg=opts.cfg)
+    gate = evaluate(report, fail_on=opts.fail_on, baseline=_baseline(opts), max_regression=opts.max_regression,
+                    budgets=opts.budgets)
     report = gate.apply(report)
     for w in report.warnings:
         if w.path:
@@ -246,6 +246,22 @@ def _analyze(opts: AnalyzeOptions) -> int:
     for msg in gate.messages:
         click.echo(f"advisor: gate: {one_line(msg, 500)}", err=True)
     return gate.exit_code
+
+
+def _baseline(opts: AnalyzeOptions) -> Any:
+    """The ``--baseline`` report for the gate: an earlier JSON report as read, or the report of the
+    baseline profile analysed now (in this process, with the rule options of this run)."""
+    if opts.baseline is None:
+        return None
+    from advisor.gate import Baseline, read_baseline
+
+    base = read_baseline(opts.baseline)
+    if base is None:
+        from advisor.analyze import analyze
+        from advisor.render.view import report_data
+
+        base = Baseline(opts.baseline, report_data(analyze(opts.baseline, opts.cfg)), "profile")
+    return base
 
 
 @main.command("render")

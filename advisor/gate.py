@@ -1,8 +1,11 @@
 """The CI gate: ``--fail-on SEVERITY``, ``--baseline OTHER``, ``--budget NAME=VALUE``.
 
+A pure function of reports: :func:`evaluate` compares a finished report with budgets and a
+:class:`Baseline` *report*. A baseline given as a profile is analysed by the caller first (the CLI,
+through :func:`advisor.analyze.analyze`); :func:`read_baseline` reads one given as a JSON report.
+
 Exit codes: 0 clean, 1 the gate failed, 2 usage or input error (raised here as
-:class:`~advisor.config.ConfigError` / :class:`~advisor.ingest.base.InputError`, which the CLI
-turns into one line on stderr and exit 2).
+:class:`~advisor.config.ConfigError`, which the CLI turns into one line on stderr and exit 2).
 
 What is compared:
 
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from advisor.config import Config, ConfigError
+from advisor.config import ConfigError
 from advisor.model import SCHEMA_ID, Report, Severity
 from advisor.render.view import PHASE_LABEL, PHASES, finding_key, overall_means, per_rank_means, report_data
 
@@ -197,8 +200,19 @@ def check_args(baseline: Path | None, max_regression: float) -> None:
         raise ConfigError(f"--baseline {baseline}: no such file or directory")
 
 
-def load_baseline(path: Path, cfg: Config | None = None) -> tuple[dict[str, Any], str]:
-    """A baseline as a report dict: an earlier JSON report, or a profile (file or dir) analysed now."""
+@dataclass(frozen=True)
+class Baseline:
+    """The report a run is compared with: ``path`` as given, its ``data`` (a report dict) and
+    ``kind``: ``report`` (an earlier JSON report) or ``profile`` (a profile analysed for the gate)."""
+
+    path: Path
+    data: Mapping[str, Any]
+    kind: str
+
+
+def read_baseline(path: Path) -> Baseline | None:
+    """A baseline given as a JSON report (checked: its schema, its breakdown and findings); None
+    when ``path`` is a profile, which the caller analyses."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"--baseline {path}: no such file or directory")
@@ -212,10 +226,8 @@ def load_baseline(path: Path, cfg: Config | None = None) -> tuple[dict[str, Any]
                 raise ConfigError(f"--baseline {path}: report schema {data.get('schema')!r}, expected {SCHEMA_ID!r}")
             if not isinstance(data.get("breakdown"), list) or not isinstance(data.get("findings"), list):
                 raise ConfigError(f"--baseline {path}: report lacks 'breakdown' or 'findings'")
-            return data, "report"
-    from advisor.analyze import analyze
-
-    return report_data(analyze(path, cfg or Config())), "profile"
+            return Baseline(path, data, "report")
+    return None
 
 
 def _family(source: str) -> str:
@@ -308,12 +320,11 @@ def baseline_diff(current: Mapping[str, Any], base: Mapping[str, Any], max_regre
 # ---------------------------------------------------------------------------------------------- gate
 
 
-def evaluate(report: Report | Mapping[str, Any], *, fail_on: str | None = None, baseline: Path | None = None,
-             max_regression: float = 10.0, budgets: Mapping[str, float] | None = None,
-             cfg: Config | None = None) -> GateResult:
-    """Apply the gate to a finished report (a Report or its JSON dict)."""
+def evaluate(report: Report | Mapping[str, Any], *, fail_on: str | None = None, baseline: Baseline | None = None,
+             max_regression: float = 10.0, budgets: Mapping[str, float] | None = None) -> GateResult:
+    """Apply the gate to a finished report (a Report or its JSON dict), against ``baseline``'s report."""
     res = GateResult()
-    check_args(baseline, max_regression)
+    check_args(None, max_regression)
     d = report_data(report) if (fail_on or baseline or budgets) else {}
     if fail_on:
         level = Severity.parse(fail_on)
@@ -323,10 +334,10 @@ def evaluate(report: Report | Mapping[str, Any], *, fail_on: str | None = None, 
             res.fail(f"{len(hits)} finding(s) at or above {level.label}: "
                      + "; ".join(f"{f['rule']} {f['title']}" for f in hits[:3]))
     if baseline is not None:
-        base, kind = load_baseline(Path(baseline), cfg)
+        base = baseline.data
         diff = baseline_diff(d, base, max_regression)
-        diff["baseline"] = str(baseline)
-        diff["baseline_kind"] = kind
+        diff["baseline"] = str(baseline.path)
+        diff["baseline_kind"] = baseline.kind
         res.diff = diff
         check = {"check": "baseline", "threshold": max_regression, "value": diff["regression_pct"],
                  "passed": not diff["regressed"] and diff["comparable"], "comparable": diff["comparable"]}
@@ -338,16 +349,16 @@ def evaluate(report: Report | Mapping[str, Any], *, fail_on: str | None = None, 
         res.checks.append(check)
         if blocking:
             res.exit_code = 2
-            res.messages.append(f"baseline {baseline} is not comparable: {'; '.join(blocking)}; "
+            res.messages.append(f"baseline {baseline.path} is not comparable: {'; '.join(blocking)}; "
                                 "the step-time change is not judged (compare profiles of one kind)")
         elif noted:
-            res.messages.append(f"baseline {baseline} is of another kind ({'; '.join(noted)}): "
+            res.messages.append(f"baseline {baseline.path} is of another kind ({'; '.join(noted)}): "
                                 "step times compared as they are")
         if diff["regressed"]:
             slower = [p for p in diff["phases"][1:] if p["delta_us"] > 0]
             slower.sort(key=lambda p: -p["delta_us"])
             where = ", ".join(f"{p['label']} +{p['delta_pct_of_step']:.1f}%" for p in slower[:3])
-            res.fail(f"step time {diff['regression_pct']:+.1f}% against the baseline {baseline} "
+            res.fail(f"step time {diff['regression_pct']:+.1f}% against the baseline {baseline.path} "
                      f"(allowed {max_regression:g}%)" + (f"; slower: {where}" if where else ""))
     if budgets:
         check_budgets(d, budgets, res)

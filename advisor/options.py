@@ -13,9 +13,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from advisor.config import Config
+from advisor.config import Config, check, parse_memory_limit
 
 FORMATS = ("terminal", "json", "html", "md")
 
@@ -82,16 +81,49 @@ def build_config(config_path: Path | None, sets: tuple[str, ...] | list[str] = (
 
 
 @dataclass(frozen=True)
+class LoadOptions:
+    """How a profile is read, passed explicitly from the caller to the run (:func:`advisor.analyze.analyze`).
+
+    ``run``: which run (1-based) of a directory holding several; ``follow_symlinks``: follow links
+    pointing outside the directory; ``workers``: processes running the maps (1: in-process; None:
+    one per core when there are two shards or more, see :func:`advisor.pipeline.schedule.pool_workers`);
+    ``engine``: where the maps run (None: this machine; ``local``; a Dask scheduler's address, see
+    :mod:`advisor.pipeline.executors`); ``max_events``: refuse files with more events;
+    ``memory_limit``: DuckDB's, as it takes it (:func:`check_options`); ``metrics`` /
+    ``metrics_tz_offset``: monitoring exports read beside the profile once its tables exist
+    (:mod:`advisor.metrics`)."""
+
+    run: int | None = None
+    follow_symlinks: bool = False
+    workers: int | None = 1
+    engine: str | None = None
+    max_events: int | None = None
+    memory_limit: str | None = None
+    metrics: tuple[Path, ...] = ()
+    metrics_tz_offset: str | None = None
+
+
+def check_options(cfg: Config, memory_limit: str | None = None) -> str | None:
+    """What can be checked before a profile is read: the rules and thresholds ``cfg`` names
+    (:func:`advisor.config.check`) and the memory limit. Returns the memory limit as DuckDB takes it."""
+    if cfg.select or cfg.skip or cfg.overrides:
+        from advisor.engine.registry import discover
+
+        check(cfg, discover())
+    return None if memory_limit is None else parse_memory_limit(memory_limit)
+
+
+@dataclass(frozen=True)
 class AnalyzeOptions:
     """Everything one ``advisor analyze`` run was asked for, checked.
 
     ``targets``: each ``--out`` path with its format (empty: the report goes to stdout in ``fmt``).
     ``memory_limit``: as DuckDB takes it. ``budgets``: budget name -> limit (see :mod:`advisor.gate`).
     ``run`` / ``follow_symlinks`` / ``workers``: how the profile's directory is read (see
-    :func:`advisor.ingest.options`; ``workers``: processes reading the ranks, None: decided by the loader).
+    :class:`LoadOptions`; ``workers`` None: decided from the shards).
     ``metrics`` / ``metrics_tz_offset``: monitoring exports read beside the profile (:mod:`advisor.metrics`).
     ``engine``: where the ranks are read: None (this process, or ``workers`` processes), ``local`` (a process
-    pool, one worker per core unless ``workers``) or a Dask scheduler's address (see :mod:`advisor.ingest.executors`).
+    pool, one worker per core unless ``workers``) or a Dask scheduler's address (see :mod:`advisor.pipeline.executors`).
     """
 
     profile: Path
@@ -136,8 +168,6 @@ class AnalyzeOptions:
         check_args(baseline, max_regression)
         targets = out_formats(outs, fmt, fmt_given)
         check_out_dirs(targets, profile)
-        from advisor.analyze import check_options
-
         limit = check_options(cfg, memory_limit)
         if metrics_tz_offset is not None:
             from advisor.metrics.common import parse_tz_offset
@@ -154,22 +184,20 @@ class AnalyzeOptions:
                    metrics_tz_offset=metrics_tz_offset, engine=engine)
 
     @property
-    def ingest(self) -> dict[str, Any]:
-        """The loader's options for the profile (not the baseline's): see :func:`advisor.ingest.options`."""
-        processes = self.workers
-        if processes is None and self.engine == "local":
-            processes = os.cpu_count() or 1
-        out: dict[str, Any] = {"run": self.run, "follow_symlinks": self.follow_symlinks, "processes": processes,
-                               "engine": self.engine}
-        if self.metrics:
-            out.update(metrics=self.metrics, metrics_tz_offset=self.metrics_tz_offset)
-        return out
+    def load(self) -> LoadOptions:
+        """How the profile is read (not the baseline's: that one is read with the defaults)."""
+        workers = self.workers
+        if workers is None and self.engine == "local":
+            workers = os.cpu_count() or 1
+        return LoadOptions(run=self.run, follow_symlinks=self.follow_symlinks, workers=workers, engine=self.engine,
+                           max_events=self.max_events, memory_limit=self.memory_limit, metrics=self.metrics,
+                           metrics_tz_offset=self.metrics_tz_offset)
 
 
 def _check_engine(engine: str | None, workers: int | None) -> str | None:
-    """``--engine`` checked (see :func:`advisor.ingest.executors.check_engine`); ``--workers`` sizes
+    """``--engine`` checked (see :func:`advisor.pipeline.executors.check_engine`); ``--workers`` sizes
     the local pool only."""
-    from advisor.ingest.executors import EngineError, check_engine, is_remote
+    from advisor.pipeline.executors import EngineError, check_engine, is_remote
 
     try:
         checked = check_engine(engine)

@@ -28,6 +28,7 @@ See :data:`KINDS`. Later stages rely on it:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 NO_STEP = -1
 
@@ -391,3 +392,13 @@ KINETO_TRANSPORT_PREFIX = "kineto:"
 #: SQL condition on a ``comm_matrix`` row (its ``transport`` column): not a Kineto point-to-point
 #: row. The rules that judge Ascend link types (COM004, COM006) read only rows that pass it.
 NOT_KINETO_SQL = f"NOT starts_with(lower(coalesce(transport, '')), '{KINETO_TRANSPORT_PREFIX}')"
+
+
+def insert_rows(cur: Any, table: str, rows: list[tuple[Any, ...]], chunk: int = 1000) -> None:
+    """``INSERT INTO table VALUES ...`` of many rows, ``chunk`` rows per statement (DuckDB's
+    executemany runs one statement per row: ~0.4 ms each, 0.1 s for a few tables of 32 ranks)."""
+    for a in range(0, len(rows), chunk):
+        part = rows[a:a + chunk]
+        marks = "(" + ", ".join("?" * len(part[0])) + ")"
+        cur.execute(f"INSERT INTO {table} VALUES " + ", ".join([marks] * len(part)),
+                    [v for row in part for v in row])

@@ -17,8 +17,8 @@ def context_from_tables(tables: dict[str, list[dict[str, Any]]], *, run_stages: 
 
     ``ranks`` rows are derived from ``events`` when not given.
     """
-    from advisor.analyze import _critical_path, choose_focus
     from advisor.stages import breakdown
+    from advisor.stages.sequence import choose_focus, critical_path_of
 
     con = connect()
     create_all(con)
@@ -55,5 +55,5 @@ def context_from_tables(tables: dict[str, list[dict[str, Any]]], *, run_stages: 
         ctx.breakdown = breakdown.compute(con)
         breakdown.store(con, ctx.breakdown)
         ctx.focus_rank, ctx.focus_step = choose_focus(ctx, None, None)
-        ctx.critical_path = _critical_path(ctx)
+        ctx.critical_path = critical_path_of(ctx, ctx.warnings)
     return ctx

@@ -5,7 +5,7 @@ Run from the repository root::
     python benchmarks/bench_cluster.py [--ranks 64] [--steps 5] [--keep DIR]
 
 For each form it generates an export (a few MB per rank, the real layout, see
-``tests/ascend/gen_cluster.py``), then times ``advisor.ingest.load_profile`` in a fresh
+``tests/ascend/gen_cluster.py``), then times ``advisor.engine.context.load_profile`` in a fresh
 subprocess and prints ingest seconds, MB/s and the subprocess's peak RSS. It repeats the load
 on the first quarter and half of the ranks to show how memory grows with the number of ranks:
 the growth per rank should be about the size of that rank's canonical tables, not of its files.
@@ -44,7 +44,7 @@ CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[2])
 {PEAK}
-from advisor.ingest import load_profile
+from advisor.engine.context import load_profile
 t0 = time.perf_counter()
 ctx = load_profile(sys.argv[1])
 dt = time.perf_counter() - t0

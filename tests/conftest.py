@@ -112,7 +112,7 @@ _OVER_SAVINGS: list[str] = []
 def _check_every_report() -> Iterator[None]:
     """Every Report the suite builds (analyze, analyze_context, the CLI in-process) is checked for
     savings above the median step of their ranks (:func:`saving_problems`)."""
-    import advisor.analyze as analyze_mod
+    import advisor.pipeline.report as analyze_mod
     from advisor.render.json import report_dict
 
     orig = analyze_mod.build_report

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from advisor.ingest import load_profile
+from advisor.engine.context import load_profile
 from advisor.stages import breakdown as breakdown_stage
 from advisor.stages import critical_path as cp_stage
 from tests.conftest import SAMPLES, SCHEMA_PATH, TRACES, report_json, sample_dirs

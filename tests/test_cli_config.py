@@ -287,7 +287,7 @@ def test_an_error_beside_the_stages_waits_for_them(monkeypatch: pytest.MonkeyPat
     import time
 
     import advisor.analyze as an
-    from advisor.engine import runner
+    from advisor.pipeline import map as pmap
     from advisor.stages import breakdown
 
     real_stages = breakdown.compute  # the first stage of the per-rank map
@@ -300,7 +300,7 @@ def test_an_error_beside_the_stages_waits_for_them(monkeypatch: pytest.MonkeyPat
         raise RuntimeError("planted rules failure")
 
     monkeypatch.setattr(breakdown, "compute", slow_stages)
-    monkeypatch.setattr(runner, "execute", failing_rules)
+    monkeypatch.setattr(pmap, "execute", failing_rules)
     with pytest.raises(RuntimeError, match="planted rules failure"):
         an.analyze(HEALTHY)
     assert not [t for t in threading.enumerate() if t.name == "advisor-stages" and t.is_alive()]

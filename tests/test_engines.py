@@ -1,5 +1,5 @@
 """The three engines of the per-rank map give the same report: in-process, the local process pool
-(2 workers) and a Dask cluster of 2 worker processes on loopback (advisor.ingest.executors).
+(2 workers) and a Dask cluster of 2 worker processes on loopback (advisor.pipeline.executors).
 
 The Dask tests carry the ``dask`` marker (left out of the quick suite) and skip, with the reason,
 when Dask is not installed, unless ``ADVISOR_REQUIRE_DASK=1`` (set by .ci/run, which installs the
@@ -20,8 +20,8 @@ from click.testing import CliRunner
 
 from advisor.analyze import analyze
 from advisor.cli import main
-from advisor.ingest import options
-from advisor.ingest.executors import EngineError, check_engine, is_remote, open_executor, scheduler_address
+from advisor.options import LoadOptions
+from advisor.pipeline.executors import EngineError, check_engine, is_remote, open_executor, scheduler_address
 from tests.conftest import SAMPLES, report_json
 from tests.test_determinism import _strip
 
@@ -56,8 +56,7 @@ def _ran_on(cluster: Any) -> int:
 
 
 def _report(path: Path, **opts: Any) -> Any:
-    with options(**opts):
-        return _strip(report_json(analyze(path)))
+    return _strip(report_json(analyze(path, options=LoadOptions(**opts))))
 
 
 @pytest.fixture(scope="module")
@@ -86,13 +85,13 @@ def ascend_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
 
 
 def _same_three_ways(path: Path, cluster: Any, ranks: int) -> None:
-    from advisor.engine import mapreduce
+    from advisor.pipeline import plan
 
     before = _ran_on(cluster)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(mapreduce, "SHARD_BYTES", 1)  # one rank per shard: a map task per rank
-        in_process = _report(path, processes=1)
-        pool = _report(path, processes=2)
+        mp.setattr(plan, "SHARD_BYTES", 1)  # one rank per shard: a map task per rank
+        in_process = _report(path, workers=1)
+        pool = _report(path, workers=2)
         dask = _report(path, engine=cluster.scheduler_address)
     assert _ran_on(cluster) - before == ranks  # one task per rank, run by the Dask workers
     assert in_process == pool
@@ -160,7 +159,7 @@ def test_cli_engine_errors(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.dask
 def test_cli_engine_unreachable_and_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     _distributed()
-    monkeypatch.setattr("advisor.ingest.executors.CONNECT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr("advisor.pipeline.executors.CONNECT_TIMEOUT_S", 1.0)
     runner = CliRunner()
     path = str(SAMPLES / "kineto_two_ranks")
     res = runner.invoke(main, ["analyze", path, "--engine", "tcp://127.0.0.1:9"])  # the discard port: nobody
@@ -176,9 +175,9 @@ def test_engine_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     from advisor.options import AnalyzeOptions
 
     monkeypatch.setattr("os.cpu_count", lambda: 6)
-    assert AnalyzeOptions.build(tmp_path / "p", engine="local").ingest["processes"] == 6
-    assert AnalyzeOptions.build(tmp_path / "p", engine="local", workers=3).ingest["processes"] == 3
-    assert AnalyzeOptions.build(tmp_path / "p").ingest["processes"] is None
+    assert AnalyzeOptions.build(tmp_path / "p", engine="local").load.workers == 6
+    assert AnalyzeOptions.build(tmp_path / "p", engine="local", workers=3).load.workers == 3
+    assert AnalyzeOptions.build(tmp_path / "p").load.workers is None
 
 
 @pytest.mark.dask
@@ -205,7 +204,7 @@ def test_unguarded_script_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     guard is reported as that, not as a worker out of memory."""
     import types
 
-    from advisor.ingest.executors import lost_worker, unguarded_main
+    from advisor.pipeline.executors import lost_worker, unguarded_main
 
     script = tmp_path / "job.py"
     main_module = types.ModuleType("__main__")
@@ -227,9 +226,9 @@ def test_unguarded_script_fails_in_one_line(tmp_path: Path) -> None:
     import subprocess
 
     script = tmp_path / "job.py"
-    script.write_text("from advisor.analyze import analyze\nfrom advisor.engine import mapreduce\n"
-                      "from advisor.ingest import options\nmapreduce.SHARD_BYTES = 1\n"
-                      f"with options(processes=2):\n    analyze({str(SAMPLES / 'kineto_two_ranks')!r})\n")
+    script.write_text("from advisor.analyze import analyze\nfrom advisor.options import LoadOptions\n"
+                      "from advisor.pipeline import plan\nplan.SHARD_BYTES = 1\n"
+                      f"analyze({str(SAMPLES / 'kineto_two_ranks')!r}, options=LoadOptions(workers=2))\n")
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode != 0
     last = res.stderr.strip().splitlines()[-1]
@@ -243,9 +242,10 @@ def test_dask_memory_limit_is_shared_out(monkeypatch: pytest.MonkeyPatch) -> Non
     from contextlib import contextmanager
 
     from advisor.config import Config
-    from advisor.engine import mapreduce as mr
     from advisor.ingest.base import Unit
-    from advisor.ingest.executors import InDirExecutor, _slots
+    from advisor.pipeline import map as pmap
+    from advisor.pipeline import schedule
+    from advisor.pipeline.executors import InDirExecutor, _slots
 
     class Client:
         def nthreads(self) -> dict[str, int]:
@@ -255,19 +255,19 @@ def test_dask_memory_limit_is_shared_out(monkeypatch: pytest.MonkeyPatch) -> Non
     assert _slots(object()) == 1  # a client that cannot say
     limits: list[str | None] = []
 
-    def fake(root: str, units: list[Unit], cfg: Config, **kw: Any) -> mr.ShardResult:
+    def fake(root: str, units: list[Unit], cfg: Config, **kw: Any) -> pmap.ShardResult:
         limits.append(kw["memory_limit"])
-        return mr.ShardResult(ranks=[u.rank for u in units], load_warnings=[])
+        return pmap.ShardResult(ranks=[u.rank for u in units], load_warnings=[])
 
     @contextmanager
     def executor(engine: Any, workers: Any, pool_from: int = 2) -> Any:
         with ThreadPoolExecutor(2) as ex:
             yield InDirExecutor(ex, os.getcwd(), slots=_slots(Client()))
 
-    monkeypatch.setattr(mr, "map_shard", fake)
-    monkeypatch.setattr("advisor.ingest.executors.open_executor", executor)
+    monkeypatch.setattr(schedule, "map_shard", fake)
+    monkeypatch.setattr("advisor.pipeline.schedule.open_executor", executor)
     shards = [[Unit("kineto", [Path(f"r{r}.json")], Path("."), rank=r)] for r in range(3)]
-    out = list(mr.run_maps(".", shards, Config(), workers=2, engine="tcp://h:1", rank=None, step=None,
+    out = list(schedule.run_maps(".", shards, Config(), workers=2, engine="tcp://h:1", rank=None, step=None,
                            memory_limit="8GB", max_events=None, debug=False))
     assert [r.ranks for r in out] == [[0], [1], [2]]
     assert limits == ["2GB"] * 3

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from advisor.config import ConfigError
-from advisor.gate import BUDGETS, baseline_diff, evaluate, parse_budgets
+from advisor.gate import BUDGETS, baseline_diff, evaluate, parse_budgets, read_baseline
 from tests.conftest import TRACES, validate_report
 from tests.render_helpers import run_cli
 
@@ -248,9 +248,9 @@ def test_kind_mismatch_world_size_and_exit_codes() -> None:
 def test_an_incomparable_baseline_is_exit_2_even_when_a_budget_fails(tmp_path: Path) -> None:
     base = tmp_path / "base.json"
     base.write_text(json.dumps(_kind(_rows(0, 100.0), cpu_only=False, world_size=8)))
-    res = evaluate(_kind(_rows(0, 150.0), cpu_only=True), baseline=base, budgets={"step_ms": 0.1})
+    res = evaluate(_kind(_rows(0, 150.0), cpu_only=True), baseline=read_baseline(base), budgets={"step_ms": 0.1})
     assert res.exit_code == 2 and len(res.messages) == 2 and "not comparable" in res.messages[0]
-    other = evaluate(_kind(_rows(0, 150.0), cpu_only=False, world_size=16), baseline=base, budgets={"step_ms": 0.1})
+    other = evaluate(_kind(_rows(0, 150.0), cpu_only=False, world_size=16), baseline=read_baseline(base), budgets={"step_ms": 0.1})
     assert other.exit_code == 1  # comparable: the +50 % step fails, and the budget
     assert "another world size: baseline 8, current 16" in other.messages[0]
     assert other.messages[1].startswith("step time +50.0%")

@@ -69,7 +69,7 @@ import duckdb
 import pandas as pd
 import pytest
 
-from advisor.ingest import load_profile
+from advisor.engine.context import load_profile
 from advisor.stages import breakdown as breakdown_stage
 from tests.conftest import SAMPLES, TRACES
 from tests.hta_env import PROBE, HtaUnavailable, hta_python

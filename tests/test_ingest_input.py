@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from advisor.ingest import load_profile
+from advisor.engine.context import load_profile
 from advisor.ingest.base import InputError
 
 T0_US = 1_700_000_000_000_000  # 2023-11-14, µs since the epoch

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from advisor.ingest import load_profile
+from advisor.engine.context import load_profile
 from advisor.ingest.base import InputError
 from tests.conftest import SAMPLES, TRACES
 

@@ -59,7 +59,8 @@ def test_truncated_and_other_layouts(tmp_path: Path) -> None:
 @pytest.mark.parametrize("sample", ["kineto_resnet50_num_workers_0", "kineto_two_ranks"])
 def test_streamed_and_whole_object_reads_agree(sample: str, samples: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Big files go through the streaming reader; forcing it on the samples gives the same tables."""
-    from advisor.ingest import kineto, load_profile
+    from advisor.engine.context import load_profile
+    from advisor.ingest import kineto
 
     query = "SELECT * EXCLUDE (file_id) FROM events ORDER BY ALL"  # file ids follow load order (threads)
     whole = load_profile(samples / sample).con.execute(query).fetchall()
@@ -73,7 +74,8 @@ def test_spilled_events_are_read_by_path_and_removed(tmp_path: Path, samples: Pa
     """Big files: the events list is copied to a temporary file, read by path, then deleted."""
     import tempfile
 
-    from advisor.ingest import kineto, load_profile
+    from advisor.engine.context import load_profile
+    from advisor.ingest import kineto
     from advisor.ingest.jsonstream import SpilledEvents
 
     tmp = tmp_path / "tmp"

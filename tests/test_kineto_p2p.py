@@ -126,7 +126,7 @@ def test_record_param_comms_peers_are_mapped_to_global_ranks(tmp_path: Path, old
     transfer, from the receiver (rank 1's trace is not in the profile). Each c10d op holding a
     record_param_comms is the same transfer, not counted again. Rank 2's gloo send is left out."""
     from advisor.analyze import analyze
-    from advisor.ingest import load_profile
+    from advisor.engine.context import load_profile
 
     write_nccl_pipeline(tmp_path / "pp", old_schema_key)
     data = report_json(analyze(tmp_path / "pp"))

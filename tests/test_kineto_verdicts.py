@@ -17,7 +17,7 @@ import pytest
 from advisor.analyze import analyze, analyze_context
 from advisor.causes import Applies, for_platform, optimizations_for
 from advisor.config import Config
-from advisor.ingest import load_profile
+from advisor.engine.context import load_profile
 from advisor.model import Finding, Severity
 from advisor.testing import context_from_tables
 from tests.conftest import ROOT, report_json
@@ -228,7 +228,7 @@ def test_one_rank_of_eight_warns_and_communication_names_the_missing_peers() -> 
         "ranks": [{"rank": 0, "source": "kineto", "world_size": 8, "has_device": False, "rank_source": "test",
                    "files": ""}],
     })
-    from advisor.analyze import _missing_ranks
+    from advisor.pipeline.report import _missing_ranks
 
     comm = Finding(rule="COM001", cause="comm.slow_synchronization", severity=Severity.HIGH, title="t", evidence={})
     other = Finding(rule="CPU002", cause="cpu.operator_dispatch", severity=Severity.HIGH, title="t", evidence={})

@@ -1,4 +1,4 @@
-"""The per-rank map and cluster reduce (advisor.engine.mapreduce): the same report whatever the
+"""The per-rank map and cluster reduce (advisor.pipeline): the same report whatever the
 shards and wherever they run; the reduce holds no event; cluster rules read only summaries."""
 
 from __future__ import annotations
@@ -11,14 +11,16 @@ import pytest
 
 from advisor.analyze import analyze
 from advisor.config import Config
-from advisor.engine import mapreduce as mr
 from advisor.engine.context import AnalysisContext
 from advisor.engine.merge import merge_shards
 from advisor.engine.registry import discover
 from advisor.engine.runner import combine
-from advisor.ingest import claim_units, options
+from advisor.ingest import claim_units
 from advisor.ingest.base import Unit
 from advisor.model import Finding, RuleOutcome, Severity
+from advisor.options import LoadOptions
+from advisor.pipeline import map as pmap
+from advisor.pipeline import plan, schedule
 from tests.ascend import gen_cluster
 from tests.conftest import SAMPLES, TRACES, report_json
 from tests.test_determinism import _strip
@@ -28,9 +30,8 @@ ASCEND_DDP = Path(__file__).parent / "data" / "ascend_real" / "ascend_pt_resnet_
 
 def _report(path: Path, shard_bytes: int, monkeypatch: pytest.MonkeyPatch, processes: int = 1,
             keep: list[AnalysisContext] | None = None) -> Any:
-    monkeypatch.setattr(mr, "SHARD_BYTES", shard_bytes)
-    with options(processes=processes):
-        return _strip(report_json(analyze(path, keep=keep)))
+    monkeypatch.setattr(plan, "SHARD_BYTES", shard_bytes)
+    return _strip(report_json(analyze(path, keep=keep, options=LoadOptions(workers=processes))))
 
 
 def _units(tmp_path: Path, sizes: list[int]) -> list[Unit]:
@@ -44,21 +45,21 @@ def _units(tmp_path: Path, sizes: list[int]) -> list[Unit]:
 
 def test_shards_are_consecutive_ranks_up_to_a_size(tmp_path: Path) -> None:
     units = _units(tmp_path, [40, 40, 30, 100, 10, 10])
-    shards = mr.plan_shards(list(reversed(units)), max_bytes=100)
+    shards = plan.plan_shards(list(reversed(units)), max_bytes=100)
     assert [[u.rank for u in s] for s in shards] == [[0, 1], [2], [3], [4, 5]]  # 40+40+30 > 100; 100 alone
-    assert [[u.rank for u in s] for s in mr.plan_shards(units, max_bytes=1)] == [[r] for r in range(6)]
-    assert [[u.rank for u in s] for s in mr.plan_shards(units, max_bytes=1 << 30)] == [list(range(6))]
+    assert [[u.rank for u in s] for s in plan.plan_shards(units, max_bytes=1)] == [[r] for r in range(6)]
+    assert [[u.rank for u in s] for s in plan.plan_shards(units, max_bytes=1 << 30)] == [list(range(6))]
 
 
 def test_pool_only_for_several_shards(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.cpu_count", lambda: 8)
-    assert mr.pool_workers(None, 1) == 1  # one shard: in-process
-    assert mr.pool_workers(None, 3) == 3
-    assert mr.pool_workers(None, 100) == 8
-    assert mr.pool_workers(4, 2) == 2  # never more workers than shards
-    assert mr.pool_workers(1, 100) == 1
+    assert schedule.pool_workers(None, 1) == 1  # one shard: in-process
+    assert schedule.pool_workers(None, 3) == 3
+    assert schedule.pool_workers(None, 100) == 8
+    assert schedule.pool_workers(4, 2) == 2  # never more workers than shards
+    assert schedule.pool_workers(1, 100) == 1
     monkeypatch.setattr("os.cpu_count", lambda: 1)
-    assert mr.pool_workers(None, 100) == 1
+    assert schedule.pool_workers(None, 100) == 1
 
 
 @pytest.mark.slow  # three whole analyses twice over (~8 s); the engines' test splits clusters too
@@ -107,7 +108,7 @@ def test_reduce_holds_no_events(monkeypatch: pytest.MonkeyPatch) -> None:
     report = _report(TRACES / "gloo_slow_rank", 1, monkeypatch, keep=keep)
     con = keep[0].con.cursor()
     tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
-    assert not tables & set(mr.BIG_TABLES)
+    assert not tables & set(pmap.BIG_TABLES)
     assert con.execute("SELECT count(*) FROM ranks").fetchone()[0] == 2
     assert keep[0].rows("events") > 0  # counted by the maps: rules' requirements on events still hold
     assert not [w for w in report["warnings"] if w["code"] == "rule_error"]
@@ -116,7 +117,7 @@ def test_reduce_holds_no_events(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_map_result_is_a_plain_value() -> None:
     path = TRACES / "gloo_slow_rank"
     units = claim_units(path, [], lambda *a: None)
-    res = mr.map_shard(str(path), units[:1], Config())
+    res = pmap.map_shard(str(path), units[:1], Config())
     back = pickle.loads(pickle.dumps(res))
     assert back.ranks == [0] and back.tables.keys() == res.tables.keys()
     assert "events" not in back.tables and "ranks" in back.tables
@@ -166,21 +167,20 @@ def test_combine_outcomes_across_shards() -> None:
 
 
 def test_pool_by_default_for_the_cli_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CLI (options with ``processes=None``) runs two shards or more on a pool; a library caller
+    """The CLI (``LoadOptions(workers=None)``) runs two shards or more on a pool; a library caller
     stays in-process unless it asks (a pool imports its ``__main__`` again)."""
     seen: list[int] = []
-    real = mr.run_maps
+    real = schedule.run_maps
 
     def spy(*args: Any, workers: int, **kwargs: Any) -> Any:
         seen.append(workers)
         return real(*args, workers=1, **kwargs)
 
-    monkeypatch.setattr(mr, "run_maps", spy)
-    monkeypatch.setattr(mr, "SHARD_BYTES", 1)
+    monkeypatch.setattr("advisor.analyze.run_maps", spy)
+    monkeypatch.setattr(plan, "SHARD_BYTES", 1)
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     analyze(TRACES / "gloo_slow_rank")
-    with options(processes=None):
-        analyze(TRACES / "gloo_slow_rank")
+    analyze(TRACES / "gloo_slow_rank", options=LoadOptions(workers=None))
     assert seen == [1, 2]  # two ranks: two shards, two workers
 
 
@@ -194,12 +194,12 @@ def _fake_maps(monkeypatch: pytest.MonkeyPatch, fail: dict[int, BaseException] |
 
     ran: list[tuple[int, str]] = []
 
-    def fake(root: str, units: list[Unit], cfg: Config, **kw: Any) -> mr.ShardResult:
+    def fake(root: str, units: list[Unit], cfg: Config, **kw: Any) -> pmap.ShardResult:
         time.sleep(0.02)  # long enough for the other side to take a shard meanwhile
         ran.append((units[0].rank, threading.current_thread().name))
         if fail and units[0].rank in fail:
             raise fail[units[0].rank]
-        return mr.ShardResult(ranks=[u.rank for u in units], load_warnings=[])
+        return pmap.ShardResult(ranks=[u.rank for u in units], load_warnings=[])
 
     @contextmanager
     def executor(engine: Any, workers: Any, pool_from: int = 2) -> Any:
@@ -207,8 +207,8 @@ def _fake_maps(monkeypatch: pytest.MonkeyPatch, fail: dict[int, BaseException] |
         with ThreadPoolExecutor(1, thread_name_prefix="worker") as ex:
             yield ex
 
-    monkeypatch.setattr(mr, "map_shard", fake)
-    monkeypatch.setattr("advisor.ingest.executors.open_executor", executor)
+    monkeypatch.setattr(schedule, "map_shard", fake)
+    monkeypatch.setattr("advisor.pipeline.schedule.open_executor", executor)
     return ran
 
 
@@ -218,7 +218,7 @@ def _shards(n: int) -> list[list[Unit]]:
 
 def test_main_process_runs_maps_beside_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     ran = _fake_maps(monkeypatch)
-    out = list(mr.run_maps(".", _shards(8), Config(), workers=2, rank=None, step=None, memory_limit=None,
+    out = list(schedule.run_maps(".", _shards(8), Config(), workers=2, rank=None, step=None, memory_limit=None,
                            max_events=None, debug=False))
     assert [r.ranks for r in out] == [[r] for r in range(8)]  # in shard order, whoever ran them
     assert sorted(r for r, _ in ran) == list(range(8))  # each shard once
@@ -232,7 +232,7 @@ def test_map_errors_come_in_shard_order(monkeypatch: pytest.MonkeyPatch) -> None
     from advisor.ingest.base import InputError
 
     _fake_maps(monkeypatch, {3: ValueError("bad shard"), 5: ValueError("later")})
-    maps = mr.run_maps(".", _shards(8), Config(), workers=2, rank=None, step=None, memory_limit=None,
+    maps = schedule.run_maps(".", _shards(8), Config(), workers=2, rank=None, step=None, memory_limit=None,
                        max_events=None, debug=False)
     got = []
     with pytest.raises(ValueError, match="bad shard"):
@@ -240,7 +240,7 @@ def test_map_errors_come_in_shard_order(monkeypatch: pytest.MonkeyPatch) -> None
             got.append(r.ranks[0])
     assert got == [0, 1, 2]
     _fake_maps(monkeypatch, {r: BrokenProcessPool("gone") for r in range(8)})
-    maps = mr.run_maps(".", _shards(2), Config(), workers=2, rank=None, step=None, memory_limit=None,
+    maps = schedule.run_maps(".", _shards(2), Config(), workers=2, rank=None, step=None, memory_limit=None,
                        max_events=None, debug=False)
     # a worker killed under its map: the shard's ranks and the likely cause, not the pool's exception
     with pytest.raises(InputError, match=r"reading ranks 0-0 ended abruptly \(out of memory\?"):

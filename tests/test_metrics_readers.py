@@ -14,11 +14,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from advisor import ingest
 from advisor.cli import main
-from advisor.ingest import load, options
-from advisor.metrics import MetricsError, map_ranks, read_file
+from advisor.metrics import MetricsError, finish_load, map_ranks, read_file
 from advisor.metrics.common import Sample, parse_time, parse_tz_offset
+from advisor.model import Warning_
 from advisor.options import AnalyzeOptions, UsageFailure
+from advisor.text import one_line
 from tests.conftest import validate_report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,9 +201,19 @@ def test_zone_less_times_take_the_offset() -> None:
         AnalyzeOptions.build(TWO_RANKS, metrics=(DATA / "nvidia_smi.csv",), metrics_tz_offset="eight")
 
 
+def load(path: Path, metrics: tuple[Path, ...] = (), tz: str | None = None) -> Any:
+    """The profile loaded, then the ``--metrics`` files read over its tables, as the analysis does."""
+    prof = ingest.load(path)
+
+    def warn(code: str, message: str, p: Path | str | None = None) -> None:
+        prof.warnings.append(Warning_(code, one_line(message, 500), None if p is None else str(p)))
+
+    finish_load(prof.con, warn, metrics, tz, str(path))
+    return prof
+
+
 def _load(*files: str, tz: str | None = None) -> Any:
-    with options(metrics=tuple(DATA / f for f in files), metrics_tz_offset=tz):
-        return load(TWO_RANKS)
+    return load(TWO_RANKS, tuple(DATA / f for f in files), tz)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from advisor.config import ConfigError
-from advisor.options import AnalyzeOptions, UsageFailure
+from advisor.options import AnalyzeOptions, LoadOptions, UsageFailure
 
 
 def test_build_checks_nothing_of_the_profile(tmp_path: Path) -> None:
@@ -21,7 +21,7 @@ def test_build_checks_nothing_of_the_profile(tmp_path: Path) -> None:
     assert opts.memory_limit == "8GB"
     assert opts.cfg.select == ["COM001"]
     assert opts.cfg.overrides == {"COM001": {"min_wait_ratio": "0.4"}}
-    assert opts.ingest == {"run": 2, "follow_symlinks": False, "processes": None, "engine": None}
+    assert opts.load == LoadOptions(run=2, follow_symlinks=False, workers=None, engine=None, memory_limit="8GB")
     with pytest.raises(dataclasses.FrozenInstanceError):
         opts.rank = 1  # type: ignore[misc]
 

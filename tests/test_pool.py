@@ -1,5 +1,5 @@
-"""The per-rank load on a process pool (``load(path, processes=N)``: advisor.ingest._load_in_pool)
-gives what the in-process load gives."""
+"""The maps on a process pool (``LoadOptions(workers=N)``: advisor.pipeline.schedule) give what the
+maps in-process give, warnings and errors included."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from click.testing import CliRunner
 
 from advisor.analyze import analyze
 from advisor.cli import main
-from advisor.ingest import InputError, load, options
-from advisor.ingest.base import Unit
-from advisor.ingest.executors import share_of
-from advisor.schema import TABLES
+from advisor.ingest import InputError
+from advisor.options import LoadOptions
+from advisor.pipeline import plan, schedule
+from advisor.pipeline.executors import share_of
 from tests.ascend import gen_cluster
 from tests.conftest import SAMPLES, TRACES, report_json
 from tests.test_determinism import _strip
@@ -26,8 +26,10 @@ KINETO_CLUSTERS = [TRACES / "gloo_slow_rank", SAMPLES / "kineto_two_ranks"]
 
 
 def _report(path: Path, processes: int) -> Any:
-    with options(processes=processes):
-        return _strip(report_json(analyze(path)))
+    """The report with one rank per shard, the shards mapped by ``processes`` processes."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plan, "SHARD_BYTES", 1)
+        return _strip(report_json(analyze(path, options=LoadOptions(workers=processes))))
 
 
 def test_memory_limit_shared() -> None:
@@ -56,24 +58,11 @@ def test_cli_workers(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "--workers" in res.output
 
 
-def _rows(prof: Any, table: str) -> list[str]:
-    """The table's rows, sorted: file ids left out (renumbered by the pool), and the readers'
-    synthetic external ids (numbered within the batch of ranks read together) as their order
-    within the rank."""
-    cols = [c for c in TABLES[table].column_names if c != "file_id"]
-    synthetic = 1 << 62  # the Ascend readers' base of the ids they make up (ascend_text / ascend_db _EXT_BASE)
-    sel = ", ".join(f'"{c}"' if c != "ext_id" else
-                    f"CASE WHEN ext_id >= {synthetic} THEN dense_rank() OVER (PARTITION BY rank, ext_id >= {synthetic} "
-                    "ORDER BY ext_id) ELSE ext_id END" for c in cols)
-    return sorted(map(repr, prof.con.execute(f"SELECT {sel} FROM {table}").fetchall()))
-
-
 def _findings(report: Any) -> list[tuple[Any, ...]]:
     """What each finding says that does not depend on the order of rows within a table: on these
     clusters the in-process load alone gives, run after run, other ``ops`` / ``top`` lists (and so
     ids) in COM005 / COM006 and another ``group_size`` in CLU001's evidence, which take the first
-    rows of a query without an ORDER BY (the loaded rows are in the same multiset: see
-    :func:`test_ascend_same_tables`)."""
+    rows of a query without an ORDER BY)."""
     return sorted((f["rule"], f["cause"], f["severity"], f["title"], f["ranks"], f["steps"], f["estimated_saving_us"])
                   for f in report["findings"])
 
@@ -86,17 +75,6 @@ def faults8(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.mark.slow
-def test_ascend_same_tables(faults8: Path) -> None:
-    one, two = load(faults8, processes=1), load(faults8, processes=2)
-    assert one.ranks == two.ranks == list(range(8))
-    for table in TABLES:
-        assert _rows(one, table) == _rows(two, table), table
-    assert one.warnings == two.warnings
-    # file ids stay one per file
-    assert two.con.execute("SELECT count(DISTINCT file_id) = count(*) FROM profile_files").fetchall()[0][0]
-
-
-@pytest.mark.slow
 def test_ascend_same_findings(faults8: Path) -> None:
     one, two = _report(faults8, 1), _report(faults8, 2)
     assert _findings(one) == _findings(two)
@@ -106,17 +84,16 @@ def test_ascend_same_findings(faults8: Path) -> None:
 
 @pytest.fixture
 def pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The number of workers of each pool the loads start."""
-    from advisor import ingest
-
+    """The number of processes of each pool the maps start (one rank per shard)."""
     started: list[int] = []
-    orig = ingest._load_in_pool
+    orig = schedule.open_executor
 
-    def spy(con: Any, lctx: Any, units: list[Unit], infos: Any, n_workers: int, **kwargs: Any) -> Any:
-        started.append(n_workers)
-        return orig(con, lctx, units, infos, n_workers, **kwargs)
+    def spy(engine: Any, workers: Any, **kwargs: Any) -> Any:
+        started.append(workers + 1)  # the main process maps shards too
+        return orig(engine, workers, **kwargs)
 
-    monkeypatch.setattr(ingest, "_load_in_pool", spy)
+    monkeypatch.setattr(schedule, "open_executor", spy)
+    monkeypatch.setattr(plan, "SHARD_BYTES", 1)
     return started
 
 
@@ -131,11 +108,10 @@ def _cluster_with_bad_rank(tmp_path: Path) -> Path:
 
 def test_worker_warnings_come_back(tmp_path: Path, pools: list[int]) -> None:
     root = _cluster_with_bad_rank(tmp_path)
-    with options(processes=None):
-        one = load(root)  # no pool unless asked for
-    two = load(root, processes=3)
-    assert pools == [2]  # one worker per rank at most
-    assert one.ranks == two.ranks == [0, 1]
+    one = analyze(root)  # no pool unless asked for
+    two = analyze(root, options=LoadOptions(workers=3))
+    assert pools == [2]  # one process per shard at most
+    assert one.profile["ranks"] == two.profile["ranks"] == [0, 1]
     said = [(w.code, w.message, w.path) for w in two.warnings]
     assert said == [(w.code, w.message, w.path) for w in one.warnings]
     assert any(p and p.endswith("rank2.pt.trace.json") for _c, _m, p in said)
@@ -150,7 +126,7 @@ def test_worker_errors_are_input_errors(tmp_path: Path, pools: list[int]) -> Non
     errors = []
     for n in (1, 2):
         with pytest.raises(InputError) as exc:
-            load(root, processes=n)
+            analyze(root, options=LoadOptions(workers=n))
         errors.append(str(exc.value))
     assert pools == [2]
     assert errors[0] == errors[1]

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from advisor.ingest import load_profile
+from advisor.engine.context import load_profile
 from advisor.ingest.step_inference import infer_rank
 from tests.conftest import report_json
 

@@ -17,7 +17,7 @@ import pytest
 
 from advisor.analyze import analyze
 from advisor.config import Config
-from advisor.ingest import load_profile
+from advisor.engine.context import load_profile
 from advisor.ingest.steps import windows_sql
 from tests.conftest import report_json
 

@@ -6,9 +6,10 @@ import re
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from advisor.model import Warning_
+from advisor.model import Profile, Warning_
 from advisor.schema import TABLES
 
 if TYPE_CHECKING:
@@ -251,3 +252,19 @@ class AnalysisContext:
         if step is not None:
             sel = sel[sel["step"] == step]
         return float(sel["step_us"].median()) if len(sel) else 0.0
+
+
+def context_of(profile: Profile) -> AnalysisContext:
+    """The rules' context over a loaded profile (its tables, ranks and warnings so far)."""
+    ctx = AnalysisContext(con=profile.con, path=profile.path, sources=profile.sources, ranks=profile.ranks,
+                          warnings=profile.warnings)
+    ctx.extras["parse_seconds"] = profile.parse_seconds
+    return ctx
+
+
+def load_profile(path: str | Path, **kwargs: Any) -> AnalysisContext:
+    """:func:`advisor.ingest.load` as the engine's context, for callers that query the loaded tables
+    or run rules on them (the analysis builds its contexts itself). Same keywords as the load."""
+    from advisor.ingest import load
+
+    return context_of(load(path, **kwargs))

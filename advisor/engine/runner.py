@@ -79,7 +79,7 @@ def build_rank_part(spec: RuleSpec[Any], ctx: AnalysisContext, thresholds: Any) 
     with ctx._building.setdefault(key, threading.Lock()):
         if key in ctx._derived:
             return
-        from advisor.ingest.base import insert_rows
+        from advisor.schema import insert_rows
 
         ctx.ensure_derived(part.derived)
         got = part.build(RuleContext(spec, ctx, thresholds))
@@ -185,15 +185,22 @@ def collect(specs: dict[str, RuleSpec[Any]], chosen: dict[str, RuleSpec[Any]], d
 
 def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[list[Finding], list[RuleOutcome]]:
     """Run every selected rule against ``ctx``; warnings for skips/errors go into ``ctx.warnings``."""
-    from advisor.engine.registry import LOAD_ERRORS
-
     specs, chosen = choose(cfg)
     done = execute(ctx, cfg, chosen, debug)
     ctx.wait_stages()  # their warnings come first, as when they run before the rules
+    return account(specs, chosen, done, ctx.ranks, ctx.breakdown, ctx.warnings)
+
+
+def account(specs: dict[str, RuleSpec[Any]], chosen: dict[str, RuleSpec[Any]], done: dict[str, Done],
+            ranks: list[int], breakdown: Any, warnings: list[Warning_]) -> tuple[list[Finding], list[RuleOutcome]]:
+    """The one account of what the rules gave: rule modules that failed to load, each rule's
+    outcome (:func:`collect`) and the findings as the report gives them (:func:`finish`)."""
+    from advisor.engine.registry import LOAD_ERRORS
+
     for err in LOAD_ERRORS:
-        ctx.warnings.append(Warning_("rule_error", f"rule not loaded: {err}"))
-    findings, outcomes = collect(specs, chosen, done, ctx.warnings)
-    return finish(findings, ctx.ranks, ctx.breakdown, ctx.warnings), outcomes
+        warnings.append(Warning_("rule_error", f"rule not loaded: {err}"))
+    findings, outcomes = collect(specs, chosen, done, warnings)
+    return finish(findings, ranks, breakdown, warnings), outcomes
 
 
 def finish(findings: list[Finding], ranks: list[int], breakdown: Any, warnings: list[Warning_]) -> list[Finding]:

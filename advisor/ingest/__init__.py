@@ -14,11 +14,9 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
-from contextvars import ContextVar
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import duckdb
 
@@ -43,9 +41,6 @@ from advisor.ingest.steps import finalize
 from advisor.kinds import Source
 from advisor.model import Profile, Warning_
 from advisor.schema import create_all
-
-if TYPE_CHECKING:
-    from advisor.engine.context import AnalysisContext
 
 READER_MODULES = ("advisor.ingest.ascend", "advisor.ingest.kineto")
 
@@ -177,29 +172,6 @@ def nothing_usable(root: Path, warnings: list[Warning_], headline: str) -> Input
     return InputError(f"{one_line(root)}: {headline}; {len(problems)} files skipped: {listed}")
 
 
-_OPTIONS: ContextVar[dict[str, Any] | None] = ContextVar("advisor_ingest_options", default=None)
-
-
-@contextmanager
-def options(**kwargs: Any) -> Iterator[None]:
-    """Defaults for :func:`load_profile`'s ``run``, ``follow_symlinks`` and ``processes`` within the block (the
-    CLI sets its options so, without threading them through every caller in between); ``engine``: where the
-    ranks are read (see :mod:`advisor.ingest.executors`; None: this machine)."""
-    token = _OPTIONS.set({**(_OPTIONS.get() or {}), **kwargs})
-    try:
-        yield
-    finally:
-        _OPTIONS.reset(token)
-
-
-def load_profile(path: str | Path, **kwargs: Any) -> AnalysisContext:
-    """:func:`load` as the engine's context (for callers that query the loaded tables or run rules
-    on them; the analysis builds its context itself). Same keywords as :func:`load`."""
-    from advisor.analyze import context_of  # the analysis builds contexts, not the loader
-
-    return context_of(load(path, **kwargs))
-
-
 def load(
     path: str | Path,
     *,
@@ -209,66 +181,66 @@ def load(
     memory_limit: str | None = None,
     on_scan: Callable[[], object] | None = None,
     run: int | None = None,
-    follow_symlinks: bool | None = None,
-    processes: int | None = None,
+    follow_symlinks: bool = False,
     _only: set[Path] | None = None,
 ) -> Profile:
-    """Read everything recognisable under ``path`` into a fresh DuckDB connection: the :class:`Profile`.
+    """Read everything recognisable under ``path`` into a fresh DuckDB connection, in this process: the
+    :class:`Profile` (the analysis reads a profile shard by shard instead: :mod:`advisor.pipeline`).
 
     ``on_scan`` is called once, when the first bulk scan is about to start (see
     :meth:`LoadContext.scan_starting`), and at the latest before files are read one by one.
     ``run``: which run (1-based) to analyse when the directory holds several (see
     :func:`advisor.ingest.runs.split_runs`); ``follow_symlinks``: follow symbolic links that
-    point outside the directory. Both default to what :func:`options` set, else None / False.
-    ``processes``: worker processes that read the ranks (at most one per rank; None or 1:
-    in-process), defaulting to what :func:`options` set, else 1 (a pool starts its workers with
-    ``spawn``, which imports the caller's ``__main__`` again).
+    point outside the directory; ``workers``: threads reading units one by one.
     ``_only``: read these files of the directory only (the files of the run chosen).
     """
     t0 = time.perf_counter()
     root = Path(path)
     warnings: list[Warning_] = []
-    opts = _OPTIONS.get() or {}
-    if run is None and _only is None:
-        run = opts.get("run")
-    if follow_symlinks is None:
-        follow_symlinks = bool(opts.get("follow_symlinks", False))
-    if processes is None:
-        processes = opts.get("processes", 1)
 
     def warn(code: str, message: str, p: Path | str | None = None) -> None:
         warnings.append(Warning_(code, one_line(message, 500), None if p is None else str(p)))
 
     units = claim_units(root, warnings, warn, follow_symlinks=follow_symlinks, only=_only)
-    n_processes = 1 if processes is None else max(1, min(int(processes), len({u.rank for u in units})))
     # readers may start slow file work (Kineto: copying event lists) while the database is set up
-    cleanups = [r.prefetch(units) for r in readers() if hasattr(r, "prefetch") and n_processes == 1]
+    cleanups = [r.prefetch(units) for r in readers() if hasattr(r, "prefetch")]
     try:
-        ctx = _load_units(root, units, warnings, warn, t0, progress=progress, max_events=max_events,
-                          workers=workers, memory_limit=memory_limit, on_scan=on_scan, processes=n_processes)
+        ctx = load_units(root, units, warnings, warn, t0, progress=progress, max_events=max_events,
+                         workers=workers, memory_limit=memory_limit, on_scan=on_scan)
     except SeveralRuns as exc:
         runs = exc.runs
     else:
-        if run is not None and run != 1:
-            raise InputError(f"{one_line(root)}: --run {run}: the profile holds one run only")
-        from advisor.metrics import finish_load  # --metrics files beside the profile (advisor.metrics)
-
-        finish_load(ctx.con, warn, opts.get("metrics") or (), opts.get("metrics_tz_offset"), str(root))
+        if _only is None:
+            check_one_run(root, run)
         return ctx
     finally:
         for cleanup in cleanups:
             cleanup()
+    only, note = pick_run(root, runs, run)
+    ctx = load(root, progress=progress, max_events=max_events, workers=workers, memory_limit=memory_limit,
+               on_scan=on_scan, follow_symlinks=follow_symlinks, _only=only)
+    ctx.warnings.insert(0, note)
+    return ctx
+
+
+def check_one_run(root: Path, run: int | None) -> None:
+    """``--run N`` of a profile found to hold one run: only ``--run 1`` names it."""
+    if run is not None and run != 1:
+        raise InputError(f"{one_line(root)}: --run {run}: the profile holds one run only")
+
+
+def pick_run(root: Path, runs: list[list[Span]], run: int | None) -> tuple[set[Path], Warning_]:
+    """The files of run ``run`` (1-based) of the ``runs`` a directory holds, and the warning that says
+    which was analysed; without ``run`` (or with one out of range) the :class:`InputError` listing them."""
     if run is None:
         raise InputError(describe_runs(root, runs))
     if not 1 <= run <= len(runs):
         raise InputError(f"{one_line(root)}: --run {run}: the directory holds {len(runs)} runs (1 to {len(runs)})")
-    chosen = runs[run - 1]
-    ctx = load(root, progress=progress, max_events=max_events, workers=workers, memory_limit=memory_limit,
-               on_scan=on_scan, follow_symlinks=follow_symlinks, processes=processes, _only={f for s in chosen for f in s.unit.files})
-    ctx.warnings.insert(0, Warning_("run_chosen", one_line(
+    picked = runs[run - 1]
+    note = Warning_("run_chosen", one_line(
         f"run {run} of the {len(runs)} runs in the directory analysed (--run {run}): "
-        + ", ".join(sorted({s.label for s in chosen}))[:300], 500), str(root)))
-    return ctx
+        + ", ".join(sorted({s.label for s in picked}))[:300], 500), str(root))
+    return {f for s in picked for f in s.unit.files}, note
 
 
 def claim_units(root: Path, warnings: list[Warning_], warn: Callable[..., None], *, follow_symlinks: bool = False,
@@ -340,16 +312,14 @@ def _one_source(root: Path, units: list[Unit], warn: Callable[..., None]) -> lis
     return ordered[0][1]
 
 
-def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: Callable[..., None], t0: float, *,
-                progress: Callable[[str, int, int], None] | None, max_events: int | None, workers: int | None,
-                memory_limit: str | None, on_scan: Callable[[], object] | None, processes: int = 1,
-                cluster: dict[str, Any] | None = None, engine: str | None = None,
-                threads: int | None = None) -> Profile:
-    """The rest of :func:`load_profile`, once the units are claimed and their ranks assigned:
-    the units are read in-process, or rank by rank in ``processes`` worker processes (see
-    :func:`_load_in_pool`); then what compares files and ranks runs here.
+def load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: Callable[..., None], t0: float, *,
+               progress: Callable[[str, int, int], None] | None, max_events: int | None, workers: int | None,
+               memory_limit: str | None, on_scan: Callable[[], object] | None,
+               cluster: dict[str, Any] | None = None, threads: int | None = None) -> Profile:
+    """The rest of :func:`load`, once the units are claimed and their ranks assigned: the units
+    are read (``workers`` threads for those read one by one), then what compares files and ranks runs here.
 
-    ``cluster``: the units are a shard of the profile's ranks (see :mod:`advisor.engine.mapreduce`):
+    ``cluster``: the units are a shard of the profile's ranks (see :mod:`advisor.pipeline.map`):
     the checks that compare them with the other ranks are left to the caller, which gets in this
     dict what they need (``spans``: :func:`file_spans`; ``worlds``: :func:`unit_worlds`).
     ``threads``: DuckDB's threads from the start (a map beside other maps: its share of the cores)."""
@@ -359,18 +329,13 @@ def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: C
     for u in units:
         lctx.units_per_rank[u.rank] = lctx.units_per_rank.get(u.rank, 0) + 1
     infos: dict[int, list[tuple[Unit, dict[str, Any] | None]]] = defaultdict(list)
-    done = 0
     if progress:
         progress("ingest", 0, len(units))
-    if processes > 1:
-        _load_in_pool(con, lctx, units, infos, processes, progress=progress, memory_limit=memory_limit, engine=engine)
-    else:
-        for unit, info in read_units(units, lctx, workers):
-            done += 1
-            if info is not None:
-                infos[unit.rank].append((unit, info))
-            if progress:
-                progress("ingest", done, len(units))
+    for done, (unit, info) in enumerate(read_units(units, lctx, workers), start=1):
+        if info is not None:
+            infos[unit.rank].append((unit, info))
+        if progress:
+            progress("ingest", done, len(units))
     read = {rank: [(u, info) for u, info in items if info is not None] for rank, items in infos.items()}
     read = {rank: items for rank, items in read.items() if items}
     if not read:
@@ -388,7 +353,7 @@ def _load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: C
     _write_ranks(con, read)
     finalize(con, warn, assigned=lctx.stepped)
     if cluster is None:
-        _check_runs(con, warn)
+        check_runs(con, warn)
     con.compress()
     ranks = [r[0] for r in con.execute("SELECT DISTINCT rank FROM ranks ORDER BY rank").fetchall()]
     sources = [r[0] for r in con.execute("SELECT DISTINCT source FROM ranks ORDER BY source").fetchall()]
@@ -435,100 +400,6 @@ def read_units(units: list[Unit], lctx: LoadContext,
     else:
         for unit in pending:
             yield run(unit)
-
-
-def _load_in_pool(con: Any, lctx: LoadContext, units: list[Unit],
-                  infos: dict[int, list[tuple[Unit, dict[str, Any] | None]]], processes: int, *,
-                  progress: Callable[[str, int, int], None] | None, memory_limit: str | None,
-                  engine: str | None = None) -> None:
-    """Read each rank in a worker process (:func:`_load_rank`, on the executor of
-    :func:`advisor.ingest.executors.open_executor`) and append its tables, warnings and infos to
-    the main process's, ranks in ascending order, each as soon as it and those before it are in."""
-    from advisor.engine.mapreduce import _adopt
-    from advisor.ingest.executors import is_remote, lost_worker, lost_worker_errors, open_executor, portable, share_of
-
-    groups: dict[int, list[Unit]] = {}
-    for u in sorted(units, key=lambda u: u.rank):
-        groups.setdefault(u.rank, []).append(u)
-    remote = is_remote(engine)  # a Dask worker's DuckDB takes its machine's defaults, or the limit as given
-    threads = None if remote else max(1, (os.cpu_count() or 1) // processes)
-    limit = memory_limit if remote else share_of(memory_limit, processes)
-    done = next_id = 0
-    with open_executor(engine, processes) as ex:
-        assert ex is not None, "_load_in_pool is for more than one worker process or a Dask engine"
-        futures: list[Future[RankTables] | None] = [
-            ex.submit(_load_rank, rank, [portable(u) for u in us], limit, threads, lctx.max_events)
-            for rank, us in groups.items()]
-        lctx.scan_starting()
-        cur = con.cursor()
-        try:
-            for i, (rank, us) in enumerate(groups.items()):
-                fut = futures[i]
-                assert fut is not None
-                futures[i] = None  # its rows are adopted below: they go with the result
-                try:
-                    res = fut.result()
-                except lost_worker_errors() as exc:  # killed (out of memory) or crashed: no exception to pass on
-                    raise lost_worker(f"{one_line(us[0].label)}: the worker process reading rank {rank}") from exc
-                del fut
-                for name, data in res.tables.items():
-                    _adopt(cur, name, data, next_id)
-                next_id += res.file_ids
-                for w in res.warnings:
-                    lctx.warn(w.code, w.message, w.path)
-                lctx.stepped |= res.stepped
-                lctx.clashes.extend(res.clashes)
-                for j, info in sorted(res.infos):
-                    infos[us[j].rank].append((us[j], info))
-                done += len(us)
-                if progress:
-                    progress("ingest", done, len(units))
-        finally:
-            cur.close()
-            for f in futures:
-                if f is not None:
-                    f.cancel()
-
-
-class RankTables:
-    """What a worker of :func:`_load_in_pool` hands back: one rank's canonical tables (those with
-    rows, Arrow IPC) and what the main process's checks need of its load."""
-
-    def __init__(self, infos: list[tuple[int, dict[str, Any] | None]], warnings: list[Warning_], stepped: set[int],
-                 clashes: list[tuple[Any, ...]], file_ids: int, tables: dict[str, bytes]) -> None:
-        self.infos = infos  # (index of the unit in the rank's list, its info or None)
-        self.warnings = warnings
-        self.stepped = stepped
-        self.clashes = clashes
-        self.file_ids = file_ids  # file ids used: 0 .. file_ids - 1
-        self.tables = tables
-
-
-def _load_rank(rank: int, units: list[Unit], memory_limit: str | None, threads: int | None,
-               max_events: int | None) -> RankTables:
-    """Worker: read one rank's units into a fresh DuckDB and hand back its tables as values."""
-    from advisor.engine.mapreduce import _arrow, _ipc
-    from advisor.schema import TABLES
-
-    warnings: list[Warning_] = []
-    con = connect(memory_limit=memory_limit, threads=threads)
-    create_all(con)
-    lctx = LoadContext(con, warnings, max_events=max_events)
-    lctx.units_per_rank[rank] = len(units)
-    infos: list[tuple[int, dict[str, Any] | None]] = []
-    index = {id(u): i for i, u in enumerate(units)}
-    for unit, info in read_units(units, lctx, workers=1):
-        infos.append((index[id(unit)], info))
-    _adopt_events_parts(con, lctx.events_parts)
-    cur = con.cursor()
-    tables = {}
-    for name in TABLES:
-        table = _arrow(cur, f"SELECT * FROM {name}")
-        if table.num_rows:
-            tables[name] = _ipc(table)
-    cur.close()
-    con.close()
-    return RankTables(infos, warnings, set(lctx.stepped), list(lctx.clashes), lctx._next_file_id, tables)
 
 
 def _adopt_events_parts(con: Any, parts: list[str]) -> None:
@@ -650,7 +521,7 @@ def _merge_tracks(con: Any) -> None:
         cur.execute("DROP TABLE _tracks")
 
 
-def _check_runs(con: Any, warn: Callable[..., None]) -> None:
+def check_runs(con: Any, warn: Callable[..., None]) -> None:
     """Ranks of one job run at the same time; ranks whose steps never overlap may come from different runs."""
     rows = con.cursor().execute("SELECT rank, min(start_ns), max(end_ns) FROM steps GROUP BY rank ORDER BY rank").fetchall()
     if len(rows) < 2:
@@ -715,4 +586,4 @@ def _write_ranks(con: Any, infos: dict[int, list[tuple[Unit, dict[str, Any]]]]) 
     )
 
 
-__all__ = ["InputError", "ParseError", "Profile", "load", "load_profile"]
+__all__ = ["InputError", "ParseError", "Profile", "load"]

@@ -16,6 +16,7 @@ from typing import Any
 import duckdb
 
 from advisor.model import Warning_
+from advisor.schema import insert_rows as insert_rows  # noqa: PLC0414 -- re-exported: the readers import it from here
 from advisor.text import one_line as one_line  # noqa: PLC0414 -- re-exported: the readers import it from here
 
 
@@ -132,16 +133,6 @@ _PURGE: Any = None
 # what a failed DuckDB statement raises: its own errors, or UnicodeDecodeError when the Python
 # binding cannot decode an error message that quotes bytes of the input which are not UTF-8
 DUCKDB_ERRORS: tuple[type[BaseException], ...] = (duckdb.Error, UnicodeDecodeError)
-
-
-def insert_rows(cur: Any, table: str, rows: list[tuple[Any, ...]], chunk: int = 1000) -> None:
-    """``INSERT INTO table VALUES ...`` of many rows, ``chunk`` rows per statement (DuckDB's
-    executemany runs one statement per row: ~0.4 ms each, 0.1 s for a few tables of 32 ranks)."""
-    for a in range(0, len(rows), chunk):
-        part = rows[a:a + chunk]
-        marks = "(" + ", ".join("?" * len(part[0])) + ")"
-        cur.execute(f"INSERT INTO {table} VALUES " + ", ".join([marks] * len(part)),
-                    [v for row in part for v in row])
 
 
 def update_rows(cur: Any, table: str, set_sql: str, key: str, rows: list[tuple[Any, Any]], chunk: int = 1000) -> None:

@@ -69,9 +69,9 @@ from advisor.ingest.jsonstream import (
     header_value,
     sanitise_json,
 )
+from advisor.ingest.kineto_counters import COUNTER_SQL, insert_counters
 from advisor.ingest.steps import build_steps, drop_window_lookup, step_of, window_lookup
 from advisor.kinds import Source
-from advisor.metrics.kineto import COUNTER_SQL, insert_counters
 from advisor.schema import DTYPE_BYTES_SQL
 
 SOURCE = Source.KINETO.value

@@ -121,7 +121,7 @@ def load_metrics(con: Any, paths: list[Path] | tuple[Path, ...], warn: Warn, tz_
             warn("bad_metrics", f"metrics file not read: {exc}", p)
             continue
         rows = map_ranks(samples, ranks, dev_rank, hosts)
-        from advisor.ingest.base import insert_rows
+        from advisor.schema import insert_rows
 
         insert_rows(con, "hw_metrics", rows)
         added += len(rows)

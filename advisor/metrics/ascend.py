@@ -122,7 +122,7 @@ _TEXT_LANES = ("AI Core Freq", "HBM", "LLC", "NPU MEM", "DDR", "HCCS", "PCIe", "
 def insert_text_series(cur: Any, tv: str, lanes: str) -> None:
     """``hw_metrics`` rows from the staged timeline ``tv`` (columns fno, rank, pid, ph, name, ts_ns,
     mhz, cargs: the JSON arguments of counter events) and its lanes (fno, pid, pname)."""
-    from advisor.ingest.base import insert_rows
+    from advisor.schema import insert_rows
 
     names = "(" + ", ".join("'" + n.replace("'", "''") + "'" for n in _TEXT_LANES) + ")"
     got = cur.execute(
@@ -256,7 +256,7 @@ def db_rows(db: SafeSqlite, rank: int) -> list[Row]:
 
 def insert_db_series(cur: Any, db: SafeSqlite, rank: int) -> None:
     """``hw_metrics`` rows from one rank's database ``db``."""
-    from advisor.ingest.base import insert_rows
+    from advisor.schema import insert_rows
 
     try:
         rows = db_rows(db, rank)

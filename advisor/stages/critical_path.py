@@ -149,37 +149,76 @@ def _flatten(idx: list[int], start: np.ndarray, end: np.ndarray) -> _Track:
     return _Track(ss, se, sv)
 
 
-def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: int = 15) -> dict[str, Any]:
-    """Critical path of one window. Returns the contract's ``critical_path`` object plus segments."""
-    cur = con.cursor()
-    rows = cur.execute(_EVENTS_SQL, {"rank": rank, "start": start_ns, "end": end_ns}).fetchall()
-    length = end_ns - start_ns
-    result: dict[str, Any] = {"rank": rank, "step": step, "length_us": length / 1000.0, "ops": [], "segments": []}
-    if not rows or length <= 0:
-        return result
-    n = len(rows)
-    start = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n).clip(start_ns, end_ns)
-    end = np.fromiter((r[1] for r in rows), dtype=np.int64, count=n).clip(start_ns, end_ns)
-    kind = [r[2] for r in rows]
-    name = [r[3] for r in rows]
-    device = [bool(r[4]) for r in rows]
-    pid = [r[5] for r in rows]
-    # a stream is known by its device too: Kineto numbers the streams of each GPU of a process
-    # (its own pid there) alike, so two devices both have a "stream 7". A host thread by its id
-    # alone: one OS thread may show under several layer "processes" (torch_npu: Python, CANN)
-    tid = [f"{r[5]}/{r[6]}" if r[4] else r[6] for r in rows]
-    stream = [r[7] for r in rows]
-    corr = [r[8] for r in rows]
+@dataclass
+class Window:
+    """The events of one (rank, step) window, one list (or array) per column, in start order;
+    times clipped to the window."""
 
-    # -- host threads, flattened; the main thread is the one holding the step marker ---------
+    start_ns: int
+    end_ns: int
+    start: np.ndarray
+    end: np.ndarray
+    kind: list[str]
+    name: list[str]
+    device: list[bool]
+    pid: list[str]
+    tid: list[str]  # a host thread by its id; a device stream's lane by pid/tid
+    stream: list[Any]
+    corr: list[Any]
+
+    @property
+    def n(self) -> int:
+        return len(self.kind)
+
+
+def read_window(cur: Any, rank: int, start_ns: int, end_ns: int) -> Window | None:
+    """The events of the window (:data:`_EVENTS_SQL`), None when it has none or no length."""
+    rows = cur.execute(_EVENTS_SQL, {"rank": rank, "start": start_ns, "end": end_ns}).fetchall()
+    if not rows or end_ns - start_ns <= 0:
+        return None
+    n = len(rows)
+    return Window(
+        start_ns=start_ns,
+        end_ns=end_ns,
+        start=np.fromiter((r[0] for r in rows), dtype=np.int64, count=n).clip(start_ns, end_ns),
+        end=np.fromiter((r[1] for r in rows), dtype=np.int64, count=n).clip(start_ns, end_ns),
+        kind=[r[2] for r in rows],
+        name=[r[3] for r in rows],
+        device=[bool(r[4]) for r in rows],
+        pid=[r[5] for r in rows],
+        # a stream is known by its device too: Kineto numbers the streams of each GPU of a process
+        # (its own pid there) alike, so two devices both have a "stream 7". A host thread by its id
+        # alone: one OS thread may show under several layer "processes" (torch_npu: Python, CANN)
+        tid=[f"{r[5]}/{r[6]}" if r[4] else r[6] for r in rows],
+        stream=[r[7] for r in rows],
+        corr=[r[8] for r in rows],
+    )
+
+
+@dataclass
+class Threads:
+    """The window's host threads: the ones the path may run on, the main one, each one's
+    flattened timeline, and the outermost framework operator owning each host event."""
+
+    by_thread: dict[str, list[int]]
+    workers: set[str]
+    main_tid: str | None
+    tracks: dict[str, _Track]
+    owner: list[int]
+
+
+def host_threads(w: Window) -> Threads:
+    """The host threads of the window; the main thread is the one holding the step marker, unless
+    other threads drive the device (then the one making most launches)."""
+    kind, corr, tid, device = w.kind, w.corr, w.tid, w.device
     by_thread: dict[str, list[int]] = defaultdict(list)
-    for i in range(n):
+    for i in range(w.n):
         if not device[i] and kind[i] != "step":
             by_thread[tid[i]].append(i)
     # the threads the path may run on: those that drive the device (runtime / sync calls), else those
     # running framework operators; a background thread that only waits (a progress-bar monitor, a
     # reporter sleeping in threading.py) is never what the step waits on
-    dev_corr = {corr[i] for i in range(n) if device[i] and corr[i] is not None}
+    dev_corr = {corr[i] for i in range(w.n) if device[i] and corr[i] is not None}
     launches: dict[str, int] = defaultdict(int)
     for th, ix in by_thread.items():
         launches[th] = sum(1 for i in ix if kind[i] in ("runtime", "sync") and corr[i] in dev_corr)
@@ -189,7 +228,7 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
             launches[th] = sum(1 for i in ix if kind[i] in ("runtime", "sync"))
         drivers = {th for th, c in launches.items() if c}
     workers = drivers or {th for th, ix in by_thread.items() if any(kind[i] in WORK_KINDS for i in ix)} or set(by_thread)
-    marker_tid = next((tid[i] for i in range(n) if kind[i] == "step"), None)
+    marker_tid = next((tid[i] for i in range(w.n) if kind[i] == "step"), None)
     if drivers and marker_tid not in drivers:
         main_tid: str | None = max(sorted(drivers), key=lambda th: launches[th])
     else:
@@ -198,284 +237,354 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
         main_tid = max(sorted(workers), key=lambda th: len(by_thread[th]))
     if main_tid is not None:
         workers.add(main_tid)
-    tracks = {t: _flatten(ix, start, end) for t, ix in by_thread.items()}
-    # outermost framework op enclosing each host event (for crediting time)
-    owner = list(range(n))
+    tracks = {t: _flatten(ix, w.start, w.end) for t, ix in by_thread.items()}
+    return Threads(by_thread, workers, main_tid, tracks, outermost_owners(w, by_thread))
+
+
+def outermost_owners(w: Window, by_thread: dict[str, list[int]]) -> list[int]:
+    """For each event, the outermost framework operator of its thread enclosing it (itself when
+    none does): the one its time on the path is credited to."""
+    owner = list(range(w.n))
     for ix in by_thread.values():
         stack: list[int] = []
         for i in ix:
-            while stack and end[stack[-1]] <= start[i]:
+            while stack and w.end[stack[-1]] <= w.start[i]:
                 stack.pop()
-            outer = next((j for j in stack if kind[j] in ("host_op", "dataloader", "comm")), None)
+            outer = next((j for j in stack if w.kind[j] in ("host_op", "dataloader", "comm")), None)
             owner[i] = outer if outer is not None else i
             stack.append(i)
+    return owner
 
-    # -- device streams ----------------------------------------------------------------------
+
+@dataclass
+class Streams:
+    """The window's device tasks: all of them and by end (every kind, communication, computation),
+    each stream's tasks by end, and the host call that launched each correlation."""
+
+    dev_all: list[int]
+    ends_sorted: list[int]
+    end_vals: list[int]
+    comm_sorted: list[int]
+    comm_vals: list[int]
+    comp_sorted: list[int]
+    comp_vals: list[int]
+    stream_ends: dict[Any, tuple[list[int], list[int]]]
+    launch_of: dict[Any, int]
+
+
+def device_streams(w: Window) -> Streams:
+    """The device tasks of the window, indexed for the walk's look-ups."""
     dev_by_stream: dict[Any, list[int]] = defaultdict(list)
     dev_all: list[int] = []
-    for i in range(n):
-        if device[i]:
-            dev_by_stream[(tid[i], stream[i])].append(i)
+    for i in range(w.n):
+        if w.device[i]:
+            dev_by_stream[(w.tid[i], w.stream[i])].append(i)
             dev_all.append(i)
-    dev_ends_sorted = sorted(dev_all, key=lambda i: end[i])
-    dev_end_vals = [int(end[i]) for i in dev_ends_sorted]
-    comm_ends_sorted = [i for i in dev_ends_sorted if kind[i] == "comm"]
-    comm_end_vals = [int(end[i]) for i in comm_ends_sorted]
-    comp_ends_sorted = [i for i in dev_ends_sorted if kind[i] != "comm"]
-    comp_end_vals = [int(end[i]) for i in comp_ends_sorted]
-    stream_pos = {}
+    ends_sorted = sorted(dev_all, key=lambda i: w.end[i])
+    comm_sorted = [i for i in ends_sorted if w.kind[i] == "comm"]
+    comp_sorted = [i for i in ends_sorted if w.kind[i] != "comm"]
     stream_ends: dict[Any, tuple[list[int], list[int]]] = {}
     for key, ix in dev_by_stream.items():
-        ix.sort(key=lambda i: (end[i], start[i]))
-        stream_ends[key] = ([int(end[i]) for i in ix], ix)
-        for p, i in enumerate(ix):
-            stream_pos[i] = p
+        ix.sort(key=lambda i: (w.end[i], w.start[i]))
+        stream_ends[key] = ([int(w.end[i]) for i in ix], ix)
     launch_of: dict[Any, int] = {}
-    for i in range(n):
-        if not device[i] and corr[i] is not None and kind[i] in ("runtime", "sync", "queue", "other", "host_op"):
-            launch_of.setdefault(corr[i], i)
+    for i in range(w.n):
+        if not w.device[i] and w.corr[i] is not None and w.kind[i] in ("runtime", "sync", "queue", "other", "host_op"):
+            launch_of.setdefault(w.corr[i], i)
+    return Streams(dev_all, ends_sorted, [int(w.end[i]) for i in ends_sorted], comm_sorted,
+                   [int(w.end[i]) for i in comm_sorted], comp_sorted, [int(w.end[i]) for i in comp_sorted],
+                   stream_ends, launch_of)
 
-    # -- recorded synchronisation (Kineto cuda_sync) -----------------------------------------
-    waits: dict[tuple[str, int], tuple[list[int], list[tuple[Any, Any]]]] = defaultdict(lambda: ([], []))
-    sync_of_call: dict[int, tuple[str, tuple[str, int], Any, Any]] = {}
-    dev_corrs = [corr[i] for i in dev_all if corr[i] is not None]
-    all_corrs = [c for c in corr if c is not None]
-    syncs = cur.execute(_SYNCS_SQL, {"rank": rank, "lo": min(dev_corrs), "hi": max(all_corrs)}).fetchall() if dev_corrs else []
-    for nm, dv, st, c, ws, wc in syncs:
-        sync_of_call.setdefault(int(c), (nm, (dv, int(st)), ws, wc))
-        if nm == WAIT_EVENT:
-            waits[(dv, int(st))][0].append(int(c))
-            waits[(dv, int(st))][1].append((ws, wc))
-    recorded = bool(waits)  # the window's stream waits are recorded: no inferred completion edges
-    # device tasks without any launch link (torch_npu Level0: no CANN layer, no flows): which host
-    # call waited for which task is unknown, so a host operator during which device work ended
-    # hands the walk to that work (device order) rather than owning the time itself
-    no_links = bool(dev_all) and not dev_corrs
-    # device tasks per (device, stream number) in correlation (launch) order, and by end (only
-    # read through the records above)
-    by_corr: dict[tuple[str, int], tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
-    by_end: dict[tuple[str, int], tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
-    if syncs:
-        for i in dev_ends_sorted:
-            by_end[(pid[i], stream[i])][0].append(int(end[i]))
-            by_end[(pid[i], stream[i])][1].append(i)
-        for i in sorted((i for i in dev_all if corr[i] is not None), key=lambda i: corr[i]):
-            by_corr[(pid[i], stream[i])][0].append(int(corr[i]))
-            by_corr[(pid[i], stream[i])][1].append(i)
 
-    def producer(dev: str, ws: int, wc: int) -> int | None:
+def last_end_in(w: Window, vals: list[int], order: list[int], a: int, b: int, key: Any = None) -> int | None:
+    """Task of ``order`` (sorted by end, ends ``vals``) with the latest end in (a, b], on another
+    stream than ``key`` (None: on any)."""
+    p = bisect.bisect_right(vals, b) - 1
+    while p >= 0 and vals[p] > a:
+        i = order[p]
+        if (w.tid[i], w.stream[i]) != key:
+            return i
+        p -= 1
+    return None
+
+
+class Syncs:
+    """The window's recorded synchronisation (Kineto ``cuda_sync``): which stream waited for which
+    recorded event, and which host sync call waited for what."""
+
+    def __init__(self, cur: Any, rank: int, w: Window, streams: Streams) -> None:
+        self.w = w
+        self.streams = streams
+        self.waits: dict[tuple[str, int], tuple[list[int], list[tuple[Any, Any]]]] = defaultdict(lambda: ([], []))
+        self.sync_of_call: dict[int, tuple[str, tuple[str, int], Any, Any]] = {}
+        corr, dev_all = w.corr, streams.dev_all
+        dev_corrs = [corr[i] for i in dev_all if corr[i] is not None]
+        all_corrs = [c for c in corr if c is not None]
+        syncs = (cur.execute(_SYNCS_SQL, {"rank": rank, "lo": min(dev_corrs), "hi": max(all_corrs)}).fetchall()
+                 if dev_corrs else [])
+        for nm, dv, st, c, ws, wc in syncs:
+            self.sync_of_call.setdefault(int(c), (nm, (dv, int(st)), ws, wc))
+            if nm == WAIT_EVENT:
+                self.waits[(dv, int(st))][0].append(int(c))
+                self.waits[(dv, int(st))][1].append((ws, wc))
+        #: the window's stream waits are recorded: no inferred completion edges
+        self.recorded = bool(self.waits)
+        #: device tasks without any launch link (torch_npu Level0: no CANN layer, no flows): which host
+        #: call waited for which task is unknown, so a host operator during which device work ended
+        #: hands the walk to that work (device order) rather than owning the time itself
+        self.no_links = bool(dev_all) and not dev_corrs
+        # device tasks per (device, stream number) in correlation (launch) order, and by end (only
+        # read through the records above)
+        self.by_corr: dict[tuple[str, int], tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+        self.by_end: dict[tuple[str, int], tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+        if syncs:
+            for i in streams.ends_sorted:
+                self.by_end[(w.pid[i], w.stream[i])][0].append(int(w.end[i]))
+                self.by_end[(w.pid[i], w.stream[i])][1].append(i)
+            for i in sorted((i for i in dev_all if corr[i] is not None), key=lambda i: corr[i]):
+                self.by_corr[(w.pid[i], w.stream[i])][0].append(int(corr[i]))
+                self.by_corr[(w.pid[i], w.stream[i])][1].append(i)
+
+    def producer(self, dev: str, ws: int, wc: int) -> int | None:
         """The task whose completion an event recorded on stream ``ws`` by the call with
         correlation ``wc`` marks: the last one launched there before the record. The stream is
         the waiting device's (``dev``); where that has none so numbered, the one other device's
         that has (an event of another GPU), if exactly one has."""
         key = (dev, ws)
-        if key not in by_corr:
-            other = [k for k in by_corr if k[1] == ws]
+        if key not in self.by_corr:
+            other = [k for k in self.by_corr if k[1] == ws]
             key = other[0] if len(other) == 1 else key
-        corrs, order = by_corr.get(key, ([], []))
+        corrs, order = self.by_corr.get(key, ([], []))
         p = bisect.bisect_left(corrs, wc) - 1
         return order[p] if p >= 0 else None
 
-    def recorded_wait(v: int, prev: int | None, a: int, b: int) -> tuple[int | None, bool]:
+    def recorded_wait(self, v: int, prev: int | None, a: int, b: int) -> tuple[int | None, bool]:
         """(the producer ending last in (a, b] among the recorded waits between ``prev`` and
         ``v`` on their stream, whether one of those waits names no producer)."""
-        if corr[v] is None:
+        w = self.w
+        if w.corr[v] is None:
             return None, True
-        lo = corr[prev] if prev is not None and corr[prev] is not None else -1
-        calls, what = waits.get((pid[v], stream[v]), ([], []))
+        lo = w.corr[prev] if prev is not None and w.corr[prev] is not None else -1
+        calls, what = self.waits.get((w.pid[v], w.stream[v]), ([], []))
         best, unknown = None, False
-        for k in range(bisect.bisect_right(calls, lo), bisect.bisect_left(calls, corr[v])):
+        for k in range(bisect.bisect_right(calls, lo), bisect.bisect_left(calls, w.corr[v])):
             ws, wc = what[k]
             if ws is None or wc is None:
                 unknown = True
                 continue
-            p = producer(pid[v], int(ws), int(wc))
-            if p is not None and a < end[p] <= b and (best is None or end[p] > end[best]):
+            p = self.producer(w.pid[v], int(ws), int(wc))
+            if p is not None and a < w.end[p] <= b and (best is None or w.end[p] > w.end[best]):
                 best = p
         return best, unknown
 
-    def released_by(i: int, a: int, b: int) -> int | None:
+    def released_by(self, i: int, a: int, b: int) -> int | None:
         """The device task whose end released host sync call ``i`` waiting in (a, b]: the one
         its cuda_sync record names (a stream's last task, an event's producer) when there is
         one, else the last task ending in the wait on any stream."""
-        rec = sync_of_call.get(corr[i]) if corr[i] is not None else None
+        w = self.w
+        rec = self.sync_of_call.get(w.corr[i]) if w.corr[i] is not None else None
         if rec is not None and rec[0] == "Stream Sync":
-            vals, order = by_end.get(rec[1], ([], []))
-            return last_end_in(vals, order, a, b)
+            vals, order = self.by_end.get(rec[1], ([], []))
+            return last_end_in(w, vals, order, a, b)
         if rec is not None and rec[0] == "Event Sync" and rec[2] is not None and rec[3] is not None:
-            p = producer(rec[1][0], int(rec[2]), int(rec[3]))
-            return p if p is not None and a < end[p] <= b else None
-        return last_end_in(dev_end_vals, dev_ends_sorted, a, b)
+            p = self.producer(rec[1][0], int(rec[2]), int(rec[3]))
+            return p if p is not None and a < w.end[p] <= b else None
+        return last_end_in(w, self.streams.end_vals, self.streams.ends_sorted, a, b)
 
-    credit: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
-    segments: list[tuple[int, int, str, str]] = []
 
-    def add(a: int, b: int, nm: str, kind_: SegmentKind) -> None:
+class PathAccount:
+    """The path as it is walked: its segments, and the time credited to each (name, kind)."""
+
+    def __init__(self, w: Window, owner: list[int]) -> None:
+        self.w = w
+        self.owner = owner
+        self.credit: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+        self.segments: list[tuple[int, int, str, str]] = []
+
+    def add(self, a: int, b: int, nm: str, kind_: SegmentKind) -> None:
+        """A segment (a, b] of the path, credited to ``nm``."""
         if b <= a:
             return
         kd = kind_.value
-        c = credit[(nm, kd)]
+        c = self.credit[(nm, kd)]
         c[0] += (b - a) / 1000.0
         c[1] += 1
-        segments.append((a, b, nm, kd))
+        self.segments.append((a, b, nm, kd))
 
-    def credit_event(i: int, a: int, b: int) -> None:
-        o = owner[i] if not device[i] else i
-        add(a, b, name[o], REPORT_KIND.get(kind[o], SegmentKind.OTHER))
-
-    def last_end_in(vals: list[int], order: list[int], a: int, b: int, key: Any = None) -> int | None:
-        """Task of ``order`` (sorted by end, ends ``vals``) with the latest end in (a, b], on
-        another stream than ``key`` (None: on any)."""
-        p = bisect.bisect_right(vals, b) - 1
-        while p >= 0 and vals[p] > a:
-            i = order[p]
-            if (tid[i], stream[i]) != key:
-                return i
-            p -= 1
-        return None
+    def credit_event(self, i: int, a: int, b: int) -> None:
+        """(a, b] of event ``i``, credited to its outermost operator (a device task to itself)."""
+        o = self.owner[i] if not self.w.device[i] else i
+        self.add(a, b, self.w.name[o], REPORT_KIND.get(self.w.kind[o], SegmentKind.OTHER))
 
 
-    # start: the latest-ending piece of work in the window
-    t = int(end_ns)
-    last = max((i for i in range(n) if device[i] or (tid[i] in workers and kind[i] != "step")), key=lambda i: (end[i], device[i]), default=None)
+#: Where the walk is: on a device task ("dev", index) or on a host thread ("host", thread id).
+Mode = tuple[str, Any]
+
+
+def device_step(w: Window, th: Threads, st: Streams, sy: Syncs, path: PathAccount, v: int,
+                t: int) -> tuple[int, Mode | None, EdgeKind | None]:
+    """One step back from device task ``v`` (ending at ``t`` on the path): its time credited, then
+    the last arriving of its inputs. Returns the new time, where the walk goes (None: the window's
+    start is reached) and the edge taken."""
+    s = int(w.start[v])
+    path.credit_event(v, s, t)
+    t = s
+    if t <= w.start_ns:
+        return t, None, None
+    key = (w.tid[v], w.stream[v])
+    ends, ix = st.stream_ends[key]
+    p = bisect.bisect_right(ends, t) - 1
+    prev = ix[p] if p >= 0 else None
+    if prev == v:
+        p -= 1
+        prev = ix[p] if p >= 0 else None
+    prev_end = int(w.end[prev]) if prev is not None else None
+    launch = st.launch_of.get(w.corr[v]) if w.corr[v] is not None else None
+    launch_t = min(int(w.end[launch]), t) if launch is not None else None
+    # the last arriving input: the launch, the previous task on the stream, or a
+    # communication task of another stream that ended after both; for a collective,
+    # else the computation of another stream that ended after both (its gradients)
+    after = max(x for x in (launch_t, prev_end, w.start_ns) if x is not None)
+    waited, infer = sy.recorded_wait(v, prev, after, t) if sy.recorded else (None, True)
+    comm = last_end_in(w, st.comm_vals, st.comm_sorted, after, t, key) if infer and waited is None else None
+    comp = (last_end_in(w, st.comp_vals, st.comp_sorted, after, t, key)
+            if infer and waited is None and comm is None and w.kind[v] == "comm" else None)
+    if waited is not None:
+        label = "communication" if w.kind[waited] == "comm" else "computation"
+        path.add(int(w.end[waited]), t, f"idle (waiting for {label})", SegmentKind.IDLE)
+        return int(w.end[waited]), ("dev", waited), EdgeKind.RECORDED_EVENT_WAIT
+    if comm is not None:
+        path.add(int(w.end[comm]), t, "idle (waiting for communication)", SegmentKind.IDLE)
+        return int(w.end[comm]), ("dev", comm), EdgeKind.COMMUNICATION_COMPLETION
+    if comp is not None:
+        path.add(int(w.end[comp]), t, "idle (waiting for computation)", SegmentKind.IDLE)
+        return int(w.end[comp]), ("dev", comp), EdgeKind.COMPUTATION_COMPLETION
+    if launch is not None and launch_t is not None and (prev_end is None or launch_t >= prev_end):
+        path.add(launch_t, t, "idle (launch latency)", SegmentKind.IDLE)
+        return launch_t, ("host", w.tid[launch]), EdgeKind.LAUNCH
+    if prev is not None and prev_end is not None:
+        path.add(prev_end, t, "idle (device waiting)", SegmentKind.IDLE)
+        return prev_end, ("dev", prev), EdgeKind.STREAM_ORDER
+    # nothing earlier on this stream and no known launch: fall back to the main thread
+    return t, ("host", th.main_tid), EdgeKind.UNKNOWN_LAUNCH
+
+
+def host_step(w: Window, th: Threads, st: Streams, sy: Syncs, path: PathAccount, thread: Any,
+              t: int) -> tuple[int, Mode | None, EdgeKind | None]:
+    """One step back along host thread ``thread``'s flattened timeline from ``t``: its gap and the
+    event running then credited, or a hand-off to the device work it waited for, or to the main
+    thread. Returns the new time, where the walk goes (None: it ends) and the edge taken."""
+    tr = th.tracks.get(thread)
+    if tr is None:
+        path.add(w.start_ns, t, "idle", SegmentKind.IDLE)
+        return w.start_ns, None, None
+    p = bisect.bisect_left(tr.seg_end, t)  # first segment ending at or after t
+    seg = p if p < len(tr.seg_end) and tr.seg_start[p] < t else p - 1
+    if seg < 0:
+        if thread != th.main_tid and th.main_tid in th.tracks:
+            return t, ("host", th.main_tid), EdgeKind.THREAD_HAND_OFF
+        path.add(w.start_ns, t, "idle (host)", SegmentKind.IDLE)
+        return w.start_ns, None, None
+    a, b, i = tr.seg_start[seg], min(tr.seg_end[seg], t), tr.seg_event[seg]
+    if b < t:
+        path.add(b, t, "idle (host: Python / untraced)", SegmentKind.IDLE)
+        t = b
+    if sy.no_links and w.kind[i] != "dataloader":
+        d = last_end_in(w, st.end_vals, st.ends_sorted, max(a, int(w.start[i])), t)
+        if d is not None:
+            path.credit_event(i, int(w.end[d]), t)
+            return int(w.end[d]), ("dev", d), EdgeKind.DEVICE_ORDER
+    # a sync (or a blocking call) waits for device work finishing inside it
+    if w.kind[i] in ("sync",) or (w.kind[i] == "runtime" and "Memcpy" in w.name[i] and "Async" not in w.name[i]):
+        d = sy.released_by(i, max(a, int(w.start[i])), t)
+        if d is not None:
+            path.credit_event(i, int(w.end[d]), t)
+            return int(w.end[d]), ("dev", d), EdgeKind.SYNC_WAIT
+    path.credit_event(i, a, t)
+    return a, ("host", thread), EdgeKind.HOST_ORDER
+
+
+def walk(w: Window, th: Threads, st: Streams, sy: Syncs, path: PathAccount) -> dict[EdgeKind, int] | None:
+    """The walk back from the latest-ending piece of work of the window to its start, the path's
+    segments into ``path``; how often it took each kind of edge (None: no work to start from)."""
+    t = int(w.end_ns)
+    last = max((i for i in range(w.n) if w.device[i] or (w.tid[i] in th.workers and w.kind[i] != "step")),
+               key=lambda i: (w.end[i], w.device[i]), default=None)
     if last is None:
-        return result
-    if end[last] < t:
-        add(int(end[last]), t, "idle (after last operator)", SegmentKind.IDLE)
-        t = int(end[last])
-    mode: tuple[str, Any] = ("dev", last) if device[last] else ("host", tid[last])
-    edges: dict[EdgeKind, int] = defaultdict(int)  # how often the walk took each kind of edge
+        return None
+    if w.end[last] < t:
+        path.add(int(w.end[last]), t, "idle (after last operator)", SegmentKind.IDLE)
+        t = int(w.end[last])
+    mode: Mode | None = ("dev", last) if w.device[last] else ("host", w.tid[last])
+    edges: dict[EdgeKind, int] = defaultdict(int)
     guard = 0
-    while t > start_ns and guard < 4 * n + 1000:
+    while mode is not None and t > w.start_ns and guard < 4 * w.n + 1000:
         guard += 1
         if mode[0] == "dev":
-            v = mode[1]
-            s = int(start[v])
-            credit_event(v, s, t)
-            t = s
-            if t <= start_ns:
-                break
-            key = (tid[v], stream[v])
-            ends, ix = stream_ends[key]
-            p = bisect.bisect_right(ends, t) - 1
-            prev = ix[p] if p >= 0 else None
-            if prev == v:
-                p -= 1
-                prev = ix[p] if p >= 0 else None
-            prev_end = int(end[prev]) if prev is not None else None
-            launch = launch_of.get(corr[v]) if corr[v] is not None else None
-            launch_t = min(int(end[launch]), t) if launch is not None else None
-            # the last arriving input: the launch, the previous task on the stream, or a
-            # communication task of another stream that ended after both; for a collective,
-            # else the computation of another stream that ended after both (its gradients)
-            after = max(x for x in (launch_t, prev_end, start_ns) if x is not None)
-            waited, infer = recorded_wait(v, prev, after, t) if recorded else (None, True)
-            comm = last_end_in(comm_end_vals, comm_ends_sorted, after, t, key) if infer and waited is None else None
-            comp = (last_end_in(comp_end_vals, comp_ends_sorted, after, t, key)
-                    if infer and waited is None and comm is None and kind[v] == "comm" else None)
-            if waited is not None:
-                label = "communication" if kind[waited] == "comm" else "computation"
-                add(int(end[waited]), t, f"idle (waiting for {label})", SegmentKind.IDLE)
-                t = int(end[waited])
-                mode = ("dev", waited)
-                edges[EdgeKind.RECORDED_EVENT_WAIT] += 1
-            elif comm is not None:
-                add(int(end[comm]), t, "idle (waiting for communication)", SegmentKind.IDLE)
-                t = int(end[comm])
-                mode = ("dev", comm)
-                edges[EdgeKind.COMMUNICATION_COMPLETION] += 1
-            elif comp is not None:
-                add(int(end[comp]), t, "idle (waiting for computation)", SegmentKind.IDLE)
-                t = int(end[comp])
-                mode = ("dev", comp)
-                edges[EdgeKind.COMPUTATION_COMPLETION] += 1
-            elif launch is not None and launch_t is not None and (prev_end is None or launch_t >= prev_end):
-                add(launch_t, t, "idle (launch latency)", SegmentKind.IDLE)
-                t = launch_t
-                mode = ("host", tid[launch])
-                edges[EdgeKind.LAUNCH] += 1
-            elif prev is not None and prev_end is not None:
-                add(prev_end, t, "idle (device waiting)", SegmentKind.IDLE)
-                t = prev_end
-                mode = ("dev", prev)
-                edges[EdgeKind.STREAM_ORDER] += 1
-            else:
-                # nothing earlier on this stream and no known launch: fall back to the main thread
-                mode = ("host", main_tid)
-                edges[EdgeKind.UNKNOWN_LAUNCH] += 1
-            continue
-        # host mode: walk the flattened thread timeline backward from t
-        tr = tracks.get(mode[1])
-        if tr is None:
-            add(start_ns, t, "idle", SegmentKind.IDLE)
-            t = start_ns
-            break
-        p = bisect.bisect_left(tr.seg_end, t)  # first segment ending at or after t
-        if p < len(tr.seg_end) and tr.seg_start[p] < t:
-            seg = p
+            t, mode, edge = device_step(w, th, st, sy, path, mode[1], t)
         else:
-            seg = p - 1
-        if seg < 0:
-            if mode[1] != main_tid and main_tid in tracks:
-                mode = ("host", main_tid)
-                edges[EdgeKind.THREAD_HAND_OFF] += 1
-                continue
-            add(start_ns, t, "idle (host)", SegmentKind.IDLE)
-            t = start_ns
-            break
-        a, b, i = tr.seg_start[seg], min(tr.seg_end[seg], t), tr.seg_event[seg]
-        if b < t:
-            add(b, t, "idle (host: Python / untraced)", SegmentKind.IDLE)
-            t = b
-        if no_links and kind[i] != "dataloader":
-            d = last_end_in(dev_end_vals, dev_ends_sorted, max(a, int(start[i])), t)
-            if d is not None:
-                credit_event(i, int(end[d]), t)
-                t = int(end[d])
-                mode = ("dev", d)
-                edges[EdgeKind.DEVICE_ORDER] += 1
-                continue
-        # a sync (or a blocking call) waits for device work finishing inside it
-        if kind[i] in ("sync",) or (kind[i] == "runtime" and "Memcpy" in name[i] and "Async" not in name[i]):
-            d = released_by(i, max(a, int(start[i])), t)
-            if d is not None:
-                credit_event(i, int(end[d]), t)
-                t = int(end[d])
-                mode = ("dev", d)
-                edges[EdgeKind.SYNC_WAIT] += 1
-                continue
-        credit_event(i, a, t)
-        t = a
-        edges[EdgeKind.HOST_ORDER] += 1
-    if t > start_ns:
-        add(start_ns, t, "idle", SegmentKind.IDLE)
+            t, mode, edge = host_step(w, th, st, sy, path, mode[1], t)
+        if edge is not None:
+            edges[edge] += 1
+    if t > w.start_ns:
+        path.add(w.start_ns, t, "idle", SegmentKind.IDLE)
+    return edges
 
-    total = sum(v[0] for v in credit.values())
+
+NO_LINKS_NOTE = (
+    "the device tasks carry no launch links (no CANN layer or flow events, e.g. a torch_npu Level0 "
+    "export): which host call waited for which task is not known; the path follows device order "
+    "where device work ran, and host time on it may include waits for the device"
+)
+
+
+def summarise_path(result: dict[str, Any], w: Window, st: Streams, sy: Syncs, path: PathAccount,
+                   edges: dict[EdgeKind, int], top_n: int) -> None:
+    """The walked path into ``result``: its operators by time, edges, how stream waits were known,
+    totals by kind and its segments in time order."""
+    total = sum(v[0] for v in path.credit.values())
     ops: list[dict[str, Any]] = sorted(
-        ({"name": k[0], "kind": k[1], "total_us": round(v[0], 3), "count": int(v[1])} for k, v in credit.items()),
+        ({"name": k[0], "kind": k[1], "total_us": round(v[0], 3), "count": int(v[1])} for k, v in path.credit.items()),
         key=lambda o: -o["total_us"],
     )
     result["ops"] = ops[:top_n]
     # the dependencies the path followed, by kind (host order: one per host segment walked), and
     # whether cross-stream waits were recorded by the profiler or inferred from timing
     result["edges"] = {k.value: v for k, v in sorted(edges.items(), key=lambda kv: -kv[1])}
-    result["stream_waits"] = "recorded" if recorded else ("inferred" if dev_all else None)
-    if no_links:
-        result["note"] = (
-            "the device tasks carry no launch links (no CANN layer or flow events, e.g. a torch_npu Level0 "
-            "export): which host call waited for which task is not known; the path follows device order "
-            "where device work ran, and host time on it may include waits for the device"
-        )
+    result["stream_waits"] = "recorded" if sy.recorded else ("inferred" if st.dev_all else None)
+    if sy.no_links:
+        result["note"] = NO_LINKS_NOTE
     result["ops_total"] = len(ops)
     result["path_us"] = round(total, 3)
     by_kind: dict[str, float] = defaultdict(float)
     for o in ops:
         by_kind[o["kind"]] += o["total_us"]
     result["by_kind_us"] = {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}
-    segments.sort()
+    path.segments.sort()
     result["segments"] = [
-        {"start_us": (a - start_ns) / 1000.0, "dur_us": (b - a) / 1000.0, "name": nm, "kind": kd} for a, b, nm, kd in segments
+        {"start_us": (a - w.start_ns) / 1000.0, "dur_us": (b - a) / 1000.0, "name": nm, "kind": kd}
+        for a, b, nm, kd in path.segments
     ]
+
+
+def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: int = 15) -> dict[str, Any]:
+    """Critical path of one window. Returns the contract's ``critical_path`` object plus segments:
+    the window's events read, its host threads and device streams indexed, the recorded syncs
+    read, the walk back from the last piece of work, the path summarised."""
+    cur = con.cursor()
+    result: dict[str, Any] = {"rank": rank, "step": step, "length_us": (end_ns - start_ns) / 1000.0, "ops": [],
+                              "segments": []}
+    w = read_window(cur, rank, start_ns, end_ns)
+    if w is None:
+        return result
+    th = host_threads(w)
+    st = device_streams(w)
+    sy = Syncs(cur, rank, w, st)
+    path = PathAccount(w, th.owner)
+    edges = walk(w, th, st, sy, path)
+    if edges is None:
+        return result
+    summarise_path(result, w, st, sy, path, edges, top_n)
     return result
 
 

@@ -43,13 +43,13 @@ def cluster64_db(tmp_path_factory: pytest.TempPathFactory) -> gen_cluster.Facts:
 
 @pytest.fixture(scope="session")
 def loaded_faults8_text(faults8_text):
-    from advisor.ingest import load_profile
+    from advisor.engine.context import load_profile
 
     return load_profile(faults8_text.root)
 
 
 @pytest.fixture(scope="session")
 def loaded_faults8_db(faults8_db):
-    from advisor.ingest import load_profile
+    from advisor.engine.context import load_profile
 
     return load_profile(faults8_db.root)

@@ -32,8 +32,14 @@ def dump(path: Path, columns: dict[str, list[str]] | None = None) -> dict[str, l
     """{table: sorted rows as text} for every canonical table (or the ``columns`` of the tables
     given), plus ``warnings`` (the load's problems)."""
     from advisor.ingest import load
+    from advisor.metrics import finish_load
+    from advisor.model import Warning_
+    from advisor.text import one_line
 
     prof = load(path)
+    # the analysis's next step over the loaded tables: the exports' series kept under their own names
+    finish_load(prof.con, lambda code, message, p=None: prof.warnings.append(
+        Warning_(code, one_line(message, 500), None if p is None else str(p))), (), None, str(path))
     root = str(Path(path).resolve())
     con = prof.con
     paths = dict(con.execute("SELECT file_id, path FROM profile_files").fetchall())

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from advisor.ingest import load_profile
+from advisor.engine.context import load_profile
 from advisor.ingest.base import InputError
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_profiles"

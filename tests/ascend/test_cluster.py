@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from advisor.ingest import load_profile
+from advisor.engine.context import load_profile
 
 
 def q(ctx, sql, params=None):

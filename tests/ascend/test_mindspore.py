@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from advisor.ingest import load_profile
+from advisor.engine.context import load_profile
 from tests.ascend import gen_cluster
 
 

@@ -76,7 +76,7 @@ def _assert_agrees(bd: list[dict[str, Any]], vendor: dict[tuple[int, int], dict[
 
 @pytest.mark.parametrize("form", ["text", "db"])
 def test_breakdown_agrees_with_vendor_step_table(form: str) -> None:
-    from advisor.ingest import load_profile
+    from advisor.engine.context import load_profile
     from advisor.stages import breakdown
 
     root = TEXT if form == "text" else DB
@@ -104,7 +104,7 @@ def test_report_agrees_with_vendor_step_table(form: str) -> None:
 def test_text_hccl_stream_tasks_are_communication() -> None:
     """SDMA and Write Value run on the stream HCCL's tasks name: communication, not computation.
     Computation is then the AI Core / AI Vector kernels alone, which the vendor counts as Computing."""
-    from advisor.ingest import load_profile
+    from advisor.engine.context import load_profile
     from advisor.stages import breakdown
 
     ctx = load_profile(TEXT)
@@ -121,7 +121,7 @@ def test_text_hccl_stream_tasks_are_communication() -> None:
 
 def test_db_not_applicable_ids_read_as_null() -> None:
     """4294967295 in COMMUNICATION_TASK_INFO means 'not applicable': the row is kept, the id is NULL."""
-    from advisor.ingest import load_profile
+    from advisor.engine.context import load_profile
 
     expected = {}
     for export in sorted(DB.glob("*_ascend_pt")):
@@ -170,7 +170,7 @@ def test_every_device_source_failing_is_an_input_error(tmp_path: Path) -> None:
 
 def test_one_rank_without_device_data_is_skipped(tmp_path: Path) -> None:
     """The other rank is still analysed; the skipped rank leaves nothing behind (its analysis.db read fine)."""
-    from advisor.ingest import load_profile
+    from advisor.engine.context import load_profile
 
     root = tmp_path / "prof"
     shutil.copytree(DB, root)
@@ -249,7 +249,7 @@ def test_msprof_text_export_is_read(tmp_path: Path) -> None:
     framework events (format doc §18): built here from rank 0's timeline."""
     import gzip
 
-    from advisor.ingest import load_profile
+    from advisor.engine.context import load_profile
     from advisor.stages import breakdown
 
     out = tmp_path / PROF / "mindstudio_profiler_output"
@@ -273,7 +273,7 @@ def test_msprof_text_export_is_read(tmp_path: Path) -> None:
 def test_msprof_db_is_read(tmp_path: Path) -> None:
     """PROF_*/msprof_<ts>.db is CANN's unified db (format doc §18); the torch_npu db is that db plus
     the framework's tables, so a copy of it stands in for one."""
-    from advisor.ingest import load_profile
+    from advisor.engine.context import load_profile
 
     (tmp_path / PROF).mkdir()
     shutil.copy(DB / "rank0_ascend_pt/ASCEND_PROFILER_OUTPUT/ascend_pytorch_profiler_0.db",
@@ -297,7 +297,7 @@ def test_raw_msprof_folder_is_refused_with_what_to_export(tmp_path: Path) -> Non
 def test_db_computing_task_inside_a_collective_on_its_stream_is_communication(tmp_path: Path) -> None:
     """Two copies of a compute task moved onto the HCCL stream: the one inside a communication
     operator's window is a step of that collective, the one outside stays a kernel."""
-    from advisor.ingest import load_profile
+    from advisor.engine.context import load_profile
 
     shutil.copytree(DB / "rank0_ascend_pt", tmp_path / "rank0_ascend_pt")
     path = next((tmp_path / "rank0_ascend_pt" / "ASCEND_PROFILER_OUTPUT").glob("ascend_pytorch_profiler_*.db"))

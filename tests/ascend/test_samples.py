@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from advisor.ingest import load_profile
+from advisor.engine.context import load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "sample_profiles"

@@ -1,0 +1,222 @@
+"""Report assembly: the :class:`~advisor.model.Report` of an analysed context and its rules' findings.
+
+:func:`finish_report` says what the profile lacks (missing ranks), applies the focus (``--rank`` /
+``--step``) to the findings and builds the report: the breakdown rows, the profile's metadata, step
+statistics, the critical path, savings, the hardware, variability and parallel-group sections, and
+the documentation of each rule with a finding (the renderers read nothing else).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from advisor import __version__
+from advisor.engine.context import AnalysisContext
+from advisor.model import Report, Warning_, clean
+from advisor.schema import NO_STEP
+from advisor.text import spans
+
+BREAKDOWN_FIELDS = (
+    "rank",
+    "step",
+    "step_us",
+    "compute_us",
+    "comm_us",
+    "overlapped_us",
+    "compute_only_us",
+    "comm_only_us",
+    "host_only_us",
+    "free_us",
+    "overlap_ratio",
+    "kernel_us",
+    "memory_us",
+    "dataloader_us",
+    "host_busy_us",
+)
+
+
+def finish_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any], t_start: float, *,
+                  rank: int | None = None, step: int | None = None, full_critical_path: bool = False) -> Report:
+    """The report of the rules' findings: missing ranks said, the focus (--rank / --step) applied."""
+    findings = _missing_ranks(ctx, findings)
+    if rank is not None or step is not None:
+        findings = [
+            f
+            for f in findings
+            if (rank is None or not f.ranks or rank in f.ranks) and (step is None or not f.steps or step in f.steps)
+        ]
+    return build_report(ctx, findings, outcomes, t_start, rank=rank, step=step, full_critical_path=full_critical_path)
+
+
+# causes whose findings are about exposed communication time, part of which waits on the other members
+_PEER_CAUSES = ("comm.slow_synchronization", "parallel.poor_overlap")
+
+
+def _missing_ranks(ctx: AnalysisContext, findings: list[Any]) -> list[Any]:
+    """Warn when the exported world size is larger than the ranks the profile holds, and say in the
+    communication findings that their waits may be on peers the profile does not hold."""
+    import dataclasses
+
+    try:
+        world = ctx.query("SELECT max(world_size) AS w FROM ranks")[0]["w"]
+    except Exception:  # noqa: BLE001 -- a context without a ranks table (unit tests)
+        return findings
+    present = sorted(ctx.ranks)
+    if not world or not present or int(world) <= len(present):
+        return findings
+    world = int(world)
+    missing = world - len(present)
+    ctx.warnings.append(Warning_(
+        "missing_ranks",
+        f"{missing} of {world} ranks missing (world size {world}, ranks present: {spans(present)}): slow-rank, "
+        "wait and link analyses compare only the ranks present, and communication may wait on the others"))
+    note = (f"The profile holds {len(present)} of {world} ranks: this communication time may be spent waiting "
+            f"for peers not in the profile ({missing} ranks), whose own findings cannot be seen here.")
+    out = []
+    for f in findings:
+        if f.cause.startswith(_PEER_CAUSES):
+            f = dataclasses.replace(f, detail=(f.detail + " " + note).strip(),
+                                    evidence={**f.evidence, "ranks_missing": missing, "world_size": world})
+        out.append(f)
+    return out
+
+
+def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any], t_start: float, *, rank: int | None = None, step: int | None = None,
+                 full_critical_path: bool = False) -> Report:
+    """Assemble the Report from a context that stages and rules have run on."""
+    bd = ctx.breakdown
+    rows: list[dict[str, Any]] = []
+    sel = bd  # the breakdown of the focus (--rank / --step): its rows and the step times
+    inferred = {(int(r), int(s)) for r, s in ctx.con.cursor().execute(
+        "SELECT rank, step FROM steps WHERE inferred").fetchall()}
+    if bd is not None and not bd.empty:
+        if rank is not None:
+            sel = sel[sel["rank"] == rank]
+        if step is not None:
+            sel = sel[sel["step"] == step]
+        for rec in sel.to_dict("records"):
+            row = {k: rec.get(k) for k in BREAKDOWN_FIELDS if k in rec}
+            row["rank"] = int(row["rank"])
+            row["step"] = None if int(row["step"]) == NO_STEP else int(row["step"])
+            for k, v in row.items():
+                if k not in ("rank", "step") and v is not None:
+                    row[k] = None if math.isnan(v) else round(float(v), 3)  # NaN -> None
+            if (row["rank"], int(rec["step"])) in inferred:
+                row["inferred"] = True
+            rows.append(row)
+    meta = ctx.query("SELECT rank, world_size, device_name, backend, has_device FROM ranks ORDER BY rank")
+    world = next((m["world_size"] for m in meta if m["world_size"]), None)
+    devices = sorted({m["device_name"] for m in meta if m["device_name"]})
+    steps = [] if bd is None or bd.empty else sorted({int(s) for s in bd["step"] if int(s) != NO_STEP})
+    profile = {
+        "path": ctx.path,
+        "sources": ctx.sources,
+        "ranks": ctx.ranks,
+        "world_size": world,
+        "steps": steps,
+        "devices": devices,
+        "cpu_only": not ctx.has_device,
+        "backends": sorted({m["backend"] for m in meta if m["backend"]}),
+        "parse_seconds": round(float(ctx.extras.get("parse_seconds", 0.0)), 4),
+        "analyze_seconds": round(time.perf_counter() - t_start, 4),
+        "steps_inferred": bool(inferred),
+        "focus": {"rank": ctx.focus_rank, "step": None if ctx.focus_step == NO_STEP else ctx.focus_step},
+    }
+    step_stats = []
+    if sel is not None and not sel.empty:
+        for r, g in sel[sel["step"] != NO_STEP].groupby("rank"):
+            s = g["step_us"]
+            step_stats.append(
+                {
+                    "rank": int(r),
+                    "steps": len(s),
+                    "mean_us": round(float(s.mean()), 3),
+                    "median_us": round(float(s.median()), 3),
+                    "min_us": round(float(s.min()), 3),
+                    "max_us": round(float(s.max()), 3),
+                    "std_us": round(float(s.std(ddof=0)), 3),
+                }
+            )
+    from advisor.engine.chain import median_steps, summary
+    from advisor.stages.comm_links import links
+    from advisor.stages.critical_path import summarise_segments
+
+    cp = ctx.critical_path or {"rank": None, "step": None, "length_us": 0.0, "ops": []}
+    if not full_critical_path and cp.get("segments"):
+        cp = summarise_segments(cp)
+    savings = summary(findings, median_steps(bd, NO_STEP))
+    hardware = _hardware(ctx)
+    variability = clean(_variability(ctx))  # before the warnings are taken: it may add one
+    from advisor.stages import groups as groups_stage
+
+    pg = groups_stage.of_context(ctx)
+    ctx.warnings.extend(Warning_("group_kind_mismatch", m) for m in (pg or {}).get("mismatches", [])[:20])
+    return Report(
+        tool_version=__version__,
+        profile=profile,
+        breakdown=rows,
+        critical_path=clean(cp),
+        findings=findings,
+        warnings=_dedupe(ctx.warnings),
+        rules=outcomes,
+        step_times=step_stats,
+        savings=savings,
+        comm_matrix=links(ctx.con) or None,
+        rule_docs=rule_docs({f.rule for f in findings}),
+        hardware=hardware,
+        variability=variability,
+        parallel_groups=pg,
+        step_matrix=groups_stage.step_matrix(bd, pg, no_step=NO_STEP),
+    )
+
+
+def _hardware(ctx: AnalysisContext) -> dict[str, Any] | None:
+    """The report's ``hardware`` field, when the profile has metric series (a failure is a warning)."""
+    try:
+        if not ctx.rows("hw_metrics"):
+            return None
+        from advisor.stages import hardware
+
+        return clean(hardware.report(hardware.get(ctx), ctx.breakdown))  # type: ignore[no-any-return]
+    except Exception as exc:  # noqa: BLE001 -- the rest of the report stands without it
+        ctx.warnings.append(Warning_("hardware_failed", f"hardware metric summary failed: {type(exc).__name__}: {exc}"))
+        return None
+
+
+def _variability(ctx: AnalysisContext) -> dict[str, Any] | None:
+    """The variability section; a failure there costs the section, not the report."""
+    from advisor.stages import variability
+
+    try:
+        return variability.of(ctx)
+    except Exception as exc:  # noqa: BLE001 -- reported as a warning, the rest of the report stands
+        ctx.warnings.append(Warning_("variability_failed", f"variability analysis failed: {type(exc).__name__}: {exc}"))
+        return None
+
+
+def rule_docs(rule_ids: set[str]) -> dict[str, str]:
+    """``advisor explain`` text of each rule, for the report (the renderers embed it; they do not
+    read the rule registry); rules not installed here are left out."""
+    if not rule_ids:
+        return {}
+    try:
+        from advisor.engine.registry import discover
+        from advisor.render.docs import rule_markdown
+
+        specs = discover()
+        return {rid: rule_markdown(specs[rid]) for rid in sorted(rule_ids) if rid in specs}
+    except Exception:  # noqa: BLE001 -- a broken rule package must not stop the report; its rule table still shows it
+        return {}
+
+
+def _dedupe(warnings: list[Warning_]) -> list[Warning_]:
+    seen = set()
+    out = []
+    for w in warnings:
+        key = (w.code, w.message, w.path)
+        if key not in seen:
+            seen.add(key)
+            out.append(w)
+    return out
