@@ -16,7 +16,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from advisor.ingest import load_profile
+from advisor.engine.context import load_profile
 from advisor.ingest.base import NAME_MAX, InputError, duckdb_name, duckdb_path
 from advisor.ingest.jsonstream import MIN_LIMIT
 

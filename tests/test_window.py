@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.analyze import analyze
-from advisor.ingest import load_profile
+from advisor.engine.context import load_profile
 from tests.conftest import report_json
 
 MS = 1000  # Kineto times are µs

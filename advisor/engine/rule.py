@@ -111,7 +111,7 @@ class RuleSpec(Generic[T]):
     derived: tuple[str, ...] = ()  # shared derived tables its SQL reads (advisor.engine.derived)
     # "rank": decides on each rank's own data and runs in the per-rank map, on a shard of ranks;
     # "cluster": compares ranks, groups or links and runs once in the cluster reduce, where only
-    # the summary tables are (advisor.engine.mapreduce.SUMMARY_TABLES), never events or kernels
+    # the summary tables are (advisor.pipeline.map.SUMMARY_TABLES), never events or kernels
     scope: str = "rank"
     rank_part: RankPart | None = None  # a cluster rule's per-rank inputs (see RankPart)
 

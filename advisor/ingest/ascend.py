@@ -493,7 +493,7 @@ def _register_batches(units: list[Unit]) -> None:
 
 
 def restrict_batches(units: list[Unit]) -> None:
-    """Batch ``units`` among themselves only: a shard of a cluster (advisor.engine.mapreduce) loads
+    """Batch ``units`` among themselves only: a shard of a cluster (advisor.pipeline) loads
     its units into a DuckDB of its own, so a batch that spans shards would fill another shard's."""
     with _BATCHES_LOCK:
         for u in units:

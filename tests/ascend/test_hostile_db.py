@@ -151,7 +151,7 @@ def test_a_view_is_never_read_as_a_table(tmp_path):
 
 @pytest.mark.slow
 def test_endless_view_is_skipped_when_loading(tmp_path):
-    from advisor.ingest import load_profile
+    from advisor.engine.context import load_profile
 
     root, db = _copy_export(tmp_path)
     _alter(db, "ALTER TABLE COMMUNICATION_OP RENAME TO COMMUNICATION_OP_REAL", _ENDLESS)
@@ -207,7 +207,7 @@ def test_a_stopped_statement_is_one_line_naming_file_and_table(tmp_path, monkeyp
     """Through the loader: the stopped database is skipped with one line naming it and the table
     (it is the export's only data here, so nothing usable is left: a clean InputError)."""
     from advisor import sqlite_safe
-    from advisor.ingest import load_profile
+    from advisor.engine.context import load_profile
     from advisor.ingest.base import InputError
 
     root, _ = _copy_export(tmp_path)
