@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 
 from advisor.model import Report
 from advisor.render import charts, variability_text
@@ -40,17 +41,18 @@ from advisor.render.view import (
     compact_ints,
     confidence,
     cp_edges,
+    display_data,
     fmt_bytes,
     fmt_evidence,
     fmt_ratio,
     fmt_us,
     fmt_value,
     is_threshold_key,
-    report_data,
     slow_steps,
     truncate,
     verdict,
 )
+from advisor.text import printable
 
 SCRIPT_TEMPLATE = "_script.js.j2"
 MAX_TOP_ROWS = 25
@@ -67,14 +69,16 @@ def templates_dir() -> Path:
         return Path(__file__).resolve().parents[2] / "templates"
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-
-
 def _visible(value: Any) -> Any:
-    """Every printed value: control characters from a profile become U+FFFD (HTML forbids them)."""
-    if isinstance(value, str) and _CONTROL.search(value):
-        return _CONTROL.sub("\ufffd", value)
-    return value
+    """Every printed value through :func:`advisor.text.printable`: control characters and
+    bidirectional overrides become U+FFFD (HTML forbids the controls). Markup the templates
+    build (a macro's output) stays Markup."""
+    if not isinstance(value, str):
+        return value
+    text = printable(value)
+    if text == value:
+        return value
+    return markupsafe.Markup(text) if isinstance(value, markupsafe.Markup) else text
 
 
 def environment(override: str | Path | None = None) -> jinja2.Environment:
@@ -261,7 +265,7 @@ def finding_view(f: Mapping[str, Any], step_us: float | None) -> dict[str, Any]:
 
 def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
     """The template context: the JSON form of the report plus chart geometry and formatted views."""
-    d = report_data(report)
+    d = display_data(report)
     prof = d.get("profile") or {}
     bd = d.get("breakdown") or []
     summary = breakdown_summary(d)

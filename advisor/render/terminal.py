@@ -43,7 +43,7 @@ def _pct(part: float, whole: float) -> str:
 
 def verdict(report: Report | dict[str, Any]) -> str:
     """One sentence: what limits the step."""
-    return str(view.verdict(view.report_data(report))["text"])
+    return str(view.verdict(view.display_data(report))["text"])
 
 
 class _Console(Console):
@@ -68,12 +68,14 @@ def plain_width() -> int:
 def _console(file: Any, color: bool | None, width: int | None = None) -> Console:
     """A console that writes plain text (no colour, no cursor codes) when ``color`` is False or not a TTY.
 
+    Markup is off: a string the report supplies (a rule id, an operator name) is printed as it is,
+    never read as Rich markup (``[link=...]``, ``[/x]``), and emoji codes stay text.
     Plain text is ``width`` columns wide, else ``COLUMNS``, else 120; a terminal's width is its own
     (rich reads the terminal size, or ``COLUMNS`` when set)."""
     if color is False:
         return _Console(file=file or sys.stdout, no_color=True, highlight=False, soft_wrap=False, force_terminal=False,
-                        width=width or plain_width(), emoji=False)
-    return _Console(file=file or sys.stdout, highlight=False, soft_wrap=False, emoji=False, width=width)
+                        width=width or plain_width(), emoji=False, markup=False)
+    return _Console(file=file or sys.stdout, highlight=False, soft_wrap=False, emoji=False, width=width, markup=False)
 
 
 def print_report(report: Report | dict[str, Any], *, verbose: bool = False, color: bool | None = None,
@@ -82,10 +84,11 @@ def print_report(report: Report | dict[str, Any], *, verbose: bool = False, colo
 
     No number and no rank is ever cut to fit the width: tables stack or drop columns instead, and
     long text wraps."""
-    d = view.report_data(report)
+    d = view.display_data(report)
     console = _console(file, color, width)
     p = d.get("profile") or {}
-    console.print(Text("advisor ", style="bold") + Text(f"{(d.get('tool') or {}).get('version', '?')} — {p.get('path')}"))
+    console.print(Text("advisor ", style="bold")
+                  + Text(f"{one_line((d.get('tool') or {}).get('version', '?'), 40)} — {one_line(p.get('path'), 1000)}"))
     console.print(
         Text(f"sources: {', '.join(p.get('sources') or []) or '-'}   ranks: {_list(p.get('ranks'))}"
              f"   world size: {p.get('world_size') or '-'}   steps: {_list(p.get('steps'))}"
@@ -95,7 +98,7 @@ def print_report(report: Report | dict[str, Any], *, verbose: bool = False, colo
     console.print()
     v = view.verdict(d)
     line = Text("Verdict: ", style="bold")
-    line.append(v["text"], style=SEV_STYLE.get(v["severity"], "") if v["kind"] == "finding" else "bold green")
+    line.append(one_line(v["text"], 1000), style=SEV_STYLE.get(v["severity"], "") if v["kind"] == "finding" else "bold green")
     console.print(line)
     gate = d.get("gate")
     if gate:
@@ -304,18 +307,19 @@ def _hardware(console: Console, d: dict[str, Any], verbose: bool) -> None:
 
 
 def _details(f: dict[str, Any]) -> Text:
-    lines = [f"cause {f.get('cause')} · ranks {view.compact_ints(f.get('ranks'))} · steps {view.compact_ints(f.get('steps'))}"]
+    lines = [f"cause {one_line(f.get('cause'), 200)} · ranks {view.compact_ints(f.get('ranks'))} · steps {view.compact_ints(f.get('steps'))}"]
     if f.get("saving_basis"):
         lines.append(f"saving: {one_line(f['saving_basis'], 200)}")
     for k, v in (f.get("evidence") or {}).items():
         kind = "threshold" if view.is_threshold_key(k) else "measured"
-        lines.append(f"  {k} = {view.fmt_evidence(k, v)}  ({kind})")
+        lines.append(f"  {one_line(k, 100)} = {one_line(view.fmt_evidence(k, v), 300)}  ({kind})")
     for o in list(f.get("ops") or [])[:5]:
         lines.append(f"  op: {view.truncate(o, 100)}")
     for row in list(f.get("top") or [])[:5]:
         lines.append("  top: " + view.truncate(", ".join(f"{k}={view.fmt_evidence(k, v)}" for k, v in row.items()), 110))
     for i, o in enumerate(f.get("optimizations") or [], 1):
-        lines.append(f"  do {i}. {o.get('title')}" + (f" — {view.truncate(o.get('how', ''), 100)}" if o.get("how") else ""))
+        lines.append(f"  do {i}. {one_line(o.get('title'), 300)}"
+                     + (f" — {view.truncate(o.get('how', ''), 100)}" if o.get("how") else ""))
     return Text("\n".join(lines), style="dim")
 
 
@@ -456,7 +460,7 @@ class Progress:
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
-        self.console = Console(file=sys.stderr)
+        self.console = Console(file=sys.stderr, markup=False, emoji=False, highlight=False)
         self._status: Any = None
         self._msg = ""
         self._closed = False
@@ -467,7 +471,7 @@ class Progress:
         with self._lock:
             if self._closed:
                 return
-            self._msg = f"{stage} {done}/{total}" if stage == "ingest" else stage
+            self._msg = one_line(f"{stage} {done}/{total}" if stage == "ingest" else stage, 200)
             if self._status is not None:
                 self._status.update(self._msg)
                 return

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from advisor.kinds import EdgeKind, Source
 from advisor.model import Report
+from advisor.text import printable
 
 #: Phases of the breakdown in the order they are stacked (they add up to ``step_us``).
 PHASES: tuple[str, ...] = ("compute_only_us", "overlapped_us", "comm_only_us", "host_only_us", "free_us")
@@ -40,6 +41,24 @@ def report_data(report: Report | Mapping[str, Any]) -> dict[str, Any]:
 
         return report_dict(report)
     return dict(report)
+
+
+def display_data(report: Report | Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`report_data` with every string in it, keys too, through :func:`advisor.text.printable`:
+    what the terminal, Markdown and HTML renderers start from, so that no control character, escape
+    sequence or bidirectional override a profile or a report carries reaches any of them. Each
+    renderer still escapes its own markup (Rich, Markdown, HTML)."""
+    return cast(dict[str, Any], _printable_tree(report_data(report)))
+
+
+def _printable_tree(v: Any) -> Any:
+    if isinstance(v, str):
+        return printable(v)
+    if isinstance(v, Mapping):
+        return {(printable(k) if isinstance(k, str) else k): _printable_tree(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_printable_tree(x) for x in v]
+    return v
 
 
 def fmt_us(v: float | None) -> str:
