@@ -60,7 +60,12 @@ MAX_OPS_LISTED = 30
 
 
 def templates_dir() -> Path:
-    """Where the templates live: the installed ``advisor_templates`` package, else ``templates/`` in the source tree."""
+    """Where the templates live: ``templates/`` beside the ``advisor`` package in a source tree (an
+    editable install of another checkout must not lend its templates to this one's code), else the
+    installed ``advisor_templates`` package."""
+    source = Path(__file__).resolve().parents[2] / "templates"
+    if (source / "report.html.j2").is_file():
+        return source
     try:
         import advisor_templates  # type: ignore[import-not-found]  # installed: pyproject maps it to templates/
 
@@ -203,6 +208,24 @@ def evidence_label(key: str) -> str:
     return words or key
 
 
+def evidence_labels(keys: list[str]) -> dict[str, str]:
+    """:func:`evidence_label` of each key, a time key whose label another key already has named
+    ``... time`` (``step`` and ``step_us`` -> ``step`` and ``step time``)."""
+    labels = {k: evidence_label(k) for k in keys}
+    counts: dict[str, int] = {}
+    for lab in labels.values():
+        counts[lab] = counts.get(lab, 0) + 1
+    for k, lab in labels.items():
+        split = _unit_split(k)
+        if counts[lab] > 1 and split and split[0] == k[: len(split[0])] and k.endswith(("_us", "_ms", "_ns")):
+            labels[k] = f"{lab} time"
+    return labels
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def evidence_value(key: str, v: Any) -> str:
     """An evidence value with its unit (from the key's suffix); a whole number as an integer."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -225,10 +248,11 @@ def _sev(s: Any) -> str:
 def finding_view(f: Mapping[str, Any], step_us: float | None) -> dict[str, Any]:
     """Everything one finding card shows, formatted."""
     ev = dict(f.get("evidence") or {})
-    measured = [{"key": k, "label": evidence_label(k), "value": evidence_value(k, v), "raw": v}
-                for k, v in ev.items() if not is_threshold_key(k)]
-    limits = [{"key": k, "label": evidence_label(k), "value": evidence_value(k, v), "raw": v}
-              for k, v in ev.items() if is_threshold_key(k)]
+    ev_labels = evidence_labels(list(ev))
+    rows = [{"key": k, "label": ev_labels[k], "value": evidence_value(k, v), "raw": v,
+             "cls": "num" if _is_number(v) else "text"} for k, v in ev.items()]
+    measured = [r for r in rows if not is_threshold_key(r["key"])]
+    limits = [r for r in rows if is_threshold_key(r["key"])]
     top = [dict(t) for t in (f.get("top") or [])][:MAX_TOP_ROWS]
     cols: list[str] = []
     for t in top:
@@ -250,7 +274,7 @@ def finding_view(f: Mapping[str, Any], step_us: float | None) -> dict[str, Any]:
         "measured": measured,
         "limits": limits,
         "top_cols": cols,
-        "top_labels": [evidence_label(c) for c in cols],
+        "top_labels": [evidence_labels(cols)[c] for c in cols],
         "top_rows": top_rows,
         "top_more": max(0, len(f.get("top") or []) - len(top)),
         "ranks_text": compact_ints(f.get("ranks")),
