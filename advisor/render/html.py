@@ -48,6 +48,7 @@ from advisor.render.view import (
     fmt_us,
     fmt_value,
     is_threshold_key,
+    short_name,
     slow_steps,
     truncate,
     verdict,
@@ -100,7 +101,7 @@ def environment(override: str | Path | None = None) -> jinja2.Environment:
         lstrip_blocks=True,
         finalize=_visible,
     )
-    env.filters.update(us=fmt_us, pct=fmt_ratio, val=fmt_value, ints=compact_ints, trunc=truncate)
+    env.filters.update(us=fmt_us, pct=fmt_ratio, val=fmt_value, ints=compact_ints, trunc=truncate, short=short_name)
     return env
 
 
@@ -335,6 +336,7 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
         "kinds": [{"cls": charts.kind_class(k), "label": charts.KIND_LABEL[k]} for k in charts.KINDS],
         "step_stats": d.get("step_times") or [],
         "variability_summary": variability_text.summary(d["variability"]) if d.get("variability") else [],
+        "variability_shares": bool(d.get("variability")) and variability_text.shares_known(d["variability"]),
         "rules": d.get("rules") or [],
         "hwv": hardware_view(d.get("hardware")),
         "unknown_extras": sorted(k for k in d if k not in extras_known and k not in (

@@ -27,6 +27,7 @@ from advisor.render.view import (
     fmt_value,
     is_threshold_key,
     per_rank_means,
+    short_name,
     slow_steps,
     truncate,
     verdict,
@@ -498,7 +499,7 @@ def _critical_path(d: Mapping[str, Any]) -> list[str]:
     out.append("|---|---|---:|---:|")
     for o in ops[:10]:
         t = float(o.get("total_us") or 0.0)
-        out.append(_row(md_escape(o.get("name"), 90), md_escape(o.get("kind")), fmt_us(t), fmt_ratio(t / length)))
+        out.append(_row(md_escape(short_name(o.get("name"), 90)), md_escape(o.get("kind")), fmt_us(t), fmt_ratio(t / length)))
     out.append("")
     edges = cp_edges(d)
     if edges:
@@ -547,9 +548,9 @@ def _variability(d: Mapping[str, Any]) -> list[str]:
         out.append(f"_Note: {md_escape(v['note'], 400)}_")
     out.append("")
     ops = (v.get("ops") or [])[:5]
-    if ops and any(vt.share(o) is not None for o in ops):
+    if ops and vt.shares_known(v):
         out += [_row("operator", "kind", "p50", "p95", "sigma", "share of variance"), "|---|---|---:|---:|---:|---:|"]
-        out += [_row(md_escape(vt.op_label(o), 80), md_escape(o.get("kind")), fmt_us(o.get("p50_us")),
+        out += [_row(md_escape(vt.op_label(o, 80), 120), md_escape(o.get("kind")), fmt_us(o.get("p50_us")),
                      fmt_us(o.get("p95_us")), fmt_us(o.get("sigma_us")), vt.pct(vt.share(o))) for o in ops]
         out.append("")
     rows = (v.get("prediction") or {}).get("rows") or []

@@ -342,7 +342,7 @@ def _critical_path(console: Console, d: dict[str, Any]) -> None:
     t.add_column("share", justify="right", no_wrap=True)
     t.add_column("count", justify="right", no_wrap=True)
     for op, r in zip(ops, rows):
-        t.add_row(Text(view.truncate(op.get("name", ""), name_w)), *r)
+        t.add_row(Text(view.short_name(op.get("name", ""), name_w)), *r)
     console.print(t)
     edges = view.cp_edges(d)
     if edges:
@@ -363,14 +363,31 @@ def _variability(console: Console, d: dict[str, Any]) -> None:
     for line in vt.summary(v) + ([f"Note: {v['note']}"] if v.get("note") else []):
         console.print(_indented(Text(one_line(line, 400)), 2))
     ops = (v.get("ops") or [])[:5]
-    if ops and any(vt.share(o) is not None for o in ops):
-        t = Table(show_edge=False, box=None, padding=(0, 2))
-        for h in ("operator", "kind", "p50", "p95", "sigma", "share of variance"):
-            t.add_column(h, no_wrap=h != "operator", justify="left" if h in ("operator", "kind") else "right")
-        for o in ops:
-            t.add_row(Text(view.truncate(vt.op_label(o), 60)), str(o.get("kind")), _us(o.get("p50_us")),
-                      _us(o.get("p95_us")), _us(o.get("sigma_us")), vt.pct(vt.share(o)))
-        console.print(_indented(t, 2))  # type: ignore[arg-type]
+    if ops and vt.shares_known(v):
+        heads = ("operator", "kind", "p50", "p95", "sigma", "share of variance")
+        rows = [(one_line(o.get("kind"), 20), _us(o.get("p50_us")), _us(o.get("p95_us")), _us(o.get("sigma_us")),
+                 vt.pct(vt.share(o))) for o in ops]
+        # as in the critical-path table, only the operator name is shortened: one line, the rest in full
+
+        def table(name_w: int) -> Table:
+            t = Table(show_edge=False, box=None, padding=(0, 2))
+            for h in heads:
+                t.add_column(h, no_wrap=True, justify="left" if h in ("operator", "kind") else "right",
+                             **({"overflow": "ellipsis", "max_width": name_w} if h == "operator" else {}))
+            for o, r in zip(ops, rows):
+                t.add_row(Text(view.short_name(vt.op_label(o, name_w), name_w)), *r)
+            return t
+
+        widest = min(60, max(len(vt.op_label(o, 60)) for o in ops))
+        t = table(widest)
+        natural = Measurement.get(console, console.options.update_width(10_000), t).maximum
+        name_w = widest - max(0, natural - (console.width - 2))
+        if name_w >= 24:
+            console.print(_indented(table(name_w) if name_w < widest else t, 2))  # type: ignore[arg-type]
+        else:  # too narrow for a table with a readable name: one wrapped line per operator
+            for o, r in zip(ops, rows):
+                console.print(_indented(Text(f"{vt.op_label(o, 80)} ({r[0]}): p50 {r[1]}, p95 {r[2]}, sigma {r[3]}, "
+                                             f"{r[4]} of the variance"), 4))
     rows = (v.get("prediction") or {}).get("rows") or []
     if rows:
         t = Table(show_edge=False, box=None, padding=(0, 2))

@@ -156,6 +156,39 @@ def truncate(text: Any, n: int = 60) -> str:
     return s if len(s) <= n else s[: max(1, n - 1)] + "…"
 
 
+def short_name(name: Any, n: int = 90) -> str:
+    """An operator name for a table cell, at most ``n`` characters: a demangled C++ name that is
+    too long loses its template arguments and parameter lists first
+    (``void ns::kernel<float, 128, ...>(float*, int)`` -> ``void ns::kernel<…>(…)``), then its tail.
+    The full name stays in the JSON report (and in the HTML cell's hover text)."""
+    s = " ".join(str(name).split())
+    if len(s) <= n:
+        return s
+    return truncate(_collapse_brackets(s), n)
+
+
+def _collapse_brackets(s: str) -> str:
+    """``s`` with the inside of every outermost ``<...>`` and ``(...)`` replaced by ``…``; ``s``
+    itself where its brackets do not pair up (``operator<``, a comparison in a name)."""
+    out: list[str] = []
+    stack: list[str] = []
+    pairs = {"<": ">", "(": ")"}
+    for ch in s:
+        if ch in pairs:
+            if not stack:
+                out.append(ch)
+            stack.append(pairs[ch])
+        elif ch in (">", ")"):
+            if not stack or stack[-1] != ch:
+                return s
+            stack.pop()
+            if not stack:
+                out.append("…" + ch)
+        elif not stack:
+            out.append(ch)
+    return s if stack else "".join(out)
+
+
 def per_rank_means(breakdown: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
     """Mean of ``step_us`` and each phase over the steps of every rank (plus ``steps``)."""
     acc: dict[int, list[dict[str, Any]]] = {}
