@@ -4,14 +4,6 @@ from __future__ import annotations
 
 import re
 
-#: An escape sequence a terminal would act on: CSI (colours, cursor moves), OSC (titles, hyperlinks)
-#: ended by BEL or ST, DCS / SOS / PM / APC strings, and the two-character ESC forms; also their
-#: one-byte C1 introducers (CSI U+009B, OSC U+009D, DCS U+0090 ...).
-_ESCAPE_SEQ = re.compile(
-    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
-    r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
-    r"|\x1b[ -/]*[0-~]?"
-)
 #: What a terminal, a browser or an editor acts on rather than shows: C0 controls but tab and
 #: newline, CR, DEL, C1 controls, and the bidirectional embeddings, overrides, isolates and marks
 #: that reorder a line (Trojan Source); line and paragraph separators count as newlines.
@@ -20,15 +12,15 @@ _NEWLINES = {"\r\n": "\n", "\r": "\n", "\u2028": "\n", "\u2029": "\n"}
 
 
 def printable(text: object, mark: str = "\ufffd") -> str:
-    """``text`` with nothing a terminal, a browser or a Markdown viewer would act on: escape
-    sequences removed whole, CR and Unicode line separators made newlines, every other control or
-    bidirectional-formatting character replaced by ``mark``. Tabs and newlines stay (the renderers
-    decide where a line may break). Every string a profile or a report supplies goes through this
-    before any renderer shows it."""
+    r"""``text`` with nothing a terminal, a browser or a Markdown viewer would act on: CR and Unicode
+    line separators made newlines, every other control or bidirectional-formatting character
+    replaced by ``mark``. An escape sequence is left inert and visible (``\x1b[31m`` shows as
+    ``\ufffd[31m``), so a name stays recognisable. Tabs and newlines stay (the renderers decide
+    where a line may break). Every string a profile or a report supplies goes through this before
+    any renderer shows it."""
     s = str(text)
     if not _CONTROL.search(s):
         return s
-    s = _ESCAPE_SEQ.sub("", s)
     s = re.sub("\r\n?|[\u2028\u2029]", lambda m: _NEWLINES[m.group(0)], s)
     return _CONTROL.sub(mark, s)
 
