@@ -268,42 +268,72 @@ def _baseline(opts: AnalyzeOptions) -> Any:
 @click.argument("report", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(("terminal", "html", "md", "json")), default="terminal",
               show_default=True, help="Report format.")
-@click.option("--out", type=click.Path(path_type=Path),
+@click.option("--out", "outs", multiple=True, type=click.Path(path_type=Path),
               help="Write the report here (atomically) instead of stdout; the format follows the extension "
-                   "(.html, .md, .json) unless --format is given.")
+                   "(.html, .md, .json) unless --format is given. Repeatable: several formats of one report.")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence in the terminal summary.")
 @click.option("--md-full", is_flag=True, help="Markdown: embed each rule's documentation and every fix.")
-def render_cmd(report: Path, fmt: str, out: Path | None, verbose: bool, md_full: bool) -> None:
+def render_cmd(report: Path, fmt: str, outs: tuple[Path, ...], verbose: bool, md_full: bool) -> None:
     """Render REPORT (a JSON report written by ``advisor analyze --format json``) again, in another
-    format; nothing else is read (no profile, no rule)."""
+    format; no profile is read. The documentation of a rule installed here is its own, not the
+    report's copy."""
     from advisor.render.json import read_report
 
+    out: Path | None = None
     try:
         data = read_report(report)
-        if out is not None:
-            ((out, fmt),) = out_formats((out,), fmt, _format_given())
+        targets = out_formats(outs, fmt, _format_given())
+        for out, _f in targets:
             out_dir = out.parent if str(out.parent) else Path(".")
             if not out_dir.is_dir():
                 raise UsageFailure(f"--out {out}: directory {out_dir} does not exist")
-        if fmt == "terminal" and out is None:
-            from advisor.render.terminal import print_report
-
+        out = None
+        if any(f in ("md", "html") for f in [*(f for _o, f in targets), *([] if targets else [fmt])]):
+            data = _installed_rule_docs(data)
+        if not targets:
             with reader_may_leave():
-                print_report(data, verbose=verbose, color=None if sys.stdout.isatty() else False)
+                if fmt == "terminal":
+                    from advisor.render.terminal import print_report
+
+                    print_report(data, verbose=verbose, color=None if sys.stdout.isatty() else False)
+                    return
+                click.echo(render(data, fmt, verbose=verbose, md_full=md_full), nl=False)
+                sys.stdout.flush()
             return
-        text = render(data, fmt, verbose=verbose, md_full=md_full)
-        if out is not None:
-            write_atomic(out, text)
-            return
+        texts: dict[str, str] = {}
+        for out, out_fmt in targets:
+            if out_fmt not in texts:
+                texts[out_fmt] = render(data, out_fmt, verbose=verbose, md_full=md_full)
+            write_atomic(out, texts[out_fmt])
+        out = None
         with reader_may_leave():
-            click.echo(text, nl=False)
+            for written, _f in targets:
+                click.echo(f"wrote {written}")
             sys.stdout.flush()
     except (ConfigError, UsageFailure) as exc:
         _fail(str(exc))
     except OSError as exc:
-        _fail(f"{out}: cannot write: {exc.strerror or exc}")
+        _fail(f"{out if out is not None else report}: cannot write: {exc.strerror or exc}")
     except Exception as exc:  # noqa: BLE001 - never a traceback for the user
         _fail(f"{report}: cannot render: {type(exc).__name__}: {exc}")
+
+
+def _installed_rule_docs(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the documentation of every rule installed here taken from the rule itself
+    rather than from the report (whose copy anyone may have edited); the Markdown renderer
+    sanitises what is left, the docs of rules not installed here."""
+    docs = data.get("rule_docs")
+    if not isinstance(docs, dict) or not docs:
+        return data
+    try:
+        from advisor.engine.registry import discover
+        from advisor.render.docs import rule_markdown
+
+        specs = discover()
+        installed = {rid: rule_markdown(specs[rid]) for rid in docs if rid in specs}
+    except Exception:  # noqa: BLE001 -- a broken rule package: the report's docs, sanitised, still render
+        return data
+    return {**data, "rule_docs": {**docs, **installed}}
 
 
 @main.command("rules")

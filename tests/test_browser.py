@@ -292,3 +292,56 @@ def test_step_matrix_picture_renders(browser, tmp_path: Path) -> None:
     rows = browser.find_elements(By.CSS_SELECTOR, "#parallel-groups tbody tr")
     assert len(rows) == len(facts.groups)
     _shot(browser, "report-step-matrix.png")
+
+
+def _long_strings_report(base: dict) -> dict:
+    """``base`` (a JSON report) with an unbreakable 2,000-character string in every place a profile
+    fills: the path, operator names, a finding's title, cause, evidence, operators and top rows, the
+    critical path, the variability table, a warning."""
+    import copy
+
+    d = copy.deepcopy(base)
+    word = "void_at::native::elementwise_kernel<" + "x" * 2000 + ">"
+    d["profile"]["path"] = "/data/" + word
+    for f in d["findings"]:
+        f["title"] += " " + word
+        f["cause"] = word
+        f["evidence"]["long_note"] = word
+        f["ops"] = [word, *(f.get("ops") or [])]
+        for t in f.get("top") or []:
+            t["name"] = word
+    for op in (d.get("critical_path") or {}).get("ops") or []:
+        op["name"] = word
+    for op in (d.get("variability") or {}).get("ops") or []:
+        op["name"] = word
+    d["warnings"].append({"code": "long", "path": "/data/" + word, "message": word})
+    return d
+
+
+def test_the_page_never_scrolls_sideways(browser, tmp_path: Path) -> None:
+    """At 1,400 and 820 px the page is no wider than the window: long evidence strings, demangled
+    kernel names and paths wrap or scroll inside their own box (issue 32)."""
+    import json
+
+    from advisor.render import html
+
+    sample = ROOT / "sample_profiles" / "kineto_gloo_slow_rank"
+    src = tmp_path / "gloo.json"
+    res = run_cli(sample, "--out", src)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(src.read_text(encoding="utf-8"))
+    pages = {"gloo": html.render(report), "long-names": html.render(_long_strings_report(report))}
+    try:
+        for name, text in pages.items():
+            out = tmp_path / f"{name}.html"
+            out.write_text(text, encoding="utf-8")
+            for width in (1400, 820):
+                browser.set_window_size(width, 1000)
+                _open(browser, out)
+                # every details element open, so what a click would show is measured too
+                browser.execute_script("document.querySelectorAll('details').forEach(e => e.open = true)")
+                wide, inner = browser.execute_script(
+                    "return [document.documentElement.scrollWidth, window.innerWidth]")
+                assert wide <= inner, f"{name} at {width} px: the page is {wide} px wide in a {inner} px window"
+    finally:
+        browser.set_window_size(1400, 1000)

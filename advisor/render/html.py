@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 
 from advisor.model import Report
 from advisor.render import charts, variability_text
@@ -40,17 +41,19 @@ from advisor.render.view import (
     compact_ints,
     confidence,
     cp_edges,
+    display_data,
     fmt_bytes,
     fmt_evidence,
     fmt_ratio,
     fmt_us,
     fmt_value,
     is_threshold_key,
-    report_data,
+    short_name,
     slow_steps,
     truncate,
     verdict,
 )
+from advisor.text import printable
 
 SCRIPT_TEMPLATE = "_script.js.j2"
 MAX_TOP_ROWS = 25
@@ -58,7 +61,12 @@ MAX_OPS_LISTED = 30
 
 
 def templates_dir() -> Path:
-    """Where the templates live: the installed ``advisor_templates`` package, else ``templates/`` in the source tree."""
+    """Where the templates live: ``templates/`` beside the ``advisor`` package in a source tree (an
+    editable install of another checkout must not lend its templates to this one's code), else the
+    installed ``advisor_templates`` package."""
+    source = Path(__file__).resolve().parents[2] / "templates"
+    if (source / "report.html.j2").is_file():
+        return source
     try:
         import advisor_templates  # type: ignore[import-not-found]  # installed: pyproject maps it to templates/
 
@@ -67,14 +75,16 @@ def templates_dir() -> Path:
         return Path(__file__).resolve().parents[2] / "templates"
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-
-
 def _visible(value: Any) -> Any:
-    """Every printed value: control characters from a profile become U+FFFD (HTML forbids them)."""
-    if isinstance(value, str) and _CONTROL.search(value):
-        return _CONTROL.sub("\ufffd", value)
-    return value
+    """Every printed value through :func:`advisor.text.printable`: control characters and
+    bidirectional overrides become U+FFFD (HTML forbids the controls). Markup the templates
+    build (a macro's output) stays Markup."""
+    if not isinstance(value, str):
+        return value
+    text = printable(value)
+    if text == value:
+        return value
+    return markupsafe.Markup(text) if isinstance(value, markupsafe.Markup) else text
 
 
 def environment(override: str | Path | None = None) -> jinja2.Environment:
@@ -91,7 +101,7 @@ def environment(override: str | Path | None = None) -> jinja2.Environment:
         lstrip_blocks=True,
         finalize=_visible,
     )
-    env.filters.update(us=fmt_us, pct=fmt_ratio, val=fmt_value, ints=compact_ints, trunc=truncate)
+    env.filters.update(us=fmt_us, pct=fmt_ratio, val=fmt_value, ints=compact_ints, trunc=truncate, short=short_name)
     return env
 
 
@@ -199,6 +209,24 @@ def evidence_label(key: str) -> str:
     return words or key
 
 
+def evidence_labels(keys: list[str]) -> dict[str, str]:
+    """:func:`evidence_label` of each key, a time key whose label another key already has named
+    ``... time`` (``step`` and ``step_us`` -> ``step`` and ``step time``)."""
+    labels = {k: evidence_label(k) for k in keys}
+    counts: dict[str, int] = {}
+    for lab in labels.values():
+        counts[lab] = counts.get(lab, 0) + 1
+    for k, lab in labels.items():
+        split = _unit_split(k)
+        if counts[lab] > 1 and split and split[0] == k[: len(split[0])] and k.endswith(("_us", "_ms", "_ns")):
+            labels[k] = f"{lab} time"
+    return labels
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def evidence_value(key: str, v: Any) -> str:
     """An evidence value with its unit (from the key's suffix); a whole number as an integer."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -221,10 +249,11 @@ def _sev(s: Any) -> str:
 def finding_view(f: Mapping[str, Any], step_us: float | None) -> dict[str, Any]:
     """Everything one finding card shows, formatted."""
     ev = dict(f.get("evidence") or {})
-    measured = [{"key": k, "label": evidence_label(k), "value": evidence_value(k, v), "raw": v}
-                for k, v in ev.items() if not is_threshold_key(k)]
-    limits = [{"key": k, "label": evidence_label(k), "value": evidence_value(k, v), "raw": v}
-              for k, v in ev.items() if is_threshold_key(k)]
+    ev_labels = evidence_labels(list(ev))
+    rows = [{"key": k, "label": ev_labels[k], "value": evidence_value(k, v), "raw": v,
+             "cls": "num" if _is_number(v) else "text"} for k, v in ev.items()]
+    measured = [r for r in rows if not is_threshold_key(r["key"])]
+    limits = [r for r in rows if is_threshold_key(r["key"])]
     top = [dict(t) for t in (f.get("top") or [])][:MAX_TOP_ROWS]
     cols: list[str] = []
     for t in top:
@@ -246,7 +275,7 @@ def finding_view(f: Mapping[str, Any], step_us: float | None) -> dict[str, Any]:
         "measured": measured,
         "limits": limits,
         "top_cols": cols,
-        "top_labels": [evidence_label(c) for c in cols],
+        "top_labels": [evidence_labels(cols)[c] for c in cols],
         "top_rows": top_rows,
         "top_more": max(0, len(f.get("top") or []) - len(top)),
         "ranks_text": compact_ints(f.get("ranks")),
@@ -261,7 +290,7 @@ def finding_view(f: Mapping[str, Any], step_us: float | None) -> dict[str, Any]:
 
 def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
     """The template context: the JSON form of the report plus chart geometry and formatted views."""
-    d = report_data(report)
+    d = display_data(report)
     prof = d.get("profile") or {}
     bd = d.get("breakdown") or []
     summary = breakdown_summary(d)
@@ -307,6 +336,7 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
         "kinds": [{"cls": charts.kind_class(k), "label": charts.KIND_LABEL[k]} for k in charts.KINDS],
         "step_stats": d.get("step_times") or [],
         "variability_summary": variability_text.summary(d["variability"]) if d.get("variability") else [],
+        "variability_shares": bool(d.get("variability")) and variability_text.shares_known(d["variability"]),
         "rules": d.get("rules") or [],
         "hwv": hardware_view(d.get("hardware")),
         "unknown_extras": sorted(k for k in d if k not in extras_known and k not in (

@@ -3,7 +3,8 @@
 Every string that comes from a profile (operator names, paths, titles that quote them, warning
 messages) goes through :func:`md_escape`: Markdown punctuation is backslash-escaped, ``& < >`` become
 entities (so ``<script>`` is text, not HTML), and newlines collapse to spaces so a name cannot break
-a table row. Rule documentation (``advisor explain``) is the project's own text and is kept as Markdown.
+a table row. Rule documentation (``advisor explain``) is kept as Markdown, through :func:`safe_doc` (a
+report may carry anything in ``rule_docs``).
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ from advisor.render.view import (
     compact_ints,
     confidence,
     cp_edges,
+    display_data,
     fmt_evidence,
     fmt_ratio,
     fmt_us,
     fmt_value,
     is_threshold_key,
     per_rank_means,
-    report_data,
+    short_name,
     slow_steps,
     truncate,
     verdict,
 )
+from advisor.text import printable
 
 # Markdown punctuation that can start markup mid-line (emphasis, code, links, tables, strikethrough,
 # mentions / issue refs); the rest only matters at the start of a line, which renderers never give a profile string.
@@ -38,8 +41,9 @@ _SPARK = "▁▂▃▄▅▆▇█"
 
 
 def _printable(text: str) -> str:
-    """Control characters from a profile become U+FFFD (they are invalid in HTML and break tables)."""
-    return "".join(ch if ch.isprintable() else "\ufffd" for ch in text)
+    """Escape sequences from a profile go (:func:`advisor.text.printable`); every other character
+    that is not printable becomes U+FFFD (controls are invalid in HTML and break tables)."""
+    return "".join(ch if ch.isprintable() else "\ufffd" for ch in printable(text))
 
 
 def md_escape(value: Any, limit: int | None = None) -> str:
@@ -103,7 +107,7 @@ def render(report: Report | Mapping[str, Any], *, max_findings: int = 20, full: 
     characters, so the report fits a GitHub comment for any profile. ``full`` embeds each rule's
     documentation and every optimisation instead, without that bound.
     """
-    d = report_data(report)
+    d = display_data(report)
     head = _head(d)
     gate = d.get("gate")
     if gate:
@@ -156,7 +160,7 @@ def _head(d: Mapping[str, Any]) -> list[str]:
     out.append("## advisor: " + md_escape(v["title"], 300))
     out.append("")
     if v["kind"] == "finding":
-        line = f"**{v['severity'].upper()}** · {md_escape(v['rule'])} `{md_escape_code(v['cause'])}`"
+        line = f"**{v['severity'].upper()}** · {md_escape(v['rule'])} {md_code(v['cause'])}"
         if v.get("saving_us"):
             line += f" · **up to {fmt_us(v['saving_us'])} per step**"
             if v.get("saving_fraction"):
@@ -247,9 +251,18 @@ def _confidence(d: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def md_escape_code(value: Any) -> str:
-    """Text for inside a single-backtick code span (backticks and newlines removed)."""
-    return _printable(" ".join(str(value).replace("`", "'").split()))
+def md_code(value: Any, limit: int | None = None, *, cell: bool = False) -> str:
+    """``value`` as one inline code span, fences included: one line, cut to ``limit`` characters,
+    fenced by one backtick more than its longest run of backticks (so a backtick in it is text),
+    and in a table ``cell`` its ``|`` escaped (GitHub splits cells on ``|`` even inside code)."""
+    s = _printable(" ".join(str(value).split()))
+    if limit is not None:
+        s = truncate(s, limit)
+    if cell:
+        s = s.replace("|", "\\|")
+    fence = "`" * (max((len(r) for r in re.findall("`+", s)), default=0) + 1)
+    pad = " " if s.startswith("`") or s.endswith("`") else ""
+    return f"{fence}{pad}{s}{pad}{fence}"
 
 
 def _gate(gate: Mapping[str, Any]) -> list[str]:
@@ -266,7 +279,7 @@ def _gate(gate: Mapping[str, Any]) -> list[str]:
             limit = ("≥ " if c.get("bound") == "min" else "≤ ") + fmt_value(c.get("threshold"))
         value = c.get("value")
         shown = "-" if value is None else (f"{value:+.1f}%" if c.get("check") == "baseline" else fmt_value(value))
-        name = f" `{md_escape_code(c['name'])[:60]}`" if c.get("name") else ""
+        name = f" {md_code(c['name'], 60, cell=True)}" if c.get("name") else ""
         note = f" ({md_escape(c['note'], 200)})" if c.get("note") else ""
         out.append(_row(f"{md_escape(c.get('check'), 40)}{name}", limit, shown,
                         ("pass" if c.get("passed") else "**fail**") + note))
@@ -340,7 +353,7 @@ def _diff(diff: Mapping[str, Any]) -> list[str]:
             for f in items[:10]:
                 was = f" (was {md_escape(f['baseline_severity'], 20)})" if f.get("baseline_severity") else ""
                 out.append(f"- **{md_escape(f.get('severity'), 20)}**{was} {md_escape(f.get('rule'), 20)} "
-                           f"`{md_escape_code(f.get('cause'))[:60]}` ranks {md_escape(compact_ints(f.get('ranks'), limit=6))}: "
+                           f"{md_code(f.get('cause'), 60)} ranks {md_escape(compact_ints(f.get('ranks'), limit=6))}: "
                            f"{md_escape(f.get('title'), 200)}")
             if len(items) > 10:
                 out.append(f"- … {len(items) - 10} more in the JSON / HTML report")
@@ -351,13 +364,63 @@ def _diff(diff: Mapping[str, Any]) -> list[str]:
 
 
 def _explains(docs: Mapping[str, Any], rule_ids: set[str]) -> dict[str, str]:
-    """Each rule's ``advisor explain`` text (the report's ``rule_docs``), its headings below the finding's."""
+    """Each rule's ``advisor explain`` text (the report's ``rule_docs``, through :func:`safe_doc`),
+    its headings below the finding's."""
     out = {}
     for rid in rule_ids:
         text = docs.get(rid)
         if isinstance(text, str):
-            out[rid] = re.sub(r"^(#{1,4}) ", lambda m: "#" * min(6, len(m.group(1)) + 3) + " ", text, flags=re.MULTILINE)
+            out[rid] = re.sub(r"^(#{1,4}) ", lambda m: "#" * min(6, len(m.group(1)) + 3) + " ", safe_doc(text),
+                              flags=re.MULTILINE)
     return out
+
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_CODE_SPAN = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)")
+_IMAGE = re.compile(r"!\[[^\]]*\](?:\([^)]*\)|\[[^\]]*\])?")
+_LINK = re.compile(r"\[([^\]]*)\]\(\s*<?([^)\s>]*)>?[^)]*\)")
+_LINK_DEF = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(\S*?)>?(?:\s.*)?$")
+_WEB = re.compile(r"https?://", re.IGNORECASE)
+#: a ``<`` that opens raw HTML (a tag, a closing tag, a comment, a declaration) or an autolink
+_HTML_START = re.compile(r"<(?=[A-Za-z/!?])")
+
+
+def _safe_inline(text: str) -> str:
+    """Prose outside code: no image, a link only to an http(s) address (else its text), no HTML."""
+    text = _IMAGE.sub("", text)
+    text = _LINK.sub(lambda m: m.group(0) if _WEB.match(m.group(2)) else m.group(1), text)
+    return _HTML_START.sub("&lt;", text)
+
+
+def safe_doc(text: str) -> str:
+    """Rule documentation taken from a report, as Markdown that can only show text: images go (a
+    tracking pixel in a pull-request comment), links keep only http(s) addresses (no
+    ``javascript:``, ``data:``), raw HTML and autolinks become text; code spans and fenced code,
+    which Markdown shows literally, stay as they are. The installed rules' text passes unchanged."""
+    out: list[str] = []
+    fence: str | None = None
+    for line in printable(text).split("\n"):
+        m = _FENCE.match(line)
+        if fence is not None:
+            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
+                fence = None
+            out.append(line)
+            continue
+        if m:
+            fence = m.group(1)
+            out.append(line)
+            continue
+        d = _LINK_DEF.match(line)
+        if d:
+            if _WEB.match(d.group(1)):
+                out.append(line)
+            continue
+        parts, pos = [], 0
+        for c in _CODE_SPAN.finditer(line):
+            parts += [_safe_inline(line[pos:c.start()]), c.group(0)]
+            pos = c.end()
+        out.append("".join(parts) + _safe_inline(line[pos:]))
+    return "\n".join(out)
 
 
 def _finding(f: Mapping[str, Any], explain: str | None, *, full: bool = False) -> list[str]:
@@ -366,14 +429,14 @@ def _finding(f: Mapping[str, Any], explain: str | None, *, full: bool = False) -
     saving = ""
     if f.get("estimated_saving_us"):
         saving = f" — save ≤ {html_text(fmt_us(f['estimated_saving_us']))}/step"
-    rule = md_escape_code(f.get("rule"))[:20]
+    rule = md_code(f"advisor explain {' '.join(str(f.get('rule')).split())[:20]}")
     summary = (f"<details><summary><b>{html_text(f.get('severity'), 20)}</b> {html_text(f.get('rule'), 20)}: "
                f"{html_text(f.get('title'), 200)}{saving}</summary>")
     out = [summary, ""]
-    out.append(f"- cause: `{md_escape_code(f.get('cause'))[:80]}` ({md_escape(f.get('bottleneck'), 40)})")
+    out.append(f"- cause: {md_code(f.get('cause'), 80)} ({md_escape(f.get('bottleneck'), 40)})")
     out.append(f"- ranks: {md_escape(compact_ints(f.get('ranks')))}; steps: {md_escape(compact_ints(f.get('steps')))}")
     if f.get("explained_by"):
-        out.append("- explained by " + ", ".join(f"`{md_escape_code(x)}`" for x in f["explained_by"]))
+        out.append("- explained by " + ", ".join(md_code(x) for x in f["explained_by"]))
     if f.get("estimated_saving_us"):
         basis = f": {md_escape(f['saving_basis'], 300)}" if f.get("saving_basis") else ""
         out.append(f"- estimated saving: up to {fmt_us(f['estimated_saving_us'])} per step"
@@ -390,7 +453,7 @@ def _finding(f: Mapping[str, Any], explain: str | None, *, full: bool = False) -
     if ev:
         out += ["", _row("evidence", "value", ""), "|---|---:|---|"]
         for k, val in ev[:n_ev]:
-            out.append(_row(f"`{md_escape_code(k)[:60]}`", md_escape(fmt_evidence(k, val), 120),
+            out.append(_row(md_code(k, 60, cell=True), md_escape(fmt_evidence(k, val), 120),
                             "threshold" if is_threshold_key(k) else "measured"))
         if len(ev) > n_ev:
             out.append(_row(f"… {len(ev) - n_ev} more", "", ""))
@@ -419,7 +482,7 @@ def _finding(f: Mapping[str, Any], explain: str | None, *, full: bool = False) -
     else:
         more = len(opts) - len(shown)
         out += ["", (f"{more} more fix{'es' if more != 1 else ''} and the rule's documentation: " if more
-                     else "The rule's documentation: ") + f"`advisor explain {rule}`"]
+                     else "The rule's documentation: ") + rule]
     out += ["", "</details>", ""]
     return out
 
@@ -436,7 +499,7 @@ def _critical_path(d: Mapping[str, Any]) -> list[str]:
     out.append("|---|---|---:|---:|")
     for o in ops[:10]:
         t = float(o.get("total_us") or 0.0)
-        out.append(_row(md_escape(o.get("name"), 90), md_escape(o.get("kind")), fmt_us(t), fmt_ratio(t / length)))
+        out.append(_row(md_escape(short_name(o.get("name"), 90)), md_escape(o.get("kind")), fmt_us(t), fmt_ratio(t / length)))
     out.append("")
     edges = cp_edges(d)
     if edges:
@@ -485,9 +548,9 @@ def _variability(d: Mapping[str, Any]) -> list[str]:
         out.append(f"_Note: {md_escape(v['note'], 400)}_")
     out.append("")
     ops = (v.get("ops") or [])[:5]
-    if ops and any(vt.share(o) is not None for o in ops):
+    if ops and vt.shares_known(v):
         out += [_row("operator", "kind", "p50", "p95", "sigma", "share of variance"), "|---|---|---:|---:|---:|---:|"]
-        out += [_row(md_escape(vt.op_label(o), 80), md_escape(o.get("kind")), fmt_us(o.get("p50_us")),
+        out += [_row(md_escape(vt.op_label(o, 80), 120), md_escape(o.get("kind")), fmt_us(o.get("p50_us")),
                      fmt_us(o.get("p95_us")), fmt_us(o.get("sigma_us")), vt.pct(vt.share(o))) for o in ops]
         out.append("")
     rows = (v.get("prediction") or {}).get("rows") or []

@@ -43,7 +43,7 @@ def _pct(part: float, whole: float) -> str:
 
 def verdict(report: Report | dict[str, Any]) -> str:
     """One sentence: what limits the step."""
-    return str(view.verdict(view.report_data(report))["text"])
+    return str(view.verdict(view.display_data(report))["text"])
 
 
 class _Console(Console):
@@ -68,12 +68,14 @@ def plain_width() -> int:
 def _console(file: Any, color: bool | None, width: int | None = None) -> Console:
     """A console that writes plain text (no colour, no cursor codes) when ``color`` is False or not a TTY.
 
+    Markup is off: a string the report supplies (a rule id, an operator name) is printed as it is,
+    never read as Rich markup (``[link=...]``, ``[/x]``), and emoji codes stay text.
     Plain text is ``width`` columns wide, else ``COLUMNS``, else 120; a terminal's width is its own
     (rich reads the terminal size, or ``COLUMNS`` when set)."""
     if color is False:
         return _Console(file=file or sys.stdout, no_color=True, highlight=False, soft_wrap=False, force_terminal=False,
-                        width=width or plain_width(), emoji=False)
-    return _Console(file=file or sys.stdout, highlight=False, soft_wrap=False, emoji=False, width=width)
+                        width=width or plain_width(), emoji=False, markup=False)
+    return _Console(file=file or sys.stdout, highlight=False, soft_wrap=False, emoji=False, width=width, markup=False)
 
 
 def print_report(report: Report | dict[str, Any], *, verbose: bool = False, color: bool | None = None,
@@ -82,10 +84,11 @@ def print_report(report: Report | dict[str, Any], *, verbose: bool = False, colo
 
     No number and no rank is ever cut to fit the width: tables stack or drop columns instead, and
     long text wraps."""
-    d = view.report_data(report)
+    d = view.display_data(report)
     console = _console(file, color, width)
     p = d.get("profile") or {}
-    console.print(Text("advisor ", style="bold") + Text(f"{(d.get('tool') or {}).get('version', '?')} — {p.get('path')}"))
+    console.print(Text("advisor ", style="bold")
+                  + Text(f"{one_line((d.get('tool') or {}).get('version', '?'), 40)} — {one_line(p.get('path'), 1000)}"))
     console.print(
         Text(f"sources: {', '.join(p.get('sources') or []) or '-'}   ranks: {_list(p.get('ranks'))}"
              f"   world size: {p.get('world_size') or '-'}   steps: {_list(p.get('steps'))}"
@@ -95,7 +98,7 @@ def print_report(report: Report | dict[str, Any], *, verbose: bool = False, colo
     console.print()
     v = view.verdict(d)
     line = Text("Verdict: ", style="bold")
-    line.append(v["text"], style=SEV_STYLE.get(v["severity"], "") if v["kind"] == "finding" else "bold green")
+    line.append(one_line(v["text"], 1000), style=SEV_STYLE.get(v["severity"], "") if v["kind"] == "finding" else "bold green")
     console.print(line)
     gate = d.get("gate")
     if gate:
@@ -304,18 +307,19 @@ def _hardware(console: Console, d: dict[str, Any], verbose: bool) -> None:
 
 
 def _details(f: dict[str, Any]) -> Text:
-    lines = [f"cause {f.get('cause')} · ranks {view.compact_ints(f.get('ranks'))} · steps {view.compact_ints(f.get('steps'))}"]
+    lines = [f"cause {one_line(f.get('cause'), 200)} · ranks {view.compact_ints(f.get('ranks'))} · steps {view.compact_ints(f.get('steps'))}"]
     if f.get("saving_basis"):
         lines.append(f"saving: {one_line(f['saving_basis'], 200)}")
     for k, v in (f.get("evidence") or {}).items():
         kind = "threshold" if view.is_threshold_key(k) else "measured"
-        lines.append(f"  {k} = {view.fmt_evidence(k, v)}  ({kind})")
+        lines.append(f"  {one_line(k, 100)} = {one_line(view.fmt_evidence(k, v), 300)}  ({kind})")
     for o in list(f.get("ops") or [])[:5]:
         lines.append(f"  op: {view.truncate(o, 100)}")
     for row in list(f.get("top") or [])[:5]:
         lines.append("  top: " + view.truncate(", ".join(f"{k}={view.fmt_evidence(k, v)}" for k, v in row.items()), 110))
     for i, o in enumerate(f.get("optimizations") or [], 1):
-        lines.append(f"  do {i}. {o.get('title')}" + (f" — {view.truncate(o.get('how', ''), 100)}" if o.get("how") else ""))
+        lines.append(f"  do {i}. {one_line(o.get('title'), 300)}"
+                     + (f" — {view.truncate(o.get('how', ''), 100)}" if o.get("how") else ""))
     return Text("\n".join(lines), style="dim")
 
 
@@ -338,7 +342,7 @@ def _critical_path(console: Console, d: dict[str, Any]) -> None:
     t.add_column("share", justify="right", no_wrap=True)
     t.add_column("count", justify="right", no_wrap=True)
     for op, r in zip(ops, rows):
-        t.add_row(Text(view.truncate(op.get("name", ""), name_w)), *r)
+        t.add_row(Text(view.short_name(op.get("name", ""), name_w)), *r)
     console.print(t)
     edges = view.cp_edges(d)
     if edges:
@@ -359,14 +363,31 @@ def _variability(console: Console, d: dict[str, Any]) -> None:
     for line in vt.summary(v) + ([f"Note: {v['note']}"] if v.get("note") else []):
         console.print(_indented(Text(one_line(line, 400)), 2))
     ops = (v.get("ops") or [])[:5]
-    if ops and any(vt.share(o) is not None for o in ops):
-        t = Table(show_edge=False, box=None, padding=(0, 2))
-        for h in ("operator", "kind", "p50", "p95", "sigma", "share of variance"):
-            t.add_column(h, no_wrap=h != "operator", justify="left" if h in ("operator", "kind") else "right")
-        for o in ops:
-            t.add_row(Text(view.truncate(vt.op_label(o), 60)), str(o.get("kind")), _us(o.get("p50_us")),
-                      _us(o.get("p95_us")), _us(o.get("sigma_us")), vt.pct(vt.share(o)))
-        console.print(_indented(t, 2))  # type: ignore[arg-type]
+    if ops and vt.shares_known(v):
+        heads = ("operator", "kind", "p50", "p95", "sigma", "share of variance")
+        rows = [(one_line(o.get("kind"), 20), _us(o.get("p50_us")), _us(o.get("p95_us")), _us(o.get("sigma_us")),
+                 vt.pct(vt.share(o))) for o in ops]
+        # as in the critical-path table, only the operator name is shortened: one line, the rest in full
+
+        def table(name_w: int) -> Table:
+            t = Table(show_edge=False, box=None, padding=(0, 2))
+            for h in heads:
+                t.add_column(h, no_wrap=True, justify="left" if h in ("operator", "kind") else "right",
+                             **({"overflow": "ellipsis", "max_width": name_w} if h == "operator" else {}))
+            for o, r in zip(ops, rows):
+                t.add_row(Text(view.short_name(vt.op_label(o, name_w), name_w)), *r)
+            return t
+
+        widest = min(60, max(len(vt.op_label(o, 60)) for o in ops))
+        t = table(widest)
+        natural = Measurement.get(console, console.options.update_width(10_000), t).maximum
+        name_w = widest - max(0, natural - (console.width - 2))
+        if name_w >= 24:
+            console.print(_indented(table(name_w) if name_w < widest else t, 2))  # type: ignore[arg-type]
+        else:  # too narrow for a table with a readable name: one wrapped line per operator
+            for o, r in zip(ops, rows):
+                console.print(_indented(Text(f"{vt.op_label(o, 80)} ({r[0]}): p50 {r[1]}, p95 {r[2]}, sigma {r[3]}, "
+                                             f"{r[4]} of the variance"), 4))
     rows = (v.get("prediction") or {}).get("rows") or []
     if rows:
         t = Table(show_edge=False, box=None, padding=(0, 2))
@@ -456,7 +477,7 @@ class Progress:
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
-        self.console = Console(file=sys.stderr)
+        self.console = Console(file=sys.stderr, markup=False, emoji=False, highlight=False)
         self._status: Any = None
         self._msg = ""
         self._closed = False
@@ -467,7 +488,7 @@ class Progress:
         with self._lock:
             if self._closed:
                 return
-            self._msg = f"{stage} {done}/{total}" if stage == "ingest" else stage
+            self._msg = one_line(f"{stage} {done}/{total}" if stage == "ingest" else stage, 200)
             if self._status is not None:
                 self._status.update(self._msg)
                 return

@@ -6,14 +6,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from advisor.render.view import fmt_us
+from advisor.render.view import fmt_us, short_name
 
 STEADY = 0.01  # a step whose p95 is within this share of its median is called steady
 
 
-def op_label(op: Mapping[str, Any]) -> str:
-    """``AllReduce in group X`` for a collective, the operator name otherwise (unescaped)."""
+def op_label(op: Mapping[str, Any], limit: int | None = None) -> str:
+    """``AllReduce in group X`` for a collective, the operator name otherwise (unescaped); the name
+    shortened to ``limit`` characters (:func:`~advisor.render.view.short_name`) when given."""
     name = str(op.get("name") or "")
+    if limit is not None:
+        name = short_name(name, limit)
     if op.get("kind") == "comm" and op.get("group"):
         return f"{name} in group {op['group']}"
     return name
@@ -23,6 +26,12 @@ def share(op: Mapping[str, Any]) -> float | None:
     """The operator's contribution: its parallel share where ranks were composed, else its series share."""
     v = op.get("parallel_share", op.get("series_share"))
     return None if v is None else float(v)
+
+
+def shares_known(v: Mapping[str, Any]) -> bool:
+    """Whether the report estimated what makes steps vary (too few steps: every share is unknown,
+    and the renderers leave the table out)."""
+    return any(share(o) is not None for o in v.get("ops") or [])
 
 
 def pct(x: float | None, digits: int = 0) -> str:
@@ -46,7 +55,7 @@ def summary(v: Mapping[str, Any]) -> list[str]:
         what = "the step-time variance across steps and ranks" if "parallel_share" in ops[0] else \
             "the step-time variance across steps"
         lead = "Most" if (share(ops[0]) or 0) >= 0.5 else "The largest part"
-        out.append(f"{lead} of {what} comes from {op_label(ops[0])} ({ops[0].get('kind')}): "
+        out.append(f"{lead} of {what} comes from {op_label(ops[0], 90)} ({ops[0].get('kind')}): "
                    f"{pct(share(ops[0]))} of it goes away when it is held at its median.")
     rows = (v.get("prediction") or {}).get("rows") or []
     if rows:

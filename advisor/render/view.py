@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from advisor.kinds import EdgeKind, Source
 from advisor.model import Report
+from advisor.text import printable
 
 #: Phases of the breakdown in the order they are stacked (they add up to ``step_us``).
 PHASES: tuple[str, ...] = ("compute_only_us", "overlapped_us", "comm_only_us", "host_only_us", "free_us")
@@ -40,6 +41,24 @@ def report_data(report: Report | Mapping[str, Any]) -> dict[str, Any]:
 
         return report_dict(report)
     return dict(report)
+
+
+def display_data(report: Report | Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`report_data` with every string in it, keys too, through :func:`advisor.text.printable`:
+    what the terminal, Markdown and HTML renderers start from, so that no control character, escape
+    sequence or bidirectional override a profile or a report carries reaches any of them. Each
+    renderer still escapes its own markup (Rich, Markdown, HTML)."""
+    return cast(dict[str, Any], _printable_tree(report_data(report)))
+
+
+def _printable_tree(v: Any) -> Any:
+    if isinstance(v, str):
+        return printable(v)
+    if isinstance(v, Mapping):
+        return {(printable(k) if isinstance(k, str) else k): _printable_tree(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_printable_tree(x) for x in v]
+    return v
 
 
 def fmt_us(v: float | None) -> str:
@@ -135,6 +154,39 @@ def truncate(text: Any, n: int = 60) -> str:
     """One line, at most ``n`` characters (newlines and tabs become spaces)."""
     s = " ".join(str(text).split())
     return s if len(s) <= n else s[: max(1, n - 1)] + "…"
+
+
+def short_name(name: Any, n: int = 90) -> str:
+    """An operator name for a table cell, at most ``n`` characters: a demangled C++ name that is
+    too long loses its template arguments and parameter lists first
+    (``void ns::kernel<float, 128, ...>(float*, int)`` -> ``void ns::kernel<…>(…)``), then its tail.
+    The full name stays in the JSON report (and in the HTML cell's hover text)."""
+    s = " ".join(str(name).split())
+    if len(s) <= n:
+        return s
+    return truncate(_collapse_brackets(s), n)
+
+
+def _collapse_brackets(s: str) -> str:
+    """``s`` with the inside of every outermost ``<...>`` and ``(...)`` replaced by ``…``; ``s``
+    itself where its brackets do not pair up (``operator<``, a comparison in a name)."""
+    out: list[str] = []
+    stack: list[str] = []
+    pairs = {"<": ">", "(": ")"}
+    for ch in s:
+        if ch in pairs:
+            if not stack:
+                out.append(ch)
+            stack.append(pairs[ch])
+        elif ch in (">", ")"):
+            if not stack or stack[-1] != ch:
+                return s
+            stack.pop()
+            if not stack:
+                out.append("…" + ch)
+        elif not stack:
+            out.append(ch)
+    return s if stack else "".join(out)
 
 
 def per_rank_means(breakdown: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
