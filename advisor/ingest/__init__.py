@@ -582,7 +582,8 @@ def _write_ranks(con: Any, infos: dict[int, list[tuple[Unit, dict[str, Any]]]]) 
         insert_rows(con, "meta", hosts)
     con.execute(
         """UPDATE ranks SET has_device = coalesce((SELECT bool_or(device AND kind IN ('kernel','comm','memcpy','memset'))
-                                                   FROM events e WHERE e.rank = ranks.rank), false)"""
+                                                   FROM events e WHERE e.rank = ranks.rank), false)
+           OR rank IN (SELECT rank FROM vendor_steps)"""  # an exporter's device step table (no timeline)
     )
 
 

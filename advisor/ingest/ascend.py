@@ -276,6 +276,7 @@ _RAW_PROF_HINT = (
 def claim(files: list[Path], warn: Any) -> list[Unit]:
     """Group the Ascend files among ``files`` into one unit per rank export."""
     groups: dict[Path, dict[str, Any]] = {}
+    cluster_out: dict[Path, list[Path]] = {}
     data_roles = _data_roles()
     for p in files:
         name = p.name
@@ -286,8 +287,10 @@ def claim(files: list[Path], warn: Any) -> list[Unit]:
             or ascend_readers.role_of_name(name)
         ):
             continue
-        if "cluster_analysis_output" in p.parts:
-            continue  # msprof-analyze's own cluster results: not an input (format doc §19)
+        if _CLUSTER_OUT in p.parts:
+            # msprof-analyze's own cluster results (format doc §19): claimed, never read
+            cluster_out.setdefault(Path(*p.parts[: p.parts.index(_CLUSTER_OUT) + 1]), []).append(p)
+            continue
         root, flavor, in_layout = _export_root(p)
         role = _role(p, root, in_layout)
         if role is None:
@@ -330,7 +333,44 @@ def claim(files: list[Path], warn: Any) -> list[Unit]:
         unit = _make_unit(root, g, warn)
         if unit is not None:
             units.append(unit)
-    return _dedupe_ranks(units, warn)
+    units = _dedupe_ranks(units, warn)
+    return units + [u for d, fs in sorted(cluster_out.items()) if (u := _cluster_summary_unit(d, fs, units))]
+
+
+_CLUSTER_OUT = "cluster_analysis_output"
+_CLUSTER_FILES = re.compile(
+    r"^(cluster_step_trace_time\.csv|cluster_communication(_matrix)?\.json|communication_group\.json|"
+    r"cluster_analysis\.db)$",
+    re.IGNORECASE,
+)
+
+
+def _cluster_summary_unit(folder: Path, files: list[Path], units: list[Unit]) -> Unit | None:
+    """msprof-analyze's ``cluster_analysis_output/`` (format doc §19): summaries of the rank exports
+    it was made from, not a profile. Its files are claimed (no other reader takes them for a trace)
+    by a unit that loading skips with one line saying what the folder is and what to analyse."""
+    known = sorted(p.name for p in files if _CLUSTER_FILES.match(p.name))
+    if not known:
+        return None
+    unit = Unit(SOURCE_PT, sorted(files), folder)
+    unit.info = {"flavor": SOURCE_PT, "form": "summary", "roles": {}}
+    what = f"msprof-analyze cluster output ({folder.name}/: {', '.join(known)})"
+    if units:
+        # beside the rank exports it summarises: counted with one of them, which are analysed
+        unit.rank_hint, unit.rank_source = units[0].rank_hint, units[0].rank_source
+        unit.info["skip"] = (
+            "cluster_summary",
+            f"{what} not read: the rank exports beside it are, and the cluster views are computed from them",
+        )
+    else:
+        unit.info["skip"] = (
+            "cluster_summary",
+            (f"{what} holds per-rank summaries, not a profile: analyse the folder holding the rank exports it was "
+             "made from (the *_ascend_pt / *_ascend_ms / PROF_* folders `msprof-analyze cluster -d` was given, "
+             f"usually {folder.parent})"),
+        )
+        unit.info["skip_path"] = folder / known[0]  # named in the one-line error (the folder may be the input)
+    return unit
 
 
 def _make_unit(root: Path, g: dict[str, Any], warn: Any) -> Unit | None:
@@ -512,7 +552,7 @@ def load(unit: Unit, lctx: LoadContext) -> dict[str, Any]:
     """
     if unit.info.get("skip"):
         code, message = unit.info["skip"]
-        raise ParseError(unit.root, message, code=code)
+        raise ParseError(unit.info.get("skip_path", unit.root), message, code=code)
     with _BATCHES_LOCK:
         b = _BATCHES.get(id(unit))
     if b is None or not any(u is unit for u in b.units):

@@ -18,6 +18,7 @@ files one export at a time (:class:`ExportReader`).
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sqlite3
 from collections.abc import Callable
@@ -39,6 +40,7 @@ from advisor.ingest.ascend_common import (
 )
 from advisor.ingest.base import LoadContext, ParseError, Unit, update_rows
 from advisor.ingest.steps import windows_sql
+from advisor.text import spans
 
 #: What each input feeds, for "analyses lack their inputs" warnings.
 NEEDS = {
@@ -547,6 +549,93 @@ def _steps_from_vendor(ctx: ReadContext) -> None:
     ctx.cur.execute(f"INSERT INTO steps {windows_sql(spans, None)}", {"ranks": ranks})
 
 
+#: meta key naming what a rank's step breakdown rests on where its timeline is missing:
+#: ``vendor`` (the export's own step table) or ``none`` (nothing covers the step); see
+#: :func:`advisor.stages.vendor_basis.apply`.
+BASIS_KEY = "ascend.breakdown_basis"
+
+
+def _breakdown_basis(ctx: ReadContext) -> None:
+    """Where a text export's timeline is missing, say what its step breakdown rests on.
+
+    Without ``trace_view.json`` the device activity is what ``kernel_details.csv`` lists. The
+    export's own step table (``step_trace_time.csv``, computed by CANN from the full device
+    timeline) is then the breakdown. Without one, the kernel table is used only when it is
+    whole: each communication operator ``communication.json`` lists in a step is also an
+    ``HCCL`` row of the kernel table (format doc §6.3), so an operator missing there shows
+    the table to be an excerpt, and no breakdown is given for that rank. One warning per
+    case names its ranks.
+    """
+    vendor: list[Export] = []
+    none: dict[str, list[Export]] = {}
+    for st in ctx.of_form("text"):
+        if not st.loaded or st.info.get("has_trace"):
+            continue
+        rank = st.unit.rank
+        if ctx.cur.execute("SELECT count(*) FROM vendor_steps WHERE rank = ?", [rank]).fetchone()[0]:
+            st.meta_rows.append((BASIS_KEY, "vendor"))
+            vendor.append(st)
+            continue
+        missing = _comm_ops_missing_from_kernels(ctx.cur, rank) if st.info.get("has_kernels") else None
+        if st.info.get("has_kernels") and not missing:
+            continue
+        st.meta_rows.append((BASIS_KEY, "none"))
+        if not st.info.get("has_kernels"):
+            why = "no readable trace_view.json, kernel_details.csv or step_trace_time.csv"
+        else:
+            why = (
+                f"no readable trace_view.json or step_trace_time.csv, and kernel_details.csv lacks {missing[0]} of "
+                f"the {missing[1]} communication operators communication.json lists (it is an excerpt)"
+            )
+        none.setdefault(why, []).append(st)
+    if vendor:
+        ctx.warn(
+            "partial_export",
+            f"{_ranks_of(vendor)}: no readable trace_view.json: the step breakdown is the export's own "
+            "step_trace_time.csv (Computing, Communication(Not Overlapped), Overlapped, Free); "
+            "host-side time is not known and counts as idle",
+            _where(vendor),
+        )
+    for why, sts in none.items():
+        ctx.warn(
+            "partial_export",
+            f"{_ranks_of(sts)}: {why}: nothing covers the step, so no step breakdown is given; "
+            "export trace_view.json or step_trace_time.csv (torch_npu text export, profiler level 0 or above)",
+            _where(sts),
+        )
+
+
+def _where(sts: list[Export]) -> str:
+    """The folder the exports share (their own folder when there is one)."""
+    return os.path.commonpath([str(st.unit.root) for st in sts])
+
+
+def _ranks_of(sts: list[Export]) -> str:
+    ranks = sorted({st.unit.rank for st in sts})
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {spans(ranks)}"
+
+
+def _comm_ops_missing_from_kernels(cur: Any, rank: int) -> tuple[int, int] | None:
+    """(operators of communication.json without their HCCL row in kernel_details.csv, operators),
+    over the steps the kernel table numbers; None when there is nothing to compare.
+
+    A row matches by name (the operator key before ``@``) or by start time within 1 µs (the two
+    files write one start, to different precisions)."""
+    n, total = cur.execute(
+        """WITH ops AS (
+               SELECT name, start_ns FROM comm_ops
+               WHERE rank = $r AND step IN (SELECT DISTINCT step FROM kernels WHERE rank = $r AND step IS NOT NULL)
+           ),
+           hccl AS (SELECT name, start_ns FROM kernels WHERE rank = $r AND core_type = 'HCCL')
+           SELECT count(*) FILTER (WHERE NOT EXISTS (
+                      SELECT 1 FROM hccl h WHERE h.name = o.name OR abs(h.start_ns - o.start_ns) <= 1000)),
+                  count(*)
+           FROM ops o""",
+        {"r": rank},
+    ).fetchone()
+    return (int(n), int(total)) if total and n else None
+
+
 def _name(*names: str) -> tuple[str, ...]:
     """Patterns matching these exact file names."""
     return tuple(re.escape(n) for n in names)
@@ -699,6 +788,13 @@ READERS: list[AscendReader] = [
         data=False,  # MindSpore's dataset queue alone is not a profile
     ),
     DerivedReader("file_events", ("profile_files",), _file_events, needs=("trace_view", "kernel_details"), form="text"),
+    DerivedReader(
+        "breakdown_basis",
+        ("meta",),
+        _breakdown_basis,
+        needs=("trace_view", "kernel_details", "communication", "step_trace_time"),
+        form="text",
+    ),
     DerivedReader(
         "vendor_step_windows",
         ("steps",),

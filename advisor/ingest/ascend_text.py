@@ -533,7 +533,27 @@ def _comm_streams(cur: Any, xe: str) -> None:
     step of that collective, not computation. A stream shared with computation keeps its kernels:
     a stream runs one task at a time, so none of them falls inside a collective. Synchronisation
     tasks (event record / wait) keep their kind.
+
+    Without communication lanes (profiler level 0 records no HCCL trace, format doc §2.5) a
+    stream is HCCL's when it runs HCCL's notify tasks (``Notify Wait`` / ``Notify Record``); the
+    tasks there that no compute core runs (``SDMA``, ``Write Value``, ``Reduce Inline`` ...: task
+    types of HCCL's own, not ``AI_CORE`` / ``AI_VECTOR_CORE`` / ``MIX_*`` / ``AI_CPU``) are steps
+    of a collective too.
     """
+    cur.execute(
+        f"""UPDATE {xe} SET kind = 'comm'
+        WHERE rid IN (
+            WITH streams AS (
+                SELECT DISTINCT fno, {_HW_STREAM_SQL} AS s FROM {xe}
+                WHERE layer = 'hw' AND kind = 'comm' AND regexp_matches(name, '^Notify[ _](Wait|Record)$')
+                  AND {_HW_STREAM_SQL} IS NOT NULL
+            )
+            SELECT rid FROM {xe}
+            WHERE layer = 'hw' AND kind IN ('kernel', 'memcpy', 'memset') AND (fno, {_HW_STREAM_SQL}) IN (FROM streams)
+              AND NOT regexp_matches(upper(coalesce(task_type, '')), '^(AI_CORE|AI_VECTOR_CORE|AI_CPU|MIX_AI[CV]|AIC|AIV)$')
+              AND fno NOT IN (SELECT DISTINCT fno FROM {xe} WHERE layer = 'hccl' AND NOT is_task)
+        )"""
+    )
     cur.execute(
         f"""UPDATE {xe} SET kind = 'comm'
         WHERE rid IN (

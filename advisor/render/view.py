@@ -254,6 +254,7 @@ def verdict(d: Mapping[str, Any]) -> dict[str, Any]:
             text += f" — up to {fmt_us(saving)} per step" + (f" ({fmt_ratio(frac, 0)})" if frac else "")
         if len(chain) > 1:
             text += f"; explains {len(chain) - 1} more finding{'' if len(chain) == 2 else 's'}"
+        text += _uncertain_note(d)
         return {"kind": "finding", "severity": severity, "title": f["title"], "rule": f["rule"],
                 "cause": f["cause"], "saving_us": saving, "saving_fraction": frac, "finding_id": f.get("id"),
                 "text": text, "others": len(findings) - 1, "explains": len(chain) - 1}
@@ -263,7 +264,18 @@ def verdict(d: Mapping[str, Any]) -> dict[str, Any]:
                 "text": "No step could be analysed.", "others": 0}
     top = max(summ["phases"], key=lambda p: p["us"])
     title = f"No rule fired. Largest share of the step: {top['label']} ({fmt_ratio(top['share'])})."
-    return {"kind": "clean", "severity": "info", "title": title, "text": title, "others": 0}
+    return {"kind": "clean", "severity": "info", "title": title, "text": title + _uncertain_note(d), "others": 0}
+
+
+def _uncertain_note(d: Mapping[str, Any]) -> str:
+    """Where the breakdown disagrees with the exporter's own step table (warning ``vendor_mismatch``),
+    the verdict says its figures are uncertain rather than stating them as fact."""
+    ranks = {str(w.get("message", "")).split(" step", 1)[0] for w in d.get("warnings") or []
+             if w.get("code") == "vendor_mismatch"}
+    if not ranks:
+        return ""
+    return (f" (uncertain: the step breakdown of {len(ranks)} rank{'' if len(ranks) == 1 else 's'} is off the "
+            "export's own step table by more than its tolerance; see the warnings)")
 
 
 def confidence(d: Mapping[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.schema import DEVICE_BUSY_KINDS, HOST_BUSY_KINDS
+from advisor.stages import vendor_basis
 
 CLASSES = ("compute_only_us", "overlapped_us", "comm_only_us", "host_only_us", "free_us")
 
@@ -124,7 +125,7 @@ def compute(con: Any, windows: str | None = None) -> pd.DataFrame:
     win = cur.execute(f"SELECT rank, step, start_ns, end_ns FROM {windows or 'steps'}").fetchnumpy()
     ranks = cur.execute("SELECT rank, coalesce(has_device, false) AS dev FROM ranks").fetchnumpy()
     ev = cur.execute(_EVENTS_SQL).fetchnumpy()
-    return _frame(_sweep(win, ranks, ev))
+    return vendor_basis.apply(cur, _frame(_sweep(win, ranks, ev)))  # ranks without a timeline
 
 
 def _col(d: dict[str, Any], name: str) -> tuple[np.ndarray, np.ndarray]:
