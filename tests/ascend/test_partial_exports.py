@@ -44,7 +44,7 @@ def _without_timeline(dst: Path, *, excerpt_rows: int | None = None, step_table:
 
 
 def _breakdown(root: Path):
-    from advisor.ingest import load_profile
+    from advisor.engine.context import load_profile
     from advisor.stages import breakdown
 
     ctx = load_profile(root)

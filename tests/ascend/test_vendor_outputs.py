@@ -41,7 +41,7 @@ def _msprof_db(tmp_path: Path) -> Path:
 
 def test_msprof_db_without_the_pytorch_layer_is_read(tmp_path: Path) -> None:
     """Device breakdown, kernels and communication from CANN's tables alone."""
-    from advisor.ingest import load_profile
+    from advisor.engine.context import load_profile
     from advisor.stages import breakdown
 
     db = _msprof_db(tmp_path)
@@ -89,7 +89,7 @@ def test_cluster_analysis_output_alone_is_refused_with_what_to_analyse(tmp_path:
 
 
 def test_cluster_analysis_output_beside_the_rank_exports_is_named_not_read(tmp_path: Path) -> None:
-    from advisor.ingest import load_profile
+    from advisor.engine.context import load_profile
 
     root = tmp_path / "job"
     shutil.copytree(TEXT, root)
