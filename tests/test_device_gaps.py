@@ -73,6 +73,10 @@ def test_launches_without_device_activity_are_said_and_not_judged(tmp_path: Path
     assert len(w) == 1 and "launched device work (200 launch calls)" in w[0] and "no device activity" in w[0]
     assert not {"CPU003", "CPU007"} & _fired(doc)
     assert any("CPU003" in m and "not judged" in m for m in _warnings(doc, "rule_undecided"))
+    assert [r["kind"] for r in doc["window_phases"]] == ["device_not_recorded"]
+    from advisor.render.view import confidence
+
+    assert any("not a CPU-only run" in n for n in confidence(doc)["notes"])
 
 
 def test_range_profiler_capture_is_said_and_not_judged(tmp_path: Path) -> None:

@@ -301,7 +301,10 @@ def test_report_marks_inferred_steps(tmp_path: Path) -> None:
     assert doc["profile"]["steps_inferred"] is True
     assert len(doc["profile"]["steps"]) == 6  # README: 6 active steps (#2-#7)
     assert doc["breakdown"] and all(r["inferred"] is True for r in doc["breakdown"])
-    assert any(w["code"] == "steps_inferred" for w in doc["warnings"])
+    assert any(w["code"] == "steps_inferred" and "confidence" in w["message"] for w in doc["warnings"])
+    inferred = [r for r in doc["window_phases"] if r["kind"] == "inferred_steps"]
+    assert [r["calls"] for r in inferred] == [6]
+    assert float(re.search(r"confidence ([0-9.]+)", inferred[0]["names"]).group(1)) >= 0.8  # the acceptance bar
     from advisor.render import html, markdown
     from advisor.render.terminal import render_text
 

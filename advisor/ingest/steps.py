@@ -167,6 +167,10 @@ def _infer_steps(con: Any, src: str, detail: str, ranks: list[int],
         counts = sorted({len(r.steps) for r in done})
         span = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
         conf = min(r.confidence for r in done)
+        # what the window holds: each rank's inferred steps with the inference's confidence
+        con.executemany("INSERT INTO window_phases VALUES (?, 'inferred_steps', NULL, ?, ?, ?, ?, ?, false)",
+                        [(r.rank, r.steps[0][1], r.steps[-1][2], r.steps[-1][2] - r.steps[0][1], len(r.steps),
+                          f"confidence {r.confidence:.2f}, period {r.period}") for r in done])
         warn("steps_inferred",
              f"{_ranks_text([r.rank for r in done])}: no ProfilerStep#N marker; {span} steps inferred from the "
              "repetition of the top-level host operators (step = one period of the sequence, starting after the "

@@ -313,7 +313,11 @@ def confidence(d: Mapping[str, Any]) -> dict[str, Any]:
     warnings = d.get("warnings") or []
     prof = d.get("profile") or {}
     notes: list[str] = []
-    if prof.get("cpu_only"):
+    unrecorded = {r.get("kind") for r in d.get("window_phases") or []} & {"device_not_recorded", "range_profiler"}
+    if prof.get("cpu_only") and unrecorded:
+        notes.append("No device activity recorded although the host launched device work (not a CPU-only run): "
+                     "device idle, overlap, roofline, host-bound and sync analyses do not apply.")
+    elif prof.get("cpu_only"):
         notes.append("CPU-only trace: device idle, overlap and roofline analyses do not apply.")
     if not d.get("breakdown"):
         notes.append("No step windows: the step-time breakdown is empty.")
