@@ -211,6 +211,9 @@ class Report:
     parallel_groups: dict[str, Any] | None = None
     #: ranks x steps slowdown picture (:func:`advisor.stages.groups.step_matrix`), with two ranks or more
     step_matrix: dict[str, Any] | None = None
+    #: what the profile window holds besides the steady state (``window_phases``: one-time set-up, graph
+    #: capture, steps left out, ranks whose device timeline is not modelled or not recorded, inferred steps), one row each
+    window_phases: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def total_saving_us(self) -> float | None:

@@ -343,7 +343,10 @@ TABLES: dict[str, Table] = {
              "graph capture, and the steps left out of every per-step figure for them or for being cut short"),
             ("rank", "INTEGER", "global rank"),
             ("kind", "VARCHAR", ("one_time (set-up calls), capture (graph capture phase), warmup_step / capture_step / "
-                                 "stub_step (a step left out: one-time work in it, capture, cut short by the window)")),
+                                 "stub_step (a step left out: one-time work in it, capture, cut short by the window); "
+                                 "device_unmodelled / range_profiler / device_not_recorded (a rank whose device "
+                                 "timeline is not modelled or not recorded; the reason in names); inferred_steps (steps "
+                                 "inferred without markers: calls = steps, names = the confidence and period)")),
             ("step", "INTEGER", "the step left out (NULL for a phase)"),
             ("start_ns", "BIGINT", "start, ns"),
             ("end_ns", "BIGINT", "end, ns"),

@@ -259,3 +259,29 @@ def test_slow_steps_explained_by_the_loader_that_every_step_calls() -> None:
     assert "__next__ takes 80.0 ms in these steps vs 20 µs in the other steps" in text
     assert set(io[0]["steps"]) == {3, 7, 11} and io[0]["evidence"]["judged_on"] == "window"
     assert io[0]["id"] in (clu[0].get("explained_by") or [])
+
+
+def test_one_time_phases_are_a_report_field_and_one_line_everywhere(tmp_path: Path) -> None:
+    """The warm-up trace's set-up: 600 ms + 3 x 99.99 ms + 79.99 ms of calls = 979.96 ms, left out."""
+    from advisor.render import html, markdown, terminal
+
+    report = analyze(warmup_trace().write(tmp_path / "warm"))
+    doc = report_json(report)
+    one = [r for r in doc["window_phases"] if r["kind"] == "one_time"]
+    assert len(one) == 1 and one[0]["rank"] == 0 and one[0]["excluded"] is True
+    assert abs(one[0]["dur_us"] - (600_000 + 3 * 99_990 + 79_990)) < 1
+    assert [r["step"] for r in doc["window_phases"] if r["kind"] == "warmup_step"] == [0]
+    line = "of one-time set-up (cudaFree, cuModuleLoadData, cudnnCreate) on rank 0; left out of the per-step figures"
+    for text in (terminal.render_text(report, width=400), markdown.render(report), html.render(report)):
+        assert line in text and "schedule(wait=1, warmup=1" in text
+
+
+def test_a_steady_window_has_no_window_line(tmp_path: Path) -> None:
+    t = Trace()
+    for n in range(4):
+        steady_step(t, n, T0 + n * 100 * MS)
+    report = analyze(t.write(tmp_path / "steady"))
+    assert "window_phases" not in report_json(report)
+    from advisor.render import markdown
+
+    assert "of one-time set-up" not in markdown.render(report)

@@ -26,8 +26,14 @@ time) repeats: ``p`` operators per step.
 
 Checks, else the rank keeps one window, with the reason: at least :data:`MIN_STEPS` whole steps;
 (nearly) every operator name recurs in most steps (a single pass over repeated layers, framed by
-operators run once, is not a loop); on a rank with collectives, :data:`COMM_AGREE` of the steps
-hold the same number of them (the same collectives run every iteration).
+operators run once, is not a loop); a step holds more than one operator name, and the operators
+are not one call repeated back to back (:data:`BACK_TO_BACK`: a micro-benchmark has no iteration
+structure, any cut of it is arbitrary); :data:`STABLE_NAMES` of the recurring names run the same
+number of times in (nearly) every step (:func:`count_stability`: a period whose steps hold varying
+work is not an iteration, and per-step figures on it would state savings on an unsure basis); on
+a rank with collectives, :data:`COMM_AGREE` of the steps hold the same number of them (the same collectives run every iteration). The steps kept carry a
+confidence (:attr:`Inference.confidence`, said in the ``steps_inferred`` warning): an inference
+unsure of its period keeps no steps, so no per-step statistic or saving rests on it.
 
 Collectives alone (the big gaps between their bursts, as LLMPrism's change-point detection
 reads them) place a step boundary only somewhere in the compute between two bursts; the host
@@ -64,6 +70,12 @@ NAMES_RECUR = 0.8
 COMM_AGREE = 0.9
 #: an idle gap before a step longer than this many median steps is a pause of the profiler
 PAUSE = 2.0
+#: a name recurring in the steps runs the same number of times in at least this share of them to be stable
+COUNT_AGREE = 0.8
+#: share of the recurring names that must be stable for the period to be an iteration
+STABLE_NAMES = 0.8
+#: share of the operators equal to the one before from which the sequence is one call repeated
+BACK_TO_BACK = 0.95
 #: name prefixes of PyTorch's own ranges around an optimizer step and a DataLoader batch
 OPTIMIZER_STEP = "Optimizer.step#"
 DATALOADER_NEXT = "enumerate(DataLoader)#"
@@ -79,6 +91,9 @@ class Inference:
     steps: list[tuple[int, int, int]] = field(default_factory=list)
     period: int = 0
     reason: str = ""
+    #: how well the steps repeat (0-1): the least of the share of operators (or collectives) equal one
+    #: period later and the share of recurring names run the same number of times in (nearly) every step
+    confidence: float = 0.0
 
 
 def top_level_sql(detail: str, ranks: list[int]) -> str:
@@ -256,6 +271,15 @@ def try_period(names: np.ndarray, codes: np.ndarray, starts: np.ndarray, ends: n
     if np.mean(seen * 2 >= len(rows)) < NAMES_RECUR:
         return [], (f"its top-level host operators repeat every {p}, but many of them run in only a few of the "
                     "repetitions (not a training loop)")
+    # an iteration does distinct work: one operator name repeated (a micro-benchmark of one call) has no
+    # iteration structure, and any cut of it into steps is arbitrary
+    if len(seen) < 2:
+        return [], (f"its top-level host operators are one operator ({names[0]}) called over and over: a "
+                    "micro-benchmark with no iteration structure")
+    stable = count_stability(codes[inside], step_of[inside], len(rows))
+    if stable < STABLE_NAMES:
+        return [], (f"its top-level host operators repeat every {p}, but only {stable:.0%} of the recurring names "
+                    "run the same number of times in each repetition (no stable iteration)")
     if len(comm):
         lo_t = np.array([s for _, s, _ in steps])
         hi_t = np.array([e for _, _, e in steps])
@@ -266,6 +290,29 @@ def try_period(names: np.ndarray, codes: np.ndarray, starts: np.ndarray, ends: n
     return steps, ""
 
 
+def count_stability(codes: np.ndarray, step_of: np.ndarray, n_steps: int) -> float:
+    """Share of the names running in at least half of the ``n_steps`` steps whose count per step is the
+    same (the most common count) in at least :data:`COUNT_AGREE` of the steps; 1.0 when there are none."""
+    if not len(codes) or n_steps < 1:
+        return 1.0
+    k = int(codes.max()) + 1
+    counts = np.bincount(codes * n_steps + step_of, minlength=k * n_steps).reshape(k, n_steps)
+    recurring = counts[(counts > 0).sum(axis=1) * 2 >= n_steps]
+    if not len(recurring):
+        return 1.0
+    modal = np.array([np.bincount(row).max() for row in recurring])
+    return float(np.mean(modal >= COUNT_AGREE * n_steps))
+
+
+def _stability(codes: np.ndarray, steps: list[tuple[int, int, int]], starts: np.ndarray) -> float:
+    """:func:`count_stability` of the operators (``codes`` starting at ``starts``) inside ``steps``."""
+    lo = np.array([a for _, a, _ in steps])
+    hi = np.array([b for _, _, b in steps])
+    k = np.searchsorted(lo, starts, "right") - 1
+    inside = (k >= 0) & (starts < hi[np.maximum(k, 0)])
+    return count_stability(codes[inside], k[inside], len(steps))
+
+
 def infer_rank(rank: int, names: np.ndarray, starts: np.ndarray, ends: np.ndarray, extra: np.ndarray,
                comm: np.ndarray) -> Inference:
     """Infer the steps of one rank from the top-level host operators of its main thread (in order),
@@ -273,6 +320,13 @@ def infer_rank(rank: int, names: np.ndarray, starts: np.ndarray, ends: np.ndarra
     out = Inference(rank)
     codes = pd.factorize(names)[0].astype(np.int64)
     m = len(codes)
+    same_next = float(np.mean(codes[1:] == codes[:-1])) if m >= 4 else 0.0
+    if same_next >= BACK_TO_BACK:
+        # one call repeated (a micro-benchmark): no iteration structure, any cut into steps is arbitrary
+        top = str(pd.Series(names).value_counts().index[0])
+        out.reason = (f"{same_next:.0%} of its {m} top-level host operators are the same operator as the one before "
+                      f"({top} called over and over): a micro-benchmark with no iteration structure")
+        return out
     cands, best = candidate_periods(codes) if m else ([], 0.0)
     if not cands:
         out.reason = (f"the {m} top-level host operators of its main thread do not repeat "
@@ -283,6 +337,7 @@ def infer_rank(rank: int, names: np.ndarray, starts: np.ndarray, ends: np.ndarra
         steps, why = try_period(names, codes, starts, ends, extra, comm, p)
         if steps:
             out.steps, out.period = steps, p
+            out.confidence = round(min(float(np.mean(codes[:-p] == codes[p:])), _stability(codes, steps, starts)), 2)
             return out
         out.reason = out.reason or why
     return out
@@ -363,6 +418,7 @@ def infer_from_collectives(rank: int, threads: dict[str, tuple[np.ndarray, np.nd
         out.reason = f"its collectives repeat every {p} but fewer than {MIN_STEPS} whole times"
         return out
     out.steps, out.period = steps, p
+    out.confidence = round(float(np.mean(sig[:-p] == sig[p:])), 2)
     return out
 
 

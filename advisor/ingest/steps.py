@@ -166,10 +166,17 @@ def _infer_steps(con: Any, src: str, detail: str, ranks: list[int],
         done = [r for r in found if r.steps]
         counts = sorted({len(r.steps) for r in done})
         span = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+        conf = min(r.confidence for r in done)
+        # what the window holds: each rank's inferred steps with the inference's confidence
+        con.executemany("INSERT INTO window_phases VALUES (?, 'inferred_steps', NULL, ?, ?, ?, ?, ?, false)",
+                        [(r.rank, r.steps[0][1], r.steps[-1][2], r.steps[-1][2] - r.steps[0][1], len(r.steps),
+                          f"confidence {r.confidence:.2f}, period {r.period}") for r in done])
         warn("steps_inferred",
              f"{_ranks_text([r.rank for r in done])}: no ProfilerStep#N marker; {span} steps inferred from the "
              "repetition of the top-level host operators (step = one period of the sequence, starting after the "
-             "optimizer step / at the idle gap before an iteration); per-step figures are marked inferred")
+             "optimizer step / at the idle gap before an iteration; confidence "
+             f"{conf:.2f}: the least share of operators repeating one period later and of names running as often "
+             "in every step); per-step figures are marked inferred")
     return [(r.rank, r.reason) for r in found if not r.steps]
 
 

@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.schema import NO_STEP
+from advisor.text import spans
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -71,6 +72,15 @@ STUB_MIN_STEPS = 3
 STEP_KINDS = {"one_time": "warmup_step", "capture": "capture_step", "stub": "stub_step"}
 #: a capture phase reaching this close to the window's end (share of the window) leaves no replay to judge
 MIN_LEFT = 0.2
+#: ``window_phases.kind`` of a rank whose device activity the trace does not give as the advisor models it:
+#: an accelerator's own event category read as its kernels but not modelled (MTIA command-processor events), a
+#: CUPTI range-profiler capture (kernels replayed for their counters, none recorded), or kernel launches with no
+#: device activity recorded. Rules that judge the host by the device's idleness skip these ranks.
+DEVICE_GAP_KINDS = ("device_unmodelled", "range_profiler", "device_not_recorded")
+#: device event categories of accelerators Kineto records whose timeline the advisor does not model
+UNMODELLED_DEVICE_CATS = ("mtia_ccp_events",)
+#: host runtime calls that queue device work (kernel or graph launches of CUDA, ROCm, MTIA, XPU, driver API)
+LAUNCH_RE = r"(?i)launch"
 
 
 @dataclass(frozen=True)
@@ -285,9 +295,59 @@ def _left_out(steps: pd.DataFrame, win: RankWindow | None) -> dict[int, str]:
     return out
 
 
+def device_gaps(con: Any) -> list[tuple[Any, ...]]:
+    """``window_phases`` rows (kind in :data:`DEVICE_GAP_KINDS`, the reason in ``names``) of the
+    ranks whose device activity is absent or not modelled, at most one per rank."""
+    cats = ", ".join(f"'{c}'" for c in UNMODELLED_DEVICE_CATS)
+    rows = con.execute(
+        f"""SELECT rank,
+               count(*) FILTER (WHERE device AND kind IN ('kernel', 'comm', 'memcpy', 'memset')) AS dev,
+               count(*) FILTER (WHERE device AND lower(cat) IN ({cats})) AS unmodelled,
+               count(*) FILTER (WHERE lower(cat) = 'cuda_profiler_range') AS ranges,
+               count(*) FILTER (WHERE NOT device AND kind IN ('runtime', 'sync')
+                                AND regexp_matches(name, $launch)) AS launches,
+               min(start_ns) AS a, max(start_ns + dur_ns) AS b
+        FROM events GROUP BY rank ORDER BY rank""", {"launch": LAUNCH_RE}).fetchall()
+    out: list[tuple[Any, ...]] = []
+    for rank, dev, unmodelled, ranges, launches, a, b in rows:
+        if unmodelled:
+            kind, n = "device_unmodelled", int(unmodelled)
+            why = (f"the trace's device activity is an accelerator's own event category "
+                   f"({', '.join(UNMODELLED_DEVICE_CATS)}, {n:,} events) that advisor reads as kernels but does not "
+                   "model (its queues, copies and idleness are not those of a CUDA stream): no host-bound or "
+                   "host-device sync verdict is drawn from its gaps")
+        elif ranges and not dev:
+            kind, n = "range_profiler", int(ranges)
+            why = (f"a CUPTI range-profiler capture ({n:,} cuda_profiler_range events, no kernel events): the "
+                   "profiler replays each kernel to read its counters, so launches and syncs are slowed by the "
+                   "replay and no device timeline exists; no host-bound or host-device sync verdict is drawn; "
+                   "profile with activities=[CPU, CUDA] for the timeline")
+        elif launches and not dev:
+            kind, n = "device_not_recorded", int(launches)
+            why = (f"the host launched device work ({n:,} launch calls) but no device activity was recorded "
+                   "(the profiler ran without the CUDA / device activity, or the device trace was lost): this is "
+                   "not a CPU-only run, and no host-bound or host-device sync verdict is drawn from the missing "
+                   "device timeline; profile with activities=[CPU, CUDA]")
+        else:
+            continue
+        a, b = int(a or 0), int(b or 0)
+        out.append((int(rank), kind, None, a, b, max(b - a, 0), n, why, False))
+    return out
+
+
 def review(con: Any, warn: Callable[..., None]) -> None:
     """Leave one-time phases and stub steps out of every rank's steps; record them in
     ``window_phases`` and say so in warnings. Runs once the steps and the events' steps are set."""
+    gaps = device_gaps(con)
+    if gaps:
+        con.executemany("INSERT INTO window_phases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", gaps)
+        by_kind: dict[str, list[tuple[int, str]]] = {}
+        for g in gaps:
+            by_kind.setdefault(g[1], []).append((g[0], g[7]))
+        for kind, items in by_kind.items():
+            ranks = sorted(r for r, _ in items)
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {spans(ranks)}"
+            warn(kind, f"{who}: {items[0][1]}")
     steps = con.execute(
         """SELECT s.rank, s.step, s.start_ns, s.end_ns, s.inferred, coalesce(n.ops, 0) AS ops
         FROM steps s LEFT JOIN (

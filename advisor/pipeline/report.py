@@ -169,7 +169,25 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         variability=variability,
         parallel_groups=pg,
         step_matrix=groups_stage.step_matrix(bd, pg, no_step=NO_STEP),
+        window_phases=window_phases(ctx),
     )
+
+
+#: rows of the report's ``window_phases`` at most (the costliest first)
+MAX_WINDOW_PHASES = 200
+
+
+def window_phases(ctx: AnalysisContext) -> list[dict[str, Any]]:
+    """The report's ``window_phases``: one row per phase the window holds besides the steady state
+    (:mod:`advisor.ingest.window`), the costliest first."""
+    rows = ctx.query(
+        f"""SELECT rank, kind, step, dur_ns, calls, names, excluded FROM window_phases
+        ORDER BY dur_ns DESC NULLS LAST, rank, kind, step LIMIT {MAX_WINDOW_PHASES}""")
+    return [{"rank": int(r["rank"]), "kind": str(r["kind"]),
+             "step": None if r["step"] is None or int(r["step"]) == NO_STEP else int(r["step"]),
+             "dur_us": round(float(r["dur_ns"] or 0) / 1000.0, 3),
+             "calls": None if r["calls"] is None else int(r["calls"]),
+             "names": r["names"], "excluded": bool(r["excluded"])} for r in rows]
 
 
 def _hardware(ctx: AnalysisContext) -> dict[str, Any] | None:

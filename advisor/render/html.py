@@ -52,6 +52,7 @@ from advisor.render.view import (
     slow_steps,
     truncate,
     verdict,
+    window_note,
 )
 from advisor.text import printable
 
@@ -312,6 +313,7 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
         "d": d,
         "profile": prof,
         "verdict": verdict(d),
+        "window_note": window_note(d),
         "summary": summary,
         "first_bar": first_bar,
         "confidence": confidence(d),

@@ -70,6 +70,8 @@ def report_dict(report: Report) -> dict[str, Any]:
         out["parallel_groups"] = report.parallel_groups
     if report.step_matrix:
         out["step_matrix"] = report.step_matrix
+    if report.window_phases:
+        out["window_phases"] = report.window_phases
     if report.rule_docs:
         out["rule_docs"] = dict(sorted(report.rule_docs.items()))
     if report.hardware is not None:

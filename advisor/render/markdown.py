@@ -31,6 +31,7 @@ from advisor.render.view import (
     slow_steps,
     truncate,
     verdict,
+    window_note,
 )
 from advisor.text import printable
 
@@ -169,6 +170,8 @@ def _head(d: Mapping[str, Any]) -> list[str]:
             line += f" · {v['others']} more finding{'s' if v['others'] != 1 else ''}"
         out.append(line)
         out.append("")
+    if note := window_note(d):
+        out += [md_escape(note, 1000), ""]
     ranks = prof.get("ranks") or []
     out.append(f"Profile {md_escape(prof.get('path', ''), 200)} · {md_escape(', '.join(prof.get('sources') or []) or '?', 100)}"
                f" · {len(ranks)} rank{'s' if len(ranks) != 1 else ''}"

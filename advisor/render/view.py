@@ -267,6 +267,31 @@ def verdict(d: Mapping[str, Any]) -> dict[str, Any]:
     return {"kind": "clean", "severity": "info", "title": title, "text": title + _uncertain_note(d), "others": 0}
 
 
+def window_note(d: Mapping[str, Any]) -> str | None:
+    """One line on what the window holds besides the steady state (report field ``window_phases``): the
+    largest one-time set-up of a rank and any graph capture phase, with how to profile past them."""
+    rows = d.get("window_phases") or []
+    one = [r for r in rows if r.get("kind") == "one_time"]
+    cap = [r for r in rows if r.get("kind") == "capture"]
+    if not one and not cap:
+        return None
+    parts = []
+    if one:
+        top = max(one, key=lambda r: float(r.get("dur_us") or 0))
+        calls = [c.split(" ×", 1)[0].strip() for c in str(top.get("names") or "").split("; ")]
+        calls = [c for c in calls if c][:3]
+        ranks = len({r.get("rank") for r in one})
+        parts.append(f"{fmt_us(top.get('dur_us'))} of one-time set-up" + (f" ({', '.join(calls)})" if calls else "")
+                     + (f" on rank {top.get('rank')}" if ranks == 1 else f" (rank {top.get('rank')}; {ranks} ranks)"))
+    if cap:
+        top = max(cap, key=lambda r: float(r.get("dur_us") or 0))
+        parts.append(f"a {fmt_us(top.get('dur_us'))} graph capture phase")
+    kept = any(not r.get("excluded") for r in one + cap)
+    return ("The window includes " + " and ".join(parts)
+            + ("; left out of the per-step figures" if not kept else "; part of it is in the figures")
+            + "; profile after warm-up with torch.profiler.schedule(wait=1, warmup=1, active=N).")
+
+
 def _uncertain_note(d: Mapping[str, Any]) -> str:
     """Where the breakdown disagrees with the exporter's own step table (warning ``vendor_mismatch``),
     the verdict says its figures are uncertain rather than stating them as fact."""
@@ -288,7 +313,11 @@ def confidence(d: Mapping[str, Any]) -> dict[str, Any]:
     warnings = d.get("warnings") or []
     prof = d.get("profile") or {}
     notes: list[str] = []
-    if prof.get("cpu_only"):
+    unrecorded = {r.get("kind") for r in d.get("window_phases") or []} & {"device_not_recorded", "range_profiler"}
+    if prof.get("cpu_only") and unrecorded:
+        notes.append("No device activity recorded although the host launched device work (not a CPU-only run): "
+                     "device idle, overlap, roofline, host-bound and sync analyses do not apply.")
+    elif prof.get("cpu_only"):
         notes.append("CPU-only trace: device idle, overlap and roofline analyses do not apply.")
     if not d.get("breakdown"):
         notes.append("No step windows: the step-time breakdown is empty.")

@@ -172,3 +172,26 @@ def source_of(stack: str | None, python_frames: str | None) -> str | None:
     if isinstance(python_frames, str) and python_frames:
         return fmt_source(user_frame(reversed([f for f in python_frames.split("\n") if f])))
     return None
+
+
+def device_gaps(ctx: Any) -> dict[int, tuple[str, str]]:
+    """Ranks whose device activity the trace does not give as advisor models it (an accelerator's own
+    unmodelled event category, a CUPTI range-profiler capture, launches with no device activity recorded),
+    with the reason (``window_phases``, :mod:`advisor.ingest.window`): no host-bound or sync verdict is drawn
+    from their device's absence or gaps."""
+    rows = ctx.query("SELECT rank, kind, names FROM window_phases WHERE kind IN "
+                     "('device_unmodelled', 'range_profiler', 'device_not_recorded') ORDER BY rank")
+    return {int(r["rank"]): (str(r["kind"]), str(r["names"] or "")) for r in rows}
+
+
+def skip_device_gaps(ctx: Any, ranks: Iterable[int]) -> set[int]:
+    """The ranks of ``ranks`` in :func:`device_gaps`, each said once in the rule's notes (undecided: why)."""
+    gaps = device_gaps(ctx)
+    skipped = sorted({int(r) for r in ranks} & set(gaps))
+    by_kind: dict[str, list[int]] = {}
+    for r in skipped:
+        by_kind.setdefault(gaps[r][0], []).append(r)
+    for rs in by_kind.values():
+        who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {', '.join(map(str, rs[:8]))}" + (" ..." if len(rs) > 8 else "")
+        ctx.warn(f"{who} not judged: {gaps[rs[0]][1].split(': ', 1)[0]}")
+    return set(skipped)

@@ -37,6 +37,11 @@ sync points per step and fires when there are at least ``min_per_step``, with se
 and no saving (the count is certain, the cost is not), and says so in a warning. This keeps the
 finding visible for code that will run on a device without claiming a measured cost.
 
+*No device timeline the rule can read*: a rank whose host launched device work with no device
+activity recorded, a CUPTI range-profiler capture (kernels replayed, none recorded) or an
+accelerator's own unmodelled event category (``window_phases``) is not judged, and the rule says
+why: it is not a CPU-only run, and the absence of device events says nothing about blocking.
+
 ## What to do
 Keep values on the device: accumulate losses and metrics as tensors and read them every N
 steps, avoid ``.item()`` / ``.tolist()`` / printing tensors inside the step, replace
@@ -54,7 +59,7 @@ import pandas as pd
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding, Severity
-from rules.cpu._common import fmt_ms, outermost, python_stack_sql, source_of, step_table
+from rules.cpu._common import fmt_ms, outermost, python_stack_sql, skip_device_gaps, source_of, step_table
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         return
     bd = step_table(ctx)
     dev_ranks = ctx.device_ranks
-    quiet = _quiet_ranks(ctx, df, bd, dev_ranks)
+    quiet = _quiet_ranks(ctx, df, bd, dev_ranks) | skip_device_gaps(ctx, df["rank"].unique())
     bd_of = {int(cast(SupportsInt, r)): g for r, g in bd.groupby("rank")}
     for rank, g in df.groupby("rank"):
         rank = int(rank)

@@ -41,7 +41,7 @@ import numpy as np
 from advisor.engine.derived import IntervalIndex
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
-from rules.cpu._common import fmt_ms, step_table
+from rules.cpu._common import fmt_ms, skip_device_gaps, step_table
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ GROUP BY rank, step
       requires=("events", "steps", "breakdown"), thresholds=Thresholds, derived=("device_busy",))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank whose device waits on its host for a large part of the step."""
-    dev_ranks = ctx.device_ranks
+    dev_ranks = ctx.device_ranks - skip_device_gaps(ctx, ctx.device_ranks)
     if not dev_ranks:
         return
     bd = step_table(ctx)
