@@ -211,6 +211,8 @@ class Report:
     parallel_groups: dict[str, Any] | None = None
     #: ranks x steps slowdown picture (:func:`advisor.stages.groups.step_matrix`), with two ranks or more
     step_matrix: dict[str, Any] | None = None
+    #: the rule configuration used (:meth:`advisor.config.Config.summary`): config file, thresholds changed
+    config: dict[str, Any] | None = None
 
     @property
     def total_saving_us(self) -> float | None:
