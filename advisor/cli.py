@@ -169,7 +169,7 @@ def main() -> None:
               help="UTC offset of --metrics times written without a zone (nvidia-smi's timestamp); default UTC.")
 @click.option("--engine", metavar="ADDRESS",
               help="Where the ranks are read: 'local' (a process pool, one worker per core unless --workers) or a "
-                   "Dask scheduler, e.g. tcp://10.0.0.1:8786 (pip install 'advisor[dask]'; the profile must be at "
+                   "Dask scheduler, e.g. tcp://10.0.0.1:8786 or tls://... (TLS files from Dask's config; pip install 'advisor[dask]'; the profile must be at "
                    "the same path on every worker).")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence in the terminal summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
