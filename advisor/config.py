@@ -57,8 +57,8 @@ class Config:
         return {
             "file": self.file,
             "implicit": self.implicit,
-            "thresholds": dict(self.file_thresholds),
-            "rules": dict(self.file_rules),
+            "thresholds": _plain(self.file_thresholds),
+            "rules": _plain(self.file_rules),
             "set": dict(self.set_thresholds),
             "select": list(self.select),
             "skip": list(self.skip),
@@ -107,6 +107,15 @@ class Config:
         if self.file_rules.get("all"):
             parts.append("all rules")
         return "; ".join(parts) or "nothing"
+
+
+def _plain(v: Any) -> Any:
+    """``v`` as JSON holds it: TOML's dates and times become their text."""
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v if v is None or isinstance(v, (str, int, float, bool)) else str(v)
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

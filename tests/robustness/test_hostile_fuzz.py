@@ -123,12 +123,12 @@ def db_case(rng: random.Random, root: Path) -> Path:
             for table in rng.sample(tables, k=min(len(tables), 4)):
                 cols = [r[1] for r in con.execute(f"PRAGMA table_info({_q(table)})")]
                 col = rng.choice(cols)
-                new = rng.choice([SQL, hostile(rng) or "_"])
+                new = rng.choice([SQL, hostile(rng).replace("\x00", "") or "_"])  # SQL text holds no NUL
                 if new not in cols:
                     con.execute(f"ALTER TABLE {_q(table)} RENAME COLUMN {_q(col)} TO {_q(new)}")
             if rng.random() < 0.5:
                 table = rng.choice(tables)
-                new = hostile(rng) or "_"
+                new = hostile(rng).replace("\x00", "") or "_"
                 if new not in tables and not new.lower().startswith("sqlite_"):
                     con.execute(f"ALTER TABLE {_q(table)} RENAME TO {_q(new)}")
             con.commit()
