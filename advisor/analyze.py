@@ -99,8 +99,15 @@ def analyze(
         keep.append(out.ctx)
     if progress:
         progress("rules", 1, 1)
-    return finish_report(out.ctx, out.findings, out.outcomes, t_start, rank=rank, step=step,
-                         full_critical_path=full_critical_path)
+    report = finish_report(out.ctx, out.findings, out.outcomes, t_start, rank=rank, step=step,
+                           full_critical_path=full_critical_path)
+    return with_config(report, cfg)
+
+
+def with_config(report: Report, cfg: Config) -> Report:
+    """The report naming its rule configuration (config file, thresholds changed), with the config's warnings first."""
+    notes = [Warning_(code, message, path) for code, message, path in cfg.notes]
+    return dataclasses.replace(report, config=cfg.summary(), warnings=[*notes, *report.warnings])
 
 
 def run_options(opts: AnalyzeOptions, *, progress: Callable[[str, int, int], None] | None = None,

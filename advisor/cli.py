@@ -148,7 +148,7 @@ def main() -> None:
 @click.option("--rule", "select", multiple=True, metavar="ID", help="Run only these rules.")
 @click.option("--skip", multiple=True, metavar="ID", help="Do not run these rules.")
 @click.option("--all", "all_rules", is_flag=True, help="Also run experimental rules.")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), help="advisor.toml (default: ./advisor.toml if present).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="advisor.toml (default: ./advisor.toml if present, with a warning; never one inside PROFILE).")
 @click.option("--fail-on", type=click.Choice(["critical", "high", "medium", "low", "info"]), help="Exit 1 when a finding reaches this severity.")
 @click.option("--baseline", type=click.Path(path_type=Path), help="Profile dir or JSON report to compare with.")
 @click.option("--max-regression", type=float, default=10.0, show_default=True, help="Percent slower than the baseline that fails the gate.")
@@ -169,7 +169,7 @@ def main() -> None:
               help="UTC offset of --metrics times written without a zone (nvidia-smi's timestamp); default UTC.")
 @click.option("--engine", metavar="ADDRESS",
               help="Where the ranks are read: 'local' (a process pool, one worker per core unless --workers) or a "
-                   "Dask scheduler, e.g. tcp://10.0.0.1:8786 (pip install 'advisor[dask]'; the profile must be at "
+                   "Dask scheduler, e.g. tcp://10.0.0.1:8786 or tls://... (TLS files from Dask's config; pip install 'advisor[dask]'; the profile must be at "
                    "the same path on every worker).")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence in the terminal summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")

@@ -29,6 +29,17 @@ class Config:
     select: list[str] = field(default_factory=list)
     skip: list[str] = field(default_factory=list)
     all_rules: bool = False
+    #: the config file read (absolute path), None without one
+    file: str | None = None
+    #: the file was picked up from the working directory, not named by ``--config``
+    implicit: bool = False
+    #: what the file itself sets: ``RULE.param`` -> value, and its [rules] select / skip / all
+    file_thresholds: dict[str, Any] = field(default_factory=dict)
+    file_rules: dict[str, Any] = field(default_factory=dict)
+    #: what ``--set`` sets: ``RULE.param`` -> value as given
+    set_thresholds: dict[str, Any] = field(default_factory=dict)
+    #: warnings about the config (code, message, path), carried into the report
+    notes: list[tuple[str, str, str]] = field(default_factory=list)
 
     def add_set(self, text: str) -> None:
         """Parse one ``RULE.param=value``."""
@@ -37,6 +48,22 @@ class Config:
         key, value = text.split("=", 1)
         rule_id, param = key.split(".", 1)
         self.overrides.setdefault(rule_id.strip().upper(), {})[param.strip()] = value.strip()
+        self.set_thresholds[f"{rule_id.strip().upper()}.{param.strip()}"] = value.strip()
+
+    def summary(self) -> dict[str, Any]:
+        """The report's ``config`` field: the file used (None: none), whether it was picked up from the
+        working directory, the thresholds and rule choices it set, and those ``--set`` / ``--rule`` /
+        ``--skip`` / ``--all`` set on top."""
+        return {
+            "file": self.file,
+            "implicit": self.implicit,
+            "thresholds": _plain(self.file_thresholds),
+            "rules": _plain(self.file_rules),
+            "set": dict(self.set_thresholds),
+            "select": list(self.select),
+            "skip": list(self.skip),
+            "all_rules": self.all_rules,
+        }
 
     @classmethod
     def load(cls, path: Path | None) -> Config:
@@ -48,15 +75,47 @@ class Config:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{path}: cannot read config: {exc}") from None
+        try:
+            cfg.file = str(path.resolve())
+        except OSError:
+            cfg.file = str(path)
         rules = data.get("rules", {})
+        thresholds = data.get("thresholds", {})
+        if not isinstance(rules, dict) or not isinstance(thresholds, dict):
+            raise ConfigError(f"{path}: [rules] and [thresholds] must be tables")
+        for key in ("select", "skip"):
+            if not isinstance(rules.get(key, []), list):
+                raise ConfigError(f"{path}: [rules] {key} must be a list of rule ids")
         cfg.select = [str(x).upper() for x in rules.get("select", [])]
         cfg.skip = [str(x).upper() for x in rules.get("skip", [])]
         cfg.all_rules = bool(rules.get("all", False))
-        for rid, params in data.get("thresholds", {}).items():
+        cfg.file_rules = {k: rules[k] for k in ("select", "skip", "all") if k in rules}
+        for rid, params in thresholds.items():
             if not isinstance(params, dict):
                 raise ConfigError(f"{path}: [thresholds.{rid}] must be a table")
             cfg.overrides.setdefault(rid.upper(), {}).update(params)
+            cfg.file_thresholds.update({f"{rid.upper()}.{k}": v for k, v in params.items()})
         return cfg
+
+    def changes(self) -> str:
+        """What the config file sets, in a few words (for warnings and the report's config line)."""
+        parts = [f"{k}={v}" for k, v in self.file_thresholds.items()]
+        if self.file_rules.get("select"):
+            parts.append("only " + ", ".join(str(x) for x in self.file_rules["select"]))
+        if self.file_rules.get("skip"):
+            parts.append("skips " + ", ".join(str(x) for x in self.file_rules["skip"]))
+        if self.file_rules.get("all"):
+            parts.append("all rules")
+        return "; ".join(parts) or "nothing"
+
+
+def _plain(v: Any) -> Any:
+    """``v`` as JSON holds it: TOML's dates and times become their text."""
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v if v is None or isinstance(v, (str, int, float, bool)) else str(v)
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

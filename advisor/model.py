@@ -214,6 +214,8 @@ class Report:
     #: what the profile window holds besides the steady state (``window_phases``: one-time set-up, graph
     #: capture, steps left out, ranks whose device timeline is not modelled or not recorded, inferred steps), one row each
     window_phases: list[dict[str, Any]] = field(default_factory=list)
+    #: the rule configuration used (:meth:`advisor.config.Config.summary`): config file, thresholds changed
+    config: dict[str, Any] | None = None
 
     @property
     def total_saving_us(self) -> float | None:

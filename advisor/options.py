@@ -66,18 +66,56 @@ def check_out_dirs(targets: list[tuple[Path, str]], profile: Path) -> None:
 
 def build_config(config_path: Path | None, sets: tuple[str, ...] | list[str] = (),
                  select: tuple[str, ...] | list[str] = (), skip: tuple[str, ...] | list[str] = (),
-                 all_rules: bool = False) -> Config:
+                 all_rules: bool = False, profile: Path | None = None) -> Config:
     """The rule configuration: ``advisor.toml`` (``--config``, else ./advisor.toml if present), then
-    the command line's ``--set``, ``--rule``, ``--skip`` and ``--all`` on top."""
-    if config_path is None and Path("advisor.toml").is_file():
-        config_path = Path("advisor.toml")
+    the command line's ``--set``, ``--rule``, ``--skip`` and ``--all`` on top.
+
+    A profile is untrusted, and so is a config shipped inside it: ./advisor.toml is not picked up
+    when the working directory is inside ``profile``'s directory (a warning says so), and a pick-up
+    from the working directory is itself a warning naming what the file changes."""
+    notes: list[tuple[str, str, str]] = []
+    implicit = False
+    local = Path("advisor.toml")
+    if config_path is None and local.is_file():
+        where = _profile_dir(profile)
+        if where is not None and _inside(Path.cwd(), where):
+            message = (f"not read: the working directory is inside the profile directory {where}, and a "
+                       "profile's own config is never picked up (pass --config to use it)")
+            notes.append(("config_in_profile", message, str(local.absolute())))
+        else:
+            config_path, implicit = local, True
     cfg = Config.load(config_path)
+    cfg.implicit = implicit
+    if implicit:
+        notes.append(("config_implicit", "picked up from the working directory (pass --config to name it); it sets "
+                      + cfg.changes(), cfg.file or str(local)))
+    elif config_path is not None and (where := _profile_dir(profile)) is not None and _inside(config_path, where):
+        notes.append(("config_in_profile", f"--config is inside the profile directory {where}: the thresholds that "
+                      "came with the profile are applied; it sets " + cfg.changes(), cfg.file or str(config_path)))
+    cfg.notes = notes
     for s in sets:
         cfg.add_set(s)
     cfg.select += [r.upper() for r in select]
     cfg.skip += [r.upper() for r in skip]
     cfg.all_rules = cfg.all_rules or all_rules
     return cfg
+
+
+def _profile_dir(profile: Path | None) -> Path | None:
+    """The directory a profile's files come from: the profile itself, or a trace file's directory."""
+    if profile is None:
+        return None
+    try:
+        return profile.resolve() if profile.is_dir() else profile.resolve().parent
+    except OSError:
+        return None
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(directory)
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -163,7 +201,7 @@ class AnalyzeOptions:
         return them as one value; nothing of the profile is read."""
         from advisor.gate import check_args, parse_budgets
 
-        cfg = build_config(config_path, sets, select, skip, all_rules)
+        cfg = build_config(config_path, sets, select, skip, all_rules, profile=profile)
         budget_map = parse_budgets(budgets)
         check_args(baseline, max_regression)
         targets = out_formats(outs, fmt, fmt_given)

@@ -271,3 +271,48 @@ def test_dask_memory_limit_is_shared_out(monkeypatch: pytest.MonkeyPatch) -> Non
                            memory_limit="8GB", max_events=None, debug=False))
     assert [r.ranks for r in out] == [[0], [1], [2]]
     assert limits == ["2GB"] * 3
+
+
+@pytest.mark.dask
+def test_cli_engine_scheduler_without_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scheduler that has no worker: a bounded wait (WORKER_WAIT_S), then one line and exit 2, not a hang."""
+    distributed = _distributed()
+    import time
+
+    monkeypatch.setattr("advisor.pipeline.executors.WORKER_WAIT_S", 2.0)
+    with distributed.LocalCluster(n_workers=0, processes=True, host="127.0.0.1", dashboard_address=None,
+                                  silence_logs=40) as cluster:
+        started = time.monotonic()
+        res = CliRunner().invoke(main, ["analyze", str(SAMPLES / "kineto_two_ranks"), "--engine",
+                                        cluster.scheduler_address])
+        took = time.monotonic() - started
+    assert res.exit_code == 2, res.output
+    assert f"the Dask scheduler at {cluster.scheduler_address} has no workers (waited 2 s)" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+    assert took < 30
+
+
+def test_tls_engine_takes_its_files_from_dasks_config(tmp_path: Path) -> None:
+    """``tls://``: the client's Security comes from Dask's configuration, encryption required; a
+    missing CA setting or file is one line naming what to set."""
+    _distributed()
+    import dask
+
+    from advisor.pipeline.executors import EngineError, tls_security
+
+    assert tls_security("tcp://h:1", "tcp://h:1") is None
+    with dask.config.set({"distributed.comm.tls.ca-file": None}), pytest.raises(EngineError) as err:
+        tls_security("tls://h:1", "tls://h:1")
+    assert "DASK_DISTRIBUTED__COMM__TLS__CA_FILE" in str(err.value)
+    missing = tmp_path / "nope.pem"
+    with dask.config.set({"distributed.comm.tls.ca-file": str(missing)}), pytest.raises(EngineError) as err:
+        tls_security("tls://h:1", "tls://h:1")
+    assert f"distributed.comm.tls.ca-file {missing}: no such file" in str(err.value)
+    ca, cert, key = (tmp_path / n for n in ("ca.pem", "cert.pem", "key.pem"))
+    for f in (ca, cert, key):
+        f.write_text("-")
+    with dask.config.set({"distributed.comm.tls.ca-file": str(ca), "distributed.comm.tls.client.cert": str(cert),
+                          "distributed.comm.tls.client.key": str(key)}):
+        sec = tls_security("tls://h:1", "tls://h:1")
+    assert (sec.tls_ca_file, sec.tls_client_cert, sec.tls_client_key) == (str(ca), str(cert), str(key))
+    assert sec.require_encryption is True

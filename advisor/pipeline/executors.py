@@ -7,8 +7,10 @@ picklable arguments and gets values back; it never needs to know which engine ru
 * no engine, or ``local``: a process pool of ``workers`` processes on this machine, started with
   ``spawn`` (DuckDB is not safe to fork once its threads run); None for one worker (in-process);
 * ``tcp://HOST:PORT`` (also ``tls://``, and ``dask://HOST:PORT`` for ``tcp://``): the executor of a
-  :class:`distributed.Client` connected to a running Dask scheduler; its workers decide how many
-  ranks are read at once. Dask is an optional extra (``pip install 'advisor[dask]'``); the input files
+  :class:`distributed.Client` connected to a running Dask scheduler that has, or gets within
+  :data:`WORKER_WAIT_S`, a worker; its workers decide how many ranks are read at once. The cluster is
+  trusted with this machine: results come back pickled, over plain TCP unless the address is
+  ``tls://`` (its certificates from Dask's configuration, see :func:`tls_security`). Dask is an optional extra (``pip install 'advisor[dask]'``); the input files
   must then be at the same path on every worker (a shared filesystem).
 """
 
@@ -34,6 +36,13 @@ LOCAL = "local"
 
 #: Seconds to wait for a Dask scheduler to answer before giving up.
 CONNECT_TIMEOUT_S = 10.0
+
+#: Seconds to wait for a Dask scheduler that has no worker to get one before giving up.
+WORKER_WAIT_S = 30.0
+
+#: Dask's configuration keys of the client's TLS files (environment: DASK_DISTRIBUTED__COMM__TLS__CA_FILE,
+#: DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT, DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY).
+TLS_KEYS = ("distributed.comm.tls.ca-file", "distributed.comm.tls.client.cert", "distributed.comm.tls.client.key")
 
 _REMOTE = re.compile(r"(tcp|tls|dask)://([^\s/]+)")
 
@@ -157,15 +166,45 @@ def open_executor(engine: str | None, workers: int | None, *, pool_from: int = 2
     assert engine is not None
     address = scheduler_address(engine)
     distributed = _distributed(engine)
+    security = tls_security(engine, address)
     try:
-        client = distributed.Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+        client = distributed.Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False, security=security)
     except (OSError, TimeoutError) as exc:
         raise EngineError(f"--engine {one_line(engine, 200)}: cannot reach the Dask scheduler at {address} "
                           f"({one_line(str(exc) or type(exc).__name__, 300)})") from None
     try:
+        try:
+            client.wait_for_workers(1, timeout=WORKER_WAIT_S)
+        except (OSError, TimeoutError):
+            raise EngineError(f"--engine {one_line(engine, 200)}: the Dask scheduler at {address} has no workers "
+                              f"(waited {WORKER_WAIT_S:g} s); start some with 'dask worker {address}'") from None
         yield InDirExecutor(client.get_executor(), os.getcwd(), slots=_slots(client))
     finally:
         client.close()
+
+
+def tls_security(engine: str, address: str) -> Any:
+    """The :class:`distributed.security.Security` of a ``tls://`` address, built from Dask's own
+    configuration (:data:`TLS_KEYS`: a YAML file under ``~/.config/dask/`` or the ``DASK_…``
+    environment variables), encryption required; None for ``tcp://``. A ``tls://`` address without
+    a CA file configured is an :class:`EngineError`, as is a configured file that does not exist."""
+    if not address.startswith("tls://"):
+        return None
+    import dask
+
+    files = {key: dask.config.get(key, None) for key in TLS_KEYS}
+    if not files[TLS_KEYS[0]]:
+        raise EngineError(f"--engine {one_line(engine, 200)}: a tls:// scheduler needs the CA file (and the client's "
+                          "certificate and key if the scheduler asks for them) in Dask's configuration: "
+                          "DASK_DISTRIBUTED__COMM__TLS__CA_FILE, DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT, "
+                          "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY (or distributed.comm.tls in ~/.config/dask/)")
+    for key, path in files.items():
+        if path and not os.path.isfile(str(path)):
+            raise EngineError(f"--engine {one_line(engine, 200)}: {key} {one_line(str(path), 300)}: no such file")
+    from distributed.security import Security
+
+    return Security(tls_ca_file=files[TLS_KEYS[0]], tls_client_cert=files[TLS_KEYS[1]] or None,
+                    tls_client_key=files[TLS_KEYS[2]] or None, require_encryption=True)
 
 
 def _slots(client: Any) -> int:

@@ -40,6 +40,7 @@ from advisor.render.view import (
     breakdown_summary,
     compact_ints,
     confidence,
+    config_line,
     cp_edges,
     display_data,
     fmt_bytes,
@@ -308,7 +309,8 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
                 first_bar.append({"x": round(x, 3), "w": round(w, 3), "cls": "ph-" + p["key"][:-3],
                                   "title": f"{p['label']}: {fmt_us(p['us'])} ({fmt_ratio(p['share'])})"})
                 x += w
-    extras_known = {"gate", "baseline_diff", "comm_matrix", "total_saving_us", "savings", "rule_docs", "hardware"}
+    extras_known = {"gate", "baseline_diff", "comm_matrix", "total_saving_us", "savings", "rule_docs", "hardware",
+                    "config"}
     return {
         "d": d,
         "profile": prof,
@@ -317,6 +319,7 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
         "summary": summary,
         "first_bar": first_bar,
         "confidence": confidence(d),
+        "config_line": config_line(d),
         "gate": d.get("gate"),
         "diff": d.get("baseline_diff"),
         "findings": findings,

@@ -76,6 +76,8 @@ def report_dict(report: Report) -> dict[str, Any]:
         out["rule_docs"] = dict(sorted(report.rule_docs.items()))
     if report.hardware is not None:
         out["hardware"] = report.hardware
+    if report.config is not None:
+        out["config"] = report.config
     return cast(dict[str, Any], clean(out))
 
 

@@ -19,6 +19,7 @@ from advisor.render.view import (
     breakdown_summary,
     compact_ints,
     confidence,
+    config_line,
     cp_edges,
     display_data,
     fmt_evidence,
@@ -180,6 +181,9 @@ def _head(d: Mapping[str, Any]) -> list[str]:
                + (" · CPU-only" if prof.get("cpu_only") else "")
                + f" · advisor {md_escape((d.get('tool') or {}).get('version', '?'), 40)}")
     out.append("")
+    cfg_line = config_line(d)
+    if cfg_line:
+        out += [md_escape(cfg_line, 1000), ""]
     return out
 
 

@@ -107,6 +107,9 @@ def print_report(report: Report | dict[str, Any], *, verbose: bool = False, colo
         failed = gate.get("status") == "failed"
         console.print(Text(f"Gate: {gate.get('status')}", style="bold red" if failed else "bold green")
                       + Text("".join(f"\n  - {one_line(m, 300)}" for m in gate.get("messages") or [])))
+    cfg_line = view.config_line(d)
+    if cfg_line:
+        console.print(Text(one_line(cfg_line, 1000), style="yellow" if (d.get("config") or {}).get("implicit") else "dim"))
     console.print()
     _breakdown(console, d)
     _groups(console, d)

@@ -51,6 +51,33 @@ def display_data(report: Report | Mapping[str, Any]) -> dict[str, Any]:
     return cast(dict[str, Any], _printable_tree(report_data(report)))
 
 
+def config_line(d: Mapping[str, Any]) -> str | None:
+    """``Config: FILE (picked up from the working directory) — sets RULE.param=value, …; --set …``: the
+    rule configuration a report was made with, or None with the built-in thresholds and no config file."""
+    cfg = d.get("config")
+    if not isinstance(cfg, Mapping):
+        return None
+    sets = cfg.get("set") or {}
+    file = cfg.get("file")
+    if not file and not sets:
+        return None
+    parts = []
+    if file:
+        changed = [f"{k}={v}" for k, v in (cfg.get("thresholds") or {}).items()]
+        rules = cfg.get("rules") or {}
+        if rules.get("select"):
+            changed.append("only " + ", ".join(str(x) for x in rules["select"]))
+        if rules.get("skip"):
+            changed.append("skips " + ", ".join(str(x) for x in rules["skip"]))
+        if rules.get("all"):
+            changed.append("all rules")
+        parts.append(f"{file}" + (" (picked up from the working directory)" if cfg.get("implicit") else "")
+                     + " — sets " + ("; ".join(changed) or "nothing"))
+    if sets:
+        parts.append("--set " + ", ".join(f"{k}={v}" for k, v in sets.items()))
+    return truncate("Config: " + "; ".join(parts), 1000)
+
+
 def _printable_tree(v: Any) -> Any:
     if isinstance(v, str):
         return printable(v)
