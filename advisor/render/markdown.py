@@ -238,6 +238,12 @@ def _confidence(d: Mapping[str, Any]) -> list[str]:
         out += _capped([f"- **{md_escape(r.get('rule'), 20)}**: {md_escape(r.get('reason'), 200)}" for r in conf["skipped"]],
                        _TAIL_BUDGET // 3, "- … {n} more in the JSON report")
         out += ["", "</details>", ""]
+    if conf["not_applicable"]:
+        out.append(f"<details><summary>{len(conf['not_applicable'])} rule(s) not applicable to this profile</summary>")
+        out.append("")
+        out += _capped([f"- **{md_escape(r.get('rule'), 20)}**: {md_escape(r.get('reason'), 120)}"
+                        for r in conf["not_applicable"]], _TAIL_BUDGET // 6, "- … {n} more in the JSON report")
+        out += ["", "</details>", ""]
     if conf["shown_warnings"]:
         ws = conf["shown_warnings"]
         out.append(f"<details><summary>{len(ws)} input warning(s)</summary>")

@@ -419,6 +419,14 @@ def _confidence(console: Console, d: dict[str, Any], verbose: bool) -> None:
         console.print(_indented(Text(f"{r.get('rule')} skipped: {one_line(str(r.get('reason')), 200)}", style="dim"), 2))
     if limit is not None and len(skipped) > limit:
         console.print(_indented(Text(f"and {len(skipped) - limit} more skipped rules (--verbose)", style="dim"), 2))
+    na = conf["not_applicable"]
+    if na and verbose:
+        for r in na:
+            console.print(_indented(Text(f"{r.get('rule')} not applicable: {one_line(str(r.get('reason')), 200)}",
+                                         style="dim"), 2))
+    elif na:
+        console.print(_indented(Text(f"not applicable to this profile: {', '.join(str(r.get('rule')) for r in na)}"
+                                     " (--verbose: why)", style="dim"), 2))
     ws = conf["shown_warnings"]
     if ws:
         console.print(Text(f"Warnings ({len(ws)})", style="bold"))

@@ -279,10 +279,17 @@ def _uncertain_note(d: Mapping[str, Any]) -> str:
 
 
 def confidence(d: Mapping[str, Any]) -> dict[str, Any]:
-    """What could not be analysed and why: rules skipped or failed, input warnings, CPU-only traces."""
+    """What could not be analysed and why: rules skipped for lack of data or failed, rules that do
+    not apply to this profile, input warnings, CPU-only traces.
+
+    The level is reduced only by what the profile could have given and did not: a rule that applies
+    but lacks data, or an input warning (a rule's own "cannot judge" notes are listed, not counted).
+    A rule that cannot apply (one rank, a CPU-only trace, an Ascend-export table on a Kineto trace:
+    ``applicable`` false in the JSON) is listed as not applicable and reduces nothing."""
     rules = d.get("rules") or []
     ran = [r for r in rules if r.get("status") == "ran"]
-    skipped = [r for r in rules if r.get("status") == "skipped"]
+    skipped = [r for r in rules if r.get("status") == "skipped" and r.get("applicable", True) is not False]
+    not_applicable = [r for r in rules if r.get("status") == "skipped" and r.get("applicable", True) is False]
     errors = [r for r in rules if r.get("status") == "error"]
     not_sel = [r for r in rules if r.get("status") == "not_selected"]
     warnings = d.get("warnings") or []
@@ -292,25 +299,28 @@ def confidence(d: Mapping[str, Any]) -> dict[str, Any]:
         notes.append("CPU-only trace: device idle, overlap and roofline analyses do not apply.")
     if not d.get("breakdown"):
         notes.append("No step windows: the step-time breakdown is empty.")
+    # The engine also files a warning for every skipped rule; the rule lists already say so.
+    # The CPU-only warning is already a note.
+    shown = [w for w in warnings if w.get("code") != "rule_skipped"
+             and not (w.get("code") == "cpu_only" and prof.get("cpu_only"))]
+    reducing = [w for w in shown if w.get("code") != "rule_undecided"]
     if errors:
         level = "low"
-    elif skipped or warnings or prof.get("cpu_only"):
+    elif skipped or reducing:
         level = "reduced"
     else:
         level = "full"
     summary = f"{len(ran)} of {len(rules) - len(not_sel)} rules ran"
     if skipped:
-        summary += f", {len(skipped)} skipped"
+        summary += f", {len(skipped)} skipped for lack of data"
+    if not_applicable:
+        summary += f", {len(not_applicable)} not applicable"
     if errors:
         summary += f", {len(errors)} failed"
-    # The engine also files a warning for every skipped rule; the rule list already says so.
-    # The CPU-only warning is already a note.
-    shown = [w for w in warnings if not (w.get("code") == "rule_skipped" and skipped)
-             and not (w.get("code") == "cpu_only" and prof.get("cpu_only"))]
     if shown:
         summary += f"; {len(shown)} input warning{'s' if len(shown) != 1 else ''}"
-    return {"level": level, "summary": summary, "ran": ran, "skipped": skipped, "errors": errors,
-            "not_selected": not_sel, "warnings": warnings, "shown_warnings": shown, "notes": notes}
+    return {"level": level, "summary": summary, "ran": ran, "skipped": skipped, "not_applicable": not_applicable,
+            "errors": errors, "not_selected": not_sel, "warnings": warnings, "shown_warnings": shown, "notes": notes}
 
 
 SLOW_STEP_RULE = "CLU003"  # the step-fluctuation rule: its findings list the slow (rank, step) pairs in their top rows
