@@ -42,6 +42,7 @@ from advisor.render.view import (
     confidence,
     cp_edges,
     display_data,
+    explained_note,
     fmt_bytes,
     fmt_evidence,
     fmt_ratio,
@@ -296,7 +297,10 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
     summary = breakdown_summary(d)
     step_us = summary["step_us"] if summary else None
     outl, outl_basis = slow_steps(d)
-    findings = [{**finding_view(f, step_us), "open": i < 3} for i, f in enumerate(d.get("findings") or [])]
+    raw = d.get("findings") or []
+    verdict_id = verdict(d).get("finding_id")
+    findings = [{**finding_view(f, step_us), "open": i < 3, "explained_note": explained_note(f, raw, verdict_id)}
+                for i, f in enumerate(raw)]
     first_bar = None
     if summary and summary["step_us"] > 0:
         x = 0.0

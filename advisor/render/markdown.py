@@ -21,6 +21,7 @@ from advisor.render.view import (
     confidence,
     cp_edges,
     display_data,
+    explained_note,
     fmt_evidence,
     fmt_ratio,
     fmt_us,
@@ -119,7 +120,8 @@ def render(report: Report | Mapping[str, Any], *, max_findings: int = 20, full: 
     tail = _hardware(d) + _critical_path(d) + _variability(d) + _confidence(d)
     findings = d.get("findings") or []
     budget = None if full else MD_LIMIT - _size(head) - _size(tail) - 2_000
-    body = _findings(findings, max_findings=max_findings, full=full, budget=budget, docs=d.get("rule_docs"))
+    body = _findings(findings, max_findings=max_findings, full=full, budget=budget, docs=d.get("rule_docs"),
+                    savings=d.get("savings"))
     text = "\n".join(head + body + tail).rstrip() + "\n"
     if not full and len(text) > MD_LIMIT:  # a last resort: every section above is capped on its own
         cut = text.rfind("\n", 0, MD_LIMIT - 200)
@@ -194,19 +196,22 @@ def _breakdown(d: Mapping[str, Any]) -> list[str]:
 
 
 def _findings(findings: list[Mapping[str, Any]], *, max_findings: int, full: bool, budget: int | None,
-              docs: Mapping[str, Any] | None = None) -> list[str]:
+              docs: Mapping[str, Any] | None = None, savings: Mapping[str, Any] | None = None) -> list[str]:
     out = [f"### Findings ({len(findings)})", ""]
     if not findings:
         return out + ["No rule fired on this profile.", ""]
     shown = findings[:max_findings]
     out.append(_row("severity", "rule", "finding", "saving / step", "ranks"))
     out.append("|---|---|---|---:|---|")
+    verdict_id = verdict({"findings": findings, "savings": savings}).get("finding_id")
     for f in shown:
         saving = fmt_us(f.get("estimated_saving_us")) if f.get("estimated_saving_us") else "-"
         if f.get("estimated_saving_us") and f.get("saving_fraction"):
             saving += f" ({fmt_ratio(f['saving_fraction'], 0)})"
+        note = explained_note(f, findings, verdict_id)
+        title = md_escape(f.get("title"), 200) + (f" *({md_escape(note, 120)})*" if note else "")
         out.append(_row(f"**{md_escape(f.get('severity'), 20)}**", md_escape(f.get("rule"), 20),
-                        md_escape(f.get("title"), 200), saving, md_escape(compact_ints(f.get("ranks"), limit=6))))
+                        title, saving, md_escape(compact_ints(f.get("ranks"), limit=6))))
     if len(findings) > max_findings:
         out.append(f"\n… {len(findings) - max_findings} more findings in the HTML/JSON report.")
     out.append("")

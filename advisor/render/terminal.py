@@ -262,6 +262,7 @@ def _findings(console: Console, d: dict[str, Any], verbose: bool) -> None:
         console.print()
         return
     console.print(Text(f"Findings ({len(findings)}), largest saving first", style="bold"))
+    verdict_id = view.verdict(d).get("finding_id")
     savings = [f"save ≤ {_us(f['estimated_saving_us'])}" if f.get("estimated_saving_us") else "-" for f in findings]
     sev_w = max(len(str(f.get("severity", "info"))) for f in findings)
     rule_w = max(len(str(f.get("rule", ""))) for f in findings)
@@ -276,8 +277,9 @@ def _findings(console: Console, d: dict[str, Any], verbose: bool) -> None:
         grid.add_column(ratio=1, overflow="fold")
         grid.add_row("", Text(sev, style=SEV_STYLE.get(sev, "")), str(f.get("rule", "")), Text(saving, style="green"),
                      Text(one_line(str(f.get("title", "")), 400)))
-        if f.get("explained_by"):
-            grid.add_row("", "", "", "", Text(f"explained by {', '.join(f['explained_by'])}", style="dim"))
+        note = view.explained_note(f, findings, verdict_id)
+        if note:
+            grid.add_row("", "", "", "", Text(note, style="dim"))
         opts = f.get("optimizations") or []
         if opts and not verbose:
             grid.add_row("", "", "", "", Text("→ " + one_line(str(opts[0].get("title", "")), 300), style="cyan"))

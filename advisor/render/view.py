@@ -233,6 +233,23 @@ def _severity_rank(severity: str) -> int:
     return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
 
 
+def explained_note(f: Mapping[str, Any], findings: list[Mapping[str, Any]],
+                   verdict_id: str | None = None) -> str:
+    """For a finding another one explains (``explained_by``): "explained by CLU001", naming the
+    explaining findings by rule (their ids where a rule fired twice), and "(the verdict)" when one
+    of them is the verdict's finding; empty for a root cause."""
+    by = [str(x) for x in f.get("explained_by") or []]
+    if not by:
+        return ""
+    rule_of = {str(x.get("id")): str(x.get("rule")) for x in findings if x.get("id")}
+    rules = [rule_of.get(i, i) for i in by]
+    names = [r if rules.count(r) == 1 else i for r, i in zip(rules, by, strict=True)]
+    text = "explained by " + ", ".join(dict.fromkeys(names))
+    if verdict_id is not None and verdict_id in by:
+        text += ", the verdict"
+    return text
+
+
 def verdict(d: Mapping[str, Any]) -> dict[str, Any]:
     """What limits the step: the top finding with its saving, else the largest phase."""
     findings = d.get("findings") or []
