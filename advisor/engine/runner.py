@@ -244,6 +244,7 @@ def finish(findings: list[Finding], ranks: list[int], breakdown: Any, warnings: 
     from advisor.engine import chain
     from advisor.schema import NO_STEP
 
+    findings = order_fixes(findings, ranks)
     med_steps = chain.median_steps(breakdown, NO_STEP)
     # one account of savings: no saving above the median step of the ranks a finding names
     findings = chain.cap_savings(chain.unique_ids(findings), med_steps)
@@ -261,3 +262,18 @@ def finish(findings: list[Finding], ranks: list[int], breakdown: Any, warnings: 
         warnings.append(Warning_("rule_error", f"linking findings into chains failed: {type(exc).__name__}: {exc}"))
     findings.sort(key=lambda f: (f.estimated_saving_us is None, -(f.estimated_saving_us or 0), -f.severity, f.rule))
     return findings
+
+
+def order_fixes(findings: list[Finding], ranks: list[int]) -> list[Finding]:
+    """Each finding's optimizations ordered by what its evidence supports (the cause map's
+    ``prefer_if``, :func:`advisor.causes.order_by_evidence`): supported fixes first, none dropped."""
+    from dataclasses import replace
+
+    from advisor.causes import order_by_evidence
+
+    out = []
+    for f in findings:
+        ordered = order_by_evidence(f.cause, f.optimizations, f.evidence,
+                                    {"ranks": len(ranks), "finding_ranks": len(f.ranks)})
+        out.append(f if ordered == tuple(f.optimizations) else replace(f, optimizations=ordered))
+    return out
