@@ -46,3 +46,22 @@ def test_the_explained_finding_is_marked_in_every_table(data: dict) -> None:
     findings = text[text.index("Findings ("):text.index("Critical path")]
     assert findings.count(note) == 1
     assert findings.index("COM001") < findings.index(note) < findings.index("CLU001")
+
+
+def test_a_narrowed_report_says_what_each_part_covers() -> None:
+    """kineto_two_ranks holds ranks 0 and 1, steps 551 and 552. With --rank 1 --step 551 the breakdown
+    is that one row, while the verdict and PAR001 ("on 2 ranks") speak for the whole profile: every
+    renderer says so."""
+    from tests.conftest import validate_report
+
+    data = report_json(analyze(ROOT / "sample_profiles" / "kineto_two_ranks", rank=1, step=551))
+    validate_report(data)
+    assert [(b["rank"], b["step"]) for b in data["breakdown"]] == [(1, 551)]
+    assert data["profile"]["narrowed_to"] == {"rank": 1, "step": 551}
+    whole = "cover the whole profile: 2 ranks (0–1), 2 steps (551–552)"
+    assert whole in terminal.render_text(data, width=400)
+    assert whole in markdown.render(data)
+    assert whole in html.render(data)
+    plain = report_json(analyze(ROOT / "sample_profiles" / "kineto_two_ranks"))
+    assert plain["profile"]["narrowed_to"] is None
+    assert "Narrowed to" not in terminal.render_text(plain, width=400)

@@ -28,6 +28,7 @@ from advisor.render.view import (
     fmt_value,
     is_threshold_key,
     per_rank_means,
+    scope_note,
     short_name,
     slow_steps,
     truncate,
@@ -179,6 +180,8 @@ def _head(d: Mapping[str, Any]) -> list[str]:
                + (" · CPU-only" if prof.get("cpu_only") else "")
                + f" · advisor {md_escape((d.get('tool') or {}).get('version', '?'), 40)}")
     out.append("")
+    if scope_note(d):
+        out += [f"*{md_escape(scope_note(d), 600)}.*", ""]
     return out
 
 

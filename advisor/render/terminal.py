@@ -100,6 +100,9 @@ def print_report(report: Report | dict[str, Any], *, verbose: bool = False, colo
     line = Text("Verdict: ", style="bold")
     line.append(one_line(v["text"], 1000), style=SEV_STYLE.get(v["severity"], "") if v["kind"] == "finding" else "bold green")
     console.print(line)
+    scope = view.scope_note(d)
+    if scope:
+        console.print(Text(one_line(scope, 600), style="yellow"))
     gate = d.get("gate")
     if gate:
         failed = gate.get("status") == "failed"

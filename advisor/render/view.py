@@ -233,6 +233,25 @@ def _severity_rank(severity: str) -> int:
     return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
 
 
+def scope_note(d: Mapping[str, Any]) -> str:
+    """Where ``--rank`` / ``--step`` narrowed the report, what each part covers: the breakdown, step
+    times and critical path the focus; the verdict, findings and ranks x steps every rank and step
+    of the profile. Empty when nothing was narrowed."""
+    prof = d.get("profile") or {}
+    nar = prof.get("narrowed_to")
+    if not nar:
+        return ""
+    parts = [f"rank {nar['rank']}" if nar.get("rank") is not None else "",
+             f"step {nar['step']}" if nar.get("step") is not None else ""]
+    focus = ", ".join(p for p in parts if p)
+    ranks, steps = prof.get("ranks") or [], prof.get("steps") or []
+    whole = (f"{len(ranks)} rank{'' if len(ranks) == 1 else 's'} ({compact_ints(ranks)})"
+             + (f", {len(steps)} step{'' if len(steps) == 1 else 's'} ({compact_ints(steps)})" if steps else ""))
+    return (f"Narrowed to {focus}: the step breakdown, step times and critical path cover {focus} only; "
+            f"the verdict, the findings (their figures and rank counts) and the ranks x steps matrix cover "
+            f"the whole profile: {whole}")
+
+
 def explained_note(f: Mapping[str, Any], findings: list[Mapping[str, Any]],
                    verdict_id: str | None = None) -> str:
     """For a finding another one explains (``explained_by``): "explained by CLU001", naming the
