@@ -7,6 +7,14 @@ An optimization may say where it applies: ``platforms`` (a list of ``ascend``, `
 ``torch_npu`` off the reports of other platforms, and ``only_if_ops`` (a regular expression) keeps
 advice about one mechanism (SyncBatchNorm, the caching allocator) to findings whose operators show
 it. Without them an optimization applies everywhere.
+
+An optimization may also say when the finding's evidence supports it: ``prefer_if``, a list of
+conditions ``<key> <op> <value>`` (``op`` one of ``>= <= > < == !=``, ``value`` a number, ``true``
+or ``false``) on the finding's ``evidence.<name>``, ``ranks`` (ranks in the profile) or
+``finding_ranks`` (ranks the finding names). The list is ordered, never cut
+(:func:`order_by_evidence`): fixes whose conditions all hold first, then those without conditions
+(or with a figure the finding lacks), then those the evidence speaks against, each group in the
+map's order.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ class Applies:
 
     platforms: tuple[str, ...] = ()
     only_if_ops: str = ""
+    prefer_if: tuple[str, ...] = ()
 
     def holds(self, platform: str | None, ops: tuple[str, ...]) -> bool:
         """Whether the optimization fits a finding on ``platform`` (None: unknown) about ``ops``."""
@@ -54,7 +63,12 @@ class Applies:
 # a cause id: ``bottleneck.name`` (CAUSES.md), both parts lower-case snake case
 CAUSE_ID_RE = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
 _CAUSE_KEYS = frozenset({"meaning", "explains", "optimizations"})
-_OPTIMIZATION_KEYS = frozenset({"id", "title", "how", "platforms", "only_if_ops"})
+_OPTIMIZATION_KEYS = frozenset({"id", "title", "how", "platforms", "only_if_ops", "prefer_if"})
+# one prefer_if condition: a key (ranks, finding_ranks, evidence.<name>), a comparison, a number or boolean
+CONDITION_RE = re.compile(r"^\s*(ranks|finding_ranks|evidence\.[A-Za-z0-9_]+)\s*(>=|<=|==|!=|>|<)\s*"
+                          r"(true|false|-?\d+(?:\.\d+)?)\s*$")
+_COMPARE = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+            "<": lambda a, b: a < b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
 
 
 class CauseError(ValueError):
@@ -87,6 +101,10 @@ class Cause:
             bad = [p for p in a.platforms if p not in PLATFORMS]
             if bad:
                 out.append(f"{self.id}: optimization {o.id!r}: unknown platforms {bad} (known: {', '.join(PLATFORMS)})")
+            for cond in a.prefer_if:
+                if not CONDITION_RE.match(cond):
+                    out.append(f"{self.id}: optimization {o.id!r}: prefer_if condition {cond!r} is not "
+                               "'<ranks|finding_ranks|evidence.NAME> <op> <number|true|false>'")
             if a.only_if_ops:
                 try:
                     re.compile(a.only_if_ops)
@@ -215,7 +233,8 @@ def _cause_from_table(cid: str, body: object, source: str) -> Cause:
         if "id" not in o or "title" not in o:
             raise CauseError(f"{at}: needs an id and a title")
         opts.append(Optimization(o["id"], o["title"], o.get("how", "")))
-        applies.append(Applies(_strings(o.get("platforms", []), f"{at}: platforms"), o.get("only_if_ops", "")))
+        applies.append(Applies(_strings(o.get("platforms", []), f"{at}: platforms"), o.get("only_if_ops", ""),
+                               _strings(o.get("prefer_if", []), f"{at}: prefer_if")))
     return Cause(cid, meaning, tuple(opts), tuple(applies), explains)
 
 
@@ -280,3 +299,44 @@ def for_platform(text: str, platform: str | None) -> str:
     text = _VENDOR_PAREN_RE.sub("", text)
     kept = [p for p in text.split(" / ") if not _VENDOR_RE.search(p)]
     return " / ".join(kept) or text
+
+
+def condition_holds(cond: str, evidence: Mapping[str, object], context: Mapping[str, object]) -> bool | None:
+    """Whether one ``prefer_if`` condition holds for a finding's evidence and context (``ranks``,
+    ``finding_ranks``); None when the figure it names is missing or not a number / boolean."""
+    m = CONDITION_RE.match(cond)
+    if not m:
+        return None
+    key, op, raw = m.groups()
+    value = evidence.get(key[len("evidence."):]) if key.startswith("evidence.") else context.get(key)
+    if isinstance(value, bool):
+        got: float = float(value)
+    elif isinstance(value, (int, float)):
+        got = float(value)
+    else:
+        return None
+    want = 1.0 if raw == "true" else 0.0 if raw == "false" else float(raw)
+    return bool(_COMPARE[op](got, want))
+
+
+def order_by_evidence(cause_id: str, optimizations: Iterable[Optimization], evidence: Mapping[str, object],
+                      context: Mapping[str, object]) -> tuple[Optimization, ...]:
+    """``optimizations`` (a finding's, from the map) reordered by what its evidence supports: those
+    whose ``prefer_if`` conditions all hold, then those without conditions or whose figures are
+    missing, then those a condition fails for; the map's order within each group. None is dropped."""
+    opts = tuple(optimizations)
+    c = causes().get(cause_id)
+    if not c or not c.applies:
+        return opts
+    conds = {(o.id, o.title): a.prefer_if for o, a in zip(c.optimizations, c.applies, strict=True)}
+
+    def group(o: Optimization) -> int:
+        cs = conds.get((o.id, o.title), ())
+        if not cs:
+            return 1
+        got = [condition_holds(x, evidence, context) for x in cs]
+        if any(g is False for g in got):
+            return 2
+        return 0 if all(g is True for g in got) else 1
+
+    return tuple(sorted(opts, key=group))

@@ -176,6 +176,10 @@ class RuleOutcome:
     reason: str = ""
     findings: int = 0
     seconds: float = 0.0
+    #: False for a skipped rule that cannot apply to this profile (a cluster rule on one rank, a
+    #: device rule on a CPU-only trace, an Ascend-export table on a Kineto trace): it does not
+    #: reduce the report's confidence, as a rule that applies but lacks data does
+    applicable: bool = True
 
 
 @dataclass(frozen=True, slots=True)

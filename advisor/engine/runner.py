@@ -92,9 +92,37 @@ def build_rank_part(spec: RuleSpec[Any], ctx: AnalysisContext, thresholds: Any) 
         ctx._derived.add(key)
 
 
-#: What running one rule gave: ("skipped", reason) when a requirement is not met, else ("ran",
-#: (outcome, findings, error warnings, notes)). Plain values: a worker process returns them.
+#: What running one rule gave: ("skipped", reason) when a requirement it needs is not met,
+#: ("not_applicable", reason) when an unmet requirement is one the profile cannot meet by its
+#: nature (:func:`inapplicable`: the rule cannot apply whatever else it lacks), else ("ran", (outcome, findings, error warnings, notes)). Plain
+#: values: a worker process returns them.
 Done = tuple[str, Any]
+
+#: Tables only a vendor (Ascend) export or a ``--metrics`` file holds: on a profile read from
+#: Kineto traces alone, a rule needing them has nothing to apply to
+VENDOR_TABLES = ("comm_bandwidth", "queues", "kernels", "hw_metrics")
+#: Tables derived from communication events: a profile without any has no communication to judge
+COMM_TABLES = ("comm_matrix", "comm_ops")
+
+
+def inapplicable(ctx: AnalysisContext, requirement: str) -> bool:
+    """Whether an unmet ``requirement`` means the rule cannot apply to this profile (one rank, a
+    CPU-only trace, no communication, a vendor-export table on a Kineto trace) rather than that
+    data it needs is missing (fewer than two steps, no breakdown, an export without the file)."""
+    if requirement in ("multi_rank", "device"):
+        return True
+    if requirement == "kernel_detail":
+        return not ctx.has_device
+    if requirement in COMM_TABLES:
+        if any(ctx.rows(t) for t in COMM_TABLES):
+            return False
+        try:  # the events, where this context holds them (a cluster reduce holds the per-rank tables only)
+            return not ctx.scalar("SELECT count(*) FROM (SELECT 1 FROM events WHERE kind = 'comm' LIMIT 1)")
+        except Exception:  # noqa: BLE001 - no events table: the communication tables are all there is
+            return True
+    if requirement in VENDOR_TABLES:
+        return bool(ctx.sources) and all(s == "kineto" for s in ctx.sources)
+    return False
 
 
 def choose(cfg: Config, scope: str | None = None) -> tuple[dict[str, RuleSpec[Any]], dict[str, RuleSpec[Any]]]:
@@ -113,9 +141,10 @@ def execute(ctx: AnalysisContext, cfg: Config, chosen: dict[str, RuleSpec[Any]],
     def run(rid: str) -> Done:
         """Requirements are checked here, in the worker: one on the breakdown waits for the stages
         (which may still run beside the rules) without holding up the rules that need nothing."""
-        reasons = [r for r in (ctx.missing(req) for req in chosen[rid].requires) if r]
-        if reasons:
-            return "skipped", "; ".join(reasons)
+        unmet = [(req, r) for req, r in ((req, ctx.missing(req)) for req in chosen[rid].requires) if r]
+        if unmet:
+            status = "not_applicable" if any(inapplicable(ctx, req) for req, _r in unmet) else "skipped"
+            return status, "; ".join(r for _req, r in unmet)
         return "ran", _run_one(chosen[rid], ctx, thresholds[rid], debug)
 
     # rules are independent; a few at a time keep the cores busy (their queries release the GIL),
@@ -128,14 +157,16 @@ def combine(parts: list[dict[str, Done]]) -> dict[str, Done]:
     """What each rule gave on several shards of ranks, as if it had run once: it ran if it ran on
     any shard (its notes and time added up, its findings too, those several shards gave merged:
     :func:`advisor.engine.merge.merge_shards`; an error on one shard is the rule's outcome), and is
-    skipped, with the first shard's reason, only if it was skipped on every one."""
+    skipped, with the first shard's reason, only if it was skipped on every one (not applicable
+    when it was so on every shard)."""
     from advisor.engine.merge import merge_shards
 
     out: dict[str, Done] = {}
     for rid in dict.fromkeys(rid for part in parts for rid in part):
         ran = [part[rid][1] for part in parts if rid in part and part[rid][0] == "ran"]
         if not ran:
-            out[rid] = next(part[rid] for part in parts if rid in part)
+            got = [part[rid] for part in parts if rid in part]
+            out[rid] = next((g for g in got if g[0] == "skipped"), got[0])
             continue
         findings = merge_shards([r[1] for r in ran]) if len(ran) > 1 else ran[0][1]
         errors = [w for r in ran for w in r[2]]
@@ -165,8 +196,8 @@ def collect(specs: dict[str, RuleSpec[Any]], chosen: dict[str, RuleSpec[Any]], d
             outcomes.append(RuleOutcome(rid, "not_selected"))
             continue
         status, got = done[rid]
-        if status == "skipped":
-            outcomes.append(RuleOutcome(rid, "skipped", got))
+        if status in ("skipped", "not_applicable"):
+            outcomes.append(RuleOutcome(rid, "skipped", got, applicable=status == "skipped"))
             warnings.append(Warning_("rule_skipped", f"{rid} ({spec.name}) not run: {got}"))
         else:
             outcome, rule_findings, errors, rule_notes = got
@@ -213,6 +244,7 @@ def finish(findings: list[Finding], ranks: list[int], breakdown: Any, warnings: 
     from advisor.engine import chain
     from advisor.schema import NO_STEP
 
+    findings = order_fixes(findings, ranks)
     med_steps = chain.median_steps(breakdown, NO_STEP)
     # one account of savings: no saving above the median step of the ranks a finding names
     findings = chain.cap_savings(chain.unique_ids(findings), med_steps)
@@ -230,3 +262,18 @@ def finish(findings: list[Finding], ranks: list[int], breakdown: Any, warnings: 
         warnings.append(Warning_("rule_error", f"linking findings into chains failed: {type(exc).__name__}: {exc}"))
     findings.sort(key=lambda f: (f.estimated_saving_us is None, -(f.estimated_saving_us or 0), -f.severity, f.rule))
     return findings
+
+
+def order_fixes(findings: list[Finding], ranks: list[int]) -> list[Finding]:
+    """Each finding's optimizations ordered by what its evidence supports (the cause map's
+    ``prefer_if``, :func:`advisor.causes.order_by_evidence`): supported fixes first, none dropped."""
+    from dataclasses import replace
+
+    from advisor.causes import order_by_evidence
+
+    out = []
+    for f in findings:
+        ordered = order_by_evidence(f.cause, f.optimizations, f.evidence,
+                                    {"ranks": len(ranks), "finding_ranks": len(f.ranks)})
+        out.append(f if ordered == tuple(f.optimizations) else replace(f, optimizations=ordered))
+    return out

@@ -123,6 +123,9 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         "analyze_seconds": round(time.perf_counter() - t_start, 4),
         "steps_inferred": bool(inferred),
         "focus": {"rank": ctx.focus_rank, "step": None if ctx.focus_step == NO_STEP else ctx.focus_step},
+        # what --rank / --step narrowed: the breakdown rows, step times and critical path; the
+        # findings (and the verdict drawn from them) and the ranks x steps matrix cover the profile
+        "narrowed_to": {"rank": rank, "step": step} if rank is not None or step is not None else None,
     }
     step_stats = []
     if sel is not None and not sel.empty:

@@ -43,12 +43,14 @@ from advisor.render.view import (
     config_line,
     cp_edges,
     display_data,
+    explained_note,
     fmt_bytes,
     fmt_evidence,
     fmt_ratio,
     fmt_us,
     fmt_value,
     is_threshold_key,
+    scope_note,
     short_name,
     slow_steps,
     truncate,
@@ -298,7 +300,10 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
     summary = breakdown_summary(d)
     step_us = summary["step_us"] if summary else None
     outl, outl_basis = slow_steps(d)
-    findings = [{**finding_view(f, step_us), "open": i < 3} for i, f in enumerate(d.get("findings") or [])]
+    raw = d.get("findings") or []
+    verdict_id = verdict(d).get("finding_id")
+    findings = [{**finding_view(f, step_us), "open": i < 3, "explained_note": explained_note(f, raw, verdict_id)}
+                for i, f in enumerate(raw)]
     first_bar = None
     if summary and summary["step_us"] > 0:
         x = 0.0
@@ -323,6 +328,7 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
         "gate": d.get("gate"),
         "diff": d.get("baseline_diff"),
         "findings": findings,
+        "scope_note": scope_note(d),
         "sev_counts": {s: sum(1 for f in findings if f["severity"] == s) for s in SEVERITIES},
         "explain": explain_texts(d.get("rule_docs") or {}, {str(f.get("rule")) for f in findings}),
         "outliers": sorted(outl),

@@ -50,7 +50,8 @@ def report_dict(report: Report) -> dict[str, Any]:
         "findings": [finding_dict(f) for f in report.findings],
         "warnings": [w.to_json() for w in report.warnings],
         "rules": [
-            {"rule": o.rule, "status": o.status, "reason": o.reason, "findings": o.findings, "seconds": round(o.seconds, 4)}
+            {"rule": o.rule, "status": o.status, "reason": o.reason, "findings": o.findings, "seconds": round(o.seconds, 4),
+             "applicable": o.applicable}
             for o in report.rules
         ],
         "step_times": report.step_times,

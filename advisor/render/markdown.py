@@ -22,12 +22,14 @@ from advisor.render.view import (
     config_line,
     cp_edges,
     display_data,
+    explained_note,
     fmt_evidence,
     fmt_ratio,
     fmt_us,
     fmt_value,
     is_threshold_key,
     per_rank_means,
+    scope_note,
     short_name,
     slow_steps,
     truncate,
@@ -121,7 +123,8 @@ def render(report: Report | Mapping[str, Any], *, max_findings: int = 20, full: 
     tail = _hardware(d) + _critical_path(d) + _variability(d) + _confidence(d)
     findings = d.get("findings") or []
     budget = None if full else MD_LIMIT - _size(head) - _size(tail) - 2_000
-    body = _findings(findings, max_findings=max_findings, full=full, budget=budget, docs=d.get("rule_docs"))
+    body = _findings(findings, max_findings=max_findings, full=full, budget=budget, docs=d.get("rule_docs"),
+                    savings=d.get("savings"))
     text = "\n".join(head + body + tail).rstrip() + "\n"
     if not full and len(text) > MD_LIMIT:  # a last resort: every section above is capped on its own
         cut = text.rfind("\n", 0, MD_LIMIT - 200)
@@ -184,6 +187,8 @@ def _head(d: Mapping[str, Any]) -> list[str]:
     cfg_line = config_line(d)
     if cfg_line:
         out += [md_escape(cfg_line, 1000), ""]
+    if scope_note(d):
+        out += [f"*{md_escape(scope_note(d), 600)}.*", ""]
     return out
 
 
@@ -201,19 +206,22 @@ def _breakdown(d: Mapping[str, Any]) -> list[str]:
 
 
 def _findings(findings: list[Mapping[str, Any]], *, max_findings: int, full: bool, budget: int | None,
-              docs: Mapping[str, Any] | None = None) -> list[str]:
+              docs: Mapping[str, Any] | None = None, savings: Mapping[str, Any] | None = None) -> list[str]:
     out = [f"### Findings ({len(findings)})", ""]
     if not findings:
         return out + ["No rule fired on this profile.", ""]
     shown = findings[:max_findings]
     out.append(_row("severity", "rule", "finding", "saving / step", "ranks"))
     out.append("|---|---|---|---:|---|")
+    verdict_id = verdict({"findings": findings, "savings": savings}).get("finding_id")
     for f in shown:
         saving = fmt_us(f.get("estimated_saving_us")) if f.get("estimated_saving_us") else "-"
         if f.get("estimated_saving_us") and f.get("saving_fraction"):
             saving += f" ({fmt_ratio(f['saving_fraction'], 0)})"
+        note = explained_note(f, findings, verdict_id)
+        title = md_escape(f.get("title"), 200) + (f" *({md_escape(note, 120)})*" if note else "")
         out.append(_row(f"**{md_escape(f.get('severity'), 20)}**", md_escape(f.get("rule"), 20),
-                        md_escape(f.get("title"), 200), saving, md_escape(compact_ints(f.get("ranks"), limit=6))))
+                        title, saving, md_escape(compact_ints(f.get("ranks"), limit=6))))
     if len(findings) > max_findings:
         out.append(f"\n… {len(findings) - max_findings} more findings in the HTML/JSON report.")
     out.append("")
@@ -244,6 +252,12 @@ def _confidence(d: Mapping[str, Any]) -> list[str]:
         out.append("")
         out += _capped([f"- **{md_escape(r.get('rule'), 20)}**: {md_escape(r.get('reason'), 200)}" for r in conf["skipped"]],
                        _TAIL_BUDGET // 3, "- … {n} more in the JSON report")
+        out += ["", "</details>", ""]
+    if conf["not_applicable"]:
+        out.append(f"<details><summary>{len(conf['not_applicable'])} rule(s) not applicable to this profile</summary>")
+        out.append("")
+        out += _capped([f"- **{md_escape(r.get('rule'), 20)}**: {md_escape(r.get('reason'), 120)}"
+                        for r in conf["not_applicable"]], _TAIL_BUDGET // 6, "- … {n} more in the JSON report")
         out += ["", "</details>", ""]
     if conf["shown_warnings"]:
         ws = conf["shown_warnings"]

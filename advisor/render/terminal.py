@@ -102,6 +102,9 @@ def print_report(report: Report | dict[str, Any], *, verbose: bool = False, colo
     console.print(line)
     if note := view.window_note(d):
         console.print(Text(one_line(note, 1000), style="dim"))
+    scope = view.scope_note(d)
+    if scope:
+        console.print(Text(one_line(scope, 600), style="yellow"))
     gate = d.get("gate")
     if gate:
         failed = gate.get("status") == "failed"
@@ -267,6 +270,7 @@ def _findings(console: Console, d: dict[str, Any], verbose: bool) -> None:
         console.print()
         return
     console.print(Text(f"Findings ({len(findings)}), largest saving first", style="bold"))
+    verdict_id = view.verdict(d).get("finding_id")
     savings = [f"save ≤ {_us(f['estimated_saving_us'])}" if f.get("estimated_saving_us") else "-" for f in findings]
     sev_w = max(len(str(f.get("severity", "info"))) for f in findings)
     rule_w = max(len(str(f.get("rule", ""))) for f in findings)
@@ -281,8 +285,9 @@ def _findings(console: Console, d: dict[str, Any], verbose: bool) -> None:
         grid.add_column(ratio=1, overflow="fold")
         grid.add_row("", Text(sev, style=SEV_STYLE.get(sev, "")), str(f.get("rule", "")), Text(saving, style="green"),
                      Text(one_line(str(f.get("title", "")), 400)))
-        if f.get("explained_by"):
-            grid.add_row("", "", "", "", Text(f"explained by {', '.join(f['explained_by'])}", style="dim"))
+        note = view.explained_note(f, findings, verdict_id)
+        if note:
+            grid.add_row("", "", "", "", Text(note, style="dim"))
         opts = f.get("optimizations") or []
         if opts and not verbose:
             grid.add_row("", "", "", "", Text("→ " + one_line(str(opts[0].get("title", "")), 300), style="cyan"))
@@ -424,6 +429,14 @@ def _confidence(console: Console, d: dict[str, Any], verbose: bool) -> None:
         console.print(_indented(Text(f"{r.get('rule')} skipped: {one_line(str(r.get('reason')), 200)}", style="dim"), 2))
     if limit is not None and len(skipped) > limit:
         console.print(_indented(Text(f"and {len(skipped) - limit} more skipped rules (--verbose)", style="dim"), 2))
+    na = conf["not_applicable"]
+    if na and verbose:
+        for r in na:
+            console.print(_indented(Text(f"{r.get('rule')} not applicable: {one_line(str(r.get('reason')), 200)}",
+                                         style="dim"), 2))
+    elif na:
+        console.print(_indented(Text(f"not applicable to this profile: {', '.join(str(r.get('rule')) for r in na)}"
+                                     " (--verbose: why)", style="dim"), 2))
     ws = conf["shown_warnings"]
     if ws:
         console.print(Text(f"Warnings ({len(ws)})", style="bold"))

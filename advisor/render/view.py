@@ -260,6 +260,42 @@ def _severity_rank(severity: str) -> int:
     return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
 
 
+def scope_note(d: Mapping[str, Any]) -> str:
+    """Where ``--rank`` / ``--step`` narrowed the report, what each part covers: the breakdown, step
+    times and critical path the focus; the verdict, findings and ranks x steps every rank and step
+    of the profile. Empty when nothing was narrowed."""
+    prof = d.get("profile") or {}
+    nar = prof.get("narrowed_to")
+    if not nar:
+        return ""
+    parts = [f"rank {nar['rank']}" if nar.get("rank") is not None else "",
+             f"step {nar['step']}" if nar.get("step") is not None else ""]
+    focus = ", ".join(p for p in parts if p)
+    ranks, steps = prof.get("ranks") or [], prof.get("steps") or []
+    whole = (f"{len(ranks)} rank{'' if len(ranks) == 1 else 's'} ({compact_ints(ranks)})"
+             + (f", {len(steps)} step{'' if len(steps) == 1 else 's'} ({compact_ints(steps)})" if steps else ""))
+    return (f"Narrowed to {focus}: the step breakdown, step times and critical path cover {focus} only; "
+            f"the verdict, the findings (their figures and rank counts) and the ranks x steps matrix cover "
+            f"the whole profile: {whole}")
+
+
+def explained_note(f: Mapping[str, Any], findings: list[Mapping[str, Any]],
+                   verdict_id: str | None = None) -> str:
+    """For a finding another one explains (``explained_by``): "explained by CLU001", naming the
+    explaining findings by rule (their ids where a rule fired twice), and "(the verdict)" when one
+    of them is the verdict's finding; empty for a root cause."""
+    by = [str(x) for x in f.get("explained_by") or []]
+    if not by:
+        return ""
+    rule_of = {str(x.get("id")): str(x.get("rule")) for x in findings if x.get("id")}
+    rules = [rule_of.get(i, i) for i in by]
+    names = [r if rules.count(r) == 1 else i for r, i in zip(rules, by, strict=True)]
+    text = "explained by " + ", ".join(dict.fromkeys(names))
+    if verdict_id is not None and verdict_id in by:
+        text += ", the verdict"
+    return text
+
+
 def verdict(d: Mapping[str, Any]) -> dict[str, Any]:
     """What limits the step: the top finding with its saving, else the largest phase."""
     findings = d.get("findings") or []
@@ -331,10 +367,17 @@ def _uncertain_note(d: Mapping[str, Any]) -> str:
 
 
 def confidence(d: Mapping[str, Any]) -> dict[str, Any]:
-    """What could not be analysed and why: rules skipped or failed, input warnings, CPU-only traces."""
+    """What could not be analysed and why: rules skipped for lack of data or failed, rules that do
+    not apply to this profile, input warnings, CPU-only traces.
+
+    The level is reduced only by what the profile could have given and did not: a rule that applies
+    but lacks data, or an input warning (a rule's own "cannot judge" notes are listed, not counted).
+    A rule that cannot apply (one rank, a CPU-only trace, an Ascend-export table on a Kineto trace:
+    ``applicable`` false in the JSON) is listed as not applicable and reduces nothing."""
     rules = d.get("rules") or []
     ran = [r for r in rules if r.get("status") == "ran"]
-    skipped = [r for r in rules if r.get("status") == "skipped"]
+    skipped = [r for r in rules if r.get("status") == "skipped" and r.get("applicable", True) is not False]
+    not_applicable = [r for r in rules if r.get("status") == "skipped" and r.get("applicable", True) is False]
     errors = [r for r in rules if r.get("status") == "error"]
     not_sel = [r for r in rules if r.get("status") == "not_selected"]
     warnings = d.get("warnings") or []
@@ -348,25 +391,28 @@ def confidence(d: Mapping[str, Any]) -> dict[str, Any]:
         notes.append("CPU-only trace: device idle, overlap and roofline analyses do not apply.")
     if not d.get("breakdown"):
         notes.append("No step windows: the step-time breakdown is empty.")
+    # The engine also files a warning for every skipped rule; the rule lists already say so.
+    # The CPU-only warning is already a note.
+    shown = [w for w in warnings if w.get("code") != "rule_skipped"
+             and not (w.get("code") == "cpu_only" and prof.get("cpu_only"))]
+    reducing = [w for w in shown if w.get("code") != "rule_undecided"]
     if errors:
         level = "low"
-    elif skipped or warnings or prof.get("cpu_only"):
+    elif skipped or reducing:
         level = "reduced"
     else:
         level = "full"
     summary = f"{len(ran)} of {len(rules) - len(not_sel)} rules ran"
     if skipped:
-        summary += f", {len(skipped)} skipped"
+        summary += f", {len(skipped)} skipped for lack of data"
+    if not_applicable:
+        summary += f", {len(not_applicable)} not applicable"
     if errors:
         summary += f", {len(errors)} failed"
-    # The engine also files a warning for every skipped rule; the rule list already says so.
-    # The CPU-only warning is already a note.
-    shown = [w for w in warnings if not (w.get("code") == "rule_skipped" and skipped)
-             and not (w.get("code") == "cpu_only" and prof.get("cpu_only"))]
     if shown:
         summary += f"; {len(shown)} input warning{'s' if len(shown) != 1 else ''}"
-    return {"level": level, "summary": summary, "ran": ran, "skipped": skipped, "errors": errors,
-            "not_selected": not_sel, "warnings": warnings, "shown_warnings": shown, "notes": notes}
+    return {"level": level, "summary": summary, "ran": ran, "skipped": skipped, "not_applicable": not_applicable,
+            "errors": errors, "not_selected": not_sel, "warnings": warnings, "shown_warnings": shown, "notes": notes}
 
 
 SLOW_STEP_RULE = "CLU003"  # the step-fluctuation rule: its findings list the slow (rank, step) pairs in their top rows
