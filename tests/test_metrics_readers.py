@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from advisor import ingest
 from advisor.cli import main
-from advisor.metrics import MetricsError, finish_load, map_ranks, read_file
+from advisor.metrics import MetricsError, aligning_offset, finish_load, format_offset, map_ranks, read_file
 from advisor.metrics.common import Sample, parse_time, parse_tz_offset
 from advisor.model import Warning_
 from advisor.options import AnalyzeOptions, UsageFailure
@@ -435,3 +435,27 @@ def test_npu_smi_beside_an_ascend_export(ascend_text: Any) -> None:
                                      AND metric = 'aicore_util_pct' GROUP BY rank ORDER BY rank""").fetchall()
     assert got == [(0, 55.0), (1, 75.0)]
     assert "metrics_untimed" in {c for c, _ in warnings}
+
+
+def test_file_without_overlap_is_ignored_and_the_offset_named(two_ranks_utc: Any) -> None:
+    """nvidia_smi.csv (local times of UTC+08:00) read as UTC lies 8 h after the trace: none of its
+    samples is used, and the warning names the offset that aligns it (test_offset_aligns_local_times)."""
+    con = two_ranks_utc.con
+    assert con.execute("SELECT count(*) FROM hw_metrics WHERE source = 'nvidia-smi'").fetchone()[0] == 0
+    msg = next(w.message for w in two_ranks_utc.warnings
+               if w.code == "metrics_no_overlap" and Path(w.path or "").name == "nvidia_smi.csv")
+    assert "the file is ignored" in msg and "--metrics-tz-offset +08:00 would align it" in msg
+
+
+def test_aligning_offset() -> None:
+    h, s = 3600, 10**9
+    span = (1000 * s, 1060 * s)  # a one-minute trace
+    # samples read as UTC 5 h 30 min after it (India, UTC+05:30): +05:30
+    assert aligning_offset(1000 * s + 19800 * s, 1090 * s + 19800 * s, span, 0.0) == 5.5 * h
+    # read with +02:00 and still 1 h late: +03:00
+    assert aligning_offset(1010 * s + h * s, 1050 * s + h * s, span, 2.0 * h) == 3.0 * h
+    # 2 h early (a clock two hours behind UTC): -02:00
+    assert aligning_offset(1000 * s - 2 * h * s, 1050 * s - 2 * h * s, span, 0.0) == -2.0 * h
+    # three days away: no zone aligns it
+    assert aligning_offset(1000 * s + 72 * h * s, 1050 * s + 72 * h * s, span, 0.0) is None
+    assert format_offset(5.5 * h) == "+05:30" and format_offset(-2 * h) == "-02:00"
