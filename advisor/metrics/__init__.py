@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import time
 import zlib
 from collections import defaultdict
 from collections.abc import Callable
@@ -88,11 +89,12 @@ def reader_for(text: str, path: Path) -> Reader:
     return (by_ext or fits)[0]
 
 
-def read_file(path: Path, tz_offset_s: float = 0.0) -> tuple[str, list[Sample], ReadContext]:
-    """One metrics file: (form, samples, context with what was kept / noted). Raises MetricsError."""
+def read_file(path: Path, tz_offset_s: float = 0.0, ref_ns: int | None = None) -> tuple[str, list[Sample], ReadContext]:
+    """One metrics file: (form, samples, context with what was kept / noted). ``ref_ns``: the
+    trace's start, which gives the year of times written without one. Raises MetricsError."""
     text = _text(path)
     reader = reader_for(text, path)
-    rc = ReadContext(tz_offset_s=tz_offset_s)
+    rc = ReadContext(tz_offset_s=tz_offset_s, ref_ns=ref_ns)
     try:
         samples = reader.read(text, path, rc)
     except MetricsError:
@@ -116,7 +118,7 @@ def load_metrics(con: Any, paths: list[Path] | tuple[Path, ...], warn: Warn, tz_
     for path in paths:
         p = Path(path)
         try:
-            form, samples, rc = read_file(p, offset)
+            form, samples, rc = read_file(p, offset, span[0] if span else None)
         except MetricsError as exc:
             warn("bad_metrics", f"metrics file not read: {exc}", p)
             continue
@@ -221,6 +223,12 @@ def _file_warnings(path: Path, form: str, samples: list[Sample], rows: list[tupl
     for note in rc.notes:
         if note.startswith("text columns"):
             warn("metrics_kept", f"{form}: {note}", path)
+    if "year_less" in rc.notes:
+        ref = next((s.ts_ns for s in samples if s.ts_ns is not None), None)
+        year = f"the trace's year ({time.gmtime(ref / 1e9).tm_year}) taken" if ref is not None else \
+            "no trace time to take the year from: kept without times"
+        warn("metrics_year_less", f"{form}: its times carry no year (ts's default format); {year} "
+             "(prefix with ts '%Y-%m-%dT%H:%M:%.S%z' to write it)", path)
     if "untimed" in rc.notes:
         warn("metrics_untimed", f"{form}: rows without a time (the tool prints none; prefix each line with one) kept "
              "without times: they cannot be aligned with the trace", path)
