@@ -199,3 +199,53 @@ def test_real_samples(tmp_path: Path, samples: list[str], expected: int) -> None
     if expected:
         assert "- ❌ gate failed `kineto_cpu_slow_dataloader`: Verdict: CRITICAL" in body
         assert "IO001" in body
+
+
+GITLAB = ROOT / "docs" / "examples" / "gitlab-ci.yml"
+
+
+def gitlab_script(text: str) -> str:
+    """The job's ``script:`` items joined as the runner runs them: one shell session, in order
+    (a ``- |`` item is its block, dedented; comment lines are skipped)."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip() == "script:")
+    item_indent = len(lines[at + 1]) - len(lines[at + 1].lstrip())
+    items: list[str] = []
+    i = at + 1
+    while i < len(lines):
+        line = lines[i]
+        lead = len(line) - len(line.lstrip())
+        if line.strip() and lead < item_indent:
+            break
+        body = line.strip()
+        i += 1
+        if not body.startswith("- ") or lead != item_indent:
+            continue
+        if body == "- |":
+            block = []
+            while i < len(lines) and (not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > item_indent):
+                block.append(lines[i])
+                i += 1
+            depth = min(len(b) - len(b.lstrip()) for b in block if b.strip())
+            items.append("\n".join(b[depth:] for b in block))
+        else:
+            items.append(body[2:])
+    return "\n".join(items) + "\n"
+
+
+@pytest.mark.parametrize(("names", "expected"), [(["green"], 0), (["green", "red"], 1)])
+def test_gitlab_job(tmp_path: Path, names: list[str], expected: int) -> None:
+    """The GitLab job keeps every report as an artefact (no comment, so no size limit) and exits
+    with the gate's code."""
+    profiles(tmp_path, names)
+    bin_dir = tmp_path / ".bin"
+    bin_dir.mkdir()
+    shim(bin_dir, "advisor", fake_advisor(50))
+    shim(bin_dir, "pip", "exit 0\n")
+    script = tmp_path / ".job.sh"
+    script.write_text(gitlab_script(GITLAB.read_text(encoding="utf-8")))
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    rc = subprocess.run(["bash", "-eo", "pipefail", str(script)], check=False, cwd=tmp_path, env=env,
+                        timeout=120).returncode
+    assert rc == expected
+    assert all((tmp_path / "reports" / f"{n}.html").exists() for n in names)
