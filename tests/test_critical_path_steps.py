@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from advisor.kinds import EdgeKind, SegmentKind
 from advisor.stages import critical_path as cp
 from advisor.testing import context_from_tables
@@ -76,51 +74,6 @@ def test_a_kernel_waiting_for_its_launch_goes_back_to_the_host() -> None:
     assert (t, mode, edge) == (400, ("host", "1"), EdgeKind.LAUNCH)
     assert path.segments == [(500, 700, "k", SegmentKind.COMPUTE.value),
                              (400, 500, "idle (launch latency)", SegmentKind.IDLE.value)]
-
-
-def test_a_kernel_started_while_its_launcher_blocks_in_a_copy_names_the_host_wait() -> None:
-    """The kernel was launched at 150 and started at 500; from 200 the launching thread was blocked
-    in cudaMemcpy (a blocking copy): 200-500 is the host waiting in it, only 150-200 launch latency."""
-    _ctx, w, th, st, sy, path = _steps([
-        _host("runtime", "cudaLaunchKernel", 100, 50, corr=1),
-        _host("runtime", "cudaMemcpy", 200, 500, corr=2),
-        _kernel("k", 500, 100, corr=1),
-    ])
-    t, mode, edge = cp.device_step(w, th, st, sy, path, _index(w, "k"), 600)
-    assert (t, mode, edge) == (150, ("host", "1"), EdgeKind.LAUNCH)
-    assert sorted(path.segments) == [(150, 200, "idle (launch latency)", SegmentKind.IDLE.value),
-                                     (200, 500, "host waits in cudaMemcpy (blocking copy)", SegmentKind.IDLE.value),
-                                     (500, 600, "k", SegmentKind.COMPUTE.value)]
-
-
-def test_a_kernel_started_while_its_launcher_syncs_names_the_sync() -> None:
-    """As above with cudaStreamSynchronize (a sync call) from 300: 300-500 is the host waiting in it."""
-    _ctx, w, th, st, sy, path = _steps([
-        _host("runtime", "cudaLaunchKernel", 100, 50, corr=1),
-        _host("sync", "cudaStreamSynchronize", 300, 400),
-        _kernel("k", 500, 100, corr=1),
-    ])
-    cp.device_step(w, th, st, sy, path, _index(w, "k"), 600)
-    assert (300, 500, "host waits in cudaStreamSynchronize (sync)", SegmentKind.IDLE.value) in path.segments
-    assert (150, 300, "idle (launch latency)", SegmentKind.IDLE.value) in path.segments
-
-
-@pytest.mark.slow
-def test_sglang_blocking_copy_is_a_host_wait_on_the_path() -> None:
-    """sglang on an MI300: the host blocks in hipMemcpyWithStream from 4909913692370.049 µs
-    (493,208 µs long); resolve_future_token_ids_kernel, launched before it, starts only at
-    4909914185565.495 µs. That wait, 493,195.446 µs, is the host waiting in the copy, not launch
-    latency (which is what remains of the kernel's launch gap: under 0.1 ms)."""
-    from advisor.analyze import analyze
-    from tests.conftest import ROOT, report_json
-
-    data = report_json(analyze(ROOT / "tests" / "data" / "kineto_real" / "kineto_mi300_sglang_prefilldecode"))
-    ops = {o["name"]: o for o in data["critical_path"]["ops"]}
-    wait = ops["host waits in hipMemcpyWithStream (blocking copy)"]
-    assert wait["kind"] == "idle"
-    assert wait["total_us"] == pytest.approx(4909914185565.495 - 4909913692370.049, abs=0.01)
-    assert ops.get("idle (launch latency)", {"total_us": 0.0})["total_us"] < 100.0
-    assert data["findings"][0]["rule"] == "CPU007"  # the verdict is unchanged: a sync
 
 
 def test_a_kernel_queued_behind_another_follows_stream_order() -> None:

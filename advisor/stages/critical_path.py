@@ -421,36 +421,6 @@ class PathAccount:
 Mode = tuple[str, Any]
 
 
-def blocking(w: Window, i: int) -> bool:
-    """Whether host event ``i`` waits for the device: a sync call, or a copy call that is not async
-    (``cudaMemcpy``, ``hipMemcpyWithStream`` …)."""
-    return w.kind[i] == "sync" or (w.kind[i] in ("runtime", "sync") and "Memcpy" in w.name[i]
-                                   and "Async" not in w.name[i])
-
-
-def host_wait_label(w: Window, i: int) -> str:
-    """The path's name for time the host spent blocked in call ``i``."""
-    what = "blocking copy" if "Memcpy" in w.name[i] else "sync"
-    return f"host waits in {w.name[i]} ({what})"
-
-
-def add_launch_gap(w: Window, th: Threads, path: PathAccount, thread: Any, launch_t: int, t: int) -> None:
-    """The time (launch_t, t] between a device task's launch and its start. Where the launching
-    thread was blocked in a sync or blocking copy when the task started, the host was waiting, not
-    launching: that part is named for the call (``host waits in hipMemcpyWithStream (blocking
-    copy)``); the rest is launch latency."""
-    tr = th.tracks.get(thread)
-    wait_from = t
-    if tr is not None and t > launch_t:
-        p = bisect.bisect_left(tr.seg_end, t)  # the segment running just before t
-        if p < len(tr.seg_end) and tr.seg_start[p] < t:
-            i = tr.seg_event[p]
-            if blocking(w, i) and int(w.start[i]) < t:
-                wait_from = max(launch_t, int(w.start[i]))
-                path.add(wait_from, t, host_wait_label(w, i), SegmentKind.IDLE)
-    path.add(launch_t, wait_from, "idle (launch latency)", SegmentKind.IDLE)
-
-
 def device_step(w: Window, th: Threads, st: Streams, sy: Syncs, path: PathAccount, v: int,
                 t: int) -> tuple[int, Mode | None, EdgeKind | None]:
     """One step back from device task ``v`` (ending at ``t`` on the path): its time credited, then
@@ -490,7 +460,7 @@ def device_step(w: Window, th: Threads, st: Streams, sy: Syncs, path: PathAccoun
         path.add(int(w.end[comp]), t, "idle (waiting for computation)", SegmentKind.IDLE)
         return int(w.end[comp]), ("dev", comp), EdgeKind.COMPUTATION_COMPLETION
     if launch is not None and launch_t is not None and (prev_end is None or launch_t >= prev_end):
-        add_launch_gap(w, th, path, w.tid[launch], launch_t, t)
+        path.add(launch_t, t, "idle (launch latency)", SegmentKind.IDLE)
         return launch_t, ("host", w.tid[launch]), EdgeKind.LAUNCH
     if prev is not None and prev_end is not None:
         path.add(prev_end, t, "idle (device waiting)", SegmentKind.IDLE)
@@ -525,7 +495,7 @@ def host_step(w: Window, th: Threads, st: Streams, sy: Syncs, path: PathAccount,
             path.credit_event(i, int(w.end[d]), t)
             return int(w.end[d]), ("dev", d), EdgeKind.DEVICE_ORDER
     # a sync (or a blocking call) waits for device work finishing inside it
-    if blocking(w, i):
+    if w.kind[i] in ("sync",) or (w.kind[i] == "runtime" and "Memcpy" in w.name[i] and "Async" not in w.name[i]):
         d = sy.released_by(i, max(a, int(w.start[i])), t)
         if d is not None:
             path.credit_event(i, int(w.end[d]), t)
