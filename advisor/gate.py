@@ -190,14 +190,29 @@ def parse_budgets(items: tuple[str, ...] | list[str]) -> dict[str, float]:
     return out
 
 
+def _whole_window_ranks(d: Mapping[str, Any]) -> list[Any]:
+    """Ranks whose breakdown is one window over the whole trace (no step window: ``step`` null)."""
+    return sorted({r.get("rank") for r in d.get("breakdown") or [] if r.get("step") is None}, key=str)
+
+
 def check_budgets(d: Mapping[str, Any], budgets: Mapping[str, float], res: GateResult) -> None:
-    """Compare measured values with the budgets; an unmeasurable budget fails (a gate must not pass blind)."""
+    """Compare measured values with the budgets; an unmeasurable budget fails (a gate must not pass blind).
+
+    A time budget (``_ms`` / ``_us``) cannot be measured on a rank without step windows: its one
+    window is the whole trace, whose length says nothing of a step."""
+    whole = _whole_window_ranks(d)
     for name, limit in budgets.items():
         b = BUDGETS[name]
-        value = b.measure(d)
+        timed = bool(b.unit) and not name.startswith("findings_")
+        value = None if timed and whole else b.measure(d)
         check: dict[str, Any] = {"check": "budget", "name": name, "threshold": limit, "value": value,
                                  "bound": "min" if b.lower_bound else "max"}
-        if value is None:
+        if value is None and timed and whole:
+            ranks = ", ".join(str(r) for r in whole[:8]) + (" ..." if len(whole) > 8 else "")
+            check.update(passed=False, note=f"cannot be measured: no step windows on rank {ranks} (whole window)")
+            res.fail(f"budget {name}={limit:g}: cannot be measured: no step windows on rank {ranks}; the whole "
+                     "window is not a step (record ProfilerStep markers: prof.step() each iteration)")
+        elif value is None:
             if name == "overlap_ratio_min":
                 check.update(passed=True, note="no communication in this profile")
             else:

@@ -37,7 +37,7 @@ def test_time_budget_fails_on_the_whole_window(tmp_path: Path) -> None:
     assert checks["findings_total"]["passed"]
     md = (tmp_path / "r.md").read_text()
     assert "steps none (whole window)" in md and "### Critical path — rank 0, whole window" in md
-    assert "No step windows on every rank" in md
+    assert "No step windows: the step time is the whole window" in md
     html = (tmp_path / "r.html").read_text()
     assert "steps none (whole window)" in html and "Critical path of rank 0, whole window" in html
     assert "step None" not in html and "step -" not in html
@@ -46,7 +46,7 @@ def test_time_budget_fails_on_the_whole_window(tmp_path: Path) -> None:
     print_report(json.loads(out.read_text()), file=buf, color=False, width=120)
     text = " ".join(buf.getvalue().split())
     assert "steps: none (whole window)" in text and "Critical path: rank 0, whole window" in text
-    assert "No step windows on every rank" in text
+    assert "No step windows: the step time is the whole window" in text
     assert "step None" not in text
 
 

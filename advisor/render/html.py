@@ -52,6 +52,7 @@ from advisor.render.view import (
     slow_steps,
     truncate,
     verdict,
+    whole_window_note,
 )
 from advisor.text import printable
 
@@ -313,6 +314,7 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
         "profile": prof,
         "verdict": verdict(d),
         "summary": summary,
+        "whole_window_note": whole_window_note(d),
         "first_bar": first_bar,
         "confidence": confidence(d),
         "gate": d.get("gate"),
