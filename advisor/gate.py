@@ -26,12 +26,14 @@ What is compared:
 * **Budgets** — absolute limits on one profile, measured on the worst rank (the job runs at
   the pace of its slowest rank): ``step_ms``, ``<phase>_ms``/``_us``, ``<phase>_ratio``
   (share of the step), ``overlap_ratio_min`` (overlapped / communication, a lower bound) and
-  ``findings_<severity>`` (most findings allowed at that severity or above).
+  ``findings_<severity>`` (most findings allowed at that severity or above). The reports' words
+  are accepted too: ``idle_*`` for ``free_*``, ``compute_comm_*`` for ``overlapped_*``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -143,6 +145,27 @@ def _budgets() -> dict[str, Budget]:
 
 BUDGETS: dict[str, Budget] = _budgets()
 
+#: The reports' words for two phases, accepted as budget names: ``idle`` is ``free`` and
+#: ``compute_comm`` (compute ∥ comm) is ``overlapped``.
+PHASE_ALIASES = {"idle": "free", "compute_comm": "overlapped"}
+BUDGET_ALIASES: dict[str, str] = {
+    f"{alias}{name[len(canon):]}": name
+    for alias, canon in PHASE_ALIASES.items() for name in BUDGETS if name.startswith(canon + "_")
+}
+
+
+def budget_name(name: str) -> str:
+    """The budget a name means (an alias resolved); unknown names are usage errors with a did-you-mean."""
+    name = name.strip()
+    if name in BUDGETS:
+        return name
+    if name in BUDGET_ALIASES:
+        return BUDGET_ALIASES[name]
+    close = difflib.get_close_matches(name.lower(), [*BUDGETS, *BUDGET_ALIASES], n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    aliases = ", ".join(f"{a}_* = {c}_*" for a, c in PHASE_ALIASES.items())
+    raise ConfigError(f"unknown budget {name!r}; {hint}known: {', '.join(BUDGETS)} ({aliases})")
+
 
 def parse_budgets(items: tuple[str, ...] | list[str]) -> dict[str, float]:
     """``step_ms=120`` -> {"step_ms": 120.0}; unknown names and bad values are usage errors."""
@@ -151,9 +174,10 @@ def parse_budgets(items: tuple[str, ...] | list[str]) -> dict[str, float]:
         if "=" not in item:
             raise ConfigError(f"--budget {item!r}: expected NAME=VALUE, e.g. step_ms=120")
         k, v = item.split("=", 1)
-        k = k.strip()
-        if k not in BUDGETS:
-            raise ConfigError(f"--budget {item!r}: unknown budget {k!r}; known: {', '.join(BUDGETS)}")
+        try:
+            k = budget_name(k)
+        except ConfigError as exc:
+            raise ConfigError(f"--budget {item!r}: {exc}") from None
         try:
             value = float(v)
         except ValueError:
@@ -166,14 +190,29 @@ def parse_budgets(items: tuple[str, ...] | list[str]) -> dict[str, float]:
     return out
 
 
+def _whole_window_ranks(d: Mapping[str, Any]) -> list[Any]:
+    """Ranks whose breakdown is one window over the whole trace (no step window: ``step`` null)."""
+    return sorted({r.get("rank") for r in d.get("breakdown") or [] if r.get("step") is None}, key=str)
+
+
 def check_budgets(d: Mapping[str, Any], budgets: Mapping[str, float], res: GateResult) -> None:
-    """Compare measured values with the budgets; an unmeasurable budget fails (a gate must not pass blind)."""
+    """Compare measured values with the budgets; an unmeasurable budget fails (a gate must not pass blind).
+
+    A time budget (``_ms`` / ``_us``) cannot be measured on a rank without step windows: its one
+    window is the whole trace, whose length says nothing of a step."""
+    whole = _whole_window_ranks(d)
     for name, limit in budgets.items():
         b = BUDGETS[name]
-        value = b.measure(d)
+        timed = bool(b.unit) and not name.startswith("findings_")
+        value = None if timed and whole else b.measure(d)
         check: dict[str, Any] = {"check": "budget", "name": name, "threshold": limit, "value": value,
                                  "bound": "min" if b.lower_bound else "max"}
-        if value is None:
+        if value is None and timed and whole:
+            ranks = ", ".join(str(r) for r in whole[:8]) + (" ..." if len(whole) > 8 else "")
+            check.update(passed=False, note=f"cannot be measured: no step windows on rank {ranks} (whole window)")
+            res.fail(f"budget {name}={limit:g}: cannot be measured: no step windows on rank {ranks}; the whole "
+                     "window is not a step (record ProfilerStep markers: prof.step() each iteration)")
+        elif value is None:
             if name == "overlap_ratio_min":
                 check.update(passed=True, note="no communication in this profile")
             else:

@@ -254,3 +254,21 @@ def test_an_incomparable_baseline_is_exit_2_even_when_a_budget_fails(tmp_path: P
     assert other.exit_code == 1  # comparable: the +50 % step fails, and the budget
     assert "another world size: baseline 8, current 16" in other.messages[0]
     assert other.messages[1].startswith("step time +50.0%")
+
+
+def test_budget_names_in_the_reports_words() -> None:
+    """Reports say "idle" and "compute ∥ comm"; budgets accept them for free_* and overlapped_*."""
+    assert parse_budgets(["idle_ratio=0.2", "compute_comm_ms=3", "idle_us=10"]) == {
+        "free_ratio": 0.2, "overlapped_ms": 3.0, "free_us": 10.0}
+    with pytest.raises(ConfigError, match="ratio between 0 and 1"):
+        parse_budgets(["idle_ratio=2"])
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("idle_rato", "idle_ratio"), ("stepms", "step_ms"),
+                                               ("comm_ony_ratio", "comm_only_ratio")])
+def test_unknown_budget_says_did_you_mean(typed: str, meant: str) -> None:
+    with pytest.raises(ConfigError, match=f"did you mean {meant}"):
+        parse_budgets([f"{typed}=1"])
+    with pytest.raises(ConfigError) as err:
+        parse_budgets(["zzz=1"])
+    assert "did you mean" not in str(err.value) and "idle_* = free_*" in str(err.value)

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 from advisor import ingest
 from advisor.cli import main
-from advisor.metrics import MetricsError, finish_load, map_ranks, read_file
-from advisor.metrics.common import Sample, parse_time, parse_tz_offset
+from advisor.metrics import MetricsError, aligning_offset, finish_load, format_offset, map_ranks, read_file
+from advisor.metrics.common import Sample, parse_time, parse_tz_offset, parse_yearless
 from advisor.model import Warning_
 from advisor.options import AnalyzeOptions, UsageFailure
 from advisor.text import one_line
@@ -435,3 +435,60 @@ def test_npu_smi_beside_an_ascend_export(ascend_text: Any) -> None:
                                      AND metric = 'aicore_util_pct' GROUP BY rank ORDER BY rank""").fetchall()
     assert got == [(0, 55.0), (1, 75.0)]
     assert "metrics_untimed" in {c for c, _ in warnings}
+
+
+def test_file_without_overlap_is_ignored_and_the_offset_named(two_ranks_utc: Any) -> None:
+    """nvidia_smi.csv (local times of UTC+08:00) read as UTC lies 8 h after the trace: none of its
+    samples is used, and the warning names the offset that aligns it (test_offset_aligns_local_times)."""
+    con = two_ranks_utc.con
+    assert con.execute("SELECT count(*) FROM hw_metrics WHERE source = 'nvidia-smi'").fetchone()[0] == 0
+    msg = next(w.message for w in two_ranks_utc.warnings
+               if w.code == "metrics_no_overlap" and Path(w.path or "").name == "nvidia_smi.csv")
+    assert "the file is ignored" in msg and "--metrics-tz-offset +08:00 would align it" in msg
+
+
+def test_aligning_offset() -> None:
+    h, s = 3600, 10**9
+    span = (1000 * s, 1060 * s)  # a one-minute trace
+    # samples read as UTC 5 h 30 min after it (India, UTC+05:30): +05:30
+    assert aligning_offset(1000 * s + 19800 * s, 1090 * s + 19800 * s, span, 0.0) == 5.5 * h
+    # read with +02:00 and still 1 h late: +03:00
+    assert aligning_offset(1010 * s + h * s, 1050 * s + h * s, span, 2.0 * h) == 3.0 * h
+    # 2 h early (a clock two hours behind UTC): -02:00
+    assert aligning_offset(1000 * s - 2 * h * s, 1050 * s - 2 * h * s, span, 0.0) == -2.0 * h
+    # three days away: no zone aligns it
+    assert aligning_offset(1000 * s + 72 * h * s, 1050 * s + 72 * h * s, span, 0.0) is None
+    assert format_offset(5.5 * h) == "+05:30" and format_offset(-2 * h) == "-02:00"
+
+
+def test_dmon_through_ts_with_zone() -> None:
+    """``dcgmi dmon ... | ts '%Y-%m-%dT%H:%M:%.S%z'``: the header is prefixed too; times read with their zone."""
+    form, s, rc = read_file(DATA / "dcgm_dmon_ts.txt")
+    assert form == "dcgm" and "untimed" not in rc.notes and "zone_less" not in rc.notes
+    t0 = 1682725898 * 10**9  # 2023-04-28T23:51:38Z
+    assert sorted({x.ts_ns for x in s}) == [t0 + 200_000_000, t0 + 1_200_000_000]
+    assert {x.value for x in s if x.metric == "sm_active_pct" and x.device == "0"} == {50.0, 70.0}
+
+
+def test_dmon_through_ts_default_format_takes_the_trace_year() -> None:
+    """ts's default prefix ``Apr 28 23:51:38`` has no year: the year of the trace's start is taken
+    (the year nearest to it at a new year), and without a trace the rows have no time."""
+    t0 = 1682725898 * 10**9  # 2023-04-28T23:51:38Z
+    form, s, rc = read_file(DATA / "dcgm_dmon_ts_default.txt", ref_ns=t0 + 79_000_000)
+    assert form == "dcgm" and "year_less" in rc.notes and "untimed" not in rc.notes
+    assert sorted({x.ts_ns for x in s}) == [t0, t0 + 10**9]
+    _f, s2, rc2 = read_file(DATA / "dcgm_dmon_ts_default.txt")
+    assert {x.ts_ns for x in s2} == {None} and "untimed" in rc2.notes
+    # a trace of 2 Jan 2024 00:00:10 UTC and a sample of "Dec 31 23:59:59": 2023
+    ref = 1704153610 * 10**9
+    assert parse_yearless("Dec 31 23:59:59", ref) == 1704067199 * 10**9
+    assert parse_yearless("Feb 30 10:00:00", ref) is None and parse_yearless("Foo 1 10:00:00", ref) is None
+
+
+def test_dmon_ts_default_on_the_trace() -> None:
+    prof = _load("dcgm_dmon_ts_default.txt")
+    msgs = {w.code: w.message for w in prof.warnings}
+    assert "the trace's year (2023) taken" in msgs["metrics_year_less"]
+    assert "metrics_no_overlap" not in msgs
+    n = prof.con.execute("SELECT count(*) FROM hw_metrics WHERE source = 'dcgm' AND ts_ns IS NOT NULL").fetchone()[0]
+    assert n == 23  # 4 rows x 6 fields, less one N/A

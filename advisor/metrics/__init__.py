@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import time
 import zlib
 from collections import defaultdict
 from collections.abc import Callable
@@ -88,11 +89,12 @@ def reader_for(text: str, path: Path) -> Reader:
     return (by_ext or fits)[0]
 
 
-def read_file(path: Path, tz_offset_s: float = 0.0) -> tuple[str, list[Sample], ReadContext]:
-    """One metrics file: (form, samples, context with what was kept / noted). Raises MetricsError."""
+def read_file(path: Path, tz_offset_s: float = 0.0, ref_ns: int | None = None) -> tuple[str, list[Sample], ReadContext]:
+    """One metrics file: (form, samples, context with what was kept / noted). ``ref_ns``: the
+    trace's start, which gives the year of times written without one. Raises MetricsError."""
     text = _text(path)
     reader = reader_for(text, path)
-    rc = ReadContext(tz_offset_s=tz_offset_s)
+    rc = ReadContext(tz_offset_s=tz_offset_s, ref_ns=ref_ns)
     try:
         samples = reader.read(text, path, rc)
     except MetricsError:
@@ -116,17 +118,82 @@ def load_metrics(con: Any, paths: list[Path] | tuple[Path, ...], warn: Warn, tz_
     for path in paths:
         p = Path(path)
         try:
-            form, samples, rc = read_file(p, offset)
+            form, samples, rc = read_file(p, offset, span[0] if span else None)
         except MetricsError as exc:
             warn("bad_metrics", f"metrics file not read: {exc}", p)
             continue
         rows = map_ranks(samples, ranks, dev_rank, hosts)
+        _file_warnings(p, form, samples, rows, rc, warn)
+        if not _overlaps(p, form, samples, rc, span, offset, warn):
+            continue
         from advisor.schema import insert_rows
 
         insert_rows(con, "hw_metrics", rows)
         added += len(rows)
-        _file_warnings(p, form, samples, rows, rc, span, offset, warn)
     return added
+
+
+#: How far a zone-less file's clock is searched for the offset that aligns it: the zones of the
+#: world, UTC-12:00 to UTC+14:00, in half-hour steps (the usual cause is local time read as UTC).
+_TZ_STEP_S = 1800
+_TZ_RANGE_S = (-12 * 3600, 14 * 3600)
+
+
+def aligning_offset(lo: int, hi: int, span: tuple[int, int], offset_s: float) -> float | None:
+    """The ``--metrics-tz-offset`` (seconds east of UTC) under which samples read at [lo, hi]
+    (epoch ns, read with ``offset_s``) overlap the trace's ``span`` most; whole hours before half
+    hours, the nearer before the farther. None when no offset in the world's range aligns them."""
+    t0, t1 = span
+    best: tuple[tuple[float, bool, float], float] | None = None
+    for total in range(_TZ_RANGE_S[0], _TZ_RANGE_S[1] + 1, _TZ_STEP_S):
+        shift = round((total - offset_s) * 1e9)  # a larger offset reads the same text earlier
+        covered = min(hi - shift, t1) - max(lo - shift, t0)
+        if covered < 0 or (covered == 0 and hi > lo):
+            continue
+        key = (float(covered), total % 3600 == 0, -abs(total - offset_s))
+        if best is None or key > best[0]:
+            best = (key, float(total))
+    return None if best is None else best[1]
+
+
+def format_offset(seconds: float) -> str:
+    """Seconds east of UTC as ``+HH:MM``."""
+    m = round(abs(seconds) / 60)
+    return f"{'-' if seconds < 0 else '+'}{m // 60:02d}:{m % 60:02d}"
+
+
+def _overlaps(path: Path, form: str, samples: list[Sample], rc: ReadContext, span: tuple[int, int] | None,
+              offset: float, warn: Warn) -> bool:
+    """Whether the file's samples may be used: False (and a warning saying which offset would align
+    it) when its times do not overlap the trace at all; a partial overlap is a warning."""
+    times = [s.ts_ns for s in samples if s.ts_ns is not None]
+    if not times or span is None:
+        return True
+    lo, hi = min(times), max(times)
+    t0, t1 = span
+    zone_less = "zone_less" in rc.notes
+    zone = ""
+    if zone_less:
+        zone = (f"; its times carry no zone and were read as UTC{'' if not offset else f'{offset / 3600:+g} h'} "
+                "(--metrics-tz-offset gives the local offset)")
+    if hi < t0 or lo > t1:
+        where = (f"they end {_dur(t0 - hi)} before the trace starts" if hi < t0
+                 else f"they start {_dur(lo - t1)} after the trace ends")
+        fix = ""
+        if zone_less:
+            better = aligning_offset(lo, hi, span, offset)
+            fix = (f"; --metrics-tz-offset {format_offset(better)} would align it" if better is not None else
+                   "; no UTC offset aligns it: another run's file, or another clock")
+        else:
+            fix = "; its times carry a zone: another run's file, or a clock that differs from the trace's"
+        warn("metrics_no_overlap", f"{form}: its samples (spanning {_dur(hi - lo)}) do not overlap the trace: "
+             f"{where}; the file is ignored" + zone + fix, path)
+        return False
+    covered = min(hi, t1) - max(lo, t0)
+    if hi > lo and t1 > t0 and covered < 0.995 * (t1 - t0):
+        warn("metrics_partial_overlap", f"{form}: its samples cover {100.0 * covered / (t1 - t0):.0f} % of the "
+             f"trace's time span ({_dur(covered)} of {_dur(t1 - t0)})" + zone, path)
+    return True
 
 
 def finish_load(con: Any, warn: Warn, paths: list[Path] | tuple[Path, ...] = (),
@@ -148,7 +215,7 @@ def finish_load(con: Any, warn: Warn, paths: list[Path] | tuple[Path, ...] = (),
 
 
 def _file_warnings(path: Path, form: str, samples: list[Sample], rows: list[tuple[Any, ...]], rc: ReadContext,
-                   span: tuple[int, int] | None, offset: float, warn: Warn) -> None:
+                   warn: Warn) -> None:
     if rc.kept:
         names = sorted(rc.kept)
         warn("metrics_kept", f"{form}: {len(names)} series with no canonical name kept under their source names: "
@@ -156,6 +223,12 @@ def _file_warnings(path: Path, form: str, samples: list[Sample], rows: list[tupl
     for note in rc.notes:
         if note.startswith("text columns"):
             warn("metrics_kept", f"{form}: {note}", path)
+    if "year_less" in rc.notes:
+        ref = next((s.ts_ns for s in samples if s.ts_ns is not None), None)
+        year = f"the trace's year ({time.gmtime(ref / 1e9).tm_year}) taken" if ref is not None else \
+            "no trace time to take the year from: kept without times"
+        warn("metrics_year_less", f"{form}: its times carry no year (ts's default format); {year} "
+             "(prefix with ts '%Y-%m-%dT%H:%M:%.S%z' to write it)", path)
     if "untimed" in rc.notes:
         warn("metrics_untimed", f"{form}: rows without a time (the tool prints none; prefix each line with one) kept "
              "without times: they cannot be aligned with the trace", path)
@@ -165,25 +238,6 @@ def _file_warnings(path: Path, form: str, samples: list[Sample], rows: list[tupl
         devices = sorted({str(r[4]) for r in with_device if r[0] is None})
         warn("metrics_unmapped", f"{form}: {unmapped} of {len(with_device)} samples name a device the trace does not "
              f"map to a rank ({', '.join(devices[:8])}); kept with rank NULL", path)
-    times = [s.ts_ns for s in samples if s.ts_ns is not None]
-    if not times or span is None:
-        return
-    lo, hi = min(times), max(times)
-    t0, t1 = span
-    zone = ""
-    if "zone_less" in rc.notes:
-        zone = (f"; its times carry no zone and were read as UTC{'' if not offset else f'{offset / 3600:+g} h'} "
-                "(--metrics-tz-offset gives the local offset)")
-    if hi < t0 or lo > t1:
-        where = (f"they end {_dur(t0 - hi)} before the trace starts" if hi < t0
-                 else f"they start {_dur(lo - t1)} after the trace ends")
-        warn("metrics_no_overlap", f"{form}: its samples (spanning {_dur(hi - lo)}) do not overlap the trace: "
-             f"{where}" + zone, path)
-        return
-    covered = min(hi, t1) - max(lo, t0)
-    if hi > lo and t1 > t0 and covered < 0.995 * (t1 - t0):
-        warn("metrics_partial_overlap", f"{form}: its samples cover {100.0 * covered / (t1 - t0):.0f} % of the "
-             f"trace's time span ({_dur(covered)} of {_dur(t1 - t0)})" + zone, path)
 
 
 def _dur(ns: int) -> str:

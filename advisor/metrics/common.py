@@ -36,6 +36,8 @@ class ReadContext:
     tz_offset_s: float = 0.0
     kept: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
+    #: the trace's start (epoch ns) when known: it gives the year of times written without one
+    ref_ns: int | None = None
 
     def sample(self, ts_ns: int | None, node: str | None, device: str | None, name: str, value: float,
                source: str, alias: Alias | None, unit: str | None = None) -> Sample:
@@ -100,6 +102,38 @@ def parse_time(text: str, tz_offset_s: float = 0.0) -> tuple[int | None, bool]:
     digits = z[1:].replace(":", "")
     off = timedelta(hours=int(digits[:2]), minutes=int(digits[2:]))
     return ns - sign * int(off.total_seconds()) * 1_000_000_000, False
+
+
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_YEARLESS_RE = re.compile(r"^([A-Za-z]{3})\s+(\d{1,2})\s+(\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,9}))?$")
+
+
+def is_yearless(text: str) -> bool:
+    """Whether ``text`` is a time without a year, as moreutils ``ts`` prints by default
+    (``%b %d %H:%M:%S``, e.g. ``Nov 27 16:05:01``; ``%.S`` adds a fraction)."""
+    m = _YEARLESS_RE.match(text.strip())
+    return bool(m and m.group(1).lower() in _MONTHS)
+
+
+def parse_yearless(text: str, ref_ns: int | None, tz_offset_s: float = 0.0) -> int | None:
+    """A year-less local time (``Nov 27 16:05:01``) as epoch ns, in the year that puts it nearest
+    to ``ref_ns`` (the trace's start: the year before or after at a new year); None without
+    ``ref_ns`` or when not such a time. Zone-less: read as UTC plus ``tz_offset_s``."""
+    m = _YEARLESS_RE.match(text.strip())
+    if not m or ref_ns is None or m.group(1).lower() not in _MONTHS:
+        return None
+    mon, day, hh, mi, ss, frac = m.groups()
+    year = datetime.fromtimestamp(ref_ns / 1e9, tz=timezone.utc).year
+    best: int | None = None
+    for y in (year - 1, year, year + 1):
+        try:
+            base = datetime(y, _MONTHS.index(mon.lower()) + 1, int(day), int(hh), int(mi), int(ss), tzinfo=timezone.utc)
+        except ValueError:  # Feb 29 of another year
+            continue
+        ns = int(base.timestamp()) * 1_000_000_000 + int((frac or "0").ljust(9, "0")[:9]) - round(tz_offset_s * 1e9)
+        if best is None or abs(ns - ref_ns) < abs(best - ref_ns):
+            best = ns
+    return best
 
 
 def parse_number(text: str) -> tuple[float | None, str | None]:

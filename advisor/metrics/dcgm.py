@@ -3,7 +3,8 @@
 * ``dcgmi dmon -e <field ids>`` prints a header ``#Entity  SMACT  SMOCC ...`` (the short column
   name of each field), a units line ``ID``, then one row per entity and sample:
   ``GPU 0  0.512  0.301 ...``; ``N/A`` where a field has no value. It prints no time: a row may
-  be prefixed by one (``... | ts``), else its samples are kept without times.
+  be prefixed by one (``dcgmi dmon ... | ts '%Y-%m-%dT%H:%M:%.S%z'``), else its samples are kept
+  without times. ``ts``'s default prefix (``Nov 27 16:05:01``) has no year: the trace's is taken.
   https://docs.nvidia.com/datacenter/dcgm/latest/reference/command-line-reference/dcgmi/dcgmi-dmon.html ;
   fields and their short names: ``dcgmi dmon -l`` and
   https://docs.nvidia.com/datacenter/dcgm/latest/dcgm-api/dcgm-api-field-ids.html
@@ -18,29 +19,42 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from advisor.metrics.common import MetricsError, ReadContext, Sample, parse_number, parse_time
+from advisor.metrics.common import (
+    MetricsError,
+    ReadContext,
+    Sample,
+    is_yearless,
+    parse_number,
+    parse_time,
+    parse_yearless,
+)
 from advisor.metrics.vocab import DCGM_NAMES, DMON
 
 _ENTITY_RE = re.compile(r"\b(GPU-CI|GPU-I|GPU|Switch|Link|CPU|Core)\s+(\S+)")
 
 
+def _header(line: str) -> list[str] | None:
+    """The column names of a ``#Entity`` header line, after any time prefix (``... | ts``)."""
+    if "#" not in line:
+        return None
+    toks = line.split("#", 1)[1].split()
+    return toks[1:] if toks and toks[0].lower() == "entity" else None
+
+
 def sniff_dmon(head: str) -> bool:
-    return any(ln.lstrip().lstrip("#").lstrip().lower().startswith("entity") and ln.lstrip().startswith("#")
-               for ln in head.splitlines()[:20])
+    return any(_header(ln) is not None for ln in head.splitlines()[:20])
 
 
 def read_dmon(text: str, path: Path, rc: ReadContext) -> list[Sample]:
     cols: list[str] | None = None
     out: list[Sample] = []
-    untimed = zone_less = False
+    untimed = zone_less = yearless = False
     for raw in text.splitlines():
         line = raw.strip()
         if not line:
             continue
-        if line.startswith("#"):
-            toks = line.lstrip("#").split()
-            if toks and toks[0].lower() == "entity":
-                cols = toks[1:]
+        if "#" in line:
+            cols = _header(line) or cols
             continue
         m = _ENTITY_RE.search(line)
         if cols is None or m is None:
@@ -49,7 +63,10 @@ def read_dmon(text: str, path: Path, rc: ReadContext) -> list[Sample]:
         values = line[m.end():].split()
         if len(values) < len(cols):
             continue
-        ts, zl = parse_time(line[:m.start()].strip().rstrip("|").strip(), rc.tz_offset_s)
+        prefix = line[:m.start()].strip().rstrip("|").strip()
+        ts, zl = parse_time(prefix, rc.tz_offset_s)
+        if ts is None and is_yearless(prefix):  # ts's default format: no year, no zone
+            ts, zl, yearless = parse_yearless(prefix, rc.ref_ns, rc.tz_offset_s), True, True
         zone_less |= zl
         untimed |= ts is None
         dev = ident if kind == "GPU" else f"{kind} {ident}"
@@ -66,6 +83,8 @@ def read_dmon(text: str, path: Path, rc: ReadContext) -> list[Sample]:
         rc.notes.append("untimed")
     if zone_less:
         rc.notes.append("zone_less")
+    if yearless:
+        rc.notes.append("year_less")
     return out
 
 

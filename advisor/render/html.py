@@ -55,6 +55,7 @@ from advisor.render.view import (
     slow_steps,
     truncate,
     verdict,
+    whole_window_note,
     window_note,
 )
 from advisor.text import printable
@@ -322,6 +323,7 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
         "verdict": verdict(d),
         "window_note": window_note(d),
         "summary": summary,
+        "whole_window_note": whole_window_note(d),
         "first_bar": first_bar,
         "confidence": confidence(d),
         "config_line": config_line(d),

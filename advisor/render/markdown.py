@@ -32,8 +32,11 @@ from advisor.render.view import (
     scope_note,
     short_name,
     slow_steps,
+    step_text,
+    steps_text,
     truncate,
     verdict,
+    whole_window_note,
     window_note,
 )
 from advisor.text import printable
@@ -180,7 +183,7 @@ def _head(d: Mapping[str, Any]) -> list[str]:
     out.append(f"Profile {md_escape(prof.get('path', ''), 200)} · {md_escape(', '.join(prof.get('sources') or []) or '?', 100)}"
                f" · {len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
                + (f" (world size {prof['world_size']})" if prof.get("world_size") else "")
-               + f" · steps {compact_ints(prof.get('steps'))}" + (" (inferred)" if prof.get("steps_inferred") else "")
+               + f" · steps {steps_text(prof.get('steps'))}" + (" (inferred)" if prof.get("steps_inferred") else "")
                + (" · CPU-only" if prof.get("cpu_only") else "")
                + f" · advisor {md_escape((d.get('tool') or {}).get('version', '?'), 40)}")
     out.append("")
@@ -197,6 +200,9 @@ def _breakdown(d: Mapping[str, Any]) -> list[str]:
     out = [f"### Step time{' — mean ' + fmt_us(summary['step_us']) if summary else ''}", ""]
     if not summary:
         return out + ["No step windows were found, so there is no breakdown.", ""]
+    note = whole_window_note(d)
+    if note:
+        out += [md_escape(note), ""]
     out.append(_row("phase", "mean per step", "share", ""))
     out.append("|---|---:|---:|---|")
     for p in summary["phases"]:
@@ -514,8 +520,8 @@ def _critical_path(d: Mapping[str, Any]) -> list[str]:
     length = float(cp.get("length_us") or 0.0)
     if not ops or length <= 0:
         return []
-    step = cp.get("step") if cp.get("step") is not None else "-"
-    out = [f"### Critical path — rank {md_escape(cp.get('rank'))}, step {md_escape(step)}, {fmt_us(length)}", ""]
+    out = [f"### Critical path — rank {md_escape(cp.get('rank'))}, {md_escape(step_text(cp.get('step')))}, {fmt_us(length)}",
+           ""]
     out.append(_row("operator", "kind", "time on path", "share"))
     out.append("|---|---|---:|---:|")
     for o in ops[:10]:

@@ -91,7 +91,7 @@ def print_report(report: Report | dict[str, Any], *, verbose: bool = False, colo
                   + Text(f"{one_line((d.get('tool') or {}).get('version', '?'), 40)} — {one_line(p.get('path'), 1000)}"))
     console.print(
         Text(f"sources: {', '.join(p.get('sources') or []) or '-'}   ranks: {_list(p.get('ranks'))}"
-             f"   world size: {p.get('world_size') or '-'}   steps: {_list(p.get('steps'))}"
+             f"   world size: {p.get('world_size') or '-'}   steps: {_list(p.get('steps')) if p.get('steps') else view.steps_text(None)}"
              + (" (inferred)" if p.get("steps_inferred") else "")
              + ("   [CPU-only]" if p.get("cpu_only") else ""), style="dim")
     )
@@ -204,6 +204,9 @@ def _breakdown(console: Console, d: dict[str, Any]) -> None:
         console.print(Text("Step breakdown (mean per step)", style="bold"))
         console.print(_breakdown_lines(rows))
     notes = []
+    whole = view.whole_window_note(d)
+    if whole:
+        notes.append(whole)
     if len(pr) > 16:
         extra = busiest is not None and busiest in dict(shown) and \
             busiest not in {r for r, _m in sorted(pr.items(), key=lambda kv: -kv[1]["step_us"])[:16]}
@@ -344,7 +347,7 @@ def _critical_path(console: Console, d: dict[str, Any]) -> None:
     # the operator name is the only column that may be shortened: the others keep their full width
     fixed = sum(max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(("kind", "time on path", "share", "count")))
     name_w = max(12, min(70, console.width - fixed - 3 * 4 - 2))
-    t = Table(title=f"Critical path: rank {cp.get('rank')}, step {cp.get('step')}, {_us(length)}",
+    t = Table(title=f"Critical path: rank {cp.get('rank')}, {view.step_text(cp.get('step'))}, {_us(length)}",
               title_justify="left", show_edge=False, title_style="bold")
     t.add_column("operator", no_wrap=True, overflow="ellipsis", max_width=name_w)
     t.add_column("kind", no_wrap=True)

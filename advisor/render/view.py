@@ -497,3 +497,28 @@ def cp_edges(d: Mapping[str, Any]) -> tuple[str, str | None] | None:
                 "CUDA, a Kineto trace taken with experimental_config=_ExperimentalConfig(enable_cuda_sync_events=True) "
                 "records them and makes these edges exact")
     return line, hint
+
+
+#: How a report names the one window of a trace without step windows (``step`` null).
+WHOLE_WINDOW = "whole window"
+
+
+def step_text(step: Any) -> str:
+    """``step 3``, or ``whole window`` for a trace without step windows (``step`` null)."""
+    return WHOLE_WINDOW if step is None else f"step {step}"
+
+
+def steps_text(steps: Any) -> str:
+    """A profile's step list (compact), or ``none (whole window)`` when it has no step window."""
+    return compact_ints(steps) if steps else f"none ({WHOLE_WINDOW})"
+
+
+def whole_window_note(d: Mapping[str, Any]) -> str | None:
+    """The note a breakdown carries when a rank has no step window: its "step" is the whole trace."""
+    rows = d.get("breakdown") or []
+    ranks = sorted({r.get("rank") for r in rows if r.get("step") is None}, key=str)
+    if not ranks:
+        return None
+    where = "" if len(ranks) == len({r.get("rank") for r in rows}) else " on rank " + compact_ints(ranks)
+    return (f"No step windows{where}: the step time is the {WHOLE_WINDOW} (the whole trace), "
+            "not the time of one step; time budgets cannot be checked against it.")

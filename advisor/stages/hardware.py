@@ -228,7 +228,7 @@ def _assign_steps(con: Any, df: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]
     ranks = df["rank"]
     done = np.zeros(len(df), dtype=bool)
     for rank, win in steps.groupby("rank"):
-        sel = (ranks == rank).to_numpy()
+        sel = (ranks == rank).fillna(False).to_numpy(dtype=bool)  # a device mapped to no rank: NA
         if sel.any():
             out[sel] = place(ts_all[sel], win)
             done |= sel
@@ -276,7 +276,7 @@ def _assign_phases(con: Any, df: pd.DataFrame) -> tuple[np.ndarray, bool]:
     rank_col = df["rank"]
     known = False
     for rank, g in ev.groupby("rank"):
-        sel = (rank_col == rank).to_numpy()
+        sel = (rank_col == rank).fillna(False).to_numpy(dtype=bool)  # a device mapped to no rank: NA
         if not sel.any():
             continue
         t = ts_all[sel]
