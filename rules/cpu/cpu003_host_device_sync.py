@@ -62,6 +62,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, SupportsInt, cast
 
+import numpy as np
 import pandas as pd
 
 from advisor.engine.rule import RuleContext, knob, rule
@@ -162,7 +163,12 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     # a sync point during which the device ran nothing did not block: the host waited on nothing, and the device
     # idle after it is the host's own time to the next launch (CPU007's), not the sync's
     df["raw_idle_ns"] = df["idle_ns"]
-    df["idle_ns"] = df["idle_ns"].where(df["wait_ns"] >= ctx.t.min_wait_us * 1000.0, 0)
+    # had the sync not blocked, the host would have reached its next launch at most its wait earlier: the idle
+    # after it that the sync can be blamed for is bounded by that wait (the rest is host work that stays)
+    # (a device-side copy is itself the device work the host waits for: its row keeps its idle)
+    host_row = ~df["on_device"].astype(bool)
+    gated = df["idle_ns"].clip(upper=df["wait_ns"]).where(df["wait_ns"] >= ctx.t.min_wait_us * 1000.0, 0)
+    df["idle_ns"] = gated.where(host_row, df["idle_ns"])
     bd = step_table(ctx)
     dev_ranks = ctx.device_ranks
     quiet = _quiet_ranks(ctx, df, bd, dev_ranks) | skip_device_gaps(ctx, df["rank"].unique())
@@ -210,8 +216,9 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 title=f"Rank {rank} blocks on the device {blocking:.1f} times per step; the device then idles "
                 f"{fmt_ms(idle_us)} per step ({share:.0%} of {fmt_ms(step_us)}), mostly after {names[0]}{at}",
                 evidence=evidence, saving_us=idle_us, step_us=step_us,
-                saving_basis="mean per-step device idle time from the end of each sync point to the next device work "
-                "(data loading excluded, each gap once)",
+                saving_basis="mean per-step device idle time from the end of each sync point to the next device work, "
+                "each at most the time the host waited on the device inside the sync (data loading excluded, each "
+                "gap once)",
                 ranks=[rank], steps=sorted({int(s) for s in g["step"]}), ops=names, top=top,
             )
         else:
@@ -232,7 +239,7 @@ def blocking_syncs(host: Any, min_wait_ns: float = 0.0) -> Any:
     (``aten::item`` -> ``aclrtSynchronizeStream`` -> ``aclrtMemcpy``, the framework and the runtime
     often on different threads), are one wait. Each row is the earliest (then longest) event of its
     group, with the group's time span as ``dur_ns``, the longest device wait inside any of them as ``wait_ns``,
-    and the device idle after the last of them ends (none when the group waited less than ``min_wait_ns``)."""
+    and the device idle after the last of them ends, at most that wait (none when it is below ``min_wait_ns``)."""
     if host.empty:
         return host
     h = host.sort_values(["start_ns", "dur_ns"], ascending=[True, False])
@@ -243,7 +250,7 @@ def blocking_syncs(host: Any, min_wait_ns: float = 0.0) -> Any:
     first = h.groupby(group).head(1)  # in start order, as the groups are numbered
     wait = h.groupby(group)["wait_ns"].max().to_numpy()
     raw = last["raw_idle_ns"] if "raw_idle_ns" in last else last["idle_ns"]
-    idle = raw.to_numpy() * (wait >= min_wait_ns)
+    idle = np.minimum(raw.to_numpy(), wait) * (wait >= min_wait_ns)
     return first.assign(dur_ns=last["end_ns"].to_numpy() - start.to_numpy(), end_ns=last["end_ns"].to_numpy(),
                         idle_ns=idle, wait_ns=wait, next_busy=last["next_busy"].to_numpy())
 

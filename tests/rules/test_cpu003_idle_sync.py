@@ -91,12 +91,13 @@ def test_real_bert_harness_sync_is_not_blamed() -> None:
     """MI300X bert-small inference, one step (ProfilerStep#6, 3978 µs). By hand from the trace: the harness's
     hipDeviceSynchronize (stack ``run_torch_profiler``) runs at +79 µs into the step for 31 µs, before the
     step's first kernel (+449 µs): the device has no work at all before it, so it waited on nothing. The closing
-    one (+4071 µs) is after the step ends. The model's ``aten::is_nonzero`` (HF attention-mask check) waits
-    on a reduce kernel and a copy, then the device idles 211.8 µs until the next kernel."""
+    one (+4071 µs) is after the step ends. The model's ``aten::is_nonzero`` (HF attention-mask check, 40.6 µs)
+    overlaps only a 4.3 µs reduce kernel and a 2.4 µs copy: it waited ~6.7 µs, so removing it could bring the
+    next launch at most that much earlier (0.2 % of the step, under CPU003's 1 %); the 211.8 µs the device then
+    idles is host work that stays."""
     doc = report_json(analyze(ROOT / "tests/data/kineto_real/kineto_mi300_hf_bert_small", Config(select=["CPU003"])))
-    for f in _cpu003(doc):
-        if f["severity"] in ("medium", "high", "critical"):
-            assert "hipDeviceSynchronize" not in f["title"]
-            assert "run_torch_profiler" not in (f["evidence"].get("source") or "")
-            assert f["top"][0]["sync_point"] == "aten::is_nonzero"
-            assert round(f["estimated_saving_us"], 1) == 211.8
+    loud = [f for f in _cpu003(doc) if f["severity"] in ("medium", "high", "critical")]
+    assert not loud
+    for f in _cpu003(doc):  # whatever remains never credits the harness's sync with time
+        assert "hipDeviceSynchronize" not in f["title"]
+        assert (f["estimated_saving_us"] or 0) < 0.01 * 3978
