@@ -36,7 +36,9 @@ after it is the host's own time to its next launch (CPU007's), so it is counted 
 window (a profiling harness's closing synchronize after the last step) are not judged, and one
 after the device's last work in the window has no idle after it to blame. It
 fires when that time per step is at least ``min_idle_share`` of the step; the saving is the mean
-per-step idle time after sync points (upper bound: removing the syncs lets the host run ahead).
+per-step idle time after sync points, each host sync point's at most the device busy time inside it:
+without the wait the host reaches its next launch that much earlier, and the rest of the idle is
+host work that stays (CPU007's). A device-side copy keeps its whole idle (it is the work waited for).
 
 *CPU-only*: there is no device queue to drain, so a sync point costs only its own few µs here
 and the blocking time it would cause on an accelerator cannot be measured. The rule still counts
