@@ -27,9 +27,18 @@ stack outside the framework (``torch/``, ``torch_npu/``, MindSpore), the standar
 frame with the line where it saw the function run (its first line for a call made while profiling).
 
 *With a device*: for each sync point, the device idle time from its end to the next device
-work (less any data loading in between, which IO001 reports), each idle gap counted once. It
+work (less any data loading in between, which IO001 reports), each idle gap counted once. A sync
+point blocks only if the device ran work during it (the host waited for that work to finish): one
+during which the device was busy less than ``min_wait_us`` (e.g. a harness's
+``torch.cuda.synchronize()`` before the model launched anything) waited on nothing, and the idle
+after it is the host's own time to its next launch (CPU007's), so it is counted in the evidence
+(``non_blocking_syncs``) but not as blocking and given no saving. Sync points outside every step
+window (a profiling harness's closing synchronize after the last step) are not judged, and one
+after the device's last work in the window has no idle after it to blame. It
 fires when that time per step is at least ``min_idle_share`` of the step; the saving is the mean
-per-step idle time after sync points (upper bound: removing the syncs lets the host run ahead).
+per-step idle time after sync points, each host sync point's at most the device busy time inside it:
+without the wait the host reaches its next launch that much earlier, and the rest of the idle is
+host work that stays (CPU007's). A device-side copy keeps its whole idle (it is the work waited for).
 
 *CPU-only*: there is no device queue to drain, so a sync point costs only its own few µs here
 and the blocking time it would cause on an accelerator cannot be measured. The rule still counts
@@ -55,6 +64,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, SupportsInt, cast
 
+import numpy as np
 import pandas as pd
 
 from advisor.engine.rule import RuleContext, knob, rule
@@ -72,6 +82,9 @@ class Thresholds:
                                "Hermes §4.2.2: synchronous operations in the training loop are a CPU cause; any one per step is avoidable")
     top_n: int = knob(5, "sync-point kinds listed with their call stacks", "presentation")
     stack_frames: int = knob(6, "innermost call-stack frames shown per sync point", "presentation")
+    min_wait_us: float = knob(1.0, "device busy time inside a sync point below which it did not block (device traces)",
+                              "first principles: with the device idle for the whole call the host waited on nothing; "
+                              "1 µs absorbs host/device clock alignment")
 
 
 HOST_SYNC_RE = (r"^aten::(item|_local_scalar_dense|nonzero|is_nonzero)$|SyncBatchNorm|batch_norm_gather_stats"
@@ -122,6 +135,12 @@ gap AS (
            n.next_busy
     FROM pts_id p JOIN cur c USING (id) JOIN nxt n USING (id)
 ),
+waited AS (  -- how long the host waited on device work: the device busy time inside the sync point's span
+    SELECT p.id, coalesce(sum(CASE WHEN b.s IS NOT NULL THEN least(b.e, p.end_ns) - greatest(b.s, p.start_ns) END), 0)
+           AS wait_ns
+    FROM pts_id p LEFT JOIN device_busy b ON b.rank = p.rank AND b.s < p.end_ns AND b.e > p.start_ns
+    GROUP BY p.id
+),
 dl AS (
     SELECT g.id, coalesce(sum(least(g.next_busy, d.start_ns + d.dur_ns) - greatest(g.end_ns, d.start_ns)), 0) AS dl_ns
     FROM gap g JOIN events d ON d.rank = g.rank AND d.kind = 'dataloader' AND NOT d.device
@@ -129,8 +148,8 @@ dl AS (
     WHERE g.gap_ns > 0 GROUP BY g.id
 )
 SELECT g.id, g.rank, g.step, g.pid, g.tid, g.kind, g.name, g.start_ns, g.end_ns, g.dur_ns, g.stack, g.on_device,
-       g.next_busy, greatest(g.gap_ns - coalesce(dl.dl_ns, 0), 0) AS idle_ns
-FROM gap g LEFT JOIN dl USING (id)
+       g.next_busy, greatest(g.gap_ns - coalesce(dl.dl_ns, 0), 0) AS idle_ns, w.wait_ns
+FROM gap g LEFT JOIN dl USING (id) JOIN waited w USING (id)
 ORDER BY g.id
 """
 
@@ -143,6 +162,15 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                       "py_not_sync_re": PY_NOT_SYNC_RE, "pinned_re": PINNED_RE})
     if df.empty:
         return
+    # a sync point during which the device ran nothing did not block: the host waited on nothing, and the device
+    # idle after it is the host's own time to the next launch (CPU007's), not the sync's
+    df["raw_idle_ns"] = df["idle_ns"]
+    # had the sync not blocked, the host would have reached its next launch at most its wait earlier: the idle
+    # after it that the sync can be blamed for is bounded by that wait (the rest is host work that stays)
+    # (a device-side copy is itself the device work the host waits for: its row keeps its idle)
+    host_row = ~df["on_device"].astype(bool)
+    gated = df["idle_ns"].clip(upper=df["wait_ns"]).where(df["wait_ns"] >= ctx.t.min_wait_us * 1000.0, 0)
+    df["idle_ns"] = gated.where(host_row, df["idle_ns"])
     bd = step_table(ctx)
     dev_ranks = ctx.device_ranks
     quiet = _quiet_ranks(ctx, df, bd, dev_ranks) | skip_device_gaps(ctx, df["rank"].unique())
@@ -155,7 +183,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         n_steps = len(steps_r)
         step_us = float(steps_r["step_us"].mean())
         g = g[g["step"].isin(steps_r["step"])]
-        host = blocking_syncs(g[~g["on_device"]])
+        host = blocking_syncs(g[~g["on_device"]], ctx.t.min_wait_us * 1000.0)
+        n_idle_dev = int((host["wait_ns"] < ctx.t.min_wait_us * 1000.0).sum()) if rank in dev_ranks else 0
         per_step = len(host) / n_steps
         # each idle gap once (several sync points can precede the same device work)
         pts = pd.concat([host, g[g["on_device"]]])
@@ -168,6 +197,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             "sync_points_per_step": round(per_step, 2),
             "dtoh_copies_per_step": round(int(g["on_device"].sum()) / n_steps, 2),
             "sync_time_us_per_step": round(float(host["dur_ns"].sum()) / 1000.0 / n_steps, 1),
+            "non_blocking_syncs_per_step": round(n_idle_dev / n_steps, 2),
             "steps": n_steps, "step_us_mean": round(step_us, 1),
             "stack_recorded": any(t["stack"] for t in top),
         }
@@ -177,14 +207,20 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             evidence["source"] = source
         at = f" at {source}" if source else ""
         if share is not None:
+            if n_idle_dev:  # said in the evidence: the rule decided these, they are not undecided
+                idle_names = ", ".join(sorted(set(host.loc[host["wait_ns"] < ctx.t.min_wait_us * 1000.0, "name"])))
+                evidence["non_blocking_syncs"] = (f"{idle_names}: ran with the device idle, so the host waited on "
+                                                  "nothing; not counted as blocking, no saving")
+            blocking = (len(host) - n_idle_dev) / n_steps
             evidence |= {"device_idle_after_sync_us_per_step": round(idle_us, 1), "idle_share": round(share, 4),
                          "min_idle_share": ctx.t.min_idle_share}
             yield ctx.finding(
-                title=f"Rank {rank} blocks on the device {per_step:.1f} times per step; the device then idles "
+                title=f"Rank {rank} blocks on the device {blocking:.1f} times per step; the device then idles "
                 f"{fmt_ms(idle_us)} per step ({share:.0%} of {fmt_ms(step_us)}), mostly after {names[0]}{at}",
                 evidence=evidence, saving_us=idle_us, step_us=step_us,
-                saving_basis="mean per-step device idle time from the end of each sync point to the next device work "
-                "(data loading excluded, each gap once)",
+                saving_basis="mean per-step device idle time from the end of each sync point to the next device work, "
+                "each at most the time the host waited on the device inside the sync (data loading excluded, each "
+                "gap once)",
                 ranks=[rank], steps=sorted({int(s) for s in g["step"]}), ops=names, top=top,
             )
         else:
@@ -200,11 +236,12 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             )
 
 
-def blocking_syncs(host: Any) -> Any:
+def blocking_syncs(host: Any, min_wait_ns: float = 0.0) -> Any:
     """One row per blocking sync of one rank: host sync points that overlap in time, on any thread
     (``aten::item`` -> ``aclrtSynchronizeStream`` -> ``aclrtMemcpy``, the framework and the runtime
     often on different threads), are one wait. Each row is the earliest (then longest) event of its
-    group, with the group's time span as ``dur_ns`` and the device idle after the last of them ends."""
+    group, with the group's time span as ``dur_ns``, the longest device wait inside any of them as ``wait_ns``,
+    and the device idle after the last of them ends, at most that wait (none when it is below ``min_wait_ns``)."""
     if host.empty:
         return host
     h = host.sort_values(["start_ns", "dur_ns"], ascending=[True, False])
@@ -213,8 +250,11 @@ def blocking_syncs(host: Any) -> Any:
     start = h.groupby(group)["start_ns"].min()
     last = h.loc[h.groupby(group)["end_ns"].idxmax()]  # the host is free when the last of them ends
     first = h.groupby(group).head(1)  # in start order, as the groups are numbered
+    wait = h.groupby(group)["wait_ns"].max().to_numpy()
+    raw = last["raw_idle_ns"] if "raw_idle_ns" in last else last["idle_ns"]
+    idle = np.minimum(raw.to_numpy(), wait) * (wait >= min_wait_ns)
     return first.assign(dur_ns=last["end_ns"].to_numpy() - start.to_numpy(), end_ns=last["end_ns"].to_numpy(),
-                        idle_ns=last["idle_ns"].to_numpy(), next_busy=last["next_busy"].to_numpy())
+                        idle_ns=idle, wait_ns=wait, next_busy=last["next_busy"].to_numpy())
 
 
 def _quiet_ranks(ctx: RuleContext[Thresholds], df: Any, bd: Any, dev_ranks: frozenset[int]) -> set[int]:
