@@ -38,7 +38,7 @@ from advisor.ingest.ascend_common import (
     metadata_meta,
     sql_str,
 )
-from advisor.ingest.base import ParseError
+from advisor.ingest.base import CUT_MARK, NAME_MAX, TEXT_MAX, ParseError, bounded_sql
 from advisor.ingest.steps import windows_sql
 from advisor.metrics.ascend import insert_db_series
 from advisor.schema import EVENTS_INSERT
@@ -197,7 +197,7 @@ def _load_lookup(cur: Any, db: Db, table: str, name: str, key_cols: tuple[str, s
     _settle(cur)
     cur.register("_chunk", first)
     try:
-        cur.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM _chunk")
+        cur.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT id, {bounded_sql('value', TEXT_MAX)} AS value FROM _chunk")
     finally:
         with contextlib.suppress(Exception):  # an aborted transaction must not mask the real error
             cur.unregister("_chunk")
@@ -205,10 +205,23 @@ def _load_lookup(cur: Any, db: Db, table: str, name: str, key_cols: tuple[str, s
         _settle(cur)
         cur.register("_chunk", tbl)
         try:
-            cur.execute(f"INSERT INTO {name} SELECT * FROM _chunk")
+            cur.execute(f"INSERT INTO {name} SELECT id, {bounded_sql('value', TEXT_MAX)} FROM _chunk")
         finally:
             with contextlib.suppress(Exception):
                 cur.unregister("_chunk")
+
+
+def _name_sql(x: str) -> str:
+    """SQL: a string of a lookup (already bounded to TEXT_MAX, see :func:`_load_lookup`) bounded
+    to NAME_MAX as a name; one cut at load keeps its mark (the full text's length and hash)."""
+    n = len(CUT_MARK)
+    return (f"CASE WHEN strlen({x}) <= {NAME_MAX} OR substr({x}, {NAME_MAX + 1}, {n}) = '{CUT_MARK}' THEN {x} "
+            f"WHEN substr({x}, {TEXT_MAX + 1}, {n}) = '{CUT_MARK}' THEN left({x}, {NAME_MAX}) || substr({x}, {TEXT_MAX + 1}) "
+            f"ELSE {bounded_sql(x)} END")
+
+
+# lookups of STRING_IDS that are not names (input shapes, types, formats): bounded to TEXT_MAX only
+_TEXT_ALIASES = frozenset({"si", "sd", "sf", "s2", "s3", "s4"})
 
 
 class _Strings:
@@ -235,9 +248,11 @@ class _Strings:
 
     def val(self, alias: str, col: str) -> str:
         if self.dense:
-            return f"(CASE WHEN {col} BETWEEN 0 AND {self.hi} THEN _sl.l[{col} + 1] END)"
-        self._joins.append(f"LEFT JOIN {self.sid} {alias} ON {alias}.id = {col}")
-        return f"{alias}.value"
+            v = f"(CASE WHEN {col} BETWEEN 0 AND {self.hi} THEN _sl.l[{col} + 1] END)"
+        else:
+            self._joins.append(f"LEFT JOIN {self.sid} {alias} ON {alias}.id = {col}")
+            v = f"{alias}.value"
+        return v if alias in _TEXT_ALIASES else _name_sql(v)
 
     def joins(self) -> str:
         out = f"CROSS JOIN {self.table} _sl" if self.dense else " ".join(self._joins)
@@ -286,12 +301,12 @@ def load_profiler_db(
             )
         if max_events is not None:
             n_rows = sum(
-                db.query(f"SELECT count(*) FROM {quote_ident(t)}", (t,), ("count",))[0][0]
+                db.query(f"SELECT count(*) FROM (SELECT 1 FROM {quote_ident(t)} LIMIT {max(max_events, 0) + 1})", (t,), ("count",))[0][0]
                 for t in ("TASK", "PYTORCH_API", "CANN_API", "COMMUNICATION_OP")
                 if db.has(t)
             )
             if n_rows > max_events:
-                raise ParseError(path, f"{n_rows} events exceed --max-events {max_events}", code="too_big")
+                raise ParseError(path, f"more than {max_events} events (--max-events {max_events}): refused", code="too_big")
         _load_lookup(cur, db, "STRING_IDS", sid)
         _load_lookup(cur, db, "ENUM_API_TYPE", api_t, ("id", "name"))
         _load_lookup(cur, db, "ENUM_HCCL_DATA_TYPE", dtype_t, ("id", "name"))
@@ -306,7 +321,9 @@ def load_profiler_db(
             and db.query("SELECT count(*) FROM (SELECT 1 FROM CANN_API LIMIT 1)", ("CANN_API",), ("count",))[0][0] > 0
         )
         _pytorch_stage(cur, db, p)
-        stats = {"events": 0}
+        # strings a name may take that are longer than NAME_MAX (each cut where it is used as a name)
+        stats = {"events": 0, "long_names": cur.execute(
+            f"SELECT count(*) FROM {sid} WHERE strlen(value) > {NAME_MAX} AND length(value) > {NAME_MAX}").fetchone()[0]}
         stats["events"] += _device_tasks(cur, db, rank, fid, p, sid, strs, has_cann=has_cann)
         stats["events"] += _comm(cur, db, rank, fid, p, sid, strs, dtype_t, link_t, trans_t, comm_ops_from_db)
         stats["events"] += _cann_api(cur, db, rank, fid, p, strs, api_t)
@@ -759,7 +776,7 @@ def _pytorch_insert(
         f"""INSERT INTO {EVENTS_INSERT}
         SELECT $rank, NULL, {kind}, coalesce({sn}, ''), CASE WHEN {typ} = 'op' THEN 'cpu_op' ELSE {typ} END,
                (h.gtid >> 32)::VARCHAR, (h.gtid & 4294967295)::VARCHAR, false, NULL, h.start, greatest(h.end_ - h.start, 0),
-               {corr}, {_EXT_BASE} + h.rid, NULL, {strs.val("si", "h.ish")}, {strs.val("sd", "h.idt")}, NULL, h.stack, $fid
+               {corr}, {_EXT_BASE} + h.rid, NULL, {strs.val("si", "h.ish")}, {strs.val("sd", "h.idt")}, NULL, {bounded_sql("h.stack", TEXT_MAX)}, $fid
         FROM {host} h LEFT JOIN {api_t} ap ON ap.id = h.type {strs.joins()}
         WHERE h.start IS NOT NULL AND h.end_ IS NOT NULL""",
         {"rank": rank, "fid": fid},
@@ -795,7 +812,7 @@ def _gc_mstx(cur: Any, db: Db, rank: int, fid: int, sid: str) -> int:
             db,
             f"SELECT {m('startNs')}, {m('endNs')}, {m('message')}, {m('globalTid')}, {m('eventType')} FROM MSTX_EVENTS",
             [("start", _I64), ("end_", _I64), ("msg", _I64), ("gtid", _I64), ("etype", _I64)],
-            f"""INSERT INTO {EVENTS_INSERT} SELECT $rank, NULL, 'annotation', coalesce(s.value, 'mstx'), 'mstx',
+            f"""INSERT INTO {EVENTS_INSERT} SELECT $rank, NULL, 'annotation', coalesce({_name_sql('s.value')}, 'mstx'), 'mstx',
                    (c.gtid >> 32)::VARCHAR, (c.gtid & 4294967295)::VARCHAR, false, NULL, c.start, greatest(c.end_ - c.start, 0),
                    NULL, NULL, NULL, NULL, NULL, NULL, NULL, $fid
                FROM _chunk c LEFT JOIN {sid} s ON s.id = c.msg WHERE c.start IS NOT NULL AND c.end_ IS NOT NULL""",

@@ -38,7 +38,7 @@ from advisor.ingest.ascend_common import (
     short_error,
     warn_once,
 )
-from advisor.ingest.base import LoadContext, ParseError, Unit, update_rows
+from advisor.ingest.base import NAME_MAX, LoadContext, ParseError, Unit, update_rows
 from advisor.ingest.steps import windows_sql
 from advisor.text import spans
 
@@ -441,6 +441,9 @@ def _read_profiler_db(ctx: ReadContext, st: Export, paths: list[Path]) -> None:
         )
         for note in (stats or {}).pop("notes", ()):
             ctx.warn("bad_db", note, p)
+        if (n_long := (stats or {}).pop("long_names", 0)):
+            ctx.warn("long_names", f"{n_long} strings longer than {NAME_MAX} characters were cut to their first "
+                     f"{NAME_MAX} where used as names (marked '…[cut: <length> chars, #<hash>]')", p)
         if stats is not None:
             st.info["data_loaded"] = True
             st.info["events"] = stats["events"]
@@ -463,6 +466,9 @@ def _after_trace(ctx: ReadContext, st: Export, r: dict[str, Any]) -> None:
         ctx.warn("bad_events", f"{r['bad_events']} events without a usable ts/dur were dropped", path)
     if r["negative_events"]:
         ctx.warn("bad_events", f"{r['negative_events']} events with a negative duration were dropped", path)
+    if r.get("long_names"):
+        ctx.warn("long_names", f"{r['long_names']} names longer than {NAME_MAX} characters were cut to their first "
+                 f"{NAME_MAX} (marked '…[cut: <length> chars, #<hash>]')", path)
 
 
 def _after_kernels(ctx: ReadContext, st: Export, r: dict[str, Any]) -> None:

@@ -40,7 +40,18 @@ from advisor.ingest.ascend_common import (
     sql_ident,
     sql_str,
 )
-from advisor.ingest.base import ParseError, duckdb_name, duckdb_path, insert_rows, is_gzip, read_head
+from advisor.ingest.base import (
+    NAME_MAX,
+    TEXT_MAX,
+    ParseError,
+    bounded_sql,
+    cut_sql,
+    duckdb_name,
+    duckdb_path,
+    insert_rows,
+    is_gzip,
+    read_head,
+)
 from advisor.ingest.jsonstream import gunzip_guarded
 from advisor.metrics.ascend import insert_text_series
 from advisor.schema import EVENTS_INSERT
@@ -113,6 +124,8 @@ _ARG_PATHS = (
     ("lc_stream_id", '$."stream id"'),
     ("plane_id", '$."plane id"'),
 )
+# extracted arguments bounded as they are read (the rest are short by nature, or only tested)
+_ARG_LIMITS = {"meta": NAME_MAX, "labels": NAME_MAX, "shapes": TEXT_MAX, "dtypes": TEXT_MAX, "stack": TEXT_MAX}
 
 _HOST_PROCS = ("Python", "MindSpore", "CPU OP")
 _HOST_CATS = ("cpu_op", "enqueue", "dequeue", "python_function", "user_annotation", "operator")
@@ -205,7 +218,12 @@ def _stage_trace_rows(cur: Any, jobs: list[Job], t: TraceStages) -> None:
     """The files table and every trace event of the batch, one row each, its arguments extracted."""
     files, tv = t.files, t.rows
     paths = "[" + ", ".join(sql_str(q) for _, q in _ARG_PATHS) + "]"
-    extracted = ", ".join(f"r.a[{i + 1}] AS {n}" for i, (n, _) in enumerate(_ARG_PATHS))
+    # names (and process / thread names, the 'meta' argument) bounded to NAME_MAX characters,
+    # shapes, types and stacks to TEXT_MAX, as the Kineto reader does (base.bounded_sql)
+    extracted = ", ".join(
+        f"{bounded_sql(f'r.a[{i + 1}]', _ARG_LIMITS[n]) if n in _ARG_LIMITS else f'r.a[{i + 1}]'} AS {n}"
+        for i, (n, _) in enumerate(_ARG_PATHS)
+    )
     biggest = max(j.path.stat().st_size for j in jobs)
     max_obj = int(min(max(biggest + (1 << 20), 1 << 24), (1 << 32) - 2))
     _files_table(cur, files, jobs, ("kernels", "comm_ops"))
@@ -217,15 +235,20 @@ def _stage_trace_rows(cur: Any, jobs: list[Job], t: TraceStages) -> None:
             _fail_or_raise(jobs, j.path, str(exc), "too_big")
         except (OSError, EOFError, zlib.error) as exc:
             _fail_or_raise(jobs, j.path, f"not a readable gzip file: {short_error(exc)}", "bad_file")
+    # --max-events N: the scan stops at N + 1 events a file (a batch: at N + 1 times its files,
+    # a sign that one holds more; its files are then read one by one)
+    max_events = jobs[0].max_events
+    cap = None if max_events is None else (max(max_events, 0) + 1) * len(jobs)
+    limit = "" if cap is None else f" LIMIT {cap}"
     try:
         cur.execute(
             f"""CREATE TEMP TABLE {tv} AS
-            SELECT f.fno, f.rank, f.fid, f.kernels AS kfb, f.comm_ops AS cfb, r.ph, r.name, r.cat, r.pid, r.tid,
+            SELECT f.fno, f.rank, f.fid, f.kernels AS kfb, f.comm_ops AS cfb, r.ph, {bounded_sql("r.name")} AS name, {bounded_sql("r.cat")} AS cat, r.pid, r.tid,
                    {US_TO_NS.format(x="r.ts")} AS ts_ns, {US_TO_NS.format(x="r.dur")} AS dur_ns, r.id, {extracted},
                    CASE WHEN r.ph = 'C' THEN r.args END AS cargs
             FROM (SELECT *, json_extract_string(args, {paths}) AS a
-                  FROM read_json($paths, columns={_TRACE_COLUMNS}, format='array', maximum_object_size={max_obj},
-                                 filename=true)) r
+                  FROM (SELECT * FROM read_json($paths, columns={_TRACE_COLUMNS}, format='array',
+                                                maximum_object_size={max_obj}, filename=true){limit})) r
             JOIN {files} f ON f.filename = r.filename""",
             {"paths": [duckdb_path(j.path) for j in jobs]},
         )
@@ -236,6 +259,8 @@ def _stage_trace_rows(cur: Any, jobs: list[Job], t: TraceStages) -> None:
             "not a readable Ascend timeline (JSON array of trace events): " + short_error(exc),
             "bad_file",
         )
+    if cap is not None and len(jobs) > 1 and cur.execute(f"SELECT count(*) FROM {tv}").fetchone()[0] >= cap:
+        raise BatchError(f"a file holds more than {max_events} events (--max-events {max_events})")
 
 
 class TraceStages(NamedTuple):
@@ -284,17 +309,19 @@ def _check_trace_counts(
         for r in cur.execute(
             f"""SELECT fno, count(*) FILTER (WHERE ph = 'X' AND (ts_ns IS NULL OR dur_ns IS NULL)),
                        count(*) FILTER (WHERE ph = 'X' AND dur_ns < 0), count(*) FILTER (WHERE ph = 'X'),
-                       count(*) FILTER (WHERE ph = 'M')
+                       count(*) FILTER (WHERE ph = 'M'), count(*),
+                       count(DISTINCT name) FILTER (WHERE {cut_sql("name")})
+                           + count(DISTINCT meta) FILTER (WHERE ph = 'M' AND {cut_sql("meta")})
                 FROM {tv} GROUP BY fno"""
         ).fetchall()
     }
     for j in jobs:
-        bad, neg, n_x, n_m = counts.get(j.fno, (0, 0, 0, 0))
+        bad, neg, n_x, n_m, n_read, n_cut = counts.get(j.fno, (0, 0, 0, 0, 0, 0))
+        if max_events is not None and n_read > max_events:  # every event read counts, as for Kineto
+            _fail_or_raise(jobs, j.path, f"more than {max_events} events (--max-events {max_events}): refused", "too_big")
         if n_x == 0 and n_m == 0:
             _fail_or_raise(jobs, j.path, "no trace events (ph 'X' or 'M') in the array", "no_events")
-        if max_events is not None and n_x > max_events:
-            _fail_or_raise(jobs, j.path, f"{n_x} events exceed --max-events {max_events}", "too_big")
-        stats[j.fno].update(bad_events=bad, negative_events=neg)
+        stats[j.fno].update(bad_events=bad, negative_events=neg, long_names=n_cut)
 
 
 def _stage_slices(cur: Any, t: TraceStages) -> None:

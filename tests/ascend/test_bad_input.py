@@ -5,6 +5,7 @@ or a clean InputError, never an unhandled exception."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import sqlite3
@@ -135,7 +136,56 @@ def test_hostile_event_values_are_dropped_with_a_warning(tmp_path):
     n_x = sum(1 for e in ev if e["ph"] == "X")
     overlap = sum(1 for e in xs if e["pid"] == 4376751100)
     assert ctx.con.execute("SELECT count(*) FROM events").fetchone()[0] == n_x - overlap - 4
-    assert ctx.con.execute("SELECT max(length(name)) FROM events").fetchone()[0] == 100_000
+    # the 100,000-character name is cut to 4,096 and marked with its length and md5 prefix
+    mark = "x" * 4096 + f"…[cut: 100000 chars, #{hashlib.md5(b'x' * 100_000).hexdigest()[:8]}]"
+    assert ctx.con.execute("SELECT count(*) FROM events WHERE name = ?", [mark]).fetchone()[0] == 1
+    assert ctx.con.execute("SELECT max(length(name)) FROM events").fetchone()[0] == len(mark)
+    assert [w.path for w in ctx.warnings if w.code == "long_names"] == [
+        str(tmp_path / "prof" / "host_1_20240102103151123_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / "trace_view.json")]
+
+
+def test_long_names_cut_in_a_timeline(tmp_path):
+    """A 10,000-character operator, category and thread name are cut at 4,096 characters."""
+    ev = json.loads(TRACE.read_text())
+    xs = [e for e in ev if e["ph"] == "X"]
+    long = "op" * 5_000
+    xs[0]["name"] = long
+    xs[1]["cat"] = "c" * 10_000
+    ev.append({"ph": "M", "name": "thread_name", "pid": xs[2]["pid"], "tid": xs[2]["tid"], "args": {"name": "t" * 10_000}})
+    ctx = load_profile(export(tmp_path, {"trace_view.json": json.dumps(ev)}))
+    want = long[:4096] + f"…[cut: 10000 chars, #{hashlib.md5(long.encode()).hexdigest()[:8]}]"
+    assert ctx.con.execute("SELECT name FROM events WHERE length(name) > 4096").fetchall() == [(want,)]
+    assert ctx.con.execute("SELECT max(length(cat)) FROM events").fetchone()[0] < 4200
+    assert ctx.con.execute("SELECT thread_name FROM tracks WHERE length(thread_name) > 4096").fetchall() == [
+        ("t" * 4096 + f"…[cut: 10000 chars, #{hashlib.md5(b't' * 10_000).hexdigest()[:8]}]",)]
+    assert sum(w.code == "long_names" for w in ctx.warnings) == 1
+
+
+def _capped_timeline(n: int) -> bytes:
+    """``n`` trace events, then bytes that are not JSON, then a valid end: read to its end, the
+    timeline is malformed; a read that stops after a few hundred events never sees the bad bytes."""
+    ev = b",".join(
+        json.dumps({"ph": "X", "name": f"op{i}", "pid": 1, "tid": 1, "ts": f"{1000 + i}.000", "dur": 0.5}).encode()
+        for i in range(n)
+    )
+    return b"[" + ev + b",NOT JSON AT ALL," + ev + b"]"
+
+
+def test_max_events_stops_the_timeline_read(tmp_path):
+    root = export(tmp_path, {"trace_view.json": _capped_timeline(30_000)})
+    with pytest.raises(InputError, match="not a readable"):  # read to its end, the file is refused as malformed
+        load_profile(root)
+    with pytest.raises(InputError, match=r"more than 300 events \(--max-events 300\): refused"):
+        load_profile(root, max_events=300)
+
+
+def test_max_events_in_a_batch_refuses_only_the_big_timeline(tmp_path):
+    """Read together, the batch reaches its limit: each timeline is read again on its own."""
+    big = export(tmp_path, {"trace_view.json": _capped_timeline(30_000)}, name="host_1_20240102103151123_ascend_pt")
+    export(tmp_path, {"trace_view.json": TRACE.read_bytes()}, name="host_2_20240102103151124_ascend_pt")
+    ctx = load_profile(big, max_events=300 + len(json.loads(TRACE.read_text())))
+    assert any(w.code == "too_big" and "host_1" in (w.path or "") for w in ctx.warnings), ctx.warnings
+    assert ctx.con.execute("SELECT count(*) FROM events").fetchone()[0] > 0
 
 
 @pytest.mark.parametrize(

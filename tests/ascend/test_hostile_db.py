@@ -217,3 +217,32 @@ def test_a_stopped_statement_is_one_line_naming_file_and_table(tmp_path, monkeyp
         load_profile(root)
     msg = str(exc.value)
     assert "\n" not in msg and DB_NAME in msg and "(table PYTORCH_API" in msg and "reading it took more than" in msg
+
+
+def test_long_name_in_a_db_is_cut_and_marked(tmp_path):
+    """A 10,000-character operator name (a STRING_IDS value) is cut to 4,096 and marked."""
+    import hashlib
+
+    from advisor.engine.context import load_profile
+
+    root, db = _copy_export(tmp_path)
+    con = sqlite3.connect(db)
+    sid = con.execute("SELECT name FROM PYTORCH_API GROUP BY name ORDER BY count(*) DESC LIMIT 1").fetchone()[0]
+    n_ops = con.execute("SELECT count(*) FROM PYTORCH_API WHERE name = ?", (sid,)).fetchone()[0]
+    con.close()
+    long = "".join(chr(ord("a") + i % 26) for i in range(10_000))
+    _alter(db, rows=("UPDATE STRING_IDS SET value = ? WHERE id = ?", [(long, sid)]))
+    ctx = load_profile(root)
+    want = long[:4096] + f"…[cut: 10000 chars, #{hashlib.md5(long.encode()).hexdigest()[:8]}]"
+    assert ctx.con.execute("SELECT count(*) FROM events WHERE name = ?", [want]).fetchone()[0] == n_ops
+    assert ctx.con.execute("SELECT max(length(name)) FROM events").fetchone()[0] == len(want)
+    assert [w.path for w in ctx.warnings if w.code == "long_names"] == [str(db)]
+
+
+def test_max_events_refuses_a_db(tmp_path):
+    from advisor.engine.context import load_profile
+    from advisor.ingest.base import InputError
+
+    root, _ = _copy_export(tmp_path)
+    with pytest.raises(InputError, match=r"more than 10 events \(--max-events 10\): refused"):
+        load_profile(root, max_events=10)

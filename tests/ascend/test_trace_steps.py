@@ -59,8 +59,8 @@ def staged(tmp_path: Path):
 def test_check_trace_counts(staged) -> None:
     cur, t, jobs, stats = staged
     at._check_trace_counts(cur, t, jobs, None, stats)
-    assert stats == {0: {"bad_events": 1, "negative_events": 1}}
-    with pytest.raises(ParseError, match="6 events exceed --max-events 5"):
+    assert stats == {0: {"bad_events": 1, "negative_events": 1, "long_names": 0}}
+    with pytest.raises(ParseError, match=r"more than 5 events \(--max-events 5\): refused"):
         at._check_trace_counts(cur, t, jobs, 5, stats)
 
 
