@@ -120,3 +120,35 @@ def test_overlay_suffix_names_the_format() -> None:
     assert format_of(Path("RUN.Overlay.JSON")) == "overlay"
     assert format_of(Path("run.json")) == "json"
     assert format_of(Path("overlay.json")) == "json"
+
+
+class _Cur:
+    """A cursor over a rank whose files count ts from 5 µs, with ``n`` steps of 10 µs."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.sql = n, ""
+
+    def execute(self, sql: str, params: Any) -> _Cur:
+        self.sql = sql
+        return self
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        if "meta" in self.sql:
+            return [("5000",)]
+        return [(i, 5000 + 10_000 * i, 15_000 + 10_000 * i) for i in range(self.n)]
+
+
+class _Ctx:
+    def __init__(self, n: int) -> None:
+        self.con = type("Con", (), {"cursor": lambda _self: _Cur(n)})()
+
+
+def test_trace_times_undo_the_base_and_keep_the_steps_near_the_focus() -> None:
+    from advisor.pipeline.report import MAX_TRACE_STEPS, trace_times
+
+    t = trace_times(_Ctx(3), 0, 1)  # type: ignore[arg-type]
+    assert t["trace_start_us"] == 10.0  # (15000 - 5000) ns
+    assert t["trace_steps"][2] == {"step": 2, "start_us": 20.0, "end_us": 30.0}
+    far = trace_times(_Ctx(3 * MAX_TRACE_STEPS), 0, 3 * MAX_TRACE_STEPS - 1)  # type: ignore[arg-type]
+    assert len(far["trace_steps"]) == MAX_TRACE_STEPS
+    assert far["trace_steps"][-1]["step"] == 3 * MAX_TRACE_STEPS - 1

@@ -200,10 +200,19 @@ def trace_times(ctx: AnalysisContext, rank: Any, step: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"trace_steps": [
         {"step": int(st), "start_us": (int(a) - base) / 1000.0, "end_us": (int(b) - base) / 1000.0}
         for st, a, b in rows if a is not None and b is not None and st != NO_STEP]}
-    for s in out["trace_steps"]:
+    at = 0
+    for i, s in enumerate(out["trace_steps"]):
         if s["step"] == step:
             out["trace_start_us"] = s["start_us"]
+            at = i
+    if len(out["trace_steps"]) > MAX_TRACE_STEPS:  # the steps around the focused one
+        lo = max(0, min(at - MAX_TRACE_STEPS // 2, len(out["trace_steps"]) - MAX_TRACE_STEPS))
+        out["trace_steps"] = out["trace_steps"][lo:lo + MAX_TRACE_STEPS]
     return out
+
+
+#: steps of the focused rank the report gives trace times for at most
+MAX_TRACE_STEPS = 1000
 
 
 #: rows of the report's ``window_phases`` at most (the costliest first)
