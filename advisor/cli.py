@@ -75,6 +75,8 @@ def render(report: Any, fmt: str, verbose: bool = False, md_full: bool = False) 
         return md(report, full=md_full)
     if fmt == "json":
         from advisor.render.json import render as r
+    elif fmt == "overlay":
+        from advisor.render.overlay import render as r
     elif fmt == "html":
         from advisor.render.html import render as r
     else:
@@ -141,7 +143,8 @@ def main() -> None:
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="terminal", show_default=True, help="Report format.")
 @click.option("--out", "outs", multiple=True, type=click.Path(path_type=Path),
               help="Write the report here (atomically) instead of stdout; the format follows the extension "
-                   "(.html, .md, .json). Repeatable: one analysis, several reports.")
+                   "(.html, .md, .json; NAME.overlay.json: the critical path and findings as a Chrome-trace "
+                   "overlay for Perfetto). Repeatable: one analysis, several reports.")
 @click.option("--rank", type=int, help="Focus one rank (breakdown, critical path, findings).")
 @click.option("--step", type=int, help="Focus one step.")
 @click.option("--set", "sets", multiple=True, metavar="RULE.param=value", help="Override a rule threshold.")
@@ -270,7 +273,7 @@ def _baseline(opts: AnalyzeOptions) -> Any:
               show_default=True, help="Report format.")
 @click.option("--out", "outs", multiple=True, type=click.Path(path_type=Path),
               help="Write the report here (atomically) instead of stdout; the format follows the extension "
-                   "(.html, .md, .json) unless --format is given. Repeatable: several formats of one report.")
+                   "(.html, .md, .json, .overlay.json) unless --format is given. Repeatable: several formats of one report.")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence in the terminal summary.")
 @click.option("--md-full", is_flag=True, help="Markdown: embed each rule's documentation and every fix.")
 def render_cmd(report: Path, fmt: str, outs: tuple[Path, ...], verbose: bool, md_full: bool) -> None:

@@ -20,6 +20,17 @@ FORMATS = ("terminal", "json", "html", "md")
 
 #: Report formats by file extension (``--out``).
 EXTENSION_FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".json": "json"}
+#: a file name ending that names a format before its last extension does
+NAME_FORMATS = {".overlay.json": "overlay"}
+
+
+def format_of(path: Path) -> str | None:
+    """The format a ``--out`` path's name asks for (``x.overlay.json``: the Chrome-trace overlay)."""
+    name = path.name.lower()
+    for end, f in NAME_FORMATS.items():
+        if name.endswith(end):
+            return f
+    return EXTENSION_FORMATS.get(path.suffix.lower())
 
 
 class UsageFailure(Exception):
@@ -34,12 +45,12 @@ def out_formats(outs: tuple[Path, ...], fmt: str, fmt_given: bool) -> list[tuple
     out: list[tuple[Path, str]] = []
     seen: set[Path] = set()
     for path in outs:
-        by_ext = EXTENSION_FORMATS.get(path.suffix.lower())
+        by_ext = format_of(path)
         if by_ext is not None and fmt_given and fmt != by_ext:
             raise UsageFailure(f"--out {path}: the extension {path.suffix} means --format {by_ext}, not --format {fmt}")
         if by_ext is None and not fmt_given:
             raise UsageFailure(f"--out {path}: no format for the extension {path.suffix or '(none)'}; "
-                               f"use .html, .md or .json, or give --format")
+                               f"use .html, .md, .json or .overlay.json, or give --format")
         try:
             key = path.resolve()
         except (OSError, RuntimeError):

@@ -936,6 +936,9 @@ def _compress(cur: Any) -> None:
 
 
 # events columns of a part that are not taken as they are from _events_sql (the rest are)
+#: meta key (per rank) of the ns a Kineto file's ``ts`` counts from
+TIME_BASE_KEY = "kineto.time_base_ns"
+
 _PART_COLUMNS = {"rank": "f.rank", "step": "NULL::INTEGER", "start_ns": "ts_ns + f.base_ns", "file_id": "fid"}
 
 
@@ -993,6 +996,12 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
             ok.append((total, f.fid))
     if shift:
         update_rows(cur, part, "start_ns = start_ns + v.value", "file_id", shift)
+    # the time base each kept file's ``ts`` is relative to (start_ns = ts x 1000 + base): what the
+    # report needs to give times in the input trace's own ``ts`` units
+    moved = {fid: v for v, fid in shift}
+    kept = {fid for _, fid in ok}
+    insert_rows(cur, "meta", [(f.rank, TIME_BASE_KEY, str(bases[f.fid] + moved.get(f.fid, 0)))
+                              for f in files if f.fid in kept])
     gone_sql = ", ".join(map(str, gone)) or "NULL"
     if not ok:
         cur.execute(f"DROP TABLE {part}")

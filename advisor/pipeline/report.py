@@ -149,6 +149,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
     cp = ctx.critical_path or {"rank": None, "step": None, "length_us": 0.0, "ops": []}
     if not full_critical_path and cp.get("segments"):
         cp = summarise_segments(cp)
+    cp = {**cp, **trace_times(ctx, cp.get("rank"), cp.get("step"))}
     savings = summary(findings, median_steps(bd, NO_STEP))
     hardware = _hardware(ctx)
     variability = clean(_variability(ctx))  # before the warnings are taken: it may add one
@@ -174,6 +175,44 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         step_matrix=groups_stage.step_matrix(bd, pg, no_step=NO_STEP),
         window_phases=window_phases(ctx),
     )
+
+
+def trace_times(ctx: AnalysisContext, rank: Any, step: Any) -> dict[str, Any]:
+    """Where the focused rank's steps lie in the input trace's own time base (its ``ts``, µs):
+    ``trace_start_us`` (the focused step window's start; segment ``start_us`` counts from it) and
+    ``trace_steps`` (every step of the rank). Empty when the rank's files share no one time base
+    (Kineto only records it)."""
+    if rank is None:
+        return {}
+    cur = ctx.con.cursor()
+    try:
+        bases = {r[0] for r in cur.execute(
+            "SELECT DISTINCT value FROM meta WHERE rank = ? AND key = 'kineto.time_base_ns'", [rank]).fetchall()}
+        rows = cur.execute("SELECT step, start_ns, end_ns FROM steps WHERE rank = ? ORDER BY step", [rank]).fetchall()
+    except Exception:  # noqa: BLE001 - a profile without these tables has no trace times
+        return {}
+    if len(bases) != 1:
+        return {}
+    try:
+        base = int(next(iter(bases)))
+    except ValueError:
+        return {}
+    out: dict[str, Any] = {"trace_steps": [
+        {"step": int(st), "start_us": (int(a) - base) / 1000.0, "end_us": (int(b) - base) / 1000.0}
+        for st, a, b in rows if a is not None and b is not None and st != NO_STEP]}
+    at = 0
+    for i, s in enumerate(out["trace_steps"]):
+        if s["step"] == step:
+            out["trace_start_us"] = s["start_us"]
+            at = i
+    if len(out["trace_steps"]) > MAX_TRACE_STEPS:  # the steps around the focused one
+        lo = max(0, min(at - MAX_TRACE_STEPS // 2, len(out["trace_steps"]) - MAX_TRACE_STEPS))
+        out["trace_steps"] = out["trace_steps"][lo:lo + MAX_TRACE_STEPS]
+    return out
+
+
+#: steps of the focused rank the report gives trace times for at most
+MAX_TRACE_STEPS = 1000
 
 
 #: rows of the report's ``window_phases`` at most (the costliest first)

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -167,6 +167,7 @@ class Window:
     tid: list[str]  # a host thread by its id; a device stream's lane by pid/tid
     stream: list[Any]
     corr: list[Any]
+    raw_tid: list[str] = field(default_factory=list)  # the trace's own tid (a device's stream lane)
 
     @property
     def n(self) -> int:
@@ -194,6 +195,7 @@ def read_window(cur: Any, rank: int, start_ns: int, end_ns: int) -> Window | Non
         tid=[f"{r[5]}/{r[6]}" if r[4] else r[6] for r in rows],
         stream=[r[7] for r in rows],
         corr=[r[8] for r in rows],
+        raw_tid=[r[6] for r in rows],
     )
 
 
@@ -402,9 +404,10 @@ class PathAccount:
         self.owner = owner
         self.credit: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
         self.segments: list[tuple[int, int, str, str]] = []
+        self.tracks: list[tuple[str, str] | None] = []  # per segment, the (pid, tid) it ran on
 
-    def add(self, a: int, b: int, nm: str, kind_: SegmentKind) -> None:
-        """A segment (a, b] of the path, credited to ``nm``."""
+    def add(self, a: int, b: int, nm: str, kind_: SegmentKind, track: tuple[str, str] | None = None) -> None:
+        """A segment (a, b] of the path, credited to ``nm``; ``track`` the (pid, tid) it ran on."""
         if b <= a:
             return
         kd = kind_.value
@@ -412,11 +415,13 @@ class PathAccount:
         c[0] += (b - a) / 1000.0
         c[1] += 1
         self.segments.append((a, b, nm, kd))
+        self.tracks.append(track)
 
     def credit_event(self, i: int, a: int, b: int) -> None:
         """(a, b] of event ``i``, credited to its outermost operator (a device task to itself)."""
         o = self.owner[i] if not self.w.device[i] else i
-        self.add(a, b, self.w.name[o], REPORT_KIND.get(self.w.kind[o], SegmentKind.OTHER))
+        track = (str(self.w.pid[i]), str(self.w.raw_tid[i])) if self.w.raw_tid else None
+        self.add(a, b, self.w.name[o], REPORT_KIND.get(self.w.kind[o], SegmentKind.OTHER), track)
 
 
 #: Where the walk is: on a device task ("dev", index) or on a host thread ("host", thread id).
@@ -592,10 +597,12 @@ def summarise_path(result: dict[str, Any], w: Window, st: Streams, sy: Syncs, pa
     for o in ops:
         by_kind[o["kind"]] += o["total_us"]
     result["by_kind_us"] = {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}
-    path.segments.sort()
+    order = sorted(range(len(path.segments)), key=lambda j: path.segments[j])
     result["segments"] = [
-        {"start_us": (a - w.start_ns) / 1000.0, "dur_us": (b - a) / 1000.0, "name": nm, "kind": kd}
-        for a, b, nm, kd in path.segments
+        {"start_us": (a - w.start_ns) / 1000.0, "dur_us": (b - a) / 1000.0, "name": nm, "kind": kd,
+         # the trace's pid / tid the segment ran on (a host thread or a device stream); none for idle time
+         **({"pid": tr[0], "tid": tr[1]} if tr else {})}
+        for (a, b, nm, kd), tr in ((path.segments[j], path.tracks[j]) for j in order)
     ]
 
 
@@ -652,6 +659,7 @@ def summarise_segments(cp: dict[str, Any], resolution: float = SEGMENT_RESOLUTIO
     for s in segs:
         p = same[-1] if same else None
         if (p is not None and p["name"] == s["name"] and p["kind"] == s["kind"]
+                and (p.get("pid"), p.get("tid")) == (s.get("pid"), s.get("tid"))
                 and abs(s["start_us"] - (p["start_us"] + p["dur_us"])) <= _TOUCH_US):
             p["dur_us"] += s["dur_us"]
             p["merged"] = p.get("merged", 1) + s.get("merged", 1)
@@ -694,7 +702,10 @@ def _merge_run(run: list[dict[str, Any]]) -> dict[str, Any]:
         by_op[(s["name"], s["kind"])] += s["dur_us"]
         n += int(s.get("merged", 1))
     top = sorted(by_op.items(), key=lambda kv: -kv[1])[:3]
+    tracks = {(s.get("pid"), s.get("tid")) for s in run}
+    one = next(iter(tracks)) if len(tracks) == 1 and None not in next(iter(tracks)) else None
     return {
+        **({"pid": one[0], "tid": one[1]} if one else {}),
         "start_us": run[0]["start_us"],
         "dur_us": sum(s["dur_us"] for s in run),
         "name": f"{n} merged segments",
