@@ -292,6 +292,7 @@ def test_cli_engine_scheduler_without_workers(monkeypatch: pytest.MonkeyPatch) -
     assert took < 30
 
 
+@pytest.mark.dask
 def test_tls_engine_takes_its_files_from_dasks_config(tmp_path: Path) -> None:
     """``tls://``: the client's Security comes from Dask's configuration, encryption required; a
     missing CA setting or file is one line naming what to set."""
