@@ -51,6 +51,7 @@ def _report_without_timings(rep: Report) -> dict[str, Any]:
     from advisor.render.json import report_dict
 
     d = report_dict(rep)
+    d.pop("config", None)  # named by analyze() from its options; analyze_context() is given none
     d["profile"].pop("parse_seconds", None)
     d["profile"].pop("analyze_seconds", None)
     for r in d["rules"]:

@@ -586,7 +586,7 @@ def _breakdown_basis(ctx: ReadContext) -> None:
         if st.info.get("has_kernels") and not missing:
             continue
         st.meta_rows.append((BASIS_KEY, "none"))
-        if not st.info.get("has_kernels"):
+        if not st.info.get("has_kernels") or missing is None:
             why = "no readable trace_view.json, kernel_details.csv or step_trace_time.csv"
         else:
             why = (

@@ -710,7 +710,7 @@ def _load_batch(batch: list[tuple[int, Unit, int]], lctx: LoadContext) -> dict[i
                         deleter.submit(_close_all, [spill_of[f.fid] for f in group])
                     try:
                         results.update(_fill_part(cur, f"kpart_{group[0].fid}", group, None, lctx, scanned))
-                    except (*DUCKDB_ERRORS, EventCapReached):  # one bad or big file fails the scan: the group's
+                    except _SCAN_ERRORS:  # one bad or big file fails the scan: the group's
                         pass  # files are read on their own
         finally:
             cur.close()
@@ -921,6 +921,10 @@ class EventCapReached(Exception):
     """A batched scan read ``--max-events`` + 1 events per file: some file holds more; each is
     read on its own, which stops at its own limit."""
 
+
+
+# a batched scan that fails or passes the event cap: its files are read one by one
+_SCAN_ERRORS: tuple[type[BaseException], ...] = (*DUCKDB_ERRORS, EventCapReached)
 
 def _compress(cur: Any) -> None:
     """Compress the freshly scanned part before it is worked on: the statements that follow

@@ -246,10 +246,11 @@ def find(con: Any) -> dict[int, RankWindow]:
                 # timing tells a first step only from others: one marked step has none to compare
                 if r.kind != "runtime" or s0 >= early[rank] or name in recurring or n_steps == 1:
                     continue
-                is_slow = bool(r.calls >= 3 and d >= SLOW_FACTOR * float(r.med_ns or 0))
+                calls = int(r.calls)
+                is_slow = bool(calls >= 3 and d >= SLOW_FACTOR * float(r.med_ns or 0))
                 only_early = rank in second and (rank, name) not in later
                 is_first = (rank in first and first[rank][1] == s0 and first[rank][0] == name and d >= CONTEXT_NS
-                            and (r.calls < 3 or is_slow))
+                            and (calls < 3 or is_slow))
                 if is_slow or only_early or is_first:
                     what = label(name) or ("context creation (the first runtime call)" if is_first else "")
                     rows.append((name, s0, s0 + d, what or "first-call set-up"))
@@ -403,8 +404,8 @@ def review(con: Any, warn: Callable[..., None]) -> None:
             cost = _union_ns(iv)
             by = ot.assign(d=ot["end_ns"] - ot["start_ns"]).groupby(["what", "name"])["d"].agg(["size", "sum"])
             by = by.sort_values("sum", ascending=False)
-            names = "; ".join(f"{n} ×{int(r['size'])} ({what}, {_fmt(float(r['sum']))})"
-                              for (what, n), r in by.head(4).iterrows())
+            names = "; ".join(f"{key[1]} ×{int(r['size'])} ({key[0]}, {_fmt(float(r['sum']))})"
+                              for key, r in by.head(4).iterrows() if isinstance(key, tuple))
             excluded = bool(win.trimmed_to) or any(v == "one_time" for v in (win.left_out or {}).values()) \
                 or _before_steps(s, iv, one_window)
             # kept in the figures and too small to matter in them: not said

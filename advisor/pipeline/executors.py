@@ -203,7 +203,8 @@ def tls_security(engine: str, address: str) -> Any:
             raise EngineError(f"--engine {one_line(engine, 200)}: {key} {one_line(str(path), 300)}: no such file")
     from distributed.security import Security
 
-    return Security(tls_ca_file=files[TLS_KEYS[0]], tls_client_cert=files[TLS_KEYS[1]] or None,
+    return Security(  # type: ignore[no-untyped-call,unused-ignore]
+        tls_ca_file=files[TLS_KEYS[0]], tls_client_cert=files[TLS_KEYS[1]] or None,
                     tls_client_key=files[TLS_KEYS[2]] or None, require_encryption=True)
 
 

@@ -193,7 +193,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         if share is not None and share < ctx.t.min_idle_share or share is None and per_step < ctx.t.min_per_step:
             continue
         top = _top(ctx, pts, n_steps, rank in dev_ranks)
-        evidence = {
+        evidence: dict[str, Any] = {
             "sync_points_per_step": round(per_step, 2),
             "dtoh_copies_per_step": round(int(g["on_device"].sum()) / n_steps, 2),
             "sync_time_us_per_step": round(float(host["dur_ns"].sum()) / 1000.0 / n_steps, 1),
