@@ -160,7 +160,7 @@ def _candidates(con: Any) -> pd.DataFrame:
     FLOOR_NS with their name's median, count and last start on the rank."""
     fams, _ = declared()
     rx = _regex([p for f in fams for p in f.prefixes])
-    return con.execute(
+    return con.execute(  # type: ignore[no-any-return]
         f"""WITH c AS (
             SELECT rank, step, name, kind::VARCHAR AS kind, start_ns, dur_ns, regexp_matches(name, $rx) AS declared
             FROM events
@@ -235,6 +235,7 @@ def find(con: Any) -> dict[int, RankWindow]:
             if n_steps > 1:
                 per = c[c["declared"]].groupby("name")["step"].nunique()
                 recurring |= set(per[per >= max(2, RECURS * n_steps)].index)
+            r: Any
             for r in c.itertuples(index=False):
                 name, s0, d = str(r.name), int(r.start_ns), int(r.dur_ns)
                 if r.declared and name not in recurring:

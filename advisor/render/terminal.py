@@ -378,15 +378,17 @@ def _variability(console: Console, d: dict[str, Any]) -> None:
     ops = (v.get("ops") or [])[:5]
     if ops and vt.shares_known(v):
         heads = ("operator", "kind", "p50", "p95", "sigma", "share of variance")
-        rows = [(one_line(o.get("kind"), 20), _us(o.get("p50_us")), _us(o.get("p95_us")), _us(o.get("sigma_us")),
+        rows: list[tuple[str, ...]] = [(one_line(o.get("kind"), 20), _us(o.get("p50_us")), _us(o.get("p95_us")), _us(o.get("sigma_us")),
                  vt.pct(vt.share(o))) for o in ops]
         # as in the critical-path table, only the operator name is shortened: one line, the rest in full
 
         def table(name_w: int) -> Table:
             t = Table(show_edge=False, box=None, padding=(0, 2))
             for h in heads:
-                t.add_column(h, no_wrap=True, justify="left" if h in ("operator", "kind") else "right",
-                             **({"overflow": "ellipsis", "max_width": name_w} if h == "operator" else {}))
+                if h == "operator":
+                    t.add_column(h, no_wrap=True, justify="left", overflow="ellipsis", max_width=name_w)
+                else:
+                    t.add_column(h, no_wrap=True, justify="left" if h == "kind" else "right")
             for o, r in zip(ops, rows):
                 t.add_row(Text(view.short_name(vt.op_label(o, name_w), name_w)), *r)
             return t
@@ -401,14 +403,15 @@ def _variability(console: Console, d: dict[str, Any]) -> None:
             for o, r in zip(ops, rows):
                 console.print(_indented(Text(f"{vt.op_label(o, 80)} ({r[0]}): p50 {r[1]}, p95 {r[2]}, sigma {r[3]}, "
                                              f"{r[4]} of the variance"), 4))
-    rows = (v.get("prediction") or {}).get("rows") or []
-    if rows:
+    pred_rows: list[dict[str, Any]] = (v.get("prediction") or {}).get("rows") or []
+    if pred_rows:
         t = Table(show_edge=False, box=None, padding=(0, 2))
         for h in ("scale", "ranks", "median", "p95", "expected", *(f"P(>+{x} %)" for x in (5, 10, 20))):
             t.add_column(h, justify="right", no_wrap=True)
-        for r in rows:
-            t.add_row(f"{r['scale']}x", str(r["ranks"]), _us(r["p50_us"]), _us(r["p95_us"]) + ("*" if r.get("extrapolated") else ""),
-                      _us(r["mean_us"]), *(vt.pct(r.get(f"p_slowdown_{x}")) for x in (5, 10, 20)))
+        for pr in pred_rows:
+            t.add_row(f"{pr['scale']}x", str(pr["ranks"]), _us(pr["p50_us"]),
+                      _us(pr["p95_us"]) + ("*" if pr.get("extrapolated") else ""),
+                      _us(pr["mean_us"]), *(vt.pct(pr.get(f"p_slowdown_{x}")) for x in (5, 10, 20)))
         console.print(_indented(t, 2))  # type: ignore[arg-type]
         console.print(_indented(Text(one_line(f"Assumption: {v.get('assumption')}. * beyond the measured range.", 600),
                                      style="dim"), 2))
