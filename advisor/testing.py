@@ -7,9 +7,27 @@ from typing import Any
 from advisor.engine.context import AnalysisContext
 from advisor.ingest import connect
 from advisor.ingest.steps import finalize
-from advisor.schema import TABLES, create_all
+from advisor.schema import TABLES, create_all, insert_rows
 
 EVENT_DEFAULTS = {"device": False, "dur_ns": 0, "cat": "", "pid": "1", "tid": "1", "file_id": 0}
+
+
+def _insert(con: Any, table: str, cols: list[str], values: list[tuple[Any, ...]]) -> None:
+    """The rows into ``table`` through one Arrow table (DuckDB casts each column to the table's
+    type); rows whose values Arrow cannot type as one column go in as SQL parameters."""
+    import pyarrow as pa
+
+    try:
+        arrow = pa.Table.from_pylist([dict(zip(cols, v, strict=True)) for v in values])
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        insert_rows(con, table, values, chunk=200)
+        return
+    con.register("_advisor_rows", arrow)
+    try:
+        names = ", ".join('"' + c + '"' for c in cols)
+        con.execute(f"INSERT INTO {table} SELECT {names} FROM _advisor_rows")
+    finally:
+        con.unregister("_advisor_rows")
 
 
 def context_from_tables(tables: dict[str, list[dict[str, Any]]], *, run_stages: bool = True) -> AnalysisContext:
@@ -26,14 +44,15 @@ def context_from_tables(tables: dict[str, list[dict[str, Any]]], *, run_stages: 
         if name not in TABLES:
             raise KeyError(f"unknown canonical table {name!r}")
         cols = TABLES[name].column_names
+        base = EVENT_DEFAULTS if name == "events" else {}
+        values = []
         for row in rows:
             unknown = set(row) - set(cols)
             if unknown:
                 raise KeyError(f"{name}: unknown columns {sorted(unknown)}")
-            base = EVENT_DEFAULTS if name == "events" else {}
-            vals = [row.get(c, base.get(c)) for c in cols]
-            placeholders = ", ".join("?" for _ in cols)
-            con.execute(f"INSERT INTO {name} VALUES ({placeholders})", vals)
+            values.append(tuple(row.get(c, base.get(c)) for c in cols))
+        if values:
+            _insert(con, name, cols, values)
     if "ranks" not in tables:
         con.execute(
             """INSERT INTO ranks (rank, source, has_device, rank_source, files)

@@ -20,6 +20,44 @@ SCHEMA_PATH = Path(advisor.__file__).resolve().parent / SCHEMA_FILE
 TRACES = ROOT / "tests" / "data" / "kineto"
 
 
+def slow(*values: Any, id: str | None = None) -> Any:
+    """A parameter set that runs with the marked long tests only: the quick suite keeps a cheaper
+    one showing the same mechanism."""
+    return pytest.param(*values, marks=pytest.mark.slow, id=id)
+
+
+_SHARED_REPORTS: dict[Path, Any] = {}
+
+
+def shared_report(path: Path) -> Any:
+    """``analyze(path)`` at default settings, built once per test process and shared by the tests
+    that only read it (renderers must not change a report). A load error is raised each time."""
+    from advisor.analyze import analyze
+
+    key = Path(path).resolve()
+    if key not in _SHARED_REPORTS:
+        try:
+            _SHARED_REPORTS[key] = analyze(key)
+        except Exception as exc:  # noqa: BLE001 - kept, and raised to every test asking
+            _SHARED_REPORTS[key] = exc
+    got = _SHARED_REPORTS[key]
+    if isinstance(got, Exception):
+        raise got
+    return got
+
+
+def profile_group(path: Path | str) -> Any:
+    """The xdist group of the tests reading one profile: they run on one worker, which analyses it
+    once (:func:`shared_report`)."""
+    p = Path(path).resolve()
+    return pytest.mark.xdist_group("profile:" + (str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)))
+
+
+def profile_params(paths: list[Path]) -> list[Any]:
+    """One parameter a profile directory, id its name, in the profile's xdist group."""
+    return [pytest.param(p, id=p.name, marks=profile_group(p)) for p in paths]
+
+
 def resolve_fixture(spec: str) -> Path:
     """'sample:NAME' -> sample_profiles/NAME, else a path relative to the repo root."""
     kind, sep, name = spec.partition(":")

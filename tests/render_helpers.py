@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.cli_run import analyze_cli
 from tests.conftest import ROOT, TRACES
 from tests.conftest import sample_dirs as _samples
 
@@ -66,6 +67,12 @@ def write_cluster(directory: Path, ranks: int = 64, slow: int = 37) -> Path:
 
 
 def run_cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``advisor analyze ARGS`` in this process (:func:`tests.cli_run.cli`); ``run_cli_process`` runs
+    ``python -m advisor.cli`` as CI calls it."""
+    return analyze_cli(*args, cwd=cwd)
+
+
+def run_cli_process(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """``python -m advisor.cli analyze ARGS`` as a subprocess (the way CI calls it)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")

@@ -22,7 +22,7 @@ import pytest
 from advisor.engine.context import load_profile
 from advisor.stages import breakdown as breakdown_stage
 from advisor.stages import critical_path as cp_stage
-from tests.conftest import SAMPLES, SCHEMA_PATH, TRACES, report_json, sample_dirs
+from tests.conftest import SAMPLES, SCHEMA_PATH, TRACES, profile_params, report_json, sample_dirs, shared_report
 
 CLASSES = ("compute_only_us", "overlapped_us", "comm_only_us", "host_only_us", "free_us")
 
@@ -58,7 +58,7 @@ def test_samples_found():
         assert {"kineto_resnet50_num_workers_0", "kineto_two_ranks"} <= set(IDS)
 
 
-@pytest.mark.parametrize("path", SAMPLE_DIRS, ids=IDS)
+@pytest.mark.parametrize("path", profile_params(SAMPLE_DIRS))
 def test_five_classes_sum_to_step(path: Path):
     ctx = _ctx(path)
     bd = breakdown_stage.compute(ctx.con)
@@ -89,7 +89,7 @@ def test_five_classes_sum_to_step(path: Path):
             assert ratio is None or math.isnan(ratio), key
 
 
-@pytest.mark.parametrize("path", SAMPLE_DIRS, ids=IDS)
+@pytest.mark.parametrize("path", profile_params(SAMPLE_DIRS))
 def test_critical_path_length_is_step_wall_time(path: Path):
     ctx = _ctx(path)
     kinds = _cp_kinds()
@@ -118,12 +118,10 @@ def test_critical_path_length_is_step_wall_time(path: Path):
         assert all(o["total_us"] > 0 and o["count"] >= 1 for o in cp["ops"]), key
 
 
-@pytest.mark.parametrize("path", SAMPLE_DIRS, ids=IDS)
+@pytest.mark.parametrize("path", profile_params(SAMPLE_DIRS))
 def test_report_breakdown_and_critical_path(path: Path):
     """The same invariants hold in the schema-valid JSON report of ``advisor analyze``."""
-    from advisor.analyze import analyze
-
-    data = report_json(analyze(path))
+    data = report_json(shared_report(path))
     assert data["breakdown"], "empty breakdown"
     for row in data["breakdown"]:
         assert sum(row[c] for c in CLASSES) == pytest.approx(row["step_us"], rel=1e-3), row

@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 
 from advisor.config import Config, ConfigError
+from tests.cli_run import cli
 from tests.conftest import ROOT, TRACES, validate_report
 
 SLOW_DL = TRACES / "cpu_slow_dataloader"
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "advisor.cli", *args], capture_output=True, text=True,
-                          cwd=cwd or ROOT, timeout=300, check=False)
+    """``advisor ARGS`` in-process (the usage errors of a real process: tests/test_outputs.py)."""
+    return cli(*args, cwd=cwd)
 
 
 def analyze_json(tmp_path: Path, *args: str, cwd: Path | None = None) -> dict:

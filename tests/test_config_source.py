@@ -5,15 +5,14 @@ is never picked up (a profile is untrusted: its own config could skip every rule
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from advisor.render import html, markdown
 from advisor.render.terminal import render_text
-from tests.conftest import ROOT, TRACES, validate_report
+from tests.cli_run import cli
+from tests.conftest import TRACES, validate_report
 
 SLOW_DL = TRACES / "cpu_slow_dataloader"
 # the trace's README: the data loader takes 73-76 % of each step, so IO001 fires at its default threshold
@@ -21,9 +20,7 @@ SILENCING = '[rules]\nskip = ["CPU004"]\n[thresholds.IO001]\nmin_share = 0.95\n'
 
 
 def run(profile: Path, cwd: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
-    p = subprocess.run([sys.executable, "-m", "advisor.cli", "analyze", str(profile), "--format", "json",
-                        "--out", str(out), *args], capture_output=True, text=True, cwd=cwd, timeout=300,
-                       check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p = cli("analyze", profile, "--format", "json", "--out", out, *args, cwd=cwd)
     assert p.returncode == 0, p.stderr
     data = json.loads(out.read_text())
     validate_report(data)

@@ -24,8 +24,10 @@ def _strip(obj: object) -> object:
 
 @pytest.mark.parametrize(
     "path",
-    [TRACES / "cpu_dynamic_shapes", TRACES / "cpu_unfused_transformer", TRACES / "gloo_slow_rank", SAMPLES / "kineto_two_ranks"],
-    ids=lambda p: p.name,
+    # the quick suite analyses one profile twice; the marked run each
+    [pytest.param(TRACES / "cpu_dynamic_shapes", id="cpu_dynamic_shapes"),
+     *(pytest.param(p, id=p.name, marks=pytest.mark.slow)
+       for p in (TRACES / "cpu_unfused_transformer", TRACES / "gloo_slow_rank", SAMPLES / "kineto_two_ranks"))],
 )
 def test_same_report_twice(path: Path) -> None:
     first, second = (_strip(json.loads(render(analyze(path)))) for _ in range(2))

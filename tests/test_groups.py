@@ -27,7 +27,7 @@ from advisor.render import json as json_render
 from advisor.render import markdown as md_render
 from advisor.stages import groups
 from tests.ascend.gen_cluster import SCENARIOS, Cluster, Facts, generate
-from tests.conftest import TRACES, report_json, resolve_fixture, validate_report
+from tests.conftest import TRACES, profile_group, report_json, resolve_fixture, shared_report, validate_report
 
 KIND_OF_EXPORT = {"dp": "dp", "tp": "tp", "pp": "pp", "default_group": "world"}
 
@@ -41,7 +41,7 @@ def _by_rule(report: Report, rule: str) -> list[Any]:
     return [f for f in report.findings if f.rule == rule]
 
 
-@pytest.mark.parametrize("name", ["layout_dp4_tp2_pp2", "layout_dp8_tp2", "baseline8", "mindspore4",
+@pytest.mark.parametrize("name", ["layout_dp4_tp2_pp2", pytest.param("layout_dp8_tp2", marks=pytest.mark.slow), "baseline8", "mindspore4",
                                   pytest.param("faults8", marks=pytest.mark.slow),
                                   pytest.param("cluster64", marks=pytest.mark.slow)])
 def test_layout_groups_are_labelled_from_their_traffic(name: str, tmp_path: Path) -> None:
@@ -341,11 +341,12 @@ QUIET_SLOW = ["sample:kineto_cpu_healthy", "sample:ascend_pt_timeline", "sample:
               "tests/data/kineto_real/kineto_mi300_sglang_prefilldecode"]
 
 
-@pytest.mark.parametrize("spec", [*QUIET, *(pytest.param(s, marks=pytest.mark.slow) for s in QUIET_SLOW)])
+@pytest.mark.parametrize("spec", [*(pytest.param(s, marks=profile_group(resolve_fixture(s))) for s in QUIET),
+                                  *(pytest.param(s, marks=pytest.mark.slow) for s in QUIET_SLOW)])
 def test_sample_profiles_raise_no_new_cluster_finding(spec: str) -> None:
     """The shipped samples and the real traces: no rank slow in one step, no slow stage, no slow group
     (the gloo sample's slow rank is slow in every step: CLU001's, not CLU005's); the report validates."""
-    report = analyze(resolve_fixture(spec))
+    report = shared_report(resolve_fixture(spec))
     report_json(report)
     for rule in ("CLU004", "CLU005", "CLU006"):
         assert not _by_rule(report, rule), (rule, [f.title for f in _by_rule(report, rule)])

@@ -12,7 +12,7 @@ import pytest
 
 from advisor.engine.context import load_profile
 from advisor.ingest.base import InputError
-from tests.conftest import SAMPLES, TRACES
+from tests.conftest import SAMPLES, TRACES, slow
 
 
 def raw_events(path: Path) -> dict:
@@ -29,7 +29,7 @@ def step_numbers(doc: dict) -> set[int]:
     }
 
 
-@pytest.mark.parametrize("sample", ["kineto_resnet50_num_workers_0", "kineto_two_ranks"])
+@pytest.mark.parametrize("sample", [slow("kineto_resnet50_num_workers_0", id="kineto_resnet50_num_workers_0"), "kineto_two_ranks"])
 def test_every_timed_event_is_loaded_per_category(sample: str, samples: Path) -> None:
     files = sorted((samples / sample).glob("*.json.gz"))
     ctx = load_profile(samples / sample)
@@ -179,6 +179,8 @@ TABLE_QUERIES = {
     "profile_files": "SELECT rank, path, source, events FROM profile_files ORDER BY ALL",
 }
 MULTI_FILE = [SAMPLES / "kineto_two_ranks", TRACES / "cpu_multi_cycle", TRACES / "gloo_slow_rank", TRACES / "gloo_pipeline_bubble"]
+# the quick suite reads the first two; the marked run every one
+MULTI_FILE_PARAMS = [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if i >= 2 else []) for i, p in enumerate(MULTI_FILE)]
 
 
 def _tables(path: Path) -> dict[str, list]:
@@ -188,7 +190,7 @@ def _tables(path: Path) -> dict[str, list]:
     return out
 
 
-@pytest.mark.parametrize("path", MULTI_FILE, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", MULTI_FILE_PARAMS)
 def test_one_scan_for_many_files_equals_one_by_one(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Small files of a directory are read in one scan; reading them one by one gives the same tables."""
     from advisor.ingest import kineto
@@ -202,8 +204,8 @@ def test_one_scan_for_many_files_equals_one_by_one(path: Path, monkeypatch: pyte
     assert _tables(path) == batched
 
 
-@pytest.mark.parametrize("path", [*MULTI_FILE, SAMPLES / "kineto_resnet50_num_workers_0", TRACES / "cpu_no_step_marker"],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [*MULTI_FILE_PARAMS, slow(SAMPLES / "kineto_resnet50_num_workers_0", id="kineto_resnet50_num_workers_0"),
+                                  pytest.param(TRACES / "cpu_no_step_marker", id="cpu_no_step_marker")])
 def test_steps_assigned_on_insert_match_an_asof_join(path: Path) -> None:
     """Every device event's step is the window with the latest start at or before it, if it starts
     before that window ends; every host event's the same with the host windows (from a marker's
@@ -249,7 +251,8 @@ def test_batch_with_a_broken_file_falls_back_to_one_by_one(tmp_path: Path, sampl
     assert any(w.path and w.path.endswith("rank-7.json") for w in ctx.warnings)
 
 
-@pytest.mark.parametrize("path", [SAMPLES / "kineto_two_ranks", SAMPLES / "kineto_resnet50_num_workers_0"], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [pytest.param(SAMPLES / "kineto_two_ranks", id="kineto_two_ranks"),
+                                  slow(SAMPLES / "kineto_resnet50_num_workers_0", id="kineto_resnet50_num_workers_0")])
 def test_whole_object_reader_gives_the_same_tables(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Event lists are read from a spilled copy; where that fails the whole-object reader gives the same tables."""
     from advisor.ingest import kineto
@@ -346,7 +349,7 @@ def test_a_copy_of_a_rank_file_is_dropped(tmp_path: Path, samples: Path, batched
     assert [r[2:] for r in got["profile_files"]] == [r[2:] for r in want["profile_files"]]  # (source, events): paths differ
 
 
-@pytest.mark.parametrize("path", MULTI_FILE, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", MULTI_FILE_PARAMS)
 def test_events_adopted_from_a_part_keep_the_schema_types(path: Path) -> None:
     """A directory read in one scan hands its table over as ``events`` itself: same columns and types as the schema."""
     import duckdb
@@ -360,7 +363,7 @@ def test_events_adopted_from_a_part_keep_the_schema_types(path: Path) -> None:
         [tuple(r[:2]) for r in fresh.execute("DESCRIBE events").fetchall()]
 
 
-@pytest.mark.parametrize("path", [*MULTI_FILE, TRACES / "cpu_healthy"], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [*MULTI_FILE_PARAMS, pytest.param(TRACES / "cpu_healthy", id="cpu_healthy")])
 def test_args_read_as_a_struct_equal_the_json_path(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reader types ``args`` as a STRUCT where no lower-case key spelling is seen; the JSON
     path (every field extracted from the args text) gives the same tables."""
@@ -377,6 +380,7 @@ def test_args_read_as_a_struct_equal_the_json_path(path: Path, monkeypatch: pyte
     assert scans and not any(scans)
 
 
+@pytest.mark.slow
 def test_old_schema_spellings_are_read_by_the_json_path(samples: Path) -> None:
     """The old schema writes ``"Input dims"`` / ``"external id"``: those files are read with the JSON
     path, so their shapes and external ids are kept (counted here from the raw JSON)."""
@@ -725,8 +729,9 @@ def test_event_list_copies_are_deleted_beside_the_load_once_scanned(tmp_path: Pa
 
 
 @pytest.mark.parametrize("odd_args", [{"correlation": "not a number", "External id": 5},
-                                      {"External id": 2**70, "correlation": 6}, {"grid": 5, "External id": 7},
-                                      {"flops": "many", "correlation": 8}],
+                                      slow({"External id": 2**70, "correlation": 6}, id="huge_ext"),
+                                      slow({"grid": 5, "External id": 7}, id="grid_not_list"),
+                                      slow({"flops": "many", "correlation": 8}, id="text_flops")],
                          ids=["text_corr", "huge_ext", "grid_not_list", "text_flops"])
 def test_numeric_args_the_struct_cannot_take_fall_back_to_the_json_path(tmp_path: Path, samples: Path,
                                                                        monkeypatch: pytest.MonkeyPatch,
@@ -757,6 +762,7 @@ def test_numeric_args_the_struct_cannot_take_fall_back_to_the_json_path(tmp_path
         assert row[0][column[key]] == (value if ok else None), key
 
 
+@pytest.mark.slow
 def test_batches_are_planned_on_the_uncompressed_size_not_the_object_limit(tmp_path: Path) -> None:
     """Small rank files share one scan up to ~1 GiB of uncompressed events: 300 files of 1 MiB
     are one batch (the 16 MiB floor of DuckDB's object limit once made them five); a gzip file
@@ -788,7 +794,7 @@ def test_batches_are_planned_on_the_uncompressed_size_not_the_object_limit(tmp_p
     assert [len(b) for b in kineto._batches(sized[:1100])] == [1023, 77]
 
 
-@pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.parametrize("batched", [pytest.param(True, id="True"), slow(False, id="False")])
 def test_distributed_info_after_the_events_gives_rank_world_size_and_backend(tmp_path: Path, batched: bool,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A trace rewritten with its keys reordered carries distributedInfo after traceEvents: the rank

@@ -211,14 +211,15 @@ def _pty_run(args: list[str], columns: int) -> str:
     return ANSI.sub("", text)
 
 
-@pytest.mark.parametrize("columns", [80, 100])
+# a process each (~2 s): the quick suite runs one width, the marked run both
+@pytest.mark.parametrize("columns", [80, pytest.param(100, marks=pytest.mark.slow)])
 def test_terminal_in_a_pseudo_terminal_keeps_numbers_and_ranks(columns: int) -> None:
     text = _pty_run([str(GLOO)], columns)
     assert "Verdict: " in text
     _check_terminal(text, columns, [0, 1])
 
 
-@pytest.mark.parametrize("columns", [80, 100])
+@pytest.mark.parametrize("columns", [pytest.param(80, marks=pytest.mark.slow), 100])
 def test_piped_terminal_output_honours_columns(columns: int) -> None:
     env = {**os.environ, "COLUMNS": str(columns), "PYTHONPATH": str(ROOT)}
     res = subprocess.run([sys.executable, "-m", "advisor.cli", "analyze", str(GLOO)], capture_output=True, text=True,

@@ -10,25 +10,17 @@ from pathlib import Path
 import pytest
 
 from advisor.ingest.base import InputError
-from tests.conftest import ROOT, report_json
+from tests.conftest import ROOT, profile_params, report_json, shared_report
 from tests.render_helpers import EVIL_NAMES, run_cli, sample_dirs, write_evil_trace
 
 SAMPLES = sample_dirs()
-_CACHE: dict[Path, object] = {}
 
 
 def _report(path: Path):
-    if path not in _CACHE:
-        from advisor.analyze import analyze
-
-        try:
-            _CACHE[path] = analyze(path)
-        except InputError as exc:  # e.g. an Ascend sample before its reader lands
-            _CACHE[path] = exc
-    rep = _CACHE[path]
-    if isinstance(rep, InputError):
-        pytest.skip(f"{path.name} does not load yet: {rep}")
-    return rep
+    try:
+        return shared_report(path)
+    except InputError as exc:  # e.g. an Ascend sample before its reader lands
+        pytest.skip(f"{path.name} does not load yet: {exc}")
 
 
 class _Collect(HTMLParser):
@@ -75,7 +67,7 @@ def assert_self_contained(text: str) -> None:
     assert "@import" not in text
 
 
-@pytest.mark.parametrize("path", SAMPLES, ids=[p.name for p in SAMPLES])
+@pytest.mark.parametrize("path", profile_params(SAMPLES))
 def test_every_format_renders(path: Path) -> None:
     from advisor.render import html, markdown, terminal
 

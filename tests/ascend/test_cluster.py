@@ -21,6 +21,10 @@ def dp_groups(facts):
     return {g: m for g, m in facts.groups.items() if len(m) > 1 and m[1] - m[0] == tp and len(m) < facts.scenario.world}
 
 
+# one worker runs this module: it generates and loads the 8-rank cluster once in each form
+pytestmark = pytest.mark.xdist_group("ascend_faults8")
+
+
 @pytest.fixture(scope="module", params=["text", "db"])
 def f8(request, loaded_faults8_text, loaded_faults8_db, faults8_text, faults8_db):
     return (loaded_faults8_text, faults8_text) if request.param == "text" else (loaded_faults8_db, faults8_db)
@@ -217,7 +221,7 @@ def test_broken_db_rank(tmp_path, faults8_db):
     assert any(w.path == str(db) for w in ctx.warnings)
 
 
-@pytest.mark.parametrize("form", ["text", "db"])
+@pytest.mark.parametrize("form", ["text", pytest.param("db", marks=pytest.mark.slow)])
 def test_analyze_8_ranks_report(form, faults8_text, faults8_db):
     from advisor.analyze import analyze
     from tests.conftest import report_json

@@ -7,6 +7,7 @@ The vendor figures are read here with ``csv`` / ``sqlite3``, independently of th
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import shutil
 import sqlite3
@@ -18,12 +19,20 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from tests.conftest import report_json
+from tests.conftest import profile_group, report_json
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "ascend_real"
 TEXT = DATA / "ascend_pt_resnet_ddp_l1_text"
 DB = DATA / "ascend_pt_resnet_ddp_l1_db"
 UINT32_MAX = 4294967295
+
+
+@functools.cache
+def _loaded(root: Path) -> Any:
+    """``load_profile(root)`` once per test process: the tests below only read its tables."""
+    from advisor.engine.context import load_profile
+
+    return load_profile(root)
 
 
 def _rank(export: Path) -> int:
@@ -74,15 +83,14 @@ def _assert_agrees(bd: list[dict[str, Any]], vendor: dict[tuple[int, int], dict[
         assert abs(b["overlapped_us"] - v["overlapped"]) <= tol, (key, b, v)
 
 
-@pytest.mark.parametrize("form", ["text", "db"])
+@pytest.mark.parametrize("form", [pytest.param("text", marks=profile_group(TEXT)), pytest.param("db", marks=profile_group(DB))])
 def test_breakdown_agrees_with_vendor_step_table(form: str) -> None:
-    from advisor.engine.context import load_profile
     from advisor.stages import breakdown
 
     root = TEXT if form == "text" else DB
     vendor = vendor_steps(root)
     assert set(vendor) == {(0, 50), (1, 50)}
-    ctx = load_profile(root)
+    ctx = _loaded(root)
     assert not [w for w in ctx.warnings if w.code in ("bad_file", "bad_db", "bad_export")]
     bd = breakdown.compute(ctx.con)
     _assert_agrees(bd.to_dict("records"), vendor)
@@ -101,13 +109,13 @@ def test_report_agrees_with_vendor_step_table(form: str) -> None:
     assert not codes & {"vendor_mismatch", "vendor_steps_unmatched", "cpu_only", "bad_file", "bad_db"}
 
 
+@profile_group(TEXT)
 def test_text_hccl_stream_tasks_are_communication() -> None:
     """SDMA and Write Value run on the stream HCCL's tasks name: communication, not computation.
     Computation is then the AI Core / AI Vector kernels alone, which the vendor counts as Computing."""
-    from advisor.engine.context import load_profile
     from advisor.stages import breakdown
 
-    ctx = load_profile(TEXT)
+    ctx = _loaded(TEXT)
     kinds = ctx.con.execute(
         "SELECT DISTINCT kind::VARCHAR FROM events WHERE device AND name IN ('SDMA', 'Write Value')"
     ).fetchall()
@@ -119,9 +127,9 @@ def test_text_hccl_stream_tasks_are_communication() -> None:
         assert abs(r.kernel_us - vendor[(r.rank, r.step)]["computing"]) <= 0.001 * vendor[(r.rank, r.step)]["computing"]
 
 
+@profile_group(DB)
 def test_db_not_applicable_ids_read_as_null() -> None:
     """4294967295 in COMMUNICATION_TASK_INFO means 'not applicable': the row is kept, the id is NULL."""
-    from advisor.engine.context import load_profile
 
     expected = {}
     for export in sorted(DB.glob("*_ascend_pt")):
@@ -133,7 +141,7 @@ def test_db_not_applicable_ids_read_as_null() -> None:
         con.close()
         expected[_rank(export)] = (n, n_dst)
     assert all(n_dst > 0 for _, n_dst in expected.values())  # the data has them
-    ctx = load_profile(DB)
+    ctx = _loaded(DB)
     got = {
         r: (n, n_null)
         for r, n, n_null in ctx.con.execute(

@@ -212,12 +212,14 @@ def check_escaped(fmt: str, text: str, run: Run, controls: bool = False) -> None
             f"a newline in an op name broke a Markdown line{ctx}")
 
 
-# One case of each kind runs in the quick suite (each case is a CLI run, ~0.6 CPU-s); the whole corpus, the
-# gzip bombs and the fuzzers' finds among it, runs with the marked tests (-m slow).
+# A few cases run in the quick suite, each a CLI process of its own (~2 s): an unreadable file, a missing path, a
+# file name with control characters, an output path that is a symlink, a corrupt .db. The whole corpus (bad
+# values, duplicate ranks, FIFOs, hostile strings in every format, the gzip bombs and the fuzzers' finds) runs
+# with the marked tests (-m slow); escaping in every renderer is also checked in-process by
+# tests/test_render_hostile.py and tests/test_render_formats.py.
 QUICK_CASES = frozenset({
-    "truncated_json", "alone_truncated_gzip", "negative_durations", "unsorted_events", "same_rank_twice",
-    "missing_path", "fifo_in_directory", "symlink_out_file", "control_chars_in_file_name", "hostile_strings_escaped",
-    "ascend_csv_ragged_rows", "ascend_corrupt_db_only",
+    "truncated_json", "alone_truncated_gzip", "missing_path", "symlink_out_file", "control_chars_in_file_name",
+    "ascend_corrupt_db_only",
 })
 
 

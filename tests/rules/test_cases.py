@@ -35,7 +35,7 @@ import pytest
 
 from advisor.config import Config
 from advisor.model import Severity
-from tests.conftest import ROOT, report_json, resolve_fixture
+from tests.conftest import ROOT, profile_group, report_json, resolve_fixture, shared_report
 
 CASES_DIR = Path(__file__).parent / "cases"
 
@@ -46,6 +46,11 @@ def _cases() -> list[Any]:
         data = tomllib.loads(f.read_text())
         for case in data.get("case", []):
             marks = [pytest.mark.slow] if case.get("slow") else []
+            if "set" not in case and "fixture" in case:
+                # the cases of one profile run on one worker, which analyses it once (shared_report)
+                marks.append(profile_group(resolve_fixture(case["fixture"])))
+            elif "set" not in case and "generator" in case:
+                marks.append(pytest.mark.xdist_group(case["generator"]))
             out.append(pytest.param(f.stem, case, id=f"{f.stem}-{case['name']}", marks=marks))
     return out
 
@@ -81,6 +86,10 @@ def test_rule_case(rule_id: str, case: dict[str, Any], tmp_path_factory: pytest.
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
         report = analyze_context(context_from_tables(getattr(importlib.import_module(mod), func)()), cfg)
+    elif "set" not in case:
+        # every rule at default thresholds, once per worker: the case reads its own rule's
+        # outcome and findings (a rule's findings do not depend on which other rules run)
+        report = shared_report(_fixture_path(case, tmp_path_factory))
     else:
         report = analyze(_fixture_path(case, tmp_path_factory), cfg)
     data = report_json(report)
