@@ -33,8 +33,7 @@ def selected(specs: dict[str, RuleSpec[Any]], cfg: Config) -> dict[str, RuleSpec
 
 
 # one more than two cores: a rule waiting for a shared table another rule is building
-# (kernel_ops, host_op_top ...) leaves its core to a third (32 ranks x 10 MB: -0.08 s on average
-# over alternating runs; more gave nothing)
+# (kernel_ops, host_op_top ...) leaves its core to a third
 RULE_WORKERS = 3
 
 

@@ -68,8 +68,7 @@ def connect(memory_limit: str | None = None, threads: int | None = None) -> Any:
     con.execute("SET preserve_insertion_order = false")
     # bit-packing is the costliest method to analyse at a checkpoint and to decode in every scan
     # of the integer columns (start_ns, dur_ns, corr ...); without it they are stored plain or
-    # run-length encoded. 32 ranks x 10 MB: checkpoint 0.22 -> 0.16 s, whole job -0.12 s, peak
-    # RSS +5 %; 500 MB: -0.3 s or more, peak RSS unchanged (10 and 3 alternating runs)
+    # run-length encoded (its measured effect: benchmarks/README.md)
     con.execute("SET disabled_compression_methods = 'bitpacking'")
     con.execute(f"ATTACH ':memory:' AS {DB} (COMPRESS)")
     con.execute(f"USE {DB}")

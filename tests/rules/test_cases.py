@@ -49,13 +49,29 @@ def _cases() -> list[Any]:
             if "set" not in case and "fixture" in case:
                 # the cases of one profile run on one worker, which analyses it once (shared_report)
                 marks.append(profile_group(resolve_fixture(case["fixture"])))
-            elif "set" not in case and "generator" in case:
+            elif "generator" in case:
                 marks.append(pytest.mark.xdist_group(case["generator"]))
+            elif "tables" in case:
+                marks.append(pytest.mark.xdist_group(case["tables"]))
             out.append(pytest.param(f.stem, case, id=f"{f.stem}-{case['name']}", marks=marks))
     return out
 
 
 _GEN_CACHE: dict[str, Path] = {}
+_TABLES_CACHE: dict[str, Any] = {}
+
+
+def _tables_context(key: str) -> Any:
+    """The context built from ``module:func``'s canonical rows, once per worker: the rules only
+    read it, so each case runs its own rule (and thresholds) on the same context."""
+    from advisor.testing import context_from_tables
+
+    if key not in _TABLES_CACHE:
+        mod, func = key.split(":")
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        _TABLES_CACHE[key] = context_from_tables(getattr(importlib.import_module(mod), func)())
+    return _TABLES_CACHE[key]
 
 
 def _fixture_path(case: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -80,12 +96,7 @@ def test_rule_case(rule_id: str, case: dict[str, Any], tmp_path_factory: pytest.
 
     cfg = Config(select=[rule_id], overrides={rule_id: dict(case.get("set", {}))} if case.get("set") else {})
     if "tables" in case:
-        from advisor.testing import context_from_tables
-
-        mod, func = case["tables"].split(":")
-        if str(ROOT) not in sys.path:
-            sys.path.insert(0, str(ROOT))
-        report = analyze_context(context_from_tables(getattr(importlib.import_module(mod), func)()), cfg)
+        report = analyze_context(_tables_context(case["tables"]), cfg)
     elif "set" not in case:
         # every rule at default thresholds, once per worker: the case reads its own rule's
         # outcome and findings (a rule's findings do not depend on which other rules run)
