@@ -17,7 +17,6 @@ import io
 import json
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -328,15 +327,13 @@ def test_step_option_selects_an_inferred_step(tmp_path: Path) -> None:
 # --- cost -------------------------------------------------------------------------------------
 
 
-def test_inference_is_near_linear() -> None:
-    """200,000 top-level operators (500 a step, 400 steps) infer in well under a second or two."""
+def test_inference_on_200k_operators() -> None:
+    """200,000 top-level operators (500 a step, 400 steps): every step found (its cost is measured
+    by benchmarks/, not here)."""
     body = [f"aten::op{i % 97}" for i in range(499)] + ["Optimizer.step#AdamW.step"]
     n, s, e = _ops(body * 400, t0=10**18)
-    t = time.perf_counter()
     res = infer_rank(0, n, s, e, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    took = time.perf_counter() - t
     assert len(res.steps) == 400 and res.period == 500
-    assert took < 5.0, took
 
 
 # --- steps from the collectives where the operators do not repeat -----------------------------

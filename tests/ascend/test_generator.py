@@ -7,7 +7,6 @@ import csv
 import json
 import re
 import sqlite3
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -272,10 +271,13 @@ def test_db_tables_have_the_documented_columns(gen_both):
         assert columns_cell(row[2]) <= set(ana[table]), table
 
 
-def test_generation_is_fast_and_in_tmp(tmp_path):
-    t0 = time.perf_counter()
+def test_generation_stays_in_tmp(faults8_text, tmp_path_factory):
+    base = str(tmp_path_factory.getbasetemp())
+    assert faults8_text.files and all(str(p).startswith(base) for p in faults8_text.files)
+
+
+@pytest.mark.slow
+def test_64_rank_generation_stays_in_tmp(tmp_path):
     facts = gen_cluster.generate("cluster64", tmp_path / "c64", "text")
-    elapsed = time.perf_counter() - t0
     assert len(facts.rank_dirs) == 64
-    assert elapsed < 30  # a few seconds on a laptop; generous for slow CI machines
     assert all(str(p).startswith(str(tmp_path)) for p in facts.files)
