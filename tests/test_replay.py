@@ -135,3 +135,20 @@ def test_change_is_checked() -> None:
         R.Change("shrink", R.Select())
     with pytest.raises(ValueError):
         R.Change("drop_edges", R.Select())
+
+
+@pytest.mark.slow  # a whole analysis (about 4 s on a shared machine)
+def test_findings_carry_the_replayed_saving_beside_todays() -> None:
+    """IO001 on the slow-loader trace: the finding keeps its own estimate and adds the replay's, which gives
+    back the ``__next__`` time (31.25-31.65 ms per step, README); the report stays schema-valid."""
+    from advisor.analyze import analyze
+    from tests.conftest import report_json
+
+    data = report_json(analyze(TRACES / "cpu_slow_dataloader"))
+    io = [f for f in data["findings"] if f["rule"] == "IO001"]
+    assert len(io) == 1
+    rp = io[0]["replay"]
+    assert rp["estimated"] and rp["reproduced"] and rp["reproduction_error"] <= R.REPRODUCE_WITHIN
+    assert 31_000 <= rp["saving_us"] <= 31_800
+    assert rp["assumption"].startswith("if ")
+    assert io[0]["estimated_saving_us"] is not None  # today's estimate is kept as it was

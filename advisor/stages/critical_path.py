@@ -211,9 +211,10 @@ class Threads:
     owner: list[int]
 
 
-def host_threads(w: Window) -> Threads:
+def host_threads(w: Window, owners: bool = True) -> Threads:
     """The host threads of the window; the main thread is the one holding the step marker, unless
-    other threads drive the device (then the one making most launches)."""
+    other threads drive the device (then the one making most launches). ``owners``: find each
+    event's outermost operator (else ``owner`` is empty)."""
     kind, corr, tid, device = w.kind, w.corr, w.tid, w.device
     by_thread: dict[str, list[int]] = defaultdict(list)
     for i in range(w.n):
@@ -242,7 +243,7 @@ def host_threads(w: Window) -> Threads:
     if main_tid is not None:
         workers.add(main_tid)
     tracks = {t: _flatten(ix, w.start, w.end) for t, ix in by_thread.items()}
-    return Threads(by_thread, workers, main_tid, tracks, outermost_owners(w, by_thread))
+    return Threads(by_thread, workers, main_tid, tracks, outermost_owners(w, by_thread) if owners else [])
 
 
 def outermost_owners(w: Window, by_thread: dict[str, list[int]]) -> list[int]:

@@ -146,7 +146,7 @@ class _Nodes:
 
 def graph_of(cur: Any, rank: int, step: int | None, w: Window) -> Graph:
     """The graph of window ``w`` (see the module docstring)."""
-    th = host_threads(w)
+    th = host_threads(w, owners=False)
     st = device_streams(w)
     sy = Syncs(cur, rank, w, st)
     nodes = _Nodes()
@@ -161,38 +161,45 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window) -> Graph:
     lead = marker if marker in th.tracks else th.main_tid
     work = set(th.workers) | {t for t, ix in th.by_thread.items()
                               if any(w.kind[i] in (*WORK_KINDS, "runtime", "sync") for i in ix)}
+    ws, we = w.start.tolist(), w.end.tolist()
+    blocking_ev = {i for i in range(w.n) if w.kind[i] in ("runtime", "sync") and not w.device[i] and blocking(w, i)}
+    released: dict[int, int | None] = {}
+    n_start, n_dur, n_event, n_device, n_thread, n_wait = (nodes.start, nodes.dur, nodes.event, nodes.device,
+                                                           nodes.thread, nodes.wait)
     for tid in sorted(work, key=lambda t: (t != lead, t)):
         tr = th.tracks.get(tid)
         if tr is None:
             continue
-        starts: list[int] = []
-        ends: list[int] = []
+        starts: list[int] = tr.seg_start
+        ends: list[int] = tr.seg_end
         ids: list[int] = []
         prev: int | None = None
-        released: dict[int, int | None] = {}
+        host_order = _CODE[EdgeKind.HOST_ORDER]
         for a, b, i in zip(tr.seg_start, tr.seg_end, tr.seg_event, strict=True):
             d = None
-            if blocking(w, i):
+            if i in blocking_ev:
                 if i not in released:
-                    released[i] = sy.released_by(i, int(w.start[i]), int(w.end[i]))
+                    released[i] = sy.released_by(i, ws[i], we[i])
                 d = released[i]
-                if d is not None and not a < int(w.end[d]) <= b:
+                if d is not None and not a < we[d] <= b:
                     d = None
             if d is not None:
-                split = int(w.end[d])
-                v_wait = nodes.add(a, a, i, False, tid, wait=True)
-                v = nodes.add(split, b, i, False, tid)
-                edges.append((v_wait, v, _CODE[EdgeKind.HOST_ORDER], False))
-                edges.append((int(d) + 0, v, -1, False))  # resolved to the task's node below
-                first = v_wait
+                first = nodes.add(a, a, i, False, tid, wait=True)
+                v = nodes.add(we[d], b, i, False, tid)
+                edges.append((first, v, host_order, False))
+                edges.append((d, v, -1, False))  # resolved to the task's node below
             else:
-                v = nodes.add(a, b, i, False, tid)
-                first = v
+                v = first = len(n_start)
+                n_start.append(a)
+                n_dur.append(b - a)
+                n_event.append(i)
+                n_device.append(False)
+                n_thread.append(tid)
+                n_wait.append(False)
             if prev is not None:
-                edges.append((prev, first, _CODE[EdgeKind.HOST_ORDER], False))
-            first_of_event.setdefault(i, first)
-            starts.append(a)
-            ends.append(b)
+                edges.append((prev, first, host_order, False))
+            if i not in first_of_event:
+                first_of_event[i] = first
             ids.append(first)
             prev = v
         thread_nodes[tid] = (starts, ends, ids)
@@ -225,12 +232,12 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window) -> Graph:
     for i in st.dev_all:
         if i in containers:
             continue
-        node_of_task[i] = nodes.add(int(w.start[i]), int(w.end[i]), i, True, None)
+        node_of_task[i] = nodes.add(ws[i], we[i], i, True, None)
     for key, (ends, ix) in st.stream_ends.items():
         for i in ix:
             if i not in node_of_task:
                 continue
-            s = int(w.start[i])
+            s = ws[i]
             p = bisect.bisect_right(ends, s) - 1
             while p >= 0 and (ix[p] == i or ix[p] not in node_of_task):
                 p -= 1
@@ -239,10 +246,10 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window) -> Graph:
                 edges.append((node_of_task[prev_task], node_of_task[i], _CODE[EdgeKind.STREAM_ORDER], False))
             launch = st.launch_of.get(w.corr[i]) if w.corr[i] is not None else None
             launch_t = None
-            if launch is not None and launch in first_of_event and int(w.start[launch]) <= s:
+            if launch is not None and launch in first_of_event and ws[launch] <= s:
                 edges.append((first_of_event[launch], node_of_task[i], _CODE[EdgeKind.LAUNCH], True))
-                launch_t = min(int(w.end[launch]), s)
-            prev_end = int(w.end[prev_task]) if prev_task is not None else None
+                launch_t = min(we[launch], s)
+            prev_end = we[prev_task] if prev_task is not None else None
             after = max(x for x in (launch_t, prev_end, w.start_ns) if x is not None)
             if s <= after or i in inside:
                 continue
@@ -395,12 +402,12 @@ def reproduction_error(g: Graph) -> float:
 class Select:
     """Which events of a window a change applies to: all of these that are given must hold.
 
-    ``kinds`` event kinds; ``names`` exact names; ``name_re`` / ``not_name_re`` regular expressions
-    on the name; ``device`` host (False) or device (True) events; ``outermost`` only events not
-    nested in another selected one (on host threads: a removed event takes its nested ones with it
-    either way)."""
+    ``kinds`` event kinds (``not_kinds`` not these); ``names`` exact names; ``name_re`` / ``not_name_re`` regular expressions
+    on the name; ``device`` host (False) or device (True) events. On host threads a change takes the
+    events nested in a selected one with it."""
 
     kinds: tuple[str, ...] = ()
+    not_kinds: tuple[str, ...] = ()
     names: tuple[str, ...] = ()
     name_re: str | None = None
     not_name_re: str | None = None
@@ -411,6 +418,8 @@ class Select:
         ok = np.ones(w.n, dtype=bool)
         if self.kinds:
             ok &= np.fromiter((k in self.kinds for k in w.kind), dtype=bool, count=w.n)
+        if self.not_kinds:
+            ok &= np.fromiter((k not in self.not_kinds for k in w.kind), dtype=bool, count=w.n)
         if self.names:
             names = set(self.names)
             ok &= np.fromiter((nm in names for nm in w.name), dtype=bool, count=w.n)
