@@ -152,3 +152,33 @@ def test_findings_carry_the_replayed_saving_beside_todays() -> None:
     assert 31_000 <= rp["saving_us"] <= 31_800
     assert rp["assumption"].startswith("if ")
     assert io[0]["estimated_saving_us"] is not None  # today's estimate is kept as it was
+
+
+def _com001_rows(path: Path) -> list[tuple[Any, ...]]:
+    from advisor.engine.registry import discover
+    from advisor.engine.rule import RuleContext
+    from advisor.stages.sequence import run_stages
+    from rules.comm.com001_slow_synchronization import _replay_rows
+
+    ctx = _load(path)
+    if ctx.breakdown is None:
+        run_stages(ctx, None, None, warnings=[], path_warnings=[])
+    spec = discover()["COM001"]
+    return _replay_rows(RuleContext(spec, ctx, spec.thresholds()))
+
+
+def test_collective_wait_counterfactual_per_rank() -> None:
+    """COM001's rank part: on the Ascend DDP export (HCCL ``Notify Wait`` tasks) each rank's step is replayed
+    with its collectives waiting only for their transfer; the saving is most of the step and at most the
+    ``Notify Wait`` time (the step is 156 / 154 ms, step_trace_time.csv)."""
+    rows = _com001_rows(DATA / "ascend_real" / "ascend_pt_resnet_ddp_l1_text")
+    assert sorted((r[0], r[1]) for r in rows) == [(0, 50), (1, 50)]
+    for rank, _step, measured, saving, error, reason in rows:
+        assert reason is None and error <= R.REPRODUCE_WITHIN
+        assert 0.5 * measured < saving < measured, rank
+
+
+def test_nccl_collective_wait_is_not_estimated() -> None:
+    """Kineto NCCL kernels record no wait apart from their transfer: no saving, and the reason."""
+    rows = _com001_rows(SAMPLES / "kineto_two_ranks")
+    assert rows and all(r[3] is None and "NCCL" in r[5] for r in rows)

@@ -381,6 +381,21 @@ class RuleContext(Generic[T]):
 
         if self.spec.scope != "rank":
             return {"estimated": False, "reason": "a cluster rule runs where no events are; its rank part replays"}
+        results = self.replay_steps(rank, changes, steps)
+        out = replay_stage.summary(results, assumption)
+        bad = [r for r in results if not r.reproduced]
+        if bad:
+            self.warn(f"rank {rank}: the replay of {len(bad)} of {len(results)} steps does not reproduce the measured "
+                      f"step within {replay_stage.REPRODUCE_WITHIN:.0%} (worst {max(r.error for r in bad):.1%}); "
+                      "their what-if saving is not estimated")
+        return out
+
+    def replay_steps(self, rank: int, changes: Sequence[Change], steps: Iterable[int] | None = None) -> list[Any]:
+        """Rank ``rank``'s step windows (``steps``, default those of the breakdown) replayed without and with
+        ``changes``: one :class:`advisor.stages.replay.StepResult` per step. Only where the rank's events are
+        (a rank rule, a cluster rule's rank part)."""
+        from advisor.stages import replay as replay_stage
+
         if steps is None:
             bd = self.breakdown(rank)
             steps = [int(x) for x in bd["step"]] if len(bd) else None
@@ -392,16 +407,9 @@ class RuleContext(Generic[T]):
             windows = [w for w in windows if w[0] in want]
         cur = self.analysis.con.cursor()
         try:
-            results = replay_stage.what_if(replay_stage.graphs(cur, self.analysis.extras, int(rank), windows), changes)
+            return replay_stage.what_if(replay_stage.graphs(cur, self.analysis.extras, int(rank), windows), changes)
         finally:
             cur.close()
-        out = replay_stage.summary(results, assumption)
-        bad = [r for r in results if not r.reproduced]
-        if bad:
-            self.warn(f"rank {rank}: the replay of {len(bad)} of {len(results)} steps does not reproduce the measured "
-                      f"step within {replay_stage.REPRODUCE_WITHIN:.0%} (worst {max(r.error for r in bad):.1%}); "
-                      "their what-if saving is not estimated")
-        return out
 
 
 # runtime API prefixes -> the platform a Kineto trace was recorded on
