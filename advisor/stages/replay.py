@@ -250,7 +250,11 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window) -> Graph:
                 edges.append((first_of_event[launch], node_of_task[i], _CODE[EdgeKind.LAUNCH], True))
                 launch_t = min(we[launch], s)
             prev_end = we[prev_task] if prev_task is not None else None
-            after = max(x for x in (launch_t, prev_end, w.start_ns) if x is not None)
+            after = w.start_ns
+            if launch_t is not None and launch_t > after:
+                after = launch_t
+            if prev_end is not None and prev_end > after:
+                after = prev_end
             if s <= after or i in inside:
                 continue
             waited, infer = sy.recorded_wait(i, prev_task, after, s) if sy.recorded else (None, True)
@@ -369,14 +373,17 @@ def replay(g: Graph, dur: np.ndarray | None = None, keep: np.ndarray | None = No
     end = [0] * n
     for v in range(n):
         lo, hi = ptr[v], ptr[v + 1]
-        if lo == hi:
+        if hi - lo == 1:  # most nodes: one predecessor
+            s = (start[src_l[lo]] if fs_l[lo] else end[src_l[lo]]) + delay_l[lo]
+        elif lo == hi:
             s = s0[v]
         else:
             s = -(1 << 62)
             for k in range(lo, hi):
                 u = src_l[k]
                 t = (start[u] if fs_l[k] else end[u]) + delay_l[k]
-                s = max(s, t)
+                if t > s:  # noqa: PLR1730 -- cheaper than a call in this loop
+                    s = t
         start[v] = s
         end[v] = s + d[v]
     return np.asarray(start, dtype=np.int64), np.asarray(end, dtype=np.int64)

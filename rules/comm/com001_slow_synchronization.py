@@ -167,8 +167,9 @@ RANK_TABLES = {
 
 #: the counterfactual (advisor.stages.replay): each collective waits only for its transfer. Where the
 #: export records the waits as tasks (Ascend HCCL ``Notify Wait`` beside the transfer tasks ``SDMA`` /
-#: ``RDMA`` ...), those tasks take no time; where it records a collective's wait time (Ascend
-#: communication.json / .db ``Wait Time``), the collective is bounded to its elapse time less its wait
+#: ``RDMA`` ...), those tasks take no time; where it records a collective's transit time (Ascend
+#: communication.json / .db ``Transit Time``), the collective is bounded to it (else to its elapse time
+#: less its ``Wait Time``): the rest of its elapse time is waiting, at the start or between transfers
 NOTIFY_WAIT_RE = r"(?i)^notify[ _]wait$"
 ASSUMPTION = "if each collective waited only for its own transfer (no wait for its peers)"
 NOT_ESTIMATED = ("the collectives record no wait apart from their transfer (e.g. Kineto NCCL kernels): the time "
@@ -177,12 +178,12 @@ NOT_ESTIMATED = ("the collectives record no wait apart from their transfer (e.g.
 
 # per rank and step: the wait the collectives record (exported wait time, or their wait tasks)
 WAITS_SQL = """
-SELECT rank, step, sum(wait_ns) AS wait_ns, count(wait_ns) AS n FROM comm_ops
-WHERE step IS NOT NULL AND wait_ns IS NOT NULL GROUP BY ALL
+SELECT rank, step, sum(dur_ns - coalesce(transit_ns, dur_ns - wait_ns)) AS wait_ns FROM comm_ops
+WHERE step IS NOT NULL AND coalesce(transit_ns, wait_ns) IS NOT NULL AND dur_ns > 0 GROUP BY ALL
 """
 BOUNDS_SQL = """
-SELECT name, greatest(dur_ns - wait_ns, 0) AS bound FROM comm_ops
-WHERE rank = $rank AND step = $step AND wait_ns IS NOT NULL AND dur_ns > 0
+SELECT name, greatest(coalesce(transit_ns, dur_ns - wait_ns), 0) AS bound FROM comm_ops
+WHERE rank = $rank AND step = $step AND coalesce(transit_ns, wait_ns) IS NOT NULL AND dur_ns > 0
 """
 NOTIFY_SQL = """
 SELECT e.rank, s.step, sum(e.dur_ns) AS wait_ns FROM events e JOIN steps s
