@@ -176,27 +176,41 @@ class Window:
 
 def read_window(cur: Any, rank: int, start_ns: int, end_ns: int) -> Window | None:
     """The events of the window (:data:`_EVENTS_SQL`), None when it has none or no length."""
-    rows = cur.execute(_EVENTS_SQL, {"rank": rank, "start": start_ns, "end": end_ns}).fetchall()
-    if not rows or end_ns - start_ns <= 0:
+    if end_ns - start_ns <= 0:
         return None
-    n = len(rows)
+    cols = cur.execute(_EVENTS_SQL, {"rank": rank, "start": start_ns, "end": end_ns}).fetchnumpy()
+    n = len(cols["start_ns"])
+    if not n:
+        return None
+    device = [bool(x) for x in cols["device"].tolist()]
+    pid = [str(x) for x in cols["pid"].tolist()]
+    raw_tid = [str(x) for x in cols["tid"].tolist()]
+    corr_l = _plain(cols["corr"])
     return Window(
         start_ns=start_ns,
         end_ns=end_ns,
-        start=np.fromiter((r[0] for r in rows), dtype=np.int64, count=n).clip(start_ns, end_ns),
-        end=np.fromiter((r[1] for r in rows), dtype=np.int64, count=n).clip(start_ns, end_ns),
-        kind=[r[2] for r in rows],
-        name=[r[3] for r in rows],
-        device=[bool(r[4]) for r in rows],
-        pid=[r[5] for r in rows],
+        start=np.asarray(cols["start_ns"], dtype=np.int64).clip(start_ns, end_ns),
+        end=np.asarray(cols["end_ns"], dtype=np.int64).clip(start_ns, end_ns),
+        kind=[str(x) for x in cols["kind"].tolist()],
+        name=[x if isinstance(x, str) else ("" if x is None else str(x)) for x in _plain(cols["name"])],
+        device=device,
+        pid=pid,
         # a stream is known by its device too: Kineto numbers the streams of each GPU of a process
         # (its own pid there) alike, so two devices both have a "stream 7". A host thread by its id
         # alone: one OS thread may show under several layer "processes" (torch_npu: Python, CANN)
-        tid=[f"{r[5]}/{r[6]}" if r[4] else r[6] for r in rows],
-        stream=[r[7] for r in rows],
-        corr=[r[8] for r in rows],
-        raw_tid=[r[6] for r in rows],
+        tid=[f"{p}/{t}" if d else t for p, t, d in zip(pid, raw_tid, device, strict=True)],
+        stream=[int(x) for x in cols["stream"].tolist()],
+        corr=corr_l,
+        raw_tid=raw_tid,
     )
+
+
+def _plain(col: Any) -> list[Any]:
+    """A fetched column as a list, its NULLs as None."""
+    if hasattr(col, "mask"):
+        return [None if m else v for v, m in zip(col.data.tolist(), np.broadcast_to(col.mask, col.shape).tolist(),
+                                                 strict=True)]
+    return list(col.tolist())
 
 
 @dataclass

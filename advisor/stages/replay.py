@@ -151,6 +151,7 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window) -> Graph:
     sy = Syncs(cur, rank, w, st)
     nodes = _Nodes()
     edges: list[tuple[int, int, int, bool]] = []  # src, dst, kind code, from the source's start
+    sync_waits: list[tuple[int, int]] = []  # (releasing task, the sync's node after the wait)
     first_of_event: dict[int, int] = {}  # host event -> its first segment node
     # host threads: flattened segments, blocking calls split where the task releasing them ended
     main_segs: tuple[list[int], list[int], list[int]] | None = None  # starts, ends, nodes of the main thread
@@ -187,7 +188,7 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window) -> Graph:
                 first = nodes.add(a, a, i, False, tid, wait=True)
                 v = nodes.add(we[d], b, i, False, tid)
                 edges.append((first, v, host_order, False))
-                edges.append((d, v, -1, False))  # resolved to the task's node below
+                sync_waits.append((d, v))  # the task's node is known below
             else:
                 v = first = len(n_start)
                 n_start.append(a)
@@ -218,10 +219,9 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window) -> Graph:
                     edges.append((main_segs[2][p], v, _CODE[EdgeKind.THREAD_HAND_OFF], True))
     # task queue: the k-th enqueue (any thread) is the k-th dequeue's work (torch_npu: the Python and
     # autograd threads enqueue, the task-queue thread dequeues and launches)
-    enq = sorted((i for i in first_of_event if w.kind[i] == "queue" and w.name[i].startswith("Enqueue")),
-                 key=lambda i: int(w.start[i]))
-    deq = sorted((i for i in first_of_event if w.kind[i] == "queue" and w.name[i].startswith("Dequeue")),
-                 key=lambda i: int(w.start[i]))
+    queued = [i for i, k in enumerate(w.kind) if k == "queue" and i in first_of_event]
+    enq = sorted((i for i in queued if w.name[i].startswith("Enqueue")), key=lambda i: ws[i])
+    deq = sorted((i for i in queued if w.name[i].startswith("Dequeue")), key=lambda i: ws[i])
     for e_, d_ in zip(enq, deq, strict=False):
         if int(w.start[e_]) <= int(w.start[d_]) and w.tid[e_] != w.tid[d_]:
             edges.append((first_of_event[e_], first_of_event[d_], _CODE[EdgeKind.THREAD_HAND_OFF], True))
@@ -275,15 +275,9 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window) -> Graph:
             if int(w.start[launch]) <= int(w.start[t0]):
                 edges.append((first_of_event[launch], node_of_task[t0], _CODE[EdgeKind.LAUNCH], True))
     # sync waits: the releasing task's node
-    fixed: list[tuple[int, int, int, bool]] = []
-    for s_, d_, k, fs in edges:
-        if k == -1:
-            if s_ in node_of_task:
-                fixed.append((node_of_task[s_], d_, _CODE[EdgeKind.SYNC_WAIT], False))
-            continue
-        fixed.append((s_, d_, k, fs))
+    edges += [(node_of_task[d], v, _CODE[EdgeKind.SYNC_WAIT], False) for d, v in sync_waits if d in node_of_task]
     sink = [dev or th_ == lead for dev, th_ in zip(nodes.device, nodes.thread, strict=True)]
-    return _finish(rank, step, w, nodes, fixed, {c: [node_of_task[t] for t in ts] for c, ts in containers.items()},
+    return _finish(rank, step, w, nodes, edges, {c: [node_of_task[t] for t in ts] for c, ts in containers.items()},
                    sink)
 
 
