@@ -167,42 +167,65 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window) -> Graph:
     released: dict[int, int | None] = {}
     n_start, n_dur, n_event, n_device, n_thread, n_wait = (nodes.start, nodes.dur, nodes.event, nodes.device,
                                                            nodes.thread, nodes.wait)
+    host_order = _CODE[EdgeKind.HOST_ORDER]
+    edge_chunks: list[np.ndarray] = []
     for tid in sorted(work, key=lambda t: (t != lead, t)):
         tr = th.tracks.get(tid)
         if tr is None:
             continue
         starts: list[int] = tr.seg_start
         ends: list[int] = tr.seg_end
-        ids: list[int] = []
-        prev: int | None = None
-        host_order = _CODE[EdgeKind.HOST_ORDER]
-        for a, b, i in zip(tr.seg_start, tr.seg_end, tr.seg_event, strict=True):
-            d = None
+        ev = tr.seg_event
+        # the blocking calls' segments that a device task's end splits (few: handled one by one)
+        split_at: dict[int, tuple[int, int]] = {}  # segment -> (releasing task, its end)
+        for k, i in enumerate(ev):
             if i in blocking_ev:
                 if i not in released:
                     released[i] = sy.released_by(i, ws[i], we[i])
                 d = released[i]
-                if d is not None and not a < we[d] <= b:
-                    d = None
-            if d is not None:
-                first = nodes.add(a, a, i, False, tid, wait=True)
-                v = nodes.add(we[d], b, i, False, tid)
-                edges.append((first, v, host_order, False))
-                sync_waits.append((d, v))  # the task's node is known below
-            else:
-                v = first = len(n_start)
-                n_start.append(a)
-                n_dur.append(b - a)
-                n_event.append(i)
-                n_device.append(False)
-                n_thread.append(tid)
-                n_wait.append(False)
-            if prev is not None:
-                edges.append((prev, first, host_order, False))
-            if i not in first_of_event:
-                first_of_event[i] = first
-            ids.append(first)
-            prev = v
+                if d is not None and starts[k] < we[d] <= ends[k]:
+                    split_at[k] = (d, we[d])
+        m = len(ev)
+        sa, sb = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+        split = np.zeros(m, dtype=bool)
+        if split_at:
+            split[list(split_at)] = True
+        count = 1 + split.astype(np.int64)
+        base = len(n_start)
+        first_ix = np.cumsum(count) - count  # each segment's first node, from base
+        last_ix = first_ix + split
+        total = int(count.sum())
+        n_s = np.empty(total, dtype=np.int64)
+        n_d = np.empty(total, dtype=np.int64)
+        n_e = np.empty(total, dtype=np.int64)
+        n_w = np.zeros(total, dtype=bool)
+        n_s[first_ix] = sa
+        n_d[first_ix] = sb - sa
+        n_e[first_ix] = ev
+        n_e[last_ix] = ev
+        if split_at:
+            ks = np.asarray(list(split_at), dtype=np.int64)
+            rel = np.asarray([t for _, t in split_at.values()], dtype=np.int64)
+            n_d[first_ix[ks]] = 0
+            n_w[first_ix[ks]] = True
+            n_s[last_ix[ks]] = rel
+            n_d[last_ix[ks]] = sb[ks] - rel
+            for k, (d, _t) in split_at.items():
+                sync_waits.append((d, base + int(last_ix[k])))
+            edge_chunks.append(np.stack([base + first_ix[ks], base + last_ix[ks],
+                                         np.full(len(ks), host_order), np.zeros(len(ks), dtype=np.int64)], axis=1))
+        if m > 1:
+            edge_chunks.append(np.stack([base + last_ix[:-1], base + first_ix[1:], np.full(m - 1, host_order),
+                                         np.zeros(m - 1, dtype=np.int64)], axis=1))
+        n_start.extend(n_s.tolist())
+        n_dur.extend(n_d.tolist())
+        n_event.extend(n_e.tolist())
+        n_device.extend([False] * total)
+        n_thread.extend([tid] * total)
+        n_wait.extend(n_w.tolist())
+        ids = (base + first_ix).tolist()
+        for i, v in zip(reversed(ev), reversed(ids), strict=True):
+            first_of_event[i] = v  # the event's first segment wins
         thread_nodes[tid] = (starts, ends, ids)
         if tid == lead:
             main_segs = (starts, ends, ids)
@@ -277,7 +300,9 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window) -> Graph:
     # sync waits: the releasing task's node
     edges += [(node_of_task[d], v, _CODE[EdgeKind.SYNC_WAIT], False) for d, v in sync_waits if d in node_of_task]
     sink = [dev or th_ == lead for dev, th_ in zip(nodes.device, nodes.thread, strict=True)]
-    return _finish(rank, step, w, nodes, edges, {c: [node_of_task[t] for t in ts] for c, ts in containers.items()},
+    if edges:
+        edge_chunks.append(np.asarray(edges, dtype=np.int64))
+    return _finish(rank, step, w, nodes, edge_chunks, {c: [node_of_task[t] for t in ts] for c, ts in containers.items()},
                    sink)
 
 
@@ -300,7 +325,7 @@ def _containers(w: Window, dev_all: list[int]) -> dict[int, list[int]]:
     return out
 
 
-def _finish(rank: int, step: int | None, w: Window, nodes: _Nodes, edges: list[tuple[int, int, int, bool]],
+def _finish(rank: int, step: int | None, w: Window, nodes: _Nodes, edges: list[np.ndarray],
             containers: dict[int, list[int]], sink: list[bool]) -> Graph:
     """Nodes sorted by measured start (waits before the work that starts with them), edges renumbered,
     and each edge's delay: on the edge that bound its node, the time from its point to the node's
@@ -312,7 +337,7 @@ def _finish(rank: int, step: int | None, w: Window, nodes: _Nodes, edges: list[t
     rank_of = np.empty(n, dtype=np.int64)
     rank_of[order] = np.arange(n)
     if edges:
-        e = np.asarray(edges, dtype=np.int64)
+        e = np.concatenate(edges)
         src, dst, kind, fs = rank_of[e[:, 0]], rank_of[e[:, 1]], e[:, 2], e[:, 3].astype(bool)
     else:
         src = dst = kind = np.empty(0, dtype=np.int64)
