@@ -225,10 +225,11 @@ class Threads:
     owner: list[int]
 
 
-def host_threads(w: Window, owners: bool = True) -> Threads:
+def host_threads(w: Window, owners: bool = True, flatten: Any = None) -> Threads:
     """The host threads of the window; the main thread is the one holding the step marker, unless
     other threads drive the device (then the one making most launches). ``owners``: find each
-    event's outermost operator (else ``owner`` is empty)."""
+    event's outermost operator (else ``owner`` is empty); ``flatten``: which threads' timelines to
+    flatten (a predicate on the thread id and its events; default all)."""
     kind, corr, tid, device = w.kind, w.corr, w.tid, w.device
     by_thread: dict[str, list[int]] = defaultdict(list)
     for i in range(w.n):
@@ -256,7 +257,8 @@ def host_threads(w: Window, owners: bool = True) -> Threads:
         main_tid = max(sorted(workers), key=lambda th: len(by_thread[th]))
     if main_tid is not None:
         workers.add(main_tid)
-    tracks = {t: _flatten(ix, w.start, w.end) for t, ix in by_thread.items()}
+    tracks = {t: _flatten(ix, w.start, w.end) for t, ix in by_thread.items()
+              if flatten is None or t in workers or flatten(t, ix)}
     return Threads(by_thread, workers, main_tid, tracks, outermost_owners(w, by_thread) if owners else [])
 
 

@@ -72,6 +72,8 @@ EDGE_KINDS: tuple[EdgeKind, ...] = (
     EdgeKind.THREAD_HAND_OFF,
 )
 _CODE = {k: i for i, k in enumerate(EDGE_KINDS)}
+#: host event kinds that make a thread part of the step's graph (besides driving the device)
+_WORK = frozenset((*WORK_KINDS, "runtime", "sync"))
 
 
 @dataclass
@@ -146,7 +148,10 @@ class _Nodes:
 
 def graph_of(cur: Any, rank: int, step: int | None, w: Window) -> Graph:
     """The graph of window ``w`` (see the module docstring)."""
-    th = host_threads(w, owners=False)
+    def does_work(_t: str, ix: list[int]) -> bool:
+        return any(w.kind[i] in _WORK for i in ix)
+
+    th = host_threads(w, owners=False, flatten=does_work)
     st = device_streams(w)
     sy = Syncs(cur, rank, w, st)
     nodes = _Nodes()
@@ -160,8 +165,7 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window) -> Graph:
     # Python thread enqueues what its task-queue thread launches; autograd's thread runs the backward)
     marker = next((w.tid[i] for i in range(w.n) if w.kind[i] == "step"), None)
     lead = marker if marker in th.tracks else th.main_tid
-    work = set(th.workers) | {t for t, ix in th.by_thread.items()
-                              if any(w.kind[i] in (*WORK_KINDS, "runtime", "sync") for i in ix)}
+    work = set(th.tracks)
     ws, we = w.start.tolist(), w.end.tolist()
     blocking_ev = {i for i in range(w.n) if w.kind[i] in ("runtime", "sync") and not w.device[i] and blocking(w, i)}
     released: dict[int, int | None] = {}
