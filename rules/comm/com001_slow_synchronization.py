@@ -172,7 +172,7 @@ RANK_TABLES = {
 #: less its ``Wait Time``): the rest of its elapse time is waiting, at the start or between transfers
 NOTIFY_WAIT_RE = r"(?i)^notify[ _]wait$"
 ASSUMPTION = "if each collective waited only for its own transfer (no wait for its peers)"
-NOT_ESTIMATED = ("the collectives record no wait apart from their transfer (e.g. Kineto NCCL kernels): the time "
+NOT_ESTIMATED = ("the collectives record no wait apart from their transfer (Kineto NCCL kernels, gloo calls): the time "
                  "beyond the last participant's arrival needs every participant's arrival on one clock, which "
                  "the replay of one rank does not have")
 
@@ -213,7 +213,8 @@ def _replay_rows(ctx: RuleContext[Thresholds]) -> list[tuple[Any, ...]]:
     for r in ctx.query(NOTIFY_SQL, {"notify_re": NOTIFY_WAIT_RE}):
         key = (int(r["rank"]), int(r["step"]))
         waits[key] = max(waits.get(key, 0.0), float(r["wait_ns"] or 0))
-    comm_ranks = {int(r["rank"]) for r in ctx.query("SELECT DISTINCT rank FROM comm_ops")}
+    comm_ranks = {int(r["rank"]) for r in ctx.query(
+        "SELECT DISTINCT rank FROM comm_ops UNION SELECT DISTINCT rank FROM events WHERE kind = 'comm'")}
     rows: list[tuple[Any, ...]] = []
     for rank, step, len_us in zip(bd["rank"].tolist(), bd["step"].tolist(), bd["step_us"].tolist(), strict=True):
         rank, step = int(rank), int(step)
