@@ -182,3 +182,46 @@ def test_nccl_collective_wait_is_not_estimated() -> None:
     """Kineto NCCL kernels record no wait apart from their transfer: no saving, and the reason."""
     rows = _com001_rows(SAMPLES / "kineto_two_ranks")
     assert rows and all(r[3] is None and "NCCL" in r[5] for r in rows)
+
+
+def _tiny(rows: list[tuple[Any, ...]]) -> Any:
+    """A DuckDB holding only ``events`` rows (kind, name, tid, device, stream, start µs, dur µs, corr) of rank 0."""
+    from advisor.ingest import connect
+    from advisor.schema import create_all
+
+    con = connect()
+    create_all(con)
+    for kind, name, tid, dev, stream, s, d, corr in rows:
+        con.execute("INSERT INTO events (rank, kind, name, pid, tid, device, stream, start_ns, dur_ns, corr) "
+                    "VALUES (0, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [kind, name, "1" if not dev else "0", tid, dev,
+                                                              stream, s * 1000, d * 1000, corr])
+    return con.cursor()
+
+
+def test_a_sync_that_blocked_saves_its_wait_and_one_that_did_not_saves_nothing() -> None:
+    """Host: launch kernel A (corr 1) at 0-10 µs, cudaStreamSynchronize 10-500 µs (A runs 20-480 µs: the host
+    waits for it), launch B at 510 µs (corr 2), a second synchronize 530-540 µs during which the device runs
+    nothing (B ran 515-525 µs), launch C at 600 µs; C runs 610-700 µs. Without the wait the host runs ahead,
+    but B and C still follow A on the stream: the step loses the device's idle time after A, 35 + 85 µs. The
+    second sync blocked on nothing: it has no wait edge to drop."""
+    cur = _tiny([
+        ("runtime", "cudaLaunchKernel", "h", False, None, 0, 10, 1),
+        ("sync", "cudaStreamSynchronize", "h", False, None, 10, 490, None),
+        ("runtime", "cudaLaunchKernel", "h", False, None, 510, 5, 2),
+        ("sync", "cudaStreamSynchronize", "h", False, None, 530, 10, None),
+        ("runtime", "cudaLaunchKernel", "h", False, None, 600, 5, 3),
+        ("kernel", "A", "7", True, 7, 20, 460, 1),
+        ("kernel", "B", "7", True, 7, 515, 10, 2),
+        ("kernel", "C", "7", True, 7, 610, 90, 3),
+    ])
+    g = R.build(cur, 0, 0, 0, 700_000)
+    assert g is not None and R.reproduction_error(g) == 0
+    kinds = {R.EDGE_KINDS[k] for k in g.etype.tolist()}
+    assert {EdgeKind.SYNC_WAIT, EdgeKind.LAUNCH, EdgeKind.STREAM_ORDER, EdgeKind.HOST_ORDER} <= kinds
+    assert int((g.etype == R.EDGE_KINDS.index(EdgeKind.SYNC_WAIT)).sum()) == 1  # the second sync waited on nothing
+    drop = [R.Change("drop_edges", R.Select(device=False), edge=EdgeKind.SYNC_WAIT)]
+    assert R.saving(g, drop) == 120_000
+    # the kernel A twice as fast: the sync returns 230 µs earlier, and so does everything after it
+    assert R.saving(g, [R.Change("scale", R.Select(names=("A",)), value=0.5)]) == 230_000
+    # A bounded to 100 µs: 360 µs earlier
+    assert R.saving(g, [R.Change("bound", R.Select(names=("A",)), value=100_000)]) == 360_000
