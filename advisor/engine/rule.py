@@ -32,7 +32,7 @@ from advisor.stages.replay import Change, Select
 
 #: what a rule module imports from here: the rule's declaration, its context, and its counterfactual as
 #: data (:mod:`advisor.stages.replay`)
-__all__ = ["Change", "NoThresholds", "RankPart", "RuleContext", "RuleDoc", "RuleSpec", "Select", "iter_findings",
+__all__ = ["SAVING_FROM_REPLAY", "Change", "NoThresholds", "RankPart", "RuleContext", "RuleDoc", "RuleSpec", "Select", "iter_findings",
            "knob", "platform_of", "registered", "rule"]
 
 if TYPE_CHECKING:
@@ -40,6 +40,12 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 T2 = TypeVar("T2")
+
+#: The one switch that makes a finding's ``estimated_saving_us`` (hence its severity, the ranking and the
+#: verdict) the replayed saving of its counterfactual where the replay estimated one on steps that all
+#: reproduced (the rule's own figure then stays in ``evidence.saving_before_replay_us``). Off: the
+#: replay is reported beside the rule's figure only (``Finding.replay``).
+SAVING_FROM_REPLAY = False
 
 RULE_ID_RE = re.compile(r"^[A-Z]{2,4}\d{3}$")
 DOC_SECTIONS = ("Why it matters", "How it is detected", "What to do")
@@ -345,6 +351,10 @@ class RuleContext(Generic[T]):
         step time it is a share of. A rule that cannot estimate a saving passes ``severity``.
         """
         cause = cause or self.spec.cause
+        if SAVING_FROM_REPLAY and replay is not None and replay.get("estimated") and replay.get("reproduced"):
+            evidence = {**evidence, "saving_before_replay_us": None if saving_us is None else round(float(saving_us), 3)}
+            saving_us = float(replay["saving_us"])
+            saving_basis = f"replayed step without the cause: {replay.get('assumption', '')}"
         fraction = None
         if saving_us is not None and step_us:
             fraction = max(0.0, min(1.0, saving_us / step_us))
