@@ -176,33 +176,50 @@ class Window:
 
 def read_window(cur: Any, rank: int, start_ns: int, end_ns: int) -> Window | None:
     """The events of the window (:data:`_EVENTS_SQL`), None when it has none or no length."""
-    if end_ns - start_ns <= 0:
-        return None
-    cols = cur.execute(_EVENTS_SQL, {"rank": rank, "start": start_ns, "end": end_ns}).fetchnumpy()
-    n = len(cols["start_ns"])
-    if not n:
-        return None
+    return read_windows(cur, rank, [(start_ns, end_ns)])[0]
+
+
+def read_windows(cur: Any, rank: int, windows: list[tuple[int, int]]) -> list[Window | None]:
+    """The events of each window (start_ns, end_ns) of one rank, read in one query over their span:
+    each as :func:`read_window` gives it (None when it has none or no length)."""
+    spans = [(a, b) for a, b in windows if b - a > 0]
+    if not spans:
+        return [None] * len(windows)
+    lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+    cols = cur.execute(_EVENTS_SQL, {"rank": rank, "start": lo, "end": hi}).fetchnumpy()
+    start = np.asarray(cols["start_ns"], dtype=np.int64)
+    end = np.asarray(cols["end_ns"], dtype=np.int64)
+    if not len(start):
+        return [None] * len(windows)
     device = [bool(x) for x in cols["device"].tolist()]
     pid = [str(x) for x in cols["pid"].tolist()]
     raw_tid = [str(x) for x in cols["tid"].tolist()]
-    corr_l = _plain(cols["corr"])
-    return Window(
-        start_ns=start_ns,
-        end_ns=end_ns,
-        start=np.asarray(cols["start_ns"], dtype=np.int64).clip(start_ns, end_ns),
-        end=np.asarray(cols["end_ns"], dtype=np.int64).clip(start_ns, end_ns),
-        kind=[str(x) for x in cols["kind"].tolist()],
-        name=[x if isinstance(x, str) else ("" if x is None else str(x)) for x in _plain(cols["name"])],
-        device=device,
-        pid=pid,
-        # a stream is known by its device too: Kineto numbers the streams of each GPU of a process
-        # (its own pid there) alike, so two devices both have a "stream 7". A host thread by its id
-        # alone: one OS thread may show under several layer "processes" (torch_npu: Python, CANN)
-        tid=[f"{p}/{t}" if d else t for p, t, d in zip(pid, raw_tid, device, strict=True)],
-        stream=[int(x) for x in cols["stream"].tolist()],
-        corr=corr_l,
-        raw_tid=raw_tid,
-    )
+    kind = [str(x) for x in cols["kind"].tolist()]
+    name = [x if isinstance(x, str) else ("" if x is None else str(x)) for x in _plain(cols["name"])]
+    # a stream is known by its device too: Kineto numbers the streams of each GPU of a process (its
+    # own pid there) alike, so two devices both have a "stream 7". A host thread by its id alone: one
+    # OS thread may show under several layer "processes" (torch_npu: Python, CANN)
+    tid = [f"{p}/{t}" if d else t for p, t, d in zip(pid, raw_tid, device, strict=True)]
+    stream = [int(x) for x in cols["stream"].tolist()]
+    corr = _plain(cols["corr"])
+    whole = len(spans) == 1
+    out: list[Window | None] = []
+    for a, b in windows:
+        if b - a <= 0:
+            out.append(None)
+            continue
+        ix = np.arange(len(start)) if whole else np.flatnonzero((start < b) & (end > a))
+        if not len(ix):
+            out.append(None)
+            continue
+        sel = ix.tolist()
+        out.append(Window(
+            start_ns=a, end_ns=b, start=start[ix].clip(a, b), end=end[ix].clip(a, b),
+            kind=[kind[i] for i in sel], name=[name[i] for i in sel], device=[device[i] for i in sel],
+            pid=[pid[i] for i in sel], tid=[tid[i] for i in sel], stream=[stream[i] for i in sel],
+            corr=[corr[i] for i in sel], raw_tid=[raw_tid[i] for i in sel],
+        ))
+    return out
 
 
 def _plain(col: Any) -> list[Any]:
@@ -329,11 +346,19 @@ def last_end_in(w: Window, vals: list[int], order: list[int], a: int, b: int, ke
     return None
 
 
+def rank_sync_rows(cur: Any, rank: int) -> list[tuple[Any, ...]]:
+    """Every device sync record of the rank (:data:`_SYNCS_SQL` unbounded), in correlation order."""
+    return list(cur.execute(_SYNCS_SQL, {"rank": rank, "lo": -(1 << 62), "hi": 1 << 62}).fetchall())
+
+
 class Syncs:
     """The window's recorded synchronisation (Kineto ``cuda_sync``): which stream waited for which
     recorded event, and which host sync call waited for what."""
 
-    def __init__(self, cur: Any, rank: int, w: Window, streams: Streams) -> None:
+    def __init__(self, cur: Any, rank: int, w: Window, streams: Streams,
+                 rank_syncs: list[tuple[Any, ...]] | None = None) -> None:
+        """``rank_syncs``: every device sync record of the rank (:func:`rank_sync_rows`), read once for
+        several windows; else the window's are read here."""
         self.w = w
         self.streams = streams
         self.waits: dict[tuple[str, int], tuple[list[int], list[tuple[Any, Any]]]] = defaultdict(lambda: ([], []))
@@ -341,8 +366,14 @@ class Syncs:
         corr, dev_all = w.corr, streams.dev_all
         dev_corrs = [corr[i] for i in dev_all if corr[i] is not None]
         all_corrs = [c for c in corr if c is not None]
-        syncs = (cur.execute(_SYNCS_SQL, {"rank": rank, "lo": min(dev_corrs), "hi": max(all_corrs)}).fetchall()
-                 if dev_corrs else [])
+        if not dev_corrs:
+            syncs: list[tuple[Any, ...]] = []
+        elif rank_syncs is not None:
+            lo_c, hi_c = min(dev_corrs), max(all_corrs)
+            keys = [r[3] for r in rank_syncs]
+            syncs = rank_syncs[bisect.bisect_right(keys, lo_c):bisect.bisect_right(keys, hi_c)]
+        else:
+            syncs = cur.execute(_SYNCS_SQL, {"rank": rank, "lo": min(dev_corrs), "hi": max(all_corrs)}).fetchall()
         for nm, dv, st, c, ws, wc in syncs:
             self.sync_of_call.setdefault(int(c), (nm, (dv, int(st)), ws, wc))
             if nm == WAIT_EVENT:

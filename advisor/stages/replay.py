@@ -59,7 +59,9 @@ from advisor.stages.critical_path import (
     device_streams,
     host_threads,
     last_end_in,
+    rank_sync_rows,
     read_window,
+    read_windows,
 )
 
 #: a step reproduces when the no-change replay is within this share of the measured step
@@ -146,14 +148,15 @@ class _Nodes:
         return len(self.start) - 1
 
 
-def graph_of(cur: Any, rank: int, step: int | None, w: Window) -> Graph:
-    """The graph of window ``w`` (see the module docstring)."""
+def graph_of(cur: Any, rank: int, step: int | None, w: Window, rank_syncs: list[tuple[Any, ...]] | None = None) -> Graph:
+    """The graph of window ``w`` (see the module docstring); ``rank_syncs``: the rank's device sync
+    records read once (:func:`advisor.stages.critical_path.rank_sync_rows`), else read here."""
     def does_work(_t: str, ix: list[int]) -> bool:
         return any(w.kind[i] in _WORK for i in ix)
 
     th = host_threads(w, owners=False, flatten=does_work)
     st = device_streams(w)
-    sy = Syncs(cur, rank, w, st)
+    sy = Syncs(cur, rank, w, st, rank_syncs)
     nodes = _Nodes()
     edges: list[tuple[int, int, int, bool]] = []  # src, dst, kind code, from the source's start
     sync_waits: list[tuple[int, int]] = []  # (releasing task, the sync's node after the wait)
@@ -582,15 +585,15 @@ GRAPHS_KEY = "replay_graphs"
 
 def graphs(cur: Any, cache: dict[Any, Any], rank: int, windows: Iterable[tuple[int | None, int, int]]) -> list[Graph]:
     """The graphs of a rank's windows (step, start_ns, end_ns), built once per analysis in ``cache``."""
-    out = []
     store = cache.setdefault(GRAPHS_KEY, {})
-    for step, a, b in windows:
-        key = (rank, step, a, b)
-        if key not in store:
-            store[key] = build(cur, rank, step, a, b)
-        if store[key] is not None:
-            out.append(store[key])
-    return out
+    wins = list(windows)
+    need = [(step, a, b) for step, a, b in wins if (rank, step, a, b) not in store]
+    if need:  # the rank's windows read in one query, its sync records in another
+        read = read_windows(cur, rank, [(a, b) for _, a, b in need])
+        syncs = rank_sync_rows(cur, rank) if any(w is not None for w in read) else []
+        for (step, a, b), w in zip(need, read, strict=True):
+            store[(rank, step, a, b)] = None if w is None else graph_of(cur, rank, step, w, syncs)
+    return [store[(rank, step, a, b)] for step, a, b in wins if store[(rank, step, a, b)] is not None]
 
 
 def what_if(gs: Sequence[Graph], changes: Sequence[Change]) -> list[StepResult]:
