@@ -138,6 +138,10 @@ class Finding:
     root: bool = True
     root_id: str | None = None
     uid: str = ""  # set when two findings of one report would share an id
+    # the what-if replay of the rule's counterfactual (advisor.stages.replay.summary): the replayed saving
+    # with its assumption and how well the step reproduced, or why no saving is estimated; None when the
+    # rule states no counterfactual
+    replay: Mapping[str, Any] | None = None
 
     @property
     def bottleneck(self) -> str:

@@ -28,12 +28,24 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 from advisor.causes import optimizations_for
 from advisor.kinds import Source
 from advisor.model import Finding, Severity, severity_for_fraction
+from advisor.stages.replay import Change, Select
+
+#: what a rule module imports from here: the rule's declaration, its context, and its counterfactual as
+#: data (:mod:`advisor.stages.replay`)
+__all__ = ["SAVING_FROM_REPLAY", "Change", "NoThresholds", "RankPart", "RuleContext", "RuleDoc", "RuleSpec", "Select", "iter_findings",
+           "knob", "platform_of", "registered", "rule"]
 
 if TYPE_CHECKING:
     from advisor.engine.context import AnalysisContext
 
 T = TypeVar("T")
 T2 = TypeVar("T2")
+
+#: The one switch that makes a finding's ``estimated_saving_us`` (hence its severity, the ranking and the
+#: verdict) the replayed saving of its counterfactual where the replay estimated one on steps that all
+#: reproduced (the rule's own figure then stays in ``evidence.saving_before_replay_us``). Off: the
+#: replay is reported beside the rule's figure only (``Finding.replay``).
+SAVING_FROM_REPLAY = False
 
 RULE_ID_RE = re.compile(r"^[A-Z]{2,4}\d{3}$")
 DOC_SECTIONS = ("Why it matters", "How it is detected", "What to do")
@@ -331,6 +343,7 @@ class RuleContext(Generic[T]):
         saving_basis: str = "",
         detail: str = "",
         top: Iterable[Mapping[str, Any]] = (),
+        replay: Mapping[str, Any] | None = None,
     ) -> Finding:
         """Build a finding. Severity comes from saving/step_us (CAUSES.md) unless given.
 
@@ -338,6 +351,10 @@ class RuleContext(Generic[T]):
         step time it is a share of. A rule that cannot estimate a saving passes ``severity``.
         """
         cause = cause or self.spec.cause
+        if SAVING_FROM_REPLAY and replay is not None and replay.get("estimated") and replay.get("reproduced"):
+            evidence = {**evidence, "saving_before_replay_us": None if saving_us is None else round(float(saving_us), 3)}
+            saving_us = float(replay["saving_us"])
+            saving_basis = f"replayed step without the cause: {replay.get('assumption', '')}"
         fraction = None
         if saving_us is not None and step_us:
             fraction = max(0.0, min(1.0, saving_us / step_us))
@@ -359,7 +376,50 @@ class RuleContext(Generic[T]):
             optimizations=optimizations_for(cause, self.platform,
                                             (title, *(str(o) for o in ops), *(str(v) for x in top for v in x.values()))),
             top=tuple(dict(x) for x in top),
+            replay=None if replay is None else dict(replay),
         )
+
+    # -- what-if replay ----------------------------------------------------------------
+    def what_if(self, rank: int, changes: Sequence[Change], assumption: str,
+                steps: Iterable[int] | None = None) -> dict[str, Any]:
+        """The finding's ``replay`` object: rank ``rank``'s step windows (``steps``, default those of the
+        breakdown) replayed without and with ``changes`` (:class:`advisor.stages.replay.Change`), the
+        graphs built once per analysis. A step whose no-change replay does not reproduce the measured
+        step is left out of the saving, and said in a warning; a cluster rule (no events where it runs)
+        gets ``estimated: false``."""
+        from advisor.stages import replay as replay_stage
+
+        if self.spec.scope != "rank":
+            return {"estimated": False, "reason": "a cluster rule runs where no events are; its rank part replays"}
+        results = self.replay_steps(rank, changes, steps)
+        out = replay_stage.summary(results, assumption)
+        bad = [r for r in results if not r.reproduced]
+        if bad:
+            self.warn(f"rank {rank}: the replay of {len(bad)} of {len(results)} steps does not reproduce the measured "
+                      f"step within {replay_stage.REPRODUCE_WITHIN:.0%} (worst {max(r.error for r in bad):.1%}); "
+                      "their what-if saving is not estimated")
+        return out
+
+    def replay_steps(self, rank: int, changes: Sequence[Change], steps: Iterable[int] | None = None) -> list[Any]:
+        """Rank ``rank``'s step windows (``steps``, default those of the breakdown) replayed without and with
+        ``changes``: one :class:`advisor.stages.replay.StepResult` per step. Only where the rank's events are
+        (a rank rule, a cluster rule's rank part)."""
+        from advisor.stages import replay as replay_stage
+
+        if steps is None:
+            bd = self.breakdown(rank)
+            steps = [int(x) for x in bd["step"]] if len(bd) else None
+        windows = [(int(r["step"]), int(r["start_ns"]), int(r["end_ns"])) for r in self.analysis.query(
+            "SELECT step, start_ns, end_ns FROM steps WHERE rank = $rank AND end_ns > start_ns ORDER BY step",
+            {"rank": int(rank)})]
+        if steps is not None:
+            want = {int(x) for x in steps}
+            windows = [w for w in windows if w[0] in want]
+        cur = self.analysis.con.cursor()
+        try:
+            return replay_stage.what_if(replay_stage.graphs(cur, self.analysis.extras, int(rank), windows), changes)
+        finally:
+            cur.close()
 
 
 # runtime API prefixes -> the platform a Kineto trace was recorded on

@@ -36,6 +36,7 @@ def finding_dict(f: Finding) -> dict[str, Any]:
         "explained_by": list(f.explained_by),
         "root": f.root,
         "root_id": f.root_id,
+        **({"replay": dict(f.replay)} if f.replay is not None else {}),
     }
 
 

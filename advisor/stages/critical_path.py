@@ -176,27 +176,58 @@ class Window:
 
 def read_window(cur: Any, rank: int, start_ns: int, end_ns: int) -> Window | None:
     """The events of the window (:data:`_EVENTS_SQL`), None when it has none or no length."""
-    rows = cur.execute(_EVENTS_SQL, {"rank": rank, "start": start_ns, "end": end_ns}).fetchall()
-    if not rows or end_ns - start_ns <= 0:
-        return None
-    n = len(rows)
-    return Window(
-        start_ns=start_ns,
-        end_ns=end_ns,
-        start=np.fromiter((r[0] for r in rows), dtype=np.int64, count=n).clip(start_ns, end_ns),
-        end=np.fromiter((r[1] for r in rows), dtype=np.int64, count=n).clip(start_ns, end_ns),
-        kind=[r[2] for r in rows],
-        name=[r[3] for r in rows],
-        device=[bool(r[4]) for r in rows],
-        pid=[r[5] for r in rows],
-        # a stream is known by its device too: Kineto numbers the streams of each GPU of a process
-        # (its own pid there) alike, so two devices both have a "stream 7". A host thread by its id
-        # alone: one OS thread may show under several layer "processes" (torch_npu: Python, CANN)
-        tid=[f"{r[5]}/{r[6]}" if r[4] else r[6] for r in rows],
-        stream=[r[7] for r in rows],
-        corr=[r[8] for r in rows],
-        raw_tid=[r[6] for r in rows],
-    )
+    return read_windows(cur, rank, [(start_ns, end_ns)])[0]
+
+
+def read_windows(cur: Any, rank: int, windows: list[tuple[int, int]]) -> list[Window | None]:
+    """The events of each window (start_ns, end_ns) of one rank, read in one query over their span:
+    each as :func:`read_window` gives it (None when it has none or no length)."""
+    spans = [(a, b) for a, b in windows if b - a > 0]
+    if not spans:
+        return [None] * len(windows)
+    lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+    cols = cur.execute(_EVENTS_SQL, {"rank": rank, "start": lo, "end": hi}).fetchnumpy()
+    start = np.asarray(cols["start_ns"], dtype=np.int64)
+    end = np.asarray(cols["end_ns"], dtype=np.int64)
+    if not len(start):
+        return [None] * len(windows)
+    device = [bool(x) for x in cols["device"].tolist()]
+    pid = [str(x) for x in cols["pid"].tolist()]
+    raw_tid = [str(x) for x in cols["tid"].tolist()]
+    kind = [str(x) for x in cols["kind"].tolist()]
+    name = [x if isinstance(x, str) else ("" if x is None else str(x)) for x in _plain(cols["name"])]
+    # a stream is known by its device too: Kineto numbers the streams of each GPU of a process (its
+    # own pid there) alike, so two devices both have a "stream 7". A host thread by its id alone: one
+    # OS thread may show under several layer "processes" (torch_npu: Python, CANN)
+    tid = [f"{p}/{t}" if d else t for p, t, d in zip(pid, raw_tid, device, strict=True)]
+    stream = [int(x) for x in cols["stream"].tolist()]
+    corr = _plain(cols["corr"])
+    whole = len(spans) == 1
+    out: list[Window | None] = []
+    for a, b in windows:
+        if b - a <= 0:
+            out.append(None)
+            continue
+        ix = np.arange(len(start)) if whole else np.flatnonzero((start < b) & (end > a))
+        if not len(ix):
+            out.append(None)
+            continue
+        sel = ix.tolist()
+        out.append(Window(
+            start_ns=a, end_ns=b, start=start[ix].clip(a, b), end=end[ix].clip(a, b),
+            kind=[kind[i] for i in sel], name=[name[i] for i in sel], device=[device[i] for i in sel],
+            pid=[pid[i] for i in sel], tid=[tid[i] for i in sel], stream=[stream[i] for i in sel],
+            corr=[corr[i] for i in sel], raw_tid=[raw_tid[i] for i in sel],
+        ))
+    return out
+
+
+def _plain(col: Any) -> list[Any]:
+    """A fetched column as a list, its NULLs as None."""
+    if hasattr(col, "mask"):
+        return [None if m else v for v, m in zip(col.data.tolist(), np.broadcast_to(col.mask, col.shape).tolist(),
+                                                 strict=True)]
+    return list(col.tolist())
 
 
 @dataclass
@@ -211,9 +242,11 @@ class Threads:
     owner: list[int]
 
 
-def host_threads(w: Window) -> Threads:
+def host_threads(w: Window, owners: bool = True, flatten: Any = None) -> Threads:
     """The host threads of the window; the main thread is the one holding the step marker, unless
-    other threads drive the device (then the one making most launches)."""
+    other threads drive the device (then the one making most launches). ``owners``: find each
+    event's outermost operator (else ``owner`` is empty); ``flatten``: which threads' timelines to
+    flatten (a predicate on the thread id and its events; default all)."""
     kind, corr, tid, device = w.kind, w.corr, w.tid, w.device
     by_thread: dict[str, list[int]] = defaultdict(list)
     for i in range(w.n):
@@ -241,8 +274,9 @@ def host_threads(w: Window) -> Threads:
         main_tid = max(sorted(workers), key=lambda th: len(by_thread[th]))
     if main_tid is not None:
         workers.add(main_tid)
-    tracks = {t: _flatten(ix, w.start, w.end) for t, ix in by_thread.items()}
-    return Threads(by_thread, workers, main_tid, tracks, outermost_owners(w, by_thread))
+    tracks = {t: _flatten(ix, w.start, w.end) for t, ix in by_thread.items()
+              if flatten is None or t in workers or flatten(t, ix)}
+    return Threads(by_thread, workers, main_tid, tracks, outermost_owners(w, by_thread) if owners else [])
 
 
 def outermost_owners(w: Window, by_thread: dict[str, list[int]]) -> list[int]:
@@ -312,11 +346,19 @@ def last_end_in(w: Window, vals: list[int], order: list[int], a: int, b: int, ke
     return None
 
 
+def rank_sync_rows(cur: Any, rank: int) -> list[tuple[Any, ...]]:
+    """Every device sync record of the rank (:data:`_SYNCS_SQL` unbounded), in correlation order."""
+    return list(cur.execute(_SYNCS_SQL, {"rank": rank, "lo": -(1 << 62), "hi": 1 << 62}).fetchall())
+
+
 class Syncs:
     """The window's recorded synchronisation (Kineto ``cuda_sync``): which stream waited for which
     recorded event, and which host sync call waited for what."""
 
-    def __init__(self, cur: Any, rank: int, w: Window, streams: Streams) -> None:
+    def __init__(self, cur: Any, rank: int, w: Window, streams: Streams,
+                 rank_syncs: list[tuple[Any, ...]] | None = None) -> None:
+        """``rank_syncs``: every device sync record of the rank (:func:`rank_sync_rows`), read once for
+        several windows; else the window's are read here."""
         self.w = w
         self.streams = streams
         self.waits: dict[tuple[str, int], tuple[list[int], list[tuple[Any, Any]]]] = defaultdict(lambda: ([], []))
@@ -324,8 +366,14 @@ class Syncs:
         corr, dev_all = w.corr, streams.dev_all
         dev_corrs = [corr[i] for i in dev_all if corr[i] is not None]
         all_corrs = [c for c in corr if c is not None]
-        syncs = (cur.execute(_SYNCS_SQL, {"rank": rank, "lo": min(dev_corrs), "hi": max(all_corrs)}).fetchall()
-                 if dev_corrs else [])
+        if not dev_corrs:
+            syncs: list[tuple[Any, ...]] = []
+        elif rank_syncs is not None:
+            lo_c, hi_c = min(dev_corrs), max(all_corrs)
+            keys = [r[3] for r in rank_syncs]
+            syncs = rank_syncs[bisect.bisect_right(keys, lo_c):bisect.bisect_right(keys, hi_c)]
+        else:
+            syncs = cur.execute(_SYNCS_SQL, {"rank": rank, "lo": min(dev_corrs), "hi": max(all_corrs)}).fetchall()
         for nm, dv, st, c, ws, wc in syncs:
             self.sync_of_call.setdefault(int(c), (nm, (dv, int(st)), ws, wc))
             if nm == WAIT_EVENT:

@@ -50,7 +50,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.engine.rule import RankPart, RuleContext, knob, rule
+from advisor.engine.rule import Change, RankPart, RuleContext, Select, knob, rule
 from advisor.model import Finding
 from rules.comm._common import P2P_RE, ms, step_us
 
@@ -162,7 +162,34 @@ ORDER BY rank, start_ns, name
 RANK_TABLES = {
     "com001_host_comm": "rank INTEGER, step INTEGER, name VARCHAR, start_ns BIGINT, dur_ns BIGINT",
     "com001_comm_events": "rank INTEGER, n BIGINT",
+    "com001_replay": "rank INTEGER, step INTEGER, measured_ns BIGINT, saving_ns BIGINT, error DOUBLE, reason VARCHAR",
 }
+
+#: the counterfactual (advisor.stages.replay): each collective waits only for its transfer. Where the
+#: export records the waits as tasks (Ascend HCCL ``Notify Wait`` beside the transfer tasks ``SDMA`` /
+#: ``RDMA`` ...), those tasks take no time; where it records a collective's transit time (Ascend
+#: communication.json / .db ``Transit Time``), the collective is bounded to it (else to its elapse time
+#: less its ``Wait Time``): the rest of its elapse time is waiting, at the start or between transfers
+NOTIFY_WAIT_RE = r"(?i)^notify[ _]wait$"
+ASSUMPTION = "if each collective waited only for its own transfer (no wait for its peers)"
+NOT_ESTIMATED = ("the collectives record no wait apart from their transfer (Kineto NCCL kernels, gloo calls): the time "
+                 "beyond the last participant's arrival needs every participant's arrival on one clock, which "
+                 "the replay of one rank does not have")
+
+# per rank and step: the wait the collectives record (exported wait time, or their wait tasks)
+WAITS_SQL = """
+SELECT rank, step, sum(dur_ns - coalesce(transit_ns, dur_ns - wait_ns)) AS wait_ns FROM comm_ops
+WHERE step IS NOT NULL AND coalesce(transit_ns, wait_ns) IS NOT NULL AND dur_ns > 0 GROUP BY ALL
+"""
+BOUNDS_SQL = """
+SELECT name, greatest(coalesce(transit_ns, dur_ns - wait_ns), 0) AS bound FROM comm_ops
+WHERE rank = $rank AND step = $step AND coalesce(transit_ns, wait_ns) IS NOT NULL AND dur_ns > 0
+"""
+NOTIFY_SQL = """
+SELECT e.rank, s.step, sum(e.dur_ns) AS wait_ns FROM events e JOIN steps s
+  ON s.rank = e.rank AND e.start_ns >= s.start_ns AND e.start_ns < s.end_ns
+WHERE e.device AND e.kind = 'comm' AND regexp_matches(e.name, $notify_re) GROUP BY ALL
+"""
 
 
 def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
@@ -170,7 +197,80 @@ def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
     host = [(r["rank"], r["step"], r["name"], r["start_ns"], r["dur_ns"]) for r in ctx.query(HOST_SQL, {"p2p": P2P_RE})]
     counts = [(r["rank"], r["n"]) for r in ctx.query(
         "SELECT rank, count(*) AS n FROM events WHERE kind = 'comm' GROUP BY rank ORDER BY rank")]
-    return {"com001_host_comm": host, "com001_comm_events": counts}
+    return {"com001_host_comm": host, "com001_comm_events": counts, "com001_replay": _replay_rows(ctx)}
+
+
+def _replay_rows(ctx: RuleContext[Thresholds]) -> list[tuple[Any, ...]]:
+    """Per (rank, step) with collectives: the measured step and the saving of :data:`ASSUMPTION`
+    replayed, or why it is not: no recorded wait, or waits under ``min_wait_share`` of the step (not
+    worth a replay: the rule cannot fire on them)."""
+    bd = ctx.breakdown()
+    if bd is None or bd.empty:
+        return []
+    waits: dict[tuple[int, int], float] = {}
+    for r in ctx.query(WAITS_SQL):
+        waits[(int(r["rank"]), int(r["step"]))] = float(r["wait_ns"] or 0)
+    for r in ctx.query(NOTIFY_SQL, {"notify_re": NOTIFY_WAIT_RE}):
+        key = (int(r["rank"]), int(r["step"]))
+        waits[key] = max(waits.get(key, 0.0), float(r["wait_ns"] or 0))
+    comm_ranks = {int(r["rank"]) for r in ctx.query(
+        "SELECT DISTINCT rank FROM comm_ops UNION SELECT DISTINCT rank FROM events WHERE kind = 'comm'")}
+    rows: list[tuple[Any, ...]] = []
+    for rank, step, len_us in zip(bd["rank"].tolist(), bd["step"].tolist(), bd["step_us"].tolist(), strict=True):
+        rank, step = int(rank), int(step)
+        if rank not in comm_ranks:
+            continue
+        wait = waits.get((rank, step))
+        if wait is None:
+            rows.append((rank, step, round(len_us * 1000), None, None, NOT_ESTIMATED))
+            continue
+        if wait < ctx.t.min_wait_share * len_us * 1000:
+            rows.append((rank, step, round(len_us * 1000), 0, None,
+                         f"the collectives wait under {ctx.t.min_wait_share:.0%} of the step: not replayed, no saving"))
+            continue
+        bounds = tuple((str(r["name"]), int(r["bound"])) for r in ctx.query(BOUNDS_SQL, {"rank": rank, "step": step}))
+        changes = [Change("remove", Select(kinds=("comm",), device=True, name_re=NOTIFY_WAIT_RE))]
+        if bounds:
+            changes.append(Change("bound", Select(kinds=("comm",), device=True, names=tuple(n for n, _ in bounds)),
+                                  bounds=bounds))
+        for res in ctx.replay_steps(rank, changes, [step]):
+            rows.append((rank, step, res.measured_ns, res.saving_ns if res.reproduced else None, res.error,
+                         None if res.reproduced else "the replay does not reproduce the measured step"))
+    return rows
+
+
+def _replay_of(ctx: RuleContext[Thresholds], ranks: list[int], steps: list[int]) -> dict[str, Any]:
+    """The finding's ``replay``: per step, the cluster's step (its slowest rank) measured less the cluster's
+    step replayed with every rank's collectives waiting only for their transfer (a rank whose collectives
+    wait little keeps its measured step); the mean over the steps whose every rank was replayed, with
+    ``ranks`` (the group) there. A rank that cannot be replayed leaves its step out."""
+    rows = ctx.query("SELECT * FROM com001_replay WHERE step IN (SELECT unnest($steps)) ORDER BY step, rank",
+                     {"steps": steps})
+    group = set(ranks)
+    rows = [r for r in rows if any(int(x["step"]) == int(r["step"]) and int(x["rank"]) in group for x in rows)]
+    if not rows:
+        return {"estimated": False, "assumption": ASSUMPTION, "reason": "no replay of these ranks' steps"}
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_step.setdefault(int(r["step"]), []).append(r)
+    savings, errors, reasons = [], [], set()
+    for members in by_step.values():
+        errors += [float(r["error"]) for r in members if r["error"] is not None]
+        if any(r["saving_ns"] is None for r in members):
+            reasons |= {str(r["reason"]) for r in members if r["reason"]}
+            continue
+        measured = max(int(r["measured_ns"]) for r in members)
+        replayed = max(int(r["measured_ns"]) - int(r["saving_ns"]) for r in members)
+        savings.append((measured - replayed, measured))
+    if not savings:
+        return {"estimated": False, "assumption": ASSUMPTION, "reason": "; ".join(sorted(reasons)) or "not replayed"}
+    saving_us = sum(sv for sv, _ in savings) / len(savings) / 1000.0
+    step_us = sum(m for _, m in savings) / len(savings) / 1000.0
+    return {"estimated": True, "saving_us": round(max(saving_us, 0.0), 3),
+            "saving_fraction": round(max(saving_us, 0.0) / step_us, 4) if step_us else None,
+            "assumption": ASSUMPTION, "reproduced": len(savings) == len(by_step),
+            "reproduction_error": round(max(errors), 4) if errors else 0.0,
+            "steps": len(by_step), "steps_replayed": len(savings)}
 
 
 @rule("COM001", "comm.slow-synchronization", cause="comm.slow_synchronization",
@@ -280,6 +380,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             detail=("Only part of the world is in this profile; the R_wait is over the ranks present."
                     if partial else ""),
             top=top,
+            replay=_replay_of(ctx, ranks, sorted(int(s) for s in g["step"].unique())),
         )
     _check_counts(ctx)
 

@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.engine.rule import Change, RuleContext, Select, knob, rule
 from advisor.model import Finding, Severity
 from rules.cpu._common import fmt_ms, outermost, steady_steps, step_table
 
@@ -65,6 +65,12 @@ class Thresholds:
 COMPILE_RE = r"(?i)compile"
 NOT_COMPILE_RE = r"(?i)compiled|compile_id="
 RECOMPILE_RE = r"(?:Torch-Compiled Region: |compile_id=)(\d+)/(\d+)"
+
+#: the counterfactual (advisor.stages.replay): the compile events the rule counts take no time (a static
+#: model compiles nothing after warm-up)
+COUNTERFACTUAL = (Change("remove", Select(name_re=COMPILE_RE, not_name_re=NOT_COMPILE_RE, not_kinds=("step", "python"),
+                                          device=False)),)
+ASSUMPTION = "if no operator were compiled during the step"
 
 COMPILE_SQL = f"""
 WITH c AS (
@@ -173,6 +179,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 evidence=evidence, saving_us=compile_us, step_us=step_us,
                 saving_basis="mean host compile time per steady step (outermost compile events); a static model compiles nothing after warm-up",
                 ranks=[rank], steps=sorted({int(row["step"]) for row in c}), ops=names[:5] + [t["op"] for t in top[:5]], top=top,
+                replay=ctx.what_if(rank, COUNTERFACTUAL, ASSUMPTION, steps=sorted(steady)),
             )
         elif dyn_ok:
             if c_all:

@@ -67,7 +67,8 @@ from typing import Any, SupportsInt, cast
 import numpy as np
 import pandas as pd
 
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.engine.rule import Change, RuleContext, Select, knob, rule
+from advisor.kinds import EdgeKind
 from advisor.model import Finding, Severity
 from rules.cpu._common import fmt_ms, outermost, python_stack_sql, skip_device_gaps, source_of, step_table
 
@@ -86,6 +87,12 @@ class Thresholds:
                               "first principles: with the device idle for the whole call the host waited on nothing; "
                               "1 µs absorbs host/device clock alignment")
 
+
+#: the counterfactual (advisor.stages.replay): the host no longer waits at its sync points (values kept on
+#: the device, copies made asynchronous); each blocking call's wait edge on the device task that released
+#: it is dropped. A call that did not block has no such edge, so it saves nothing
+COUNTERFACTUAL = (Change("drop_edges", Select(device=False), edge=EdgeKind.SYNC_WAIT),)
+ASSUMPTION = "if the host did not wait for the device at its sync points (reads made asynchronous)"
 
 HOST_SYNC_RE = (r"^aten::(item|_local_scalar_dense|nonzero|is_nonzero)$|SyncBatchNorm|batch_norm_gather_stats"
                 r"|(?i:synchronize)")
@@ -222,6 +229,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 "each at most the time the host waited on the device inside the sync (data loading excluded, each "
                 "gap once)",
                 ranks=[rank], steps=sorted({int(s) for s in g["step"]}), ops=names, top=top,
+                replay=ctx.what_if(rank, COUNTERFACTUAL, ASSUMPTION, steps=[int(x) for x in steps_r["step"]]),
             )
         else:
             evidence |= {"min_per_step": ctx.t.min_per_step}
@@ -233,6 +241,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 evidence=evidence, severity=Severity.LOW,
                 saving_basis="not measurable on a CPU-only trace: there is no device queue to drain",
                 ranks=[rank], steps=sorted({int(s) for s in host["step"]}), ops=names, top=top,
+                replay={"estimated": False, "assumption": ASSUMPTION,
+                        "reason": "CPU-only trace: there is no device queue the host waited for"},
             )
 
 

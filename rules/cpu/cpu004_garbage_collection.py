@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.engine.rule import Change, RuleContext, Select, knob, rule
 from advisor.model import Finding
 from rules.cpu._common import covered_by_device_sql, fmt_ms, step_table, top_level_ops
 
@@ -49,6 +49,11 @@ class Thresholds:
 
 
 GC_NAMES = ("Python GC", "GC")
+
+#: the counterfactual (advisor.stages.replay): no collection runs in the step (``gc.freeze()`` /
+#: collections moved to safe points)
+COUNTERFACTUAL = (Change("remove", Select(names=GC_NAMES, device=False)),)
+ASSUMPTION = "if no Python GC pause ran in the step"
 
 GC_SQL = """
 SELECT count(*) AS n FROM event_names WHERE NOT device AND name IN (SELECT unnest($gc_names))
@@ -134,4 +139,5 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             evidence=evidence, saving_us=gap_us, step_us=step_us, saving_basis=basis,
             ranks=[rank], steps=sorted({int(s) for s in (long["step"] if len(long) else g["step"])}),
             ops=sorted(set(g["name"])), top=top,
+            replay=ctx.what_if(rank, COUNTERFACTUAL, ASSUMPTION, steps=[int(x) for x in steps_r["step"]]),
         )

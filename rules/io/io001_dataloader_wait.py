@@ -46,9 +46,14 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.engine.rule import Change, RuleContext, Select, knob, rule
 from advisor.model import Finding
 from rules.cpu._common import python_stack_sql, source_of
+
+#: the counterfactual (advisor.stages.replay): the next batch is ready when the loop asks for it, so the
+#: host spends no time in ``DataLoader.__next__`` (loading moved to workers that keep up)
+COUNTERFACTUAL = (Change("remove", Select(kinds=("dataloader",), device=False)),)
+ASSUMPTION = "if the next batch were ready whenever the loop asks for it (no time in DataLoader.__next__)"
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             ranks=[int(rank)],
             steps=slow_steps,
             ops=[n for n in names.split("; ") if n][:5],
+            replay=ctx.what_if(int(rank), COUNTERFACTUAL, ASSUMPTION),
         )
 
 

@@ -1,0 +1,640 @@
+"""What-if replay of one (rank, step): the step's dependency graph, replayed with and without a change.
+
+The graph is built from the window :mod:`advisor.stages.critical_path` reads, with the edges that
+stage names (its readers and look-ups are reused, not repeated here):
+
+* **host order** – each host thread that drives the step (``Threads.workers``) is its flattened
+  timeline: one node per segment, owned by the innermost event running then; a segment starts after
+  the previous one of its thread has ended, plus the measured gap between them (Python or untraced
+  host work: a fixed delay);
+* **launch** – a device task starts no earlier than the host call that launched it (same
+  correlation id) started, plus the measured launch latency when the launch is what held it back;
+* **stream order** – a device task starts after the task of its stream that ended last before it;
+* **event waits** – a task that waited on its stream after its launch and its predecessor waited
+  for another stream's task: the producer of a recorded ``Stream Wait Event``, else (inferred as the
+  critical-path walk does) a collective of another stream that ended in the wait, or for a collective
+  the computation that ended last in it;
+* **sync wait** – a blocking host call (``blocking``) is split where the device task that released it
+  (``Syncs.released_by``) ended: the call's first part is an elastic wait (no duration of its own),
+  its rest starts when both the call has begun and that task has ended;
+* **thread hand-off** – a helper thread that wakes up (its first segment, or one after an idle gap)
+  starts at a fixed offset into the main thread's segment running then;
+* **data-loader waits** are host segments owned by the ``dataloader`` events (``__next__``): host
+  order makes the next launches wait for them.
+
+A communication operator that only spans the tasks recorded for it on another lane (Ascend: the
+``hcom_allReduce`` op above its ``Notify Wait`` / ``SDMA`` tasks) is not a node: its tasks are, and the
+first of them inherits its launch.
+
+**Replay** is forward list scheduling over the nodes in their measured start order (a topological
+order of these edges, which all point forward in time): a node starts when all its predecessors have
+reached their edge's point, plus the edge's delay; it lasts its measured duration unless a
+:class:`Change` alters it. An edge's delay is the measured time between that point and the node's
+start on the edge that bound it (the latest one), zero on the others: replaying with no change gives
+the measured schedule back, unless an edge contradicts the timestamps (a node started before a
+predecessor reached its point), which the **reproduction error** measures. The replayed step is the
+latest replayed end plus the measured time from the last work to the step's end.
+
+A :class:`Change` is data: remove events, bound or scale their durations, or drop edges of a kind
+(a sync's wait edge: the host no longer waits). :func:`saving` = measured step − replayed step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from advisor.kinds import EdgeKind
+from advisor.stages.critical_path import (
+    WORK_KINDS,
+    Syncs,
+    Window,
+    blocking,
+    device_streams,
+    host_threads,
+    last_end_in,
+    rank_sync_rows,
+    read_window,
+    read_windows,
+)
+
+#: a step reproduces when the no-change replay is within this share of the measured step
+REPRODUCE_WITHIN = 0.02
+
+#: edge kinds by code (the graph's ``etype``)
+EDGE_KINDS: tuple[EdgeKind, ...] = (
+    EdgeKind.HOST_ORDER, EdgeKind.LAUNCH, EdgeKind.STREAM_ORDER, EdgeKind.RECORDED_EVENT_WAIT,
+    EdgeKind.COMMUNICATION_COMPLETION, EdgeKind.COMPUTATION_COMPLETION, EdgeKind.SYNC_WAIT,
+    EdgeKind.THREAD_HAND_OFF,
+)
+_CODE = {k: i for i, k in enumerate(EDGE_KINDS)}
+#: host event kinds that make a thread part of the step's graph (besides driving the device)
+_WORK = frozenset((*WORK_KINDS, "runtime", "sync"))
+
+
+@dataclass
+class Graph:
+    """The dependency graph of one (rank, step) window; nodes in their measured start order.
+
+    Per node: measured ``start`` / ``dur`` (ns), the window ``event`` it belongs to, whether it is on
+    the ``device``, its host ``thread`` (None on the device), whether it is the elastic wait part of a
+    sync (``wait``). Edges: ``src`` -> ``dst`` of kind ``etype`` (:data:`EDGE_KINDS` index), from the
+    source's start (``from_start``, a launch or hand-off) or end, plus ``delay`` ns."""
+
+    rank: int
+    step: int | None
+    start_ns: int
+    end_ns: int
+    w: Window
+    start: np.ndarray
+    dur: np.ndarray
+    event: np.ndarray
+    device: np.ndarray
+    thread: list[str | None]
+    src: np.ndarray
+    dst: np.ndarray
+    etype: np.ndarray
+    from_start: np.ndarray
+    delay: np.ndarray
+    tail: int  # ns from the last work's end to the step's end
+    sink: np.ndarray  # the nodes whose end ends the step: the device's and the step's own thread's
+    containers: dict[int, list[int]] = field(default_factory=dict)  # comm op -> its task nodes
+
+    @property
+    def n(self) -> int:
+        return len(self.start)
+
+    @property
+    def length(self) -> int:
+        """The measured step (ns)."""
+        return self.end_ns - self.start_ns
+
+
+# -- building -------------------------------------------------------------------------------
+
+
+def build(cur: Any, rank: int, step: int | None, start_ns: int, end_ns: int) -> Graph | None:
+    """The graph of one window (None when it has no events or no length)."""
+    w = read_window(cur, rank, start_ns, end_ns)
+    if w is None:
+        return None
+    return graph_of(cur, rank, step, w)
+
+
+class _Nodes:
+    """Nodes as they are made: measured start, duration, event, device, thread, wait part."""
+
+    def __init__(self) -> None:
+        self.start: list[int] = []
+        self.dur: list[int] = []
+        self.event: list[int] = []
+        self.device: list[bool] = []
+        self.thread: list[str | None] = []
+        self.wait: list[bool] = []
+
+    def add(self, s: int, e: int, ev: int, dev: bool, th: str | None, wait: bool = False) -> int:
+        self.start.append(s)
+        self.dur.append(max(e - s, 0))
+        self.event.append(ev)
+        self.device.append(dev)
+        self.thread.append(th)
+        self.wait.append(wait)
+        return len(self.start) - 1
+
+
+def graph_of(cur: Any, rank: int, step: int | None, w: Window, rank_syncs: list[tuple[Any, ...]] | None = None) -> Graph:
+    """The graph of window ``w`` (see the module docstring); ``rank_syncs``: the rank's device sync
+    records read once (:func:`advisor.stages.critical_path.rank_sync_rows`), else read here."""
+    def does_work(_t: str, ix: list[int]) -> bool:
+        return any(w.kind[i] in _WORK for i in ix)
+
+    th = host_threads(w, owners=False, flatten=does_work)
+    st = device_streams(w)
+    sy = Syncs(cur, rank, w, st, rank_syncs)
+    nodes = _Nodes()
+    edges: list[tuple[int, int, int, bool]] = []  # src, dst, kind code, from the source's start
+    sync_waits: list[tuple[int, int]] = []  # (releasing task, the sync's node after the wait)
+    first_of_event: dict[int, int] = {}  # host event -> its first segment node
+    # host threads: flattened segments, blocking calls split where the task releasing them ended
+    main_segs: tuple[list[int], list[int], list[int]] | None = None  # starts, ends, nodes of the main thread
+    thread_nodes: dict[str, tuple[list[int], list[int], list[int]]] = {}
+    # the threads of the step: those driving the device, and those running framework work (torch_npu's
+    # Python thread enqueues what its task-queue thread launches; autograd's thread runs the backward)
+    marker = next((w.tid[i] for i in range(w.n) if w.kind[i] == "step"), None)
+    lead = marker if marker in th.tracks else th.main_tid
+    work = set(th.tracks)
+    ws, we = w.start.tolist(), w.end.tolist()
+    blocking_ev = {i for i in range(w.n) if w.kind[i] in ("runtime", "sync") and not w.device[i] and blocking(w, i)}
+    released: dict[int, int | None] = {}
+    n_start, n_dur, n_event, n_device, n_thread, n_wait = (nodes.start, nodes.dur, nodes.event, nodes.device,
+                                                           nodes.thread, nodes.wait)
+    host_order = _CODE[EdgeKind.HOST_ORDER]
+    edge_chunks: list[np.ndarray] = []
+    for tid in sorted(work, key=lambda t: (t != lead, t)):
+        tr = th.tracks.get(tid)
+        if tr is None:
+            continue
+        starts: list[int] = tr.seg_start
+        ends: list[int] = tr.seg_end
+        ev = tr.seg_event
+        # the blocking calls' segments that a device task's end splits (few: handled one by one)
+        split_at: dict[int, tuple[int, int]] = {}  # segment -> (releasing task, its end)
+        for k, i in enumerate(ev):
+            if i in blocking_ev:
+                if i not in released:
+                    released[i] = sy.released_by(i, ws[i], we[i])
+                d = released[i]
+                if d is not None and starts[k] < we[d] <= ends[k]:
+                    split_at[k] = (d, we[d])
+        m = len(ev)
+        sa, sb = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+        split = np.zeros(m, dtype=bool)
+        if split_at:
+            split[list(split_at)] = True
+        count = 1 + split.astype(np.int64)
+        base = len(n_start)
+        first_ix = np.cumsum(count) - count  # each segment's first node, from base
+        last_ix = first_ix + split
+        total = int(count.sum())
+        n_s = np.empty(total, dtype=np.int64)
+        n_d = np.empty(total, dtype=np.int64)
+        n_e = np.empty(total, dtype=np.int64)
+        n_w = np.zeros(total, dtype=bool)
+        n_s[first_ix] = sa
+        n_d[first_ix] = sb - sa
+        n_e[first_ix] = ev
+        n_e[last_ix] = ev
+        if split_at:
+            ks = np.asarray(list(split_at), dtype=np.int64)
+            rel = np.asarray([t for _, t in split_at.values()], dtype=np.int64)
+            n_d[first_ix[ks]] = 0
+            n_w[first_ix[ks]] = True
+            n_s[last_ix[ks]] = rel
+            n_d[last_ix[ks]] = sb[ks] - rel
+            for k, (d, _t) in split_at.items():
+                sync_waits.append((d, base + int(last_ix[k])))
+            edge_chunks.append(np.stack([base + first_ix[ks], base + last_ix[ks],
+                                         np.full(len(ks), host_order), np.zeros(len(ks), dtype=np.int64)], axis=1))
+        if m > 1:
+            edge_chunks.append(np.stack([base + last_ix[:-1], base + first_ix[1:], np.full(m - 1, host_order),
+                                         np.zeros(m - 1, dtype=np.int64)], axis=1))
+        n_start.extend(n_s.tolist())
+        n_dur.extend(n_d.tolist())
+        n_event.extend(n_e.tolist())
+        n_device.extend([False] * total)
+        n_thread.extend([tid] * total)
+        n_wait.extend(n_w.tolist())
+        ids = (base + first_ix).tolist()
+        for i, v in zip(reversed(ev), reversed(ids), strict=True):
+            first_of_event[i] = v  # the event's first segment wins
+        thread_nodes[tid] = (starts, ends, ids)
+        if tid == lead:
+            main_segs = (starts, ends, ids)
+    # thread hand-off: a helper thread waking up starts at an offset into the main thread's segment then
+    if main_segs is not None:
+        for tid, (starts, ends, ids) in thread_nodes.items():
+            if tid == lead:
+                continue
+            for k, (a, v) in enumerate(zip(starts, ids, strict=True)):
+                if k and ends[k - 1] >= a:
+                    continue
+                p = bisect.bisect_right(main_segs[0], a) - 1
+                if p >= 0 and main_segs[0][p] <= a:
+                    edges.append((main_segs[2][p], v, _CODE[EdgeKind.THREAD_HAND_OFF], True))
+    # task queue: the k-th enqueue (any thread) is the k-th dequeue's work (torch_npu: the Python and
+    # autograd threads enqueue, the task-queue thread dequeues and launches)
+    queued = [i for i, k in enumerate(w.kind) if k == "queue" and i in first_of_event]
+    enq = sorted((i for i in queued if w.name[i].startswith("Enqueue")), key=lambda i: ws[i])
+    deq = sorted((i for i in queued if w.name[i].startswith("Dequeue")), key=lambda i: ws[i])
+    for e_, d_ in zip(enq, deq, strict=False):
+        if int(w.start[e_]) <= int(w.start[d_]) and w.tid[e_] != w.tid[d_]:
+            edges.append((first_of_event[e_], first_of_event[d_], _CODE[EdgeKind.THREAD_HAND_OFF], True))
+    # device tasks (communication ops that only span their tasks on another lane are left out)
+    containers = _containers(w, st.dev_all)
+    node_of_task: dict[int, int] = {}
+    inside = {t for ts in containers.values() for t in ts}
+    for i in st.dev_all:
+        if i in containers:
+            continue
+        node_of_task[i] = nodes.add(ws[i], we[i], i, True, None)
+    for key, (ends, ix) in st.stream_ends.items():
+        for i in ix:
+            if i not in node_of_task:
+                continue
+            s = ws[i]
+            p = bisect.bisect_right(ends, s) - 1
+            while p >= 0 and (ix[p] == i or ix[p] not in node_of_task):
+                p -= 1
+            prev_task = ix[p] if p >= 0 else None
+            if prev_task is not None:
+                edges.append((node_of_task[prev_task], node_of_task[i], _CODE[EdgeKind.STREAM_ORDER], False))
+            launch = st.launch_of.get(w.corr[i]) if w.corr[i] is not None else None
+            launch_t = None
+            if launch is not None and launch in first_of_event and ws[launch] <= s:
+                edges.append((first_of_event[launch], node_of_task[i], _CODE[EdgeKind.LAUNCH], True))
+                launch_t = min(we[launch], s)
+            prev_end = we[prev_task] if prev_task is not None else None
+            after = w.start_ns
+            if launch_t is not None and launch_t > after:
+                after = launch_t
+            if prev_end is not None and prev_end > after:
+                after = prev_end
+            if s <= after or i in inside:
+                continue
+            waited, infer = sy.recorded_wait(i, prev_task, after, s) if sy.recorded else (None, True)
+            kind = EdgeKind.RECORDED_EVENT_WAIT
+            if waited is None and infer:
+                waited = last_end_in(w, st.comm_vals, st.comm_sorted, after, s, key)
+                kind = EdgeKind.COMMUNICATION_COMPLETION
+                if waited is None and w.kind[i] == "comm":
+                    waited = last_end_in(w, st.comp_vals, st.comp_sorted, after, s, key)
+                    kind = EdgeKind.COMPUTATION_COMPLETION
+            if waited is not None and waited in node_of_task:
+                edges.append((node_of_task[waited], node_of_task[i], _CODE[kind], False))
+    # a container's launch goes to the first of its tasks
+    for c, tasks in containers.items():
+        launch = st.launch_of.get(w.corr[c]) if w.corr[c] is not None else None
+        if launch is not None and launch in first_of_event and tasks:
+            t0 = min(tasks, key=lambda t: int(w.start[t]))
+            if int(w.start[launch]) <= int(w.start[t0]):
+                edges.append((first_of_event[launch], node_of_task[t0], _CODE[EdgeKind.LAUNCH], True))
+    # sync waits: the releasing task's node
+    edges += [(node_of_task[d], v, _CODE[EdgeKind.SYNC_WAIT], False) for d, v in sync_waits if d in node_of_task]
+    sink = [dev or th_ == lead for dev, th_ in zip(nodes.device, nodes.thread, strict=True)]
+    if edges:
+        edge_chunks.append(np.asarray(edges, dtype=np.int64))
+    return _finish(rank, step, w, nodes, edge_chunks, {c: [node_of_task[t] for t in ts] for c, ts in containers.items()},
+                   sink)
+
+
+def _containers(w: Window, dev_all: list[int]) -> dict[int, list[int]]:
+    """Communication ops with a launch link that span communication tasks without one recorded on
+    another lane (Ascend ``hcom_*`` ops over their HCCL tasks): op -> its tasks."""
+    ops = [i for i in dev_all if w.kind[i] == "comm" and w.corr[i] is not None]
+    tasks = sorted((i for i in dev_all if w.kind[i] == "comm" and w.corr[i] is None), key=lambda i: int(w.start[i]))
+    if not ops or not tasks:
+        return {}
+    t_start = [int(w.start[i]) for i in tasks]
+    out: dict[int, list[int]] = {}
+    for o in ops:
+        a, b = int(w.start[o]), int(w.end[o])
+        lane = (w.tid[o], w.stream[o])
+        inner = [t for t in tasks[bisect.bisect_left(t_start, a):bisect.bisect_right(t_start, b)]
+                 if int(w.end[t]) <= b and (w.tid[t], w.stream[t]) != lane]
+        if inner:
+            out[o] = inner
+    return out
+
+
+def _finish(rank: int, step: int | None, w: Window, nodes: _Nodes, edges: list[np.ndarray],
+            containers: dict[int, list[int]], sink: list[bool]) -> Graph:
+    """Nodes sorted by measured start (waits before the work that starts with them), edges renumbered,
+    and each edge's delay: on the edge that bound its node, the time from its point to the node's
+    start; zero elsewhere."""
+    start = np.asarray(nodes.start, dtype=np.int64)
+    dur = np.asarray(nodes.dur, dtype=np.int64)
+    n = len(start)
+    order = np.lexsort((np.arange(n), ~np.asarray(nodes.wait, dtype=bool), start))
+    rank_of = np.empty(n, dtype=np.int64)
+    rank_of[order] = np.arange(n)
+    if edges:
+        e = np.concatenate(edges)
+        src, dst, kind, fs = rank_of[e[:, 0]], rank_of[e[:, 1]], e[:, 2], e[:, 3].astype(bool)
+    else:
+        src = dst = kind = np.empty(0, dtype=np.int64)
+        fs = np.empty(0, dtype=bool)
+    start, dur = start[order], dur[order]
+    # an edge pointing backwards in the order contradicts the timestamps: dropped (it cannot bind)
+    fwd = src < dst
+    src, dst, kind, fs = src[fwd], dst[fwd], kind[fwd], fs[fwd]
+    by = np.lexsort((src, dst))
+    src, dst, kind, fs = src[by], dst[by], kind[by], fs[by]
+    point = np.where(fs, start[src], start[src] + dur[src])
+    slack = start[dst] - point
+    delay = np.zeros(len(src), dtype=np.int64)
+    if len(src):
+        # the binding edge of each node: the one whose point is latest (first such in edge order)
+        last = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(last, dst, point)
+        bind = np.flatnonzero(point == last[dst])
+        _, firsts = np.unique(dst[bind], return_index=True)  # one binding edge per node: its first
+        keep = bind[firsts]
+        delay[keep] = np.maximum(slack[keep], 0)
+    ev = np.asarray(nodes.event, dtype=np.int64)[order]
+    dev = np.asarray(nodes.device, dtype=bool)[order]
+    thread = [nodes.thread[i] for i in order]
+    snk = np.asarray(sink, dtype=bool)[order]
+    if n and not snk.any():
+        snk[:] = True
+    last_end = int((start + dur)[snk].max()) if n else w.start_ns
+    g = Graph(rank=rank, step=step, start_ns=w.start_ns, end_ns=w.end_ns, w=w, start=start, dur=dur, event=ev,
+              device=dev, thread=thread, src=src, dst=dst, etype=kind, from_start=fs, delay=delay,
+              tail=max(w.end_ns - last_end, 0), sink=snk,
+              containers={c: [int(rank_of[t]) for t in ts] for c, ts in containers.items()})
+    return g
+
+
+# -- replay ---------------------------------------------------------------------------------
+
+
+def replay(g: Graph, dur: np.ndarray | None = None, keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Forward list scheduling: each node's (start, end) replayed, with durations ``dur`` (default:
+    measured) and only the edges ``keep`` (default: all). A node with no predecessor keeps its measured
+    start."""
+    d = (g.dur if dur is None else dur).tolist()
+    s0 = g.start.tolist()
+    src, dst, fs, delay = g.src, g.dst, g.from_start, g.delay
+    if keep is not None:
+        src, dst, fs, delay = src[keep], dst[keep], fs[keep], delay[keep]
+    n = g.n
+    ptr = np.searchsorted(dst, np.arange(n + 1)).tolist()
+    src_l, fs_l, delay_l = src.tolist(), fs.tolist(), delay.tolist()
+    start = [0] * n
+    end = [0] * n
+    for v in range(n):
+        lo, hi = ptr[v], ptr[v + 1]
+        if hi - lo == 1:  # most nodes: one predecessor
+            s = (start[src_l[lo]] if fs_l[lo] else end[src_l[lo]]) + delay_l[lo]
+        elif lo == hi:
+            s = s0[v]
+        else:
+            s = -(1 << 62)
+            for k in range(lo, hi):
+                u = src_l[k]
+                t = (start[u] if fs_l[k] else end[u]) + delay_l[k]
+                if t > s:  # noqa: PLR1730 -- cheaper than a call in this loop
+                    s = t
+        start[v] = s
+        end[v] = s + d[v]
+    return np.asarray(start, dtype=np.int64), np.asarray(end, dtype=np.int64)
+
+
+def step_length(g: Graph, end: np.ndarray) -> int:
+    """The replayed step (ns): from the window's start to the latest replayed end, plus the tail."""
+    if not len(end):
+        return g.length
+    return int(end[g.sink].max()) + g.tail - g.start_ns
+
+
+def reproduction_error(g: Graph) -> float:
+    """|replayed − measured| / measured of the no-change replay."""
+    _, end = replay(g)
+    return abs(step_length(g, end) - g.length) / g.length if g.length > 0 else 0.0
+
+
+# -- changes --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Select:
+    """Which events of a window a change applies to: all of these that are given must hold.
+
+    ``kinds`` event kinds (``not_kinds`` not these); ``names`` exact names; ``name_re`` / ``not_name_re`` regular expressions
+    on the name; ``device`` host (False) or device (True) events. On host threads a change takes the
+    events nested in a selected one with it."""
+
+    kinds: tuple[str, ...] = ()
+    not_kinds: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
+    name_re: str | None = None
+    not_name_re: str | None = None
+    device: bool | None = None
+
+    def events(self, w: Window) -> np.ndarray:
+        """The window's events this selects (a boolean mask)."""
+        ok = np.ones(w.n, dtype=bool)
+        if self.kinds:
+            ok &= np.fromiter((k in self.kinds for k in w.kind), dtype=bool, count=w.n)
+        if self.not_kinds:
+            ok &= np.fromiter((k not in self.not_kinds for k in w.kind), dtype=bool, count=w.n)
+        if self.names:
+            names = set(self.names)
+            ok &= np.fromiter((nm in names for nm in w.name), dtype=bool, count=w.n)
+        if self.device is not None:
+            ok &= np.asarray(w.device, dtype=bool) == self.device
+        if self.name_re is not None:
+            rx = re.compile(self.name_re)
+            ok &= np.fromiter((bool(rx.search(nm or "")) for nm in w.name), dtype=bool, count=w.n)
+        if self.not_name_re is not None:
+            rx = re.compile(self.not_name_re)
+            ok &= np.fromiter((not rx.search(nm or "") for nm in w.name), dtype=bool, count=w.n)
+        return ok
+
+
+@dataclass(frozen=True)
+class Change:
+    """One what-if, as data.
+
+    ``action``: ``remove`` (the selected events take no time: host events with everything nested in
+    them), ``bound`` (at most ``value`` ns each), ``scale`` (times ``value``), ``drop_edges`` (the
+    edges of kind ``edge`` into the selected events' nodes are gone, e.g. a sync's wait: the host
+    continues)."""
+
+    action: str
+    select: Select
+    value: float | None = None
+    edge: EdgeKind | None = None
+    #: ``bound`` per event name (ns), for events whose bound differs (a collective's transfer time)
+    bounds: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.action not in ("remove", "bound", "scale", "drop_edges"):
+            raise ValueError(f"unknown change {self.action!r}")
+        if self.action == "drop_edges" and self.edge is None:
+            raise ValueError("drop_edges needs an edge kind")
+
+
+def nodes_of(g: Graph, events: np.ndarray) -> np.ndarray:
+    """The nodes belonging to the selected events (mask over the window's events): a device task's
+    node, a communication op's task nodes, and on host threads every segment inside a selected
+    event's span on its thread (its nested events' too)."""
+    w = g.w
+    sel = np.zeros(g.n, dtype=bool)
+    if not events.any():
+        return sel
+    on_dev = g.device & (g.event >= 0)
+    sel |= on_dev & events[np.clip(g.event, 0, None)]
+    for c, ts in g.containers.items():
+        if events[c]:
+            sel[ts] = True
+    host_ev = np.flatnonzero(events & ~np.asarray(w.device, dtype=bool))
+    if not len(host_ev):
+        return sel
+    by_thread: dict[str, list[int]] = defaultdict(list)
+    for v in np.flatnonzero(~g.device).tolist():
+        by_thread[g.thread[v]].append(v)  # type: ignore[index]
+    for tid, vs in by_thread.items():
+        vs_a = np.asarray(vs, dtype=np.int64)
+        s = g.start[vs_a]
+        e = s + g.dur[vs_a]
+        evs = [i for i in host_ev.tolist() if w.tid[i] == tid]
+        if not evs:
+            continue
+        a = np.asarray([int(w.start[i]) for i in evs], dtype=np.int64)
+        b = np.asarray([int(w.end[i]) for i in evs], dtype=np.int64)
+        order = np.argsort(a)
+        a, b = a[order], np.maximum.accumulate(b[order])
+        # a segment is inside a selected event when the latest-starting one before it still covers its end
+        p = np.searchsorted(a, s, side="right") - 1
+        inside = (p >= 0) & (e <= np.where(p >= 0, b[np.clip(p, 0, None)], 0))
+        sel[vs_a[inside]] = True
+    return sel
+
+
+def apply(g: Graph, changes: Sequence[Change]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """The durations and kept edges after ``changes``; and the nodes they touch."""
+    dur = g.dur.copy()
+    keep: np.ndarray | None = None
+    touched = np.zeros(g.n, dtype=bool)
+    for ch in changes:
+        sel = nodes_of(g, ch.select.events(g.w))
+        touched |= sel
+        if ch.action == "remove":
+            dur[sel] = 0
+        elif ch.action == "bound" and ch.bounds:
+            per = dict(ch.bounds)
+            for v in np.flatnonzero(sel & g.device).tolist():
+                b = per.get(g.w.name[int(g.event[v])])
+                if b is not None:
+                    dur[v] = min(int(dur[v]), max(int(b), 0))
+        elif ch.action == "bound":
+            dur[sel] = np.minimum(dur[sel], int(ch.value or 0))
+        elif ch.action == "scale":
+            dur[sel] = np.round(dur[sel] * float(ch.value if ch.value is not None else 1.0)).astype(np.int64)
+        else:
+            code = _CODE[ch.edge]  # type: ignore[index]
+            drop = (g.etype == code) & sel[g.dst]
+            keep = ~drop if keep is None else keep & ~drop
+    return dur, keep, touched
+
+
+def saving(g: Graph, changes: Sequence[Change]) -> int:
+    """Measured step − replayed step with ``changes`` (ns)."""
+    dur, keep, _ = apply(g, changes)
+    _, end = replay(g, dur, keep)
+    return g.length - step_length(g, end)
+
+
+# -- per rank and step ----------------------------------------------------------------------
+
+
+@dataclass
+class StepResult:
+    """One (rank, step): its measured step, the no-change replay's error, the replayed saving."""
+
+    rank: int
+    step: int | None
+    measured_ns: int
+    error: float
+    saving_ns: int | None
+    touched: bool
+
+    @property
+    def reproduced(self) -> bool:
+        return self.error <= REPRODUCE_WITHIN
+
+
+GRAPHS_KEY = "replay_graphs"
+
+
+def graphs(cur: Any, cache: dict[Any, Any], rank: int, windows: Iterable[tuple[int | None, int, int]]) -> list[Graph]:
+    """The graphs of a rank's windows (step, start_ns, end_ns), built once per analysis in ``cache``."""
+    store = cache.setdefault(GRAPHS_KEY, {})
+    wins = list(windows)
+    need = [(step, a, b) for step, a, b in wins if (rank, step, a, b) not in store]
+    if need:  # the rank's windows read in one query, its sync records in another
+        read = read_windows(cur, rank, [(a, b) for _, a, b in need])
+        syncs = rank_sync_rows(cur, rank) if any(w is not None for w in read) else []
+        for (step, a, b), w in zip(need, read, strict=True):
+            store[(rank, step, a, b)] = None if w is None else graph_of(cur, rank, step, w, syncs)
+    return [store[(rank, step, a, b)] for step, a, b in wins if store[(rank, step, a, b)] is not None]
+
+
+def what_if(gs: Sequence[Graph], changes: Sequence[Change]) -> list[StepResult]:
+    """Each graph replayed without and with ``changes``."""
+    out = []
+    for g in gs:
+        err = _error(g)
+        dur, keep, touched = apply(g, changes)
+        if touched.any() or keep is not None:
+            _, end = replay(g, dur, keep)
+            sv: int | None = g.length - step_length(g, end)
+        else:
+            sv = 0
+        out.append(StepResult(g.rank, g.step, g.length, err, sv, bool(touched.any())))
+    return out
+
+
+def _error(g: Graph) -> float:
+    err = getattr(g, "_error", None)
+    if err is None:
+        err = reproduction_error(g)
+        g._error = err  # type: ignore[attr-defined]
+    return float(err)
+
+
+def summary(results: Sequence[StepResult], assumption: str) -> dict[str, Any]:
+    """The finding's ``replay`` object: the mean replayed saving per step over the steps that
+    reproduce, the assumption in words, whether every step reproduced and the largest error; or
+    ``estimated: false`` with the reason when no step reproduces."""
+    if not results:
+        return {"estimated": False, "reason": "no step window with events to replay"}
+    good = [r for r in results if r.reproduced and r.saving_ns is not None]
+    worst = max(r.error for r in results)
+    if not good:
+        return {"estimated": False, "assumption": assumption, "reproduced": False,
+                "reproduction_error": round(worst, 4),
+                "reason": f"no step's replay reproduces the measured step within {REPRODUCE_WITHIN:.0%} "
+                          f"(worst error {worst:.1%})"}
+    saving_us = sum(r.saving_ns for r in good) / len(good) / 1000.0  # type: ignore[misc]
+    step_us = sum(r.measured_ns for r in good) / len(good) / 1000.0
+    return {"estimated": True, "saving_us": round(max(saving_us, 0.0), 3),
+            "saving_fraction": round(max(saving_us, 0.0) / step_us, 4) if step_us > 0 else None,
+            "assumption": assumption, "reproduced": len(good) == len(results),
+            "reproduction_error": round(worst, 4), "steps": len(results), "steps_replayed": len(good)}

@@ -1,0 +1,227 @@
+"""The what-if replay (advisor.stages.replay): the no-change replay reproduces every measured step,
+and the counterfactuals give back the time of what they remove, figures checked against the trace."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from advisor.engine.context import load_profile
+from advisor.kinds import EdgeKind
+from advisor.stages import replay as R
+from tests.conftest import ROOT, SAMPLES, TRACES
+
+DATA = ROOT / "tests" / "data"
+#: the profiles whose load takes long (big traces, Ascend exports): in the slow suite
+BIG = {"kineto_resnet50_num_workers_0", "kineto_mi300_sglang_prefilldecode", "kineto_b200_vllm_tp8_rank0",
+       "ascend_pt_resnet_ddp_l1_db", "ascend_pt_timeline", "ascend_pt_kernels"}
+
+
+def _inputs() -> list[Any]:
+    dirs = [p for p in sorted(SAMPLES.iterdir()) if p.is_dir()]
+    dirs += [p for p in sorted(TRACES.iterdir()) if p.is_dir()]
+    dirs += [p for p in sorted((DATA / "kineto_real").iterdir()) if p.is_dir()]
+    dirs += [p for p in sorted((DATA / "ascend_real").iterdir()) if p.is_dir()]
+    return [pytest.param(p, id=f"{p.parent.name}/{p.name}", marks=[pytest.mark.slow] if p.name in BIG else [])
+            for p in dirs]
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: Path) -> Any:
+    """A profile loaded once for the tests of this module."""
+    return load_profile(path)
+
+
+def _windows(cur: Any) -> list[tuple[int, int, int, int]]:
+    return cur.execute("SELECT rank, step, start_ns, end_ns FROM steps WHERE end_ns > start_ns "
+                       "ORDER BY rank, step").fetchall()
+
+
+@pytest.mark.parametrize("path", _inputs())
+def test_no_change_reproduces_every_step(path: Path) -> None:
+    """Replaying each (rank, step) with no change gives its measured length within 2 %."""
+    cur = _load(path).con.cursor()
+    wins = _windows(cur)
+    assert wins
+    for rank, step, a, b in wins:
+        g = R.build(cur, rank, step, a, b)
+        if g is None:
+            continue
+        assert g.length == b - a
+        err = R.reproduction_error(g)
+        assert err <= R.REPRODUCE_WITHIN, (rank, step, err)
+
+
+@pytest.fixture(scope="module")
+def slow_loader() -> Any:
+    return _load(TRACES / "cpu_slow_dataloader").con.cursor()
+
+
+def test_removing_the_loader_wait_gives_back_its_time(slow_loader: Any) -> None:
+    """CPU-only, one thread: without the ``__next__`` annotation (31.25-31.65 ms per step, README) the
+    step is shorter by that annotation's time, nothing else moves."""
+    cur = slow_loader
+    change = [R.Change("remove", R.Select(kinds=("dataloader",), device=False))]
+    for rank, step, a, b in _windows(cur):
+        g = R.build(cur, rank, step, a, b)
+        assert g is not None
+        dl = cur.execute("SELECT sum(least(start_ns + dur_ns, $b) - greatest(start_ns, $a)) FROM events "
+                         "WHERE rank = $r AND kind = 'dataloader' AND start_ns < $b AND start_ns + dur_ns > $a",
+                         {"r": rank, "a": a, "b": b}).fetchone()[0]
+        assert 31.0e6 <= dl <= 31.8e6
+        assert R.saving(g, change) == pytest.approx(dl, abs=2_000)
+
+
+def test_a_change_that_touches_nothing_saves_nothing(slow_loader: Any) -> None:
+    cur = slow_loader
+    rank, step, a, b = _windows(cur)[0]
+    g = R.build(cur, rank, step, a, b)
+    assert g is not None
+    assert R.saving(g, [R.Change("remove", R.Select(names=("no such event",)))]) == 0
+    # CPU-only: no device, no sync wait edges to drop
+    assert R.saving(g, [R.Change("drop_edges", R.Select(device=False), edge=EdgeKind.SYNC_WAIT)]) == 0
+    # halving every host segment's time shortens the step, by less than half of it (the gaps stay)
+    half = R.saving(g, [R.Change("scale", R.Select(device=False), value=0.5)])
+    assert 0 < half < g.length / 2
+
+
+def test_gc_pauses_removed() -> None:
+    """cpu_python_gc: removing the ``Python GC`` events saves, per step, their time on the main thread."""
+    ctx = load_profile(TRACES / "cpu_python_gc")
+    cur = ctx.con.cursor()
+    change = [R.Change("remove", R.Select(names=("Python GC",), device=False))]
+    for rank, step, a, b in _windows(cur):
+        g = R.build(cur, rank, step, a, b)
+        assert g is not None
+        gc = cur.execute("SELECT coalesce(sum(least(start_ns + dur_ns, $b) - greatest(start_ns, $a)), 0) FROM events "
+                         "WHERE rank = $r AND name = 'Python GC' AND start_ns < $b AND start_ns + dur_ns > $a",
+                         {"r": rank, "a": a, "b": b}).fetchone()[0]
+        assert R.saving(g, change) == pytest.approx(gc, rel=0.02, abs=20_000)
+
+
+def test_graph_edges_point_forward_and_reach_every_node(slow_loader: Any) -> None:
+    cur = slow_loader
+    rank, step, a, b = _windows(cur)[0]
+    g = R.build(cur, rank, step, a, b)
+    assert g is not None
+    assert (g.src < g.dst).all()
+    assert (g.delay >= 0).all()
+    # one thread: a chain, so every node but the first has a predecessor
+    assert len(np.unique(g.dst)) == g.n - 1
+
+
+def test_ascend_sync_and_allreduce_wait() -> None:
+    """Ascend DDP (text form): dropping the host's sync waits saves less than the step, and the all-reduce
+    waiting only for its transfer (no ``Notify Wait``) saves most of the step, as the trace shows it."""
+    cur = _load(DATA / "ascend_real" / "ascend_pt_resnet_ddp_l1_text").con.cursor()
+    for rank, step, a, b in _windows(cur):
+        g = R.build(cur, rank, step, a, b)
+        assert g is not None
+        sync = R.saving(g, [R.Change("drop_edges", R.Select(device=False), edge=EdgeKind.SYNC_WAIT)])
+        assert 0 < sync < 0.2 * g.length
+        notify = cur.execute("SELECT sum(dur_ns) FROM events WHERE rank = $r AND device AND name = 'Notify Wait' "
+                             "AND start_ns >= $a AND start_ns < $b", {"r": rank, "a": a, "b": b}).fetchone()[0]
+        wait = R.saving(g, [R.Change("remove", R.Select(names=("Notify Wait",), device=True))])
+        # the waits overlap nothing else on their stream, but compute can run under some of them
+        assert 0.5 * g.length < wait <= notify
+
+
+def test_change_is_checked() -> None:
+    with pytest.raises(ValueError):
+        R.Change("shrink", R.Select())
+    with pytest.raises(ValueError):
+        R.Change("drop_edges", R.Select())
+
+
+@pytest.mark.slow  # a whole analysis (about 4 s on a shared machine)
+def test_findings_carry_the_replayed_saving_beside_todays() -> None:
+    """IO001 on the slow-loader trace: the finding keeps its own estimate and adds the replay's, which gives
+    back the ``__next__`` time (31.25-31.65 ms per step, README); the report stays schema-valid."""
+    from advisor.analyze import analyze
+    from tests.conftest import report_json
+
+    data = report_json(analyze(TRACES / "cpu_slow_dataloader"))
+    io = [f for f in data["findings"] if f["rule"] == "IO001"]
+    assert len(io) == 1
+    rp = io[0]["replay"]
+    assert rp["estimated"] and rp["reproduced"] and rp["reproduction_error"] <= R.REPRODUCE_WITHIN
+    assert 31_000 <= rp["saving_us"] <= 31_800
+    assert rp["assumption"].startswith("if ")
+    assert io[0]["estimated_saving_us"] is not None  # today's estimate is kept as it was
+
+
+def _com001_rows(path: Path) -> list[tuple[Any, ...]]:
+    from advisor.engine.registry import discover
+    from advisor.engine.rule import RuleContext
+    from advisor.stages.sequence import run_stages
+    from rules.comm.com001_slow_synchronization import _replay_rows
+
+    ctx = _load(path)
+    if ctx.breakdown is None:
+        run_stages(ctx, None, None, warnings=[], path_warnings=[])
+    spec = discover()["COM001"]
+    return _replay_rows(RuleContext(spec, ctx, spec.thresholds()))
+
+
+def test_collective_wait_counterfactual_per_rank() -> None:
+    """COM001's rank part: on the Ascend DDP export (HCCL ``Notify Wait`` tasks) each rank's step is replayed
+    with its collectives waiting only for their transfer; the saving is most of the step and at most the
+    ``Notify Wait`` time (the step is 156 / 154 ms, step_trace_time.csv)."""
+    rows = _com001_rows(DATA / "ascend_real" / "ascend_pt_resnet_ddp_l1_text")
+    assert sorted((r[0], r[1]) for r in rows) == [(0, 50), (1, 50)]
+    for rank, _step, measured, saving, error, reason in rows:
+        assert reason is None and error <= R.REPRODUCE_WITHIN
+        assert 0.5 * measured < saving < measured, rank
+
+
+def test_nccl_collective_wait_is_not_estimated() -> None:
+    """Kineto NCCL kernels record no wait apart from their transfer: no saving, and the reason."""
+    rows = _com001_rows(SAMPLES / "kineto_two_ranks")
+    assert rows and all(r[3] is None and "NCCL" in r[5] for r in rows)
+
+
+def _tiny(rows: list[tuple[Any, ...]]) -> Any:
+    """A DuckDB holding only ``events`` rows (kind, name, tid, device, stream, start µs, dur µs, corr) of rank 0."""
+    from advisor.ingest import connect
+    from advisor.schema import create_all
+
+    con = connect()
+    create_all(con)
+    for kind, name, tid, dev, stream, s, d, corr in rows:
+        con.execute("INSERT INTO events (rank, kind, name, pid, tid, device, stream, start_ns, dur_ns, corr) "
+                    "VALUES (0, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [kind, name, "1" if not dev else "0", tid, dev,
+                                                              stream, s * 1000, d * 1000, corr])
+    return con.cursor()
+
+
+def test_a_sync_that_blocked_saves_its_wait_and_one_that_did_not_saves_nothing() -> None:
+    """Host: launch kernel A (corr 1) at 0-10 µs, cudaStreamSynchronize 10-500 µs (A runs 20-480 µs: the host
+    waits for it), launch B at 510 µs (corr 2), a second synchronize 530-540 µs during which the device runs
+    nothing (B ran 515-525 µs), launch C at 600 µs; C runs 610-700 µs. Without the wait the host runs ahead,
+    but B and C still follow A on the stream: the step loses the device's idle time after A, 35 + 85 µs. The
+    second sync blocked on nothing: it has no wait edge to drop."""
+    cur = _tiny([
+        ("runtime", "cudaLaunchKernel", "h", False, None, 0, 10, 1),
+        ("sync", "cudaStreamSynchronize", "h", False, None, 10, 490, None),
+        ("runtime", "cudaLaunchKernel", "h", False, None, 510, 5, 2),
+        ("sync", "cudaStreamSynchronize", "h", False, None, 530, 10, None),
+        ("runtime", "cudaLaunchKernel", "h", False, None, 600, 5, 3),
+        ("kernel", "A", "7", True, 7, 20, 460, 1),
+        ("kernel", "B", "7", True, 7, 515, 10, 2),
+        ("kernel", "C", "7", True, 7, 610, 90, 3),
+    ])
+    g = R.build(cur, 0, 0, 0, 700_000)
+    assert g is not None and R.reproduction_error(g) == 0
+    kinds = {R.EDGE_KINDS[k] for k in g.etype.tolist()}
+    assert {EdgeKind.SYNC_WAIT, EdgeKind.LAUNCH, EdgeKind.STREAM_ORDER, EdgeKind.HOST_ORDER} <= kinds
+    assert int((g.etype == R.EDGE_KINDS.index(EdgeKind.SYNC_WAIT)).sum()) == 1  # the second sync waited on nothing
+    drop = [R.Change("drop_edges", R.Select(device=False), edge=EdgeKind.SYNC_WAIT)]
+    assert R.saving(g, drop) == 120_000
+    # the kernel A twice as fast: the sync returns 230 µs earlier, and so does everything after it
+    assert R.saving(g, [R.Change("scale", R.Select(names=("A",)), value=0.5)]) == 230_000
+    # A bounded to 100 µs: 360 µs earlier
+    assert R.saving(g, [R.Change("bound", R.Select(names=("A",)), value=100_000)]) == 360_000
