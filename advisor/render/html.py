@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import re
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -357,9 +359,22 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def render(report: Report | Mapping[str, Any], *, templates: str | Path | None = None) -> str:
-    """The HTML report as one string (a Report, or the dict of a JSON report)."""
+def overlay_link(html_path: str | Path, overlay_path: str | Path) -> dict[str, str]:
+    """The HTML report's link to an overlay written beside it: ``href``, the overlay's path
+    relative to the HTML file's directory, percent-encoded (a file name is never markup, a query,
+    a fragment or a scheme); ``name``, that path as shown (printable; the template escapes it)."""
+    html_dir = Path(os.path.abspath(html_path)).parent
+    rel = Path(os.path.relpath(os.path.abspath(overlay_path), html_dir)).as_posix()
+    return {"href": urllib.parse.quote(rel, safe="/"), "name": printable(rel)}
+
+
+def render(report: Report | Mapping[str, Any], *, templates: str | Path | None = None,
+           overlay: Mapping[str, str] | None = None) -> str:
+    """The HTML report as one string (a Report, or the dict of a JSON report). ``overlay``: the
+    Chrome-trace overlay written in the same run (:func:`overlay_link`), linked from the page;
+    without it the page says how to write one."""
     env = environment(templates)
     ctx = context(report)
+    ctx["overlay"] = dict(overlay) if overlay else None
     ctx["csp"] = _csp(env)
     return env.get_template("report.html.j2").render(**ctx)
