@@ -138,6 +138,9 @@ class Finding:
     root: bool = True
     root_id: str | None = None
     uid: str = ""  # set when two findings of one report would share an id
+    # where --rank narrowed the report: "cluster-wide" for a finding about more ranks than the
+    # chosen one (or none in particular), whose figures are not narrowed; "" otherwise
+    scope: str = ""
 
     @property
     def bottleneck(self) -> str:

@@ -14,7 +14,8 @@ __all__ = ["clean", "finding_dict", "read_report", "render", "report_dict"]
 
 
 def finding_dict(f: Finding) -> dict[str, Any]:
-    """One finding in contract form plus extra fields (id, saving basis, top rows)."""
+    """One finding in contract form plus extra fields (id, saving basis, top rows; its scope where
+    --rank narrowed the report and the finding is not about the chosen rank alone)."""
     return {
         "id": f.id,
         "rule": f.rule,
@@ -36,6 +37,7 @@ def finding_dict(f: Finding) -> dict[str, Any]:
         "explained_by": list(f.explained_by),
         "root": f.root,
         "root_id": f.root_id,
+        **({"scope": f.scope} if f.scope else {}),
     }
 
 
