@@ -88,8 +88,9 @@ def test_narrowing_keeps_the_ranks_own_findings_first_and_marks_the_rest() -> No
     assert v["saving_fraction"] == 0.25 and "(25% of rank 1's step 5, 4.00 ms)" in v["text"]
     assert v["text"].endswith("(cluster-wide, not narrowed)")
     assert explained_note(d["findings"][0], d["findings"]) == "cluster-wide, not narrowed"
-    assert scope_line(d) == ("Ranks x steps narrowed to rank 1 of 2, step 5 of 2: own time 1.50x the median "
-                             "of all cells (2.00 ms)")
+    assert scope_line(d) == ("Ranks x steps narrowed to rank 1 (one of 2 ranks), step 5 (one of 2 steps): own time "
+                             "1.50x the median of all cells (2.00 ms)")
+    assert scope_line({**d, "step_matrix": None}) == "Narrowed to rank 1 (one of 2 ranks), step 5 (one of 2 steps)"
 
 
 @pytest.mark.slow  # one analysis and three renders (~3 s)
@@ -125,7 +126,8 @@ def test_a_narrowed_report_is_narrowed_throughout(data: dict) -> None:
     # the ranks x steps line: the scope among the profile's ranks and steps, and its one cell
     sm = data["step_matrix"]
     cell = next(r for r in sm["rows"] if r["label"] == "rank 1")["cells"][sm["steps"].index(n)]
-    line = f"rank 1 of {len(data['profile']['ranks'])}, step {n} of {len(data['profile']['steps'])}: own time {cell:.2f}x"
+    line = (f"rank 1 (one of {len(data['profile']['ranks'])} ranks), step {n} (one of {len(data['profile']['steps'])} "
+            f"steps): own time {cell:.2f}x")
     mark = "cluster-wide, not narrowed"
     text, md, page = terminal.render_text(nar, width=400), markdown.render(nar), html.render(nar)
     for out in (text, md, page):
@@ -163,5 +165,5 @@ def test_rank_narrowing_on_two_ranks_takes_the_ranks_own_verdict() -> None:
     assert v["finding_id"] == own["id"]
     assert f"({100 * own['estimated_saving_us'] / med:.0f}% of rank 1's median step" in v["text"]
     text = terminal.render_text(nar, width=400)
-    assert "Ranks x steps narrowed to rank 1 of 2: slowest cells rank 1 step" in text
+    assert "Ranks x steps narrowed to rank 1 (one of 2 ranks): slowest cells rank 1 step" in text
     assert "step 551" in text and "step 552" in text

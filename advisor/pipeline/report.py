@@ -85,7 +85,7 @@ def narrowed_scope(bd: Any, rank: int | None, step: int | None, ranks: list[int]
             elif rank is not None:
                 out["step_us"], out["step_basis"] = float(sel["step_us"].median()), f"rank {rank}'s median step"
             else:
-                out["step_us"], out["step_basis"] = max(times), f"step {step} (its slowest rank)"
+                out["step_us"], out["step_basis"] = max(times), f"the slowest rank's step {step}"
             out["step_us"] = round(out["step_us"], 3)
     m = matrix or {}
     cells = []

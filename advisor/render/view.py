@@ -285,24 +285,30 @@ def scope_note(d: Mapping[str, Any]) -> str:
     if nar.get("rank") is not None:
         text += (f", rank {nar['rank']}'s own first"
                  + (f", then {wide} cluster-wide (marked; their figures cover every rank they name)" if wide else ""))
-    return (text + "; each finding's figures are its rule's over the steps it names; the ranks x steps picture "
-            f"covers the whole profile: {whole}")
+    text += "; each finding's figures are its rule's over the steps it names"
+    if (d.get("step_matrix") or {}).get("rows"):
+        return text + f"; the ranks x steps picture covers the whole profile: {whole}"
+    return text + f"; the whole profile holds {whole}"
 
 
 def scope_line(d: Mapping[str, Any]) -> str | None:
     """The ranks x steps line of a narrowed report: the scope among the profile's ranks and steps
-    ("rank 1 of 2, step 5 of 6") and its cells' own time against the median; None when not narrowed."""
+    ("rank 1 (one of 2 ranks), step 5 (one of 6 steps)") and its cells' own time against the
+    median; None when not narrowed."""
     nar = (d.get("profile") or {}).get("narrowed_to")
     if not nar:
         return None
+    def of(n: Any, what: str) -> str:
+        return f"(one of {n} {what}{'' if n == 1 else 's'})"
+
     parts = []
     if nar.get("rank") is not None:
-        parts.append(f"rank {nar['rank']} of {nar.get('ranks_total')}")
+        parts.append(f"rank {nar['rank']} {of(nar.get('ranks_total'), 'rank')}")
     if nar.get("step") is not None:
-        parts.append(f"step {nar['step']} of {nar.get('steps_total')}")
-    text = "Ranks x steps narrowed to " + ", ".join(parts)
-    cells = nar.get("cells") or []
+        parts.append(f"step {nar['step']} {of(nar.get('steps_total'), 'step')}")
     sm = d.get("step_matrix") or {}
+    text = ("Ranks x steps narrowed to " if sm.get("rows") else "Narrowed to ") + ", ".join(parts)
+    cells = nar.get("cells") or []
     if cells and sm.get("median_own_us"):
         med = fmt_us(float(sm["median_own_us"]))
         if len(cells) == 1:
