@@ -91,6 +91,15 @@ def test_narrowing_keeps_the_ranks_own_findings_first_and_marks_the_rest() -> No
     assert scope_line(d) == ("Ranks x steps narrowed to rank 1 (one of 2 ranks), step 5 (one of 2 steps): own time "
                              "1.50x the median of all cells (2.00 ms)")
     assert scope_line({**d, "step_matrix": None}) == "Narrowed to rank 1 (one of 2 ranks), step 5 (one of 2 steps)"
+    # the slow steps a cluster-wide fluctuation finding lists: those of the scope only
+    from advisor.render.view import SLOW_STEP_RULE, slow_steps
+
+    fluct = {"rules": [{"rule": SLOW_STEP_RULE, "status": "ran"}],
+             "findings": [{"rule": SLOW_STEP_RULE, "top": [{"rank": 0, "step": 2}, {"rank": 1, "step": 2},
+                                                           {"rank": 1, "step": 5}]}]}
+    assert slow_steps({**fluct, "profile": {"narrowed_to": {"rank": 1, "step": None}}})[0] == {(1, 2), (1, 5)}
+    assert slow_steps({**fluct, "profile": {"narrowed_to": {"rank": None, "step": 2}}})[0] == {(0, 2), (1, 2)}
+    assert len(slow_steps({**fluct, "profile": {}})[0]) == 3
 
 
 @pytest.mark.slow  # one analysis and three renders (~3 s)

@@ -279,12 +279,13 @@ def scope_note(d: Mapping[str, Any]) -> str:
     ranks, steps = prof.get("ranks") or [], prof.get("steps") or []
     whole = (f"{len(ranks)} rank{'' if len(ranks) == 1 else 's'} ({compact_ints(ranks)})"
              + (f", {len(steps)} step{'' if len(steps) == 1 else 's'} ({compact_ints(steps)})" if steps else ""))
-    wide = sum(1 for f in d.get("findings") or [] if f.get("scope") == "cluster-wide")
+    found = d.get("findings") or []
+    wide = sum(1 for f in found if f.get("scope") == "cluster-wide")
     text = (f"Narrowed to {focus}: the step breakdown, step times, critical path and verdict cover {focus} only; "
             f"the findings are those naming {focus}")
-    if nar.get("rank") is not None:
-        text += (f", rank {nar['rank']}'s own first"
-                 + (f", then {wide} cluster-wide (marked; their figures cover every rank they name)" if wide else ""))
+    if nar.get("rank") is not None and wide:
+        text += ((f", rank {nar['rank']}'s own first, then " if wide < len(found) else ", all ")
+                 + f"{wide} cluster-wide (marked; their figures cover every rank they name)")
     text += "; each finding's figures are its rule's over the steps it names"
     if (d.get("step_matrix") or {}).get("rows"):
         return text + f"; the ranks x steps picture covers the whole profile: {whole}"
@@ -481,9 +482,12 @@ def slow_steps(d: Mapping[str, Any]) -> tuple[set[tuple[int, int]], str]:
     it. Where the rule did not run (not selected, skipped, failed): :func:`step_outliers`.
     """
     status = {r.get("rule"): r.get("status") for r in d.get("rules") or []}
+    nar = (d.get("profile") or {}).get("narrowed_to") or {}
     if status.get(SLOW_STEP_RULE) == "ran":
         pairs = {(int(t["rank"]), int(t["step"])) for f in d.get("findings") or [] if f.get("rule") == SLOW_STEP_RULE
-                 for t in f.get("top") or [] if t.get("rank") is not None and t.get("step") is not None}
+                 for t in f.get("top") or [] if t.get("rank") is not None and t.get("step") is not None
+                 # a narrowed report marks the slow steps of its scope only
+                 and nar.get("rank") in (None, t["rank"]) and nar.get("step") in (None, t["step"])}
         undecided = any(w.get("code") == "rule_undecided"  # message: "<rule ids, names>: <why>"
                         and SLOW_STEP_RULE in str(w.get("message")).split(": ", 1)[0]
                         for w in d.get("warnings") or [])
