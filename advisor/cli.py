@@ -67,8 +67,10 @@ def reader_may_leave() -> Iterator[None]:
             pass
 
 
-def render(report: Any, fmt: str, verbose: bool = False, md_full: bool = False) -> str:
-    """Render a report in one of FORMATS (terminal returns text for non-TTY output)."""
+def render(report: Any, fmt: str, verbose: bool = False, md_full: bool = False,
+           overlay: dict[str, str] | None = None) -> str:
+    """Render a report in one of FORMATS (terminal returns text for non-TTY output); ``overlay``:
+    the HTML's link to an overlay written in the same run."""
     if fmt == "md":
         from advisor.render.markdown import render as md
 
@@ -78,12 +80,33 @@ def render(report: Any, fmt: str, verbose: bool = False, md_full: bool = False) 
     elif fmt == "overlay":
         from advisor.render.overlay import render as r
     elif fmt == "html":
-        from advisor.render.html import render as r
+        from advisor.render.html import render as html
+
+        return html(report, overlay=overlay)
     else:
         from advisor.render.terminal import render_text
 
         return render_text(report, verbose=verbose)
     return r(report)
+
+
+def write_targets(report: Any, targets: list[tuple[Path, str]], verbose: bool = False, md_full: bool = False) -> None:
+    """Each ``--out`` target written (atomically) in its format; an HTML report links the first
+    overlay written in the same run, by its path relative to the HTML file. A file that cannot be
+    written is a :class:`UsageFailure` naming it."""
+    from advisor.render.html import overlay_link
+
+    overlays = [o for o, f in targets if f == "overlay"]
+    texts: dict[tuple[str, str], str] = {}
+    for out, out_fmt in targets:
+        link = overlay_link(out, overlays[0]) if out_fmt == "html" and overlays else None
+        key = (out_fmt, link["href"] if link else "")
+        if key not in texts:
+            texts[key] = render(report, out_fmt, verbose=verbose, md_full=md_full, overlay=link)
+        try:
+            write_atomic(out, texts[key])
+        except OSError as exc:
+            raise UsageFailure(f"{out}: cannot write: {exc.strerror or exc}") from exc
 
 
 def _format_given() -> bool:
@@ -229,11 +252,7 @@ def _analyze(opts: AnalyzeOptions) -> int:
         if targets:
             from advisor.render.terminal import verdict
 
-            texts: dict[str, str] = {}
-            for out, out_fmt in targets:
-                if out_fmt not in texts:
-                    texts[out_fmt] = render(report, out_fmt, verbose=opts.verbose, md_full=opts.md_full)
-                write_atomic(out, texts[out_fmt])
+            write_targets(report, targets, verbose=opts.verbose, md_full=opts.md_full)
             click.echo(f"Verdict: {one_line(verdict(report), 1000)}")
             for out, _f in targets:
                 click.echo(f"wrote {out}")
@@ -303,12 +322,7 @@ def render_cmd(report: Path, fmt: str, outs: tuple[Path, ...], verbose: bool, md
                 click.echo(render(data, fmt, verbose=verbose, md_full=md_full), nl=False)
                 sys.stdout.flush()
             return
-        texts: dict[str, str] = {}
-        for out, out_fmt in targets:
-            if out_fmt not in texts:
-                texts[out_fmt] = render(data, out_fmt, verbose=verbose, md_full=md_full)
-            write_atomic(out, texts[out_fmt])
-        out = None
+        write_targets(data, targets, verbose=verbose, md_full=md_full)
         with reader_may_leave():
             for written, _f in targets:
                 click.echo(f"wrote {written}")

@@ -59,6 +59,7 @@ class EdgeKind(_StrEnum):
     THREAD_HAND_OFF = "thread hand-off"  # a host thread waiting for another one
     DEVICE_ORDER = "device order (no launch links)"  # device work ordered by time (no correlation ids)
     SYNC_WAIT = "sync wait"  # a host synchronisation waiting for the device
+    LAUNCH_BEFORE_WINDOW = "launch before the window"  # device work queued before the window began
 
     @property
     def inferred(self) -> bool:

@@ -142,6 +142,9 @@ class Finding:
     # with its assumption and how well the step reproduced, or why no saving is estimated; None when the
     # rule states no counterfactual
     replay: Mapping[str, Any] | None = None
+    # where --rank narrowed the report: "cluster-wide" for a finding about more ranks than the
+    # chosen one (or none in particular), whose figures are not narrowed; "" otherwise
+    scope: str = ""
 
     @property
     def bottleneck(self) -> str:

@@ -31,7 +31,7 @@ def _steps(events: list[dict[str, Any]]) -> tuple[Any, cp.Window, cp.Threads, cp
     w = cp.read_window(cur, 0, 0, 1000)
     assert w is not None
     th = cp.host_threads(w)
-    st = cp.device_streams(w)
+    st = cp.device_streams(w, cur, 0)
     sy = cp.Syncs(cur, 0, w, st)
     return ctx, w, th, st, sy, cp.PathAccount(w, th.owner)
 
@@ -166,3 +166,60 @@ def test_the_walk_covers_the_window() -> None:
         (900, 1000, "idle (after last operator)", "idle"),
     ]
     assert sum(b - a for a, b, _n, _k in path.segments) == 1000
+
+
+def test_a_kernel_launched_before_the_window_is_queued_work_not_launch_latency() -> None:
+    """The kernel's launch ran at -100..-50, before the window (0..1000) began; the kernel starts at
+    200 with nothing before it on its stream in the window. Its wait from 0 to 200 lies on work
+    queued before the window: neither launch latency nor aten::mm (50..450, which launched nothing)
+    held it back, and the walk ends at the window's start: 200 ns queued, 300 of kernel, 500 after."""
+    _ctx, w, th, st, sy, path = _steps([
+        _host("runtime", "cudaLaunchKernel", -100, 50, corr=1),
+        _host("host_op", "aten::mm", 50, 400),
+        _kernel("k", 200, 300, corr=1),
+    ])
+    assert st.launched_before == {1}
+    t, mode, edge = cp.device_step(w, th, st, sy, path, _index(w, "k"), 500)
+    assert (t, mode, edge) == (0, None, EdgeKind.LAUNCH_BEFORE_WINDOW)
+    walked = cp.PathAccount(w, th.owner)
+    assert cp.walk(w, th, st, sy, walked) == {EdgeKind.LAUNCH_BEFORE_WINDOW: 1}
+    assert sorted(walked.segments) == [
+        (0, 200, "idle (device work queued before the window)", "idle"),
+        (200, 500, "k", "compute"),
+        (500, 1000, "idle (after last operator)", "idle"),
+    ]
+    assert not any("launch latency" in s[2] for s in walked.segments)
+
+
+def test_a_launch_ending_inside_the_window_still_gives_launch_latency() -> None:
+    """The launch call began before the window (-50) but ended inside it (50): the launch time is
+    in the window, so 50..200 before the kernel is launch latency and 0..50 the launch call."""
+    _ctx, w, th, st, sy, path = _steps([
+        _host("runtime", "cudaLaunchKernel", -50, 100, corr=1),
+        _kernel("k", 200, 300, corr=1),
+    ])
+    assert st.launched_before == set()
+    cp.walk(w, th, st, sy, path)
+    assert sorted(path.segments) == [
+        (0, 50, "cudaLaunchKernel", "host"),
+        (50, 200, "idle (launch latency)", "idle"),
+        (200, 500, "k", "compute"),
+        (500, 1000, "idle (after last operator)", "idle"),
+    ]
+
+
+def test_a_window_whose_device_work_was_all_launched_in_it_has_no_queued_time() -> None:
+    """Two kernels launched inside the window (100 and 600): no launch before the window, so no
+    queued-before-the-window segment; the device is idle at the start only because the host had
+    not launched yet (idle (host) from 0 to the first launch)."""
+    _ctx, w, th, st, sy, path = _steps([
+        _host("runtime", "cudaLaunchKernel", 100, 50, corr=1),
+        _kernel("a", 200, 100, corr=1),
+        _host("runtime", "cudaLaunchKernel", 600, 50, corr=2),
+        _kernel("b", 700, 200, corr=2),
+    ])
+    assert st.launched_before == set()
+    cp.walk(w, th, st, sy, path)
+    names = [s[2] for s in sorted(path.segments)]
+    assert min(path.segments)[:3] == (0, 100, "idle (host)")
+    assert cp.QUEUED_BEFORE not in names

@@ -152,3 +152,55 @@ def test_trace_times_undo_the_base_and_keep_the_steps_near_the_focus() -> None:
     far = trace_times(_Ctx(3 * MAX_TRACE_STEPS), 0, 3 * MAX_TRACE_STEPS - 1)  # type: ignore[arg-type]
     assert len(far["trace_steps"]) == MAX_TRACE_STEPS
     assert far["trace_steps"][-1]["step"] == 3 * MAX_TRACE_STEPS - 1
+
+
+_CP_REPORT: dict[str, Any] = {
+    "critical_path": {"rank": 2, "step": 3, "length_us": 100.0,
+                      "ops": [{"name": "k", "kind": "compute", "total_us": 20.0, "count": 1}],
+                      "segments": [{"start_us": 10.0, "dur_us": 20.0, "name": "k", "kind": "compute"}]},
+    "findings": [], "breakdown": [],
+}
+
+
+def _overlay_anchor(page: str) -> tuple[str, str] | None:
+    import re
+
+    m = re.search(r'<a class="overlay-link" href="([^"]*)">([^<]*)</a>', page)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def test_html_links_the_overlay_written_in_the_same_run(tmp_path: Path) -> None:
+    """``--out sub/r.html --out r.overlay.json``: both written; the page links the overlay by its
+    path relative to the page's directory, with how to open it; without an overlay it keeps the hint."""
+    (tmp_path / "sub").mkdir()
+    page, ov = tmp_path / "sub" / "r.html", tmp_path / "r.overlay.json"
+    cli.write_targets(_CP_REPORT, [(page, "html"), (ov, "overlay")])
+    assert json.loads(ov.read_text(encoding="utf-8")) == overlay_events(_CP_REPORT)
+    text = page.read_text(encoding="utf-8")
+    assert _overlay_anchor(text) == ("../r.overlay.json", "../r.overlay.json")
+    assert "ui.perfetto.dev" in text and "chrome://tracing" in text and "rank 2" in text
+    assert "--out NAME.overlay.json" not in text
+    # beside it, the link is the bare file name; the HTML alone keeps the hint with the flag
+    cli.write_targets(_CP_REPORT, [(tmp_path / "b.html", "html"), (ov, "overlay")])
+    assert _overlay_anchor((tmp_path / "b.html").read_text(encoding="utf-8"))[0] == "r.overlay.json"  # type: ignore[index]
+    cli.write_targets(_CP_REPORT, [(tmp_path / "alone.html", "html")])
+    alone = (tmp_path / "alone.html").read_text(encoding="utf-8")
+    assert _overlay_anchor(alone) is None and "--out NAME.overlay.json" in alone
+
+
+def test_html_link_to_a_hostile_overlay_name_is_escaped(tmp_path: Path) -> None:
+    """A file name with markup, quotes, a query, a fragment and a colon (scheme-like) is one
+    relative, percent-encoded href and escaped text: no attribute break-out, no new element."""
+    from urllib.parse import unquote
+
+    name = 'javascript:x" onclick="alert(1)<img src=x>?a=1#f&.overlay.json'
+    page, ov = tmp_path / "r.html", tmp_path / name
+    cli.write_targets(_CP_REPORT, [(page, "html"), (ov, "overlay")])
+    assert ov.is_file()
+    text = page.read_text(encoding="utf-8")
+    anchor = _overlay_anchor(text)
+    assert anchor is not None
+    href, shown = anchor
+    assert unquote(href) == name and not any(c in href for c in '"<>?#&: ')
+    assert "<img" not in text and 'onclick="' not in text
+    assert shown == name.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&#34;")

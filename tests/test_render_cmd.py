@@ -93,6 +93,25 @@ def test_render_command_writes_each_format(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "means --format html" in res.output
 
 
+def test_render_command_links_the_overlay_it_writes(tmp_path: Path) -> None:
+    """``render r.json --out r.html --out r.overlay.json``: the overlay is written and the page
+    links it (relative to the page); the page without it is the plain render."""
+    from advisor.render import html
+    from advisor.render.overlay import overlay_events
+
+    rep = _report()
+    src = tmp_path / "r.json"
+    src.write_text(json.dumps(_round_trip(rep)), encoding="utf-8")
+    res = CliRunner().invoke(cli.main, ["render", str(src), "--out", str(tmp_path / "r.html"),
+                                        "--out", str(tmp_path / "r.overlay.json")])
+    assert res.exit_code == 0, res.output
+    assert f"wrote {tmp_path / 'r.overlay.json'}" in res.output
+    assert json.loads((tmp_path / "r.overlay.json").read_text(encoding="utf-8")) == overlay_events(_round_trip(rep))
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert '<a class="overlay-link" href="r.overlay.json">r.overlay.json</a>' in page
+    assert page == html.render(rep, overlay={"href": "r.overlay.json", "name": "r.overlay.json"})
+
+
 @pytest.mark.parametrize(("content", "problem"), [
     (None, "no such file"),
     ("{", "not a readable JSON file"),

@@ -42,12 +42,67 @@ def finish_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any]
     """The report of the rules' findings: missing ranks said, the focus (--rank / --step) applied."""
     findings = _missing_ranks(ctx, findings)
     if rank is not None or step is not None:
-        findings = [
-            f
-            for f in findings
-            if (rank is None or not f.ranks or rank in f.ranks) and (step is None or not f.steps or step in f.steps)
-        ]
+        findings = narrow_findings(findings, rank, step)
     return build_report(ctx, findings, outcomes, t_start, rank=rank, step=step, full_critical_path=full_critical_path)
+
+
+def narrow_findings(findings: list[Any], rank: int | None, step: int | None) -> list[Any]:
+    """The findings of a report narrowed by --rank / --step: those naming the chosen rank and step
+    (or no rank / step in particular). With --rank, the chosen rank's own findings come first; the
+    others, about more ranks than it (PAR001 "on 2 ranks", a group's wait) or none in particular,
+    follow marked ``cluster-wide``: a user narrowing to a rank still learns that it is the
+    straggler of its group, and sees which figures are not its own."""
+    import dataclasses
+
+    kept = [f for f in findings
+            if (rank is None or not f.ranks or rank in f.ranks) and (step is None or not f.steps or step in f.steps)]
+    if rank is None:
+        return kept
+    own = [f for f in kept if tuple(f.ranks) == (rank,)]
+    wide = [dataclasses.replace(f, scope="cluster-wide") for f in kept if tuple(f.ranks) != (rank,)]
+    return own + wide
+
+
+def narrowed_scope(bd: Any, rank: int | None, step: int | None, ranks: list[int], steps: list[int],
+                   matrix: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The report's ``profile.narrowed_to`` (None: not narrowed): the rank and step asked for, how
+    many the profile holds, the step time of the scope (the verdict's step basis: the rank's step,
+    the rank's median step, or the step of its slowest rank) and the scope's ranks x steps cells."""
+    if rank is None and step is None:
+        return None
+    out: dict[str, Any] = {"rank": rank, "step": step, "ranks_total": len(ranks), "steps_total": len(steps),
+                           "step_us": None, "step_basis": None, "cells": []}
+    if bd is not None and not bd.empty:
+        sel = bd[bd["step"] != NO_STEP]
+        if rank is not None:
+            sel = sel[sel["rank"] == rank]
+        if step is not None:
+            sel = sel[sel["step"] == step]
+        times = [float(x) for x in sel["step_us"] if not math.isnan(float(x))]
+        if times:
+            if rank is not None and step is not None:
+                out["step_us"], out["step_basis"] = times[0], f"rank {rank}'s step {step}"
+            elif rank is not None:
+                out["step_us"], out["step_basis"] = float(sel["step_us"].median()), f"rank {rank}'s median step"
+            else:
+                out["step_us"], out["step_basis"] = max(times), f"the slowest rank's step {step}"
+            out["step_us"] = round(out["step_us"], 3)
+    m = matrix or {}
+    cells = []
+    for row in m.get("rows") or []:
+        if row.get("label", "").startswith("rank ") and str(row.get("ranks")).isdigit():
+            r = int(row["ranks"])
+            if rank is not None and r != rank:
+                continue
+            for st, v in zip(m.get("steps") or [], row.get("cells") or [], strict=False):
+                if v is not None and (step is None or st == step):
+                    cells.append({"rank": r, "step": int(st), "slowdown": float(v)})
+    out["cells"] = sorted(cells, key=lambda c: -c["slowdown"])[:MAX_SCOPE_CELLS]
+    return out
+
+
+#: ranks x steps cells of a narrowed scope the report names at most (the slowest)
+MAX_SCOPE_CELLS = 5
 
 
 # causes whose findings are about exposed communication time, part of which waits on the other members
@@ -123,9 +178,8 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         "analyze_seconds": round(time.perf_counter() - t_start, 4),
         "steps_inferred": bool(inferred),
         "focus": {"rank": ctx.focus_rank, "step": None if ctx.focus_step == NO_STEP else ctx.focus_step},
-        # what --rank / --step narrowed: the breakdown rows, step times and critical path; the
-        # findings (and the verdict drawn from them) and the ranks x steps matrix cover the profile
-        "narrowed_to": {"rank": rank, "step": step} if rank is not None or step is not None else None,
+        # what --rank / --step narrowed (set below, with the ranks x steps picture)
+        "narrowed_to": None,
     }
     step_stats = []
     if sel is not None and not sel.empty:
@@ -150,13 +204,20 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
     if not full_critical_path and cp.get("segments"):
         cp = summarise_segments(cp)
     cp = {**cp, **trace_times(ctx, cp.get("rank"), cp.get("step"))}
-    savings = summary(findings, median_steps(bd, NO_STEP))
+    med = median_steps(bd, NO_STEP)
+    savings = summary(findings, med)
+    own = [f for f in findings if not f.scope]
+    if rank is not None and own and len(own) < len(findings):
+        # the verdict: the chosen rank's own root with the largest saving, not a cluster-wide one
+        savings["verdict"] = summary(own, med)["verdict"]
     hardware = _hardware(ctx)
     variability = clean(_variability(ctx))  # before the warnings are taken: it may add one
     from advisor.stages import groups as groups_stage
 
     pg = groups_stage.of_context(ctx)
     ctx.warnings.extend(Warning_("group_kind_mismatch", m) for m in (pg or {}).get("mismatches", [])[:20])
+    matrix = groups_stage.step_matrix(bd, pg, no_step=NO_STEP)
+    profile["narrowed_to"] = narrowed_scope(bd, rank, step, list(ctx.ranks), steps, matrix)
     return Report(
         tool_version=__version__,
         profile=profile,
@@ -172,7 +233,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         hardware=hardware,
         variability=variability,
         parallel_groups=pg,
-        step_matrix=groups_stage.step_matrix(bd, pg, no_step=NO_STEP),
+        step_matrix=matrix,
         window_phases=window_phases(ctx),
     )
 

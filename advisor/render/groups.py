@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from advisor.render import view
+
 
 def summary(d: dict[str, Any]) -> str | None:
     """One paragraph (plain text, no profile string) on the parallel groups and the ranks x steps
@@ -23,7 +25,10 @@ def summary(d: dict[str, Any]) -> str | None:
         if n_bad:
             text += f"; {n_bad} group{'' if n_bad == 1 else 's'} disagree with the export's names (see warnings)"
         parts.append(text + ".")
-    if sm.get("rows"):
+    scope = view.scope_line(d)
+    if scope:
+        parts.append(scope + (" (the picture in the HTML report covers every rank and step)." if sm.get("rows") else "."))
+    elif sm.get("rows"):
         worst = sm.get("worst") or []
         text = (f"Ranks x steps ({sm.get('ranks')} ranks, {len(sm.get('steps') or [])} steps"
                 + (f", rows by {sm['aggregated_by']} group" if sm.get("aggregated_by") else "")

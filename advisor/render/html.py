@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import re
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,7 @@ from advisor.render.view import (
     fmt_us,
     fmt_value,
     is_threshold_key,
+    scope_line,
     scope_note,
     short_name,
     slow_steps,
@@ -331,6 +334,7 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
         "diff": d.get("baseline_diff"),
         "findings": findings,
         "scope_note": scope_note(d),
+        "scope_line": scope_line(d),
         "sev_counts": {s: sum(1 for f in findings if f["severity"] == s) for s in SEVERITIES},
         "explain": explain_texts(d.get("rule_docs") or {}, {str(f.get("rule")) for f in findings}),
         "outliers": sorted(outl),
@@ -357,9 +361,22 @@ def context(report: Report | Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def render(report: Report | Mapping[str, Any], *, templates: str | Path | None = None) -> str:
-    """The HTML report as one string (a Report, or the dict of a JSON report)."""
+def overlay_link(html_path: str | Path, overlay_path: str | Path) -> dict[str, str]:
+    """The HTML report's link to an overlay written beside it: ``href``, the overlay's path
+    relative to the HTML file's directory, percent-encoded (a file name is never markup, a query,
+    a fragment or a scheme); ``name``, that path as shown (printable; the template escapes it)."""
+    html_dir = Path(os.path.abspath(html_path)).parent
+    rel = Path(os.path.relpath(os.path.abspath(overlay_path), html_dir)).as_posix()
+    return {"href": urllib.parse.quote(rel, safe="/"), "name": printable(rel)}
+
+
+def render(report: Report | Mapping[str, Any], *, templates: str | Path | None = None,
+           overlay: Mapping[str, str] | None = None) -> str:
+    """The HTML report as one string (a Report, or the dict of a JSON report). ``overlay``: the
+    Chrome-trace overlay written in the same run (:func:`overlay_link`), linked from the page;
+    without it the page says how to write one."""
     env = environment(templates)
     ctx = context(report)
+    ctx["overlay"] = dict(overlay) if overlay else None
     ctx["csp"] = _csp(env)
     return env.get_template("report.html.j2").render(**ctx)

@@ -14,7 +14,8 @@ __all__ = ["clean", "finding_dict", "read_report", "render", "report_dict"]
 
 
 def finding_dict(f: Finding) -> dict[str, Any]:
-    """One finding in contract form plus extra fields (id, saving basis, top rows)."""
+    """One finding in contract form plus extra fields (id, saving basis, top rows; its scope where
+    --rank narrowed the report and the finding is not about the chosen rank alone)."""
     return {
         "id": f.id,
         "rule": f.rule,
@@ -37,6 +38,7 @@ def finding_dict(f: Finding) -> dict[str, Any]:
         "root": f.root,
         "root_id": f.root_id,
         **({"replay": dict(f.replay)} if f.replay is not None else {}),
+        **({"scope": f.scope} if f.scope else {}),
     }
 
 

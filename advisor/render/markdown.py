@@ -172,7 +172,9 @@ def _head(d: Mapping[str, Any]) -> list[str]:
         if v.get("saving_us"):
             line += f" · **up to {fmt_us(v['saving_us'])} per step**"
             if v.get("saving_fraction"):
-                line += f" ({fmt_ratio(v['saving_fraction'], 0)} of the step)"
+                line += f" ({fmt_ratio(v['saving_fraction'], 0)} of {v.get('of_step') or 'the step'})"
+        if v.get("scope"):
+            line += " · cluster-wide, not narrowed"
         if v["others"]:
             line += f" · {v['others']} more finding{'s' if v['others'] != 1 else ''}"
         out.append(line)

@@ -272,7 +272,11 @@ def _findings(console: Console, d: dict[str, Any], verbose: bool) -> None:
         console.print(Text("No findings.", style="bold green"))
         console.print()
         return
-    console.print(Text(f"Findings ({len(findings)}), largest saving first", style="bold"))
+    nar = (d.get("profile") or {}).get("narrowed_to") or {}
+    mixed = any(f.get("scope") for f in findings) and not all(f.get("scope") for f in findings)
+    order = (f"rank {nar['rank']}'s own first, then cluster-wide; largest saving first"
+             if nar.get("rank") is not None and mixed else "largest saving first")
+    console.print(Text(f"Findings ({len(findings)}), {order}", style="bold"))
     verdict_id = view.verdict(d).get("finding_id")
     savings = [f"save ≤ {_us(f['estimated_saving_us'])}" if f.get("estimated_saving_us") else "-" for f in findings]
     sev_w = max(len(str(f.get("severity", "info"))) for f in findings)

@@ -260,40 +260,83 @@ def _severity_rank(severity: str) -> int:
     return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
 
 
+def _scope_words(nar: Mapping[str, Any]) -> str:
+    """"rank 1, step 5" of a ``narrowed_to``."""
+    parts = [f"rank {nar['rank']}" if nar.get("rank") is not None else "",
+             f"step {nar['step']}" if nar.get("step") is not None else ""]
+    return ", ".join(p for p in parts if p)
+
+
 def scope_note(d: Mapping[str, Any]) -> str:
     """Where ``--rank`` / ``--step`` narrowed the report, what each part covers: the breakdown, step
-    times and critical path the focus; the verdict, findings and ranks x steps every rank and step
-    of the profile. Empty when nothing was narrowed."""
+    times, critical path and verdict the focus; the findings those naming it, marked where they are
+    cluster-wide; the ranks x steps picture stays whole. Empty when nothing was narrowed."""
     prof = d.get("profile") or {}
     nar = prof.get("narrowed_to")
     if not nar:
         return ""
-    parts = [f"rank {nar['rank']}" if nar.get("rank") is not None else "",
-             f"step {nar['step']}" if nar.get("step") is not None else ""]
-    focus = ", ".join(p for p in parts if p)
+    focus = _scope_words(nar)
     ranks, steps = prof.get("ranks") or [], prof.get("steps") or []
     whole = (f"{len(ranks)} rank{'' if len(ranks) == 1 else 's'} ({compact_ints(ranks)})"
              + (f", {len(steps)} step{'' if len(steps) == 1 else 's'} ({compact_ints(steps)})" if steps else ""))
-    return (f"Narrowed to {focus}: the step breakdown, step times and critical path cover {focus} only; "
-            f"the verdict, the findings (their figures and rank counts) and the ranks x steps matrix cover "
-            f"the whole profile: {whole}")
+    found = d.get("findings") or []
+    wide = sum(1 for f in found if f.get("scope") == "cluster-wide")
+    text = (f"Narrowed to {focus}: the step breakdown, step times, critical path and verdict cover {focus} only; "
+            f"the findings are those naming {focus}")
+    if nar.get("rank") is not None and wide:
+        text += ((f", rank {nar['rank']}'s own first, then " if wide < len(found) else ", all ")
+                 + f"{wide} cluster-wide (marked; their figures cover every rank they name)")
+    text += "; each finding's figures are its rule's over the steps it names"
+    if (d.get("step_matrix") or {}).get("rows"):
+        return text + f"; the ranks x steps picture covers the whole profile: {whole}"
+    return text + f"; the whole profile holds {whole}"
+
+
+def scope_line(d: Mapping[str, Any]) -> str | None:
+    """The ranks x steps line of a narrowed report: the scope among the profile's ranks and steps
+    ("rank 1 (one of 2 ranks), step 5 (one of 6 steps)") and its cells' own time against the
+    median; None when not narrowed."""
+    nar = (d.get("profile") or {}).get("narrowed_to")
+    if not nar:
+        return None
+    def of(n: Any, what: str) -> str:
+        return f"(one of {n} {what}{'' if n == 1 else 's'})"
+
+    parts = []
+    if nar.get("rank") is not None:
+        parts.append(f"rank {nar['rank']} {of(nar.get('ranks_total'), 'rank')}")
+    if nar.get("step") is not None:
+        parts.append(f"step {nar['step']} {of(nar.get('steps_total'), 'step')}")
+    sm = d.get("step_matrix") or {}
+    text = ("Ranks x steps narrowed to " if sm.get("rows") else "Narrowed to ") + ", ".join(parts)
+    cells = nar.get("cells") or []
+    if cells and sm.get("median_own_us"):
+        med = fmt_us(float(sm["median_own_us"]))
+        if len(cells) == 1:
+            text += f": own time {cells[0]['slowdown']:.2f}x the median of all cells ({med})"
+        else:
+            worst = ", ".join(f"rank {c['rank']} step {c['step']} ({c['slowdown']:.2f}x)" for c in cells[:3])
+            text += f": slowest cells {worst} against the median of all cells ({med})"
+    return text
 
 
 def explained_note(f: Mapping[str, Any], findings: list[Mapping[str, Any]],
                    verdict_id: str | None = None) -> str:
     """For a finding another one explains (``explained_by``): "explained by CLU001", naming the
     explaining findings by rule (their ids where a rule fired twice), and "(the verdict)" when one
-    of them is the verdict's finding; empty for a root cause."""
+    of them is the verdict's finding; empty for a root cause. A finding kept cluster-wide in a
+    report narrowed to a rank adds "cluster-wide, not narrowed"."""
     by = [str(x) for x in f.get("explained_by") or []]
+    wide = "cluster-wide, not narrowed" if f.get("scope") == "cluster-wide" else ""
     if not by:
-        return ""
+        return wide
     rule_of = {str(x.get("id")): str(x.get("rule")) for x in findings if x.get("id")}
     rules = [rule_of.get(i, i) for i in by]
     names = [r if rules.count(r) == 1 else i for r, i in zip(rules, by, strict=True)]
     text = "explained by " + ", ".join(dict.fromkeys(names))
     if verdict_id is not None and verdict_id in by:
         text += ", the verdict"
-    return text
+    return text + (f"; {wide}" if wide else "")
 
 
 def verdict(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -313,14 +356,24 @@ def verdict(d: Mapping[str, Any]) -> dict[str, Any]:
         saving = source.get("estimated_saving_us")
         frac = source.get("saving_fraction")
         text = f"{severity.upper()}: {f['title']}"
-        if saving:
+        nar = (d.get("profile") or {}).get("narrowed_to") or {}
+        basis = nar.get("step_us")
+        of_step = "the step"
+        if saving and basis:  # narrowed: the share is of the chosen scope's step
+            frac = float(saving) / float(basis)
+            of_step = f"{nar.get('step_basis')}, {fmt_us(float(basis))}"
+            text += f" — up to {fmt_us(saving)} per step ({fmt_ratio(frac, 0)} of {of_step})"
+        elif saving:
             text += f" — up to {fmt_us(saving)} per step" + (f" ({fmt_ratio(frac, 0)})" if frac else "")
+        if f.get("scope") == "cluster-wide":
+            text += " (cluster-wide, not narrowed)"
         if len(chain) > 1:
             text += f"; explains {len(chain) - 1} more finding{'' if len(chain) == 2 else 's'}"
         text += _uncertain_note(d)
         return {"kind": "finding", "severity": severity, "title": f["title"], "rule": f["rule"],
                 "cause": f["cause"], "saving_us": saving, "saving_fraction": frac, "finding_id": f.get("id"),
-                "text": text, "others": len(findings) - 1, "explains": len(chain) - 1}
+                "text": text, "others": len(findings) - 1, "explains": len(chain) - 1, "of_step": of_step,
+                "scope": f.get("scope") or None}
     summ = breakdown_summary(d)
     if not summ:
         return {"kind": "none", "severity": "info", "title": "No step could be analysed.",
@@ -429,9 +482,12 @@ def slow_steps(d: Mapping[str, Any]) -> tuple[set[tuple[int, int]], str]:
     it. Where the rule did not run (not selected, skipped, failed): :func:`step_outliers`.
     """
     status = {r.get("rule"): r.get("status") for r in d.get("rules") or []}
+    nar = (d.get("profile") or {}).get("narrowed_to") or {}
     if status.get(SLOW_STEP_RULE) == "ran":
         pairs = {(int(t["rank"]), int(t["step"])) for f in d.get("findings") or [] if f.get("rule") == SLOW_STEP_RULE
-                 for t in f.get("top") or [] if t.get("rank") is not None and t.get("step") is not None}
+                 for t in f.get("top") or [] if t.get("rank") is not None and t.get("step") is not None
+                 # a narrowed report marks the slow steps of its scope only
+                 and nar.get("rank") in (None, t["rank"]) and nar.get("step") in (None, t["step"])}
         undecided = any(w.get("code") == "rule_undecided"  # message: "<rule ids, names>: <why>"
                         and SLOW_STEP_RULE in str(w.get("message")).split(": ", 1)[0]
                         for w in d.get("warnings") or [])

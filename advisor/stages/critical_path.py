@@ -50,7 +50,11 @@ monitor, a usage reporter in ``threading.py``) spans the window but is never the
 Gaps where the chosen track was doing nothing become ``idle`` segments on the path, so the
 path's length is exactly the window's wall time. A gap between a device task's launch and its start
 is launch latency, except the part where the launching thread was blocked in a sync call or a
-blocking copy: that is named for the call (``host waits in hipMemcpyWithStream (blocking copy)``). Time on the path is credited to the
+blocking copy: that is named for the call (``host waits in hipMemcpyWithStream (blocking copy)``). A
+device task launched before the window began (its launch call ended before the window's start),
+with nothing before it on its stream in the window, was held back by what lies before the window:
+from the window's start to it the path is ``idle (device work queued before the window)`` and the
+walk ends there (edge ``launch before the window``). Time on the path is credited to the
 outermost framework operator that encloses the host instant (``aten::conv2d`` rather than the
 ``cudaLaunchKernel`` inside it), to the kernel for device time, and to ``idle`` for gaps.
 """
@@ -308,10 +312,22 @@ class Streams:
     comp_vals: list[int]
     stream_ends: dict[Any, tuple[list[int], list[int]]]
     launch_of: dict[Any, int]
+    #: correlations of the window's device tasks whose launch call ended before the window began
+    launched_before: set[Any] = field(default_factory=set)
 
 
-def device_streams(w: Window) -> Streams:
-    """The device tasks of the window, indexed for the walk's look-ups."""
+# the launch calls, among correlations $lo..$hi, that ended before the window ($start): the device
+# work they launched was queued before the window began
+_LAUNCHED_BEFORE_SQL = """
+SELECT DISTINCT corr FROM events
+WHERE rank = $rank AND NOT device AND corr BETWEEN $lo AND $hi AND start_ns + dur_ns <= $start
+  AND kind IN ('runtime', 'sync', 'queue', 'other', 'host_op')
+"""
+
+
+def device_streams(w: Window, cur: Any = None, rank: int | None = None) -> Streams:
+    """The device tasks of the window, indexed for the walk's look-ups; with a cursor on the
+    profile (``cur``, ``rank``), also which of them were launched before the window began."""
     dev_by_stream: dict[Any, list[int]] = defaultdict(list)
     dev_all: list[int] = []
     for i in range(w.n):
@@ -329,9 +345,15 @@ def device_streams(w: Window) -> Streams:
     for i in range(w.n):
         if not w.device[i] and w.corr[i] is not None and w.kind[i] in ("runtime", "sync", "queue", "other", "host_op"):
             launch_of.setdefault(w.corr[i], i)
+    before: set[Any] = set()
+    unlaunched = [w.corr[i] for i in dev_all if w.corr[i] is not None and w.corr[i] not in launch_of]
+    if cur is not None and rank is not None and unlaunched:
+        rows = cur.execute(_LAUNCHED_BEFORE_SQL, {"rank": rank, "lo": min(unlaunched), "hi": max(unlaunched),
+                                                  "start": w.start_ns}).fetchall()
+        before = {r[0] for r in rows} & set(unlaunched)
     return Streams(dev_all, ends_sorted, [int(w.end[i]) for i in ends_sorted], comm_sorted,
                    [int(w.end[i]) for i in comm_sorted], comp_sorted, [int(w.end[i]) for i in comp_sorted],
-                   stream_ends, launch_of)
+                   stream_ends, launch_of, before)
 
 
 def last_end_in(w: Window, vals: list[int], order: list[int], a: int, b: int, key: Any = None) -> int | None:
@@ -489,6 +511,11 @@ def host_wait_label(w: Window, i: int) -> str:
     return f"host waits in {w.name[i]} ({what})"
 
 
+#: the path's name for the time from the window's start to the start of device work launched
+#: before the window began
+QUEUED_BEFORE = "idle (device work queued before the window)"
+
+
 def add_launch_gap(w: Window, th: Threads, path: PathAccount, thread: Any, launch_t: int, t: int) -> None:
     """The time (launch_t, t] between a device task's launch and its start. Where the launching
     thread was blocked in a sync or blocking copy when the task started, the host was waiting, not
@@ -550,6 +577,12 @@ def device_step(w: Window, th: Threads, st: Streams, sy: Syncs, path: PathAccoun
     if prev is not None and prev_end is not None:
         path.add(prev_end, t, "idle (device waiting)", SegmentKind.IDLE)
         return prev_end, ("dev", prev), EdgeKind.STREAM_ORDER
+    if w.corr[v] is not None and w.corr[v] in st.launched_before:
+        # launched before the window, with nothing before it on its stream in the window: what
+        # held it back (its launch, the stream's earlier work) lies before the window, whose start
+        # the path reaches here; the wait is neither launch latency nor this window's host work
+        path.add(w.start_ns, t, QUEUED_BEFORE, SegmentKind.IDLE)
+        return w.start_ns, None, EdgeKind.LAUNCH_BEFORE_WINDOW
     # nothing earlier on this stream and no known launch: fall back to the main thread
     return t, ("host", th.main_tid), EdgeKind.UNKNOWN_LAUNCH
 
@@ -665,7 +698,7 @@ def compute(con: Any, rank: int, step: int, start_ns: int, end_ns: int, top_n: i
     if w is None:
         return result
     th = host_threads(w)
-    st = device_streams(w)
+    st = device_streams(w, cur, rank)
     sy = Syncs(cur, rank, w, st)
     path = PathAccount(w, th.owner)
     edges = walk(w, th, st, sy, path)
