@@ -106,8 +106,8 @@ def test_a_crashing_rule_is_reported_and_the_others_run() -> None:
 
 
 @pytest.mark.parametrize("args, code", [
-    (["analyze", "sample_profiles/kineto_two_ranks"], 0),
-    (["analyze", "sample_profiles/kineto_two_ranks", "--format", "json"], 0),
+    pytest.param(["analyze", "sample_profiles/kineto_two_ranks"], 0, marks=pytest.mark.slow),
+    pytest.param(["analyze", "sample_profiles/kineto_two_ranks", "--format", "json"], 0, marks=pytest.mark.slow),
     (["analyze", "sample_profiles/kineto_two_ranks", "--fail-on", "low"], 1),  # PAR001 fires: the gate still decides
     (["rules"], 0),
     (["explain", "CMP001"], 0),

@@ -56,7 +56,7 @@ def test_truncated_and_other_layouts(tmp_path: Path) -> None:
     assert sorted(x.name for x in tmp_path.iterdir()) == ["t.json"]  # no copy left behind
 
 
-@pytest.mark.parametrize("sample", ["kineto_resnet50_num_workers_0", "kineto_two_ranks"])
+@pytest.mark.parametrize("sample", [pytest.param("kineto_resnet50_num_workers_0", marks=pytest.mark.slow), "kineto_two_ranks"])
 def test_streamed_and_whole_object_reads_agree(sample: str, samples: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Big files go through the streaming reader; forcing it on the samples gives the same tables."""
     from advisor.engine.context import load_profile

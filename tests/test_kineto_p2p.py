@@ -119,7 +119,7 @@ def write_nccl_pipeline(directory: Path, old_schema_key: bool = False) -> None:
     _trace(directory, 2, r2, [WORLD, PP])
 
 
-@pytest.mark.parametrize("old_schema_key", [False, True])
+@pytest.mark.parametrize("old_schema_key", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_record_param_comms_peers_are_mapped_to_global_ranks(tmp_path: Path, old_schema_key: bool) -> None:
     """By hand (see write_nccl_pipeline): 0 -> 2 = 1000 x 4 B + 3000 x 2 B = 10 000 B in 2 transfers
     (the sender's records; rank 2's recvs are the same transfers); 1 -> 0 = 500 x 4 B = 2000 B in 1

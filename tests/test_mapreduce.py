@@ -166,6 +166,7 @@ def test_combine_outcomes_across_shards() -> None:
     assert [f.title for f in findings] == ["x"]
 
 
+@pytest.mark.slow
 def test_pool_by_default_for_the_cli_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI (``LoadOptions(workers=None)``) runs two shards or more on a pool; a library caller
     stays in-process unless it asks (a pool imports its ``__main__`` again)."""

@@ -34,6 +34,7 @@ def _metrics_file(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_reduce_knows_the_phases_of_the_samples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     metrics = _metrics_file(tmp_path)
     monkeypatch.setattr(plan, "SHARD_BYTES", 1)  # one rank per shard: two maps, then the reduce

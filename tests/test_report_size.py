@@ -92,6 +92,7 @@ def test_summarise_segments_keeps_totals() -> None:
     assert segs[0] == {"start_us": 0.0, "dur_us": 1.0, "name": "op0", "kind": "host"}  # input untouched
 
 
+@pytest.mark.slow
 def test_few_mb_trace_gives_a_small_report(tmp_path: Path) -> None:
     """A 4 MB trace: the report stays under 2 MB, its segments tile the step, and each kind has
     the time the trace gives (per step: 10 000 operators x 2 µs host, the rest idle)."""

@@ -129,10 +129,10 @@ def check(marked_dir: Path, stripped_dir: Path) -> dict[str, Any]:
 # --- markers stripped: inferred boundaries at the marked ones ---------------------------------
 
 WITH_COLLECTIVES = [SAMPLES / "kineto_two_ranks", SAMPLES / "kineto_gloo_slow_rank"]  # NCCL kernels; gloo host
-# no collectives: the quick suite runs a profiler pause, GC pauses and one slow step; the rest is slow-marked
-WITHOUT = [TRACES / n for n in ("cpu_multi_cycle", "cpu_python_gc", "cpu_step_fluctuation")] + [
+# no collectives: the quick suite runs a profiler pause and GC pauses; the rest is slow-marked
+WITHOUT = [TRACES / n for n in ("cpu_multi_cycle", "cpu_python_gc")] + [
     pytest.param(TRACES / n, marks=pytest.mark.slow)
-    for n in ("cpu_healthy", "cpu_slow_dataloader", "cpu_contention", "cpu_dynamic_shapes", "cpu_host_sync",
+    for n in ("cpu_step_fluctuation", "cpu_healthy", "cpu_slow_dataloader", "cpu_contention", "cpu_dynamic_shapes", "cpu_host_sync",
               "cpu_unfused_transformer", "cpu_dispatch_bound")]
 
 

@@ -219,6 +219,7 @@ def test_a_stopped_statement_is_one_line_naming_file_and_table(tmp_path, monkeyp
     assert "\n" not in msg and DB_NAME in msg and "(table PYTORCH_API" in msg and "reading it took more than" in msg
 
 
+@pytest.mark.slow
 def test_long_name_in_a_db_is_cut_and_marked(tmp_path):
     """A 10,000-character operator name (a STRING_IDS value) is cut to 4,096 and marked."""
     import hashlib

@@ -305,6 +305,7 @@ def test_fuzz_kineto_documents(files: dict[str, bytes]) -> None:
     check_profile(files)
 
 
+@pytest.mark.slow
 @settings(FUZZ_SETTINGS, max_examples=max(3, EXAMPLES // 3))
 @given(files=damaged_real_trace())
 def test_fuzz_real_trace_damaged(files: dict[str, bytes]) -> None:
