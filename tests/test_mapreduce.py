@@ -43,12 +43,24 @@ def _units(tmp_path: Path, sizes: list[int]) -> list[Unit]:
     return out
 
 
-def test_shards_are_consecutive_ranks_up_to_a_size(tmp_path: Path) -> None:
+def test_shards_are_consecutive_ranks_up_to_a_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan, "ONE_SHARD_SHARDS", 0)  # a profile of any size is cut
     units = _units(tmp_path, [40, 40, 30, 100, 10, 10])
     shards = plan.plan_shards(list(reversed(units)), max_bytes=100)
     assert [[u.rank for u in s] for s in shards] == [[0, 1], [2], [3], [4, 5]]  # 40+40+30 > 100; 100 alone
     assert [[u.rank for u in s] for s in plan.plan_shards(units, max_bytes=1)] == [[r] for r in range(6)]
     assert [[u.rank for u in s] for s in plan.plan_shards(units, max_bytes=1 << 30)] == [list(range(6))]
+
+
+def test_a_small_profile_is_one_shard(tmp_path: Path) -> None:
+    units = _units(tmp_path, [40, 40, 30, 100, 10, 10])  # 230 bytes
+    one = [list(range(6))]
+    assert plan.ONE_SHARD_SHARDS >= 1
+    assert [[u.rank for u in s] for s in plan.plan_shards(list(reversed(units)), max_bytes=230)] == one
+    cut = -(-230 // plan.ONE_SHARD_SHARDS)  # 230 bytes are exactly ONE_SHARD_SHARDS shards' worth, or less
+    assert [[u.rank for u in s] for s in plan.plan_shards(units, max_bytes=cut)] == one
+    assert len(plan.plan_shards(units, max_bytes=229 // plan.ONE_SHARD_SHARDS)) > 1
+    assert plan.plan_shards([], max_bytes=1) == []
 
 
 def test_pool_only_for_several_shards(monkeypatch: pytest.MonkeyPatch) -> None:
