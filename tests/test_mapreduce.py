@@ -136,6 +136,26 @@ def test_map_result_is_a_plain_value() -> None:
     assert back.counts["events"] > 0
 
 
+def test_the_only_shard_hands_its_database_to_the_reduce() -> None:
+    """A shard mapped in the process that reduces it keeps its summary in its own DuckDB: the reduce
+    then holds the same tables with the same rows as when the summary travels as Arrow bytes."""
+    from advisor.pipeline.reduce import gather
+
+    path = TRACES / "gloo_slow_rank"
+
+    def summary(keep_db: bool) -> dict[str, list[str]]:
+        units = claim_units(path, [], lambda *a: None)  # a load notes things in its units: fresh ones
+        res = pmap.map_shard(str(path), units, Config(), keep_db=keep_db)
+        assert (res.db is not None, bool(res.tables)) == (keep_db, not keep_db)
+        cur = gather(str(path), units, iter([res]), [], lambda *a: None, memory_limit=None).con.cursor()
+        names = [r[0] for r in cur.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
+        return {n: sorted(map(repr, cur.execute(f"SELECT * FROM {n}").fetchall())) for n in names}
+
+    kept, sent = summary(True), summary(False)
+    assert "ranks" in kept and not kept.keys() & set(pmap.BIG_TABLES)
+    assert kept == sent
+
+
 def test_cluster_rules_are_marked() -> None:
     specs = discover()
     for rid in ("CLU001", "CLU002", "CLU003", "CLU004", "CLU005", "CLU006", "COM001", "COM002", "PAR001", "VAR001",
