@@ -43,12 +43,24 @@ def _units(tmp_path: Path, sizes: list[int]) -> list[Unit]:
     return out
 
 
-def test_shards_are_consecutive_ranks_up_to_a_size(tmp_path: Path) -> None:
+def test_shards_are_consecutive_ranks_up_to_a_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan, "ONE_SHARD_SHARDS", 0)  # a profile of any size is cut
     units = _units(tmp_path, [40, 40, 30, 100, 10, 10])
     shards = plan.plan_shards(list(reversed(units)), max_bytes=100)
     assert [[u.rank for u in s] for s in shards] == [[0, 1], [2], [3], [4, 5]]  # 40+40+30 > 100; 100 alone
     assert [[u.rank for u in s] for s in plan.plan_shards(units, max_bytes=1)] == [[r] for r in range(6)]
     assert [[u.rank for u in s] for s in plan.plan_shards(units, max_bytes=1 << 30)] == [list(range(6))]
+
+
+def test_a_small_profile_is_one_shard(tmp_path: Path) -> None:
+    units = _units(tmp_path, [40, 40, 30, 100, 10, 10])  # 230 bytes
+    one = [list(range(6))]
+    assert plan.ONE_SHARD_SHARDS >= 1
+    assert [[u.rank for u in s] for s in plan.plan_shards(list(reversed(units)), max_bytes=230)] == one
+    cut = -(-230 // plan.ONE_SHARD_SHARDS)  # 230 bytes are exactly ONE_SHARD_SHARDS shards' worth, or less
+    assert [[u.rank for u in s] for s in plan.plan_shards(units, max_bytes=cut)] == one
+    assert len(plan.plan_shards(units, max_bytes=229 // plan.ONE_SHARD_SHARDS)) > 1
+    assert plan.plan_shards([], max_bytes=1) == []
 
 
 def test_pool_only_for_several_shards(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,6 +134,26 @@ def test_map_result_is_a_plain_value() -> None:
     assert back.ranks == [0] and back.tables.keys() == res.tables.keys()
     assert "events" not in back.tables and "ranks" in back.tables
     assert back.counts["events"] > 0
+
+
+def test_the_only_shard_hands_its_database_to_the_reduce() -> None:
+    """A shard mapped in the process that reduces it keeps its summary in its own DuckDB: the reduce
+    then holds the same tables with the same rows as when the summary travels as Arrow bytes."""
+    from advisor.pipeline.reduce import gather
+
+    path = TRACES / "gloo_slow_rank"
+
+    def summary(keep_db: bool) -> dict[str, list[str]]:
+        units = claim_units(path, [], lambda *a: None)  # a load notes things in its units: fresh ones
+        res = pmap.map_shard(str(path), units, Config(), keep_db=keep_db)
+        assert (res.db is not None, bool(res.tables)) == (keep_db, not keep_db)
+        cur = gather(str(path), units, iter([res]), [], lambda *a: None, memory_limit=None).con.cursor()
+        names = [r[0] for r in cur.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
+        return {n: sorted(map(repr, cur.execute(f"SELECT * FROM {n}").fetchall())) for n in names}
+
+    kept, sent = summary(True), summary(False)
+    assert "ranks" in kept and not kept.keys() & set(pmap.BIG_TABLES)
+    assert kept == sent
 
 
 def test_cluster_rules_are_marked() -> None:

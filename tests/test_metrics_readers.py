@@ -395,7 +395,7 @@ def _db_truth() -> tuple[list[tuple[int, float]], list[tuple[int, float]], int]:
 
 
 def test_ascend_db_series() -> None:
-    from advisor.metrics.ascend import db_rows
+    from advisor.ingest.ascend_counters import db_rows
     from advisor.sqlite_safe import SafeSqlite
 
     db = SafeSqlite(ASCEND_DB)

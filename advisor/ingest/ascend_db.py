@@ -38,9 +38,9 @@ from advisor.ingest.ascend_common import (
     metadata_meta,
     sql_str,
 )
+from advisor.ingest.ascend_counters import insert_db_series
 from advisor.ingest.base import CUT_MARK, NAME_MAX, TEXT_MAX, ParseError, bounded_sql
 from advisor.ingest.steps import windows_sql
-from advisor.metrics.ascend import insert_db_series
 from advisor.schema import EVENTS_INSERT
 from advisor.sqlite_safe import SafeSqlite, SqliteRefused, quote_ident
 

@@ -40,6 +40,7 @@ from advisor.ingest.ascend_common import (
     sql_ident,
     sql_str,
 )
+from advisor.ingest.ascend_counters import insert_text_series
 from advisor.ingest.base import (
     NAME_MAX,
     TEXT_MAX,
@@ -53,7 +54,6 @@ from advisor.ingest.base import (
     read_head,
 )
 from advisor.ingest.jsonstream import gunzip_guarded
-from advisor.metrics.ascend import insert_text_series
 from advisor.schema import EVENTS_INSERT
 
 

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from advisor.metrics.vocab import CANONICAL, src_name
+from advisor.hw_vocab import CANONICAL, src_name
 
 MARK = "\x01"
 #: SQL (inside the Kineto scan, where ``c_args`` is the JSON text of a counter's args or NULL):

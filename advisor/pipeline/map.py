@@ -76,25 +76,32 @@ class ShardResult:
     file_ids: int = 0
     parse_seconds: float = 0.0
     stages_seconds: float = 0.0
+    #: the shard's own DuckDB holding its summary (``tables`` then empty), when the map ran in the
+    #: process that reduces and was asked to keep it (:func:`map_shard` ``keep_db``); never pickled
+    db: Any = None
 
 
 def map_shard(root: str, units: list[Unit], cfg: Config, *, rank: int | None = None, step: int | None = None,
               memory_limit: str | None = None, threads: int | None = None, max_events: int | None = None,
-              debug: bool = False, phases: bool = False) -> ShardResult:
+              debug: bool = False, phases: bool = False, keep_db: bool = False) -> ShardResult:
     """The map: load one shard's units, run the stages beside the per-rank rules, then the cluster
     rules' rank parts, and return the shard's findings and summary (see the module docstring).
 
     ``rank`` / ``step``: the focus asked for (the shard's candidate for it is chosen here; the reduce
     picks among the shards'); ``phases``: hand the device's busy periods to the reduce (``--metrics``
-    files are read there)."""
+    files are read there); ``keep_db``: the summary stays in the shard's DuckDB, handed back as
+    ``db`` with every other table dropped (a map in the process that reduces it, the only shard)."""
     res = _load(root, units, memory_limit=memory_limit, threads=threads, max_events=max_events)
     if isinstance(res, ShardResult):  # no file of the shard could be read
         return res
     ctx, res = res
     _stages_and_rules(ctx, res, cfg, rank=rank, step=step, debug=debug)
     cluster_rules = _rank_parts(ctx, res, cfg)
-    _summarise(ctx, res, cluster_rules, phases=phases)
-    ctx.con.close()
+    _summarise(ctx, res, cluster_rules, phases=phases, keep_db=keep_db)
+    if keep_db:
+        res.db = ctx.con
+    else:
+        ctx.con.close()
     return res
 
 
@@ -168,8 +175,10 @@ def _rank_parts(ctx: AnalysisContext, res: ShardResult, cfg: Config) -> dict[str
     return cluster_rules
 
 
-def _summarise(ctx: AnalysisContext, res: ShardResult, cluster_rules: dict[str, Any], *, phases: bool) -> None:
-    """The shard's summary into ``res``: the breakdown and the summary tables as Arrow IPC bytes,
+def _summarise(ctx: AnalysisContext, res: ShardResult, cluster_rules: dict[str, Any], *, phases: bool,
+               keep_db: bool = False) -> None:
+    """The shard's summary into ``res``: the breakdown and the summary tables as Arrow IPC bytes
+    (``keep_db``: left in the shard's DuckDB, every other table dropped, see :func:`keep_summary`),
     the per-event tables' row counts, the file ids used and the platform's parts."""
     from advisor.engine.derived import DERIVED
 
@@ -190,8 +199,13 @@ def _summarise(ctx: AnalysisContext, res: ShardResult, cluster_rules: dict[str, 
     names = [*SUMMARY_TABLES, *carried, RANK_DEVICE_TABLE, PHASE_TABLE,
              *(t for s in cluster_rules.values() if s.rank_part is not None for t in s.rank_part.tables)]
     have = {r[0] for r in cur.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    kept: list[str] = []
     for name in dict.fromkeys(names):
         if name not in have:  # a rank part that failed
+            continue
+        if keep_db:
+            if name in SUMMARY_TABLES or cur.execute(f"SELECT count(*) FROM (SELECT 1 FROM {name} LIMIT 1)").fetchone()[0]:
+                kept.append(name)
             continue
         table = query_arrow(cur, f"SELECT * FROM {name}")
         if table.num_rows:
@@ -201,4 +215,17 @@ def _summarise(ctx: AnalysisContext, res: ShardResult, cluster_rules: dict[str, 
     res.counts["_vendor_kernels"] = ctx.vendor_kernels
     res.file_ids = int(cur.execute("SELECT coalesce(max(file_id) + 1, 0) FROM profile_files").fetchone()[0])
     res.platform = platform_parts(ctx)
+    if keep_db:
+        keep_summary(cur, kept)
     cur.close()
+
+
+def keep_summary(cur: Any, kept: list[str]) -> None:
+    """Drop from the shard's DuckDB every table but ``kept`` (the canonical summary tables and the
+    other summary tables with rows): what is left is what the reduce's own DuckDB would hold once
+    the shard's summary is appended to it, so that the reduce reads the same tables either way."""
+    keep = set(kept)
+    for db, schema, name, temporary in cur.execute(
+            "SELECT database_name, schema_name, table_name, temporary FROM duckdb_tables() WHERE NOT internal").fetchall():
+        if temporary or name not in keep:
+            cur.execute(f'DROP TABLE "{db}"."{schema}"."{name}"')

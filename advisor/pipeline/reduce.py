@@ -8,6 +8,7 @@ runs the checks that compare ranks (runs, windows): the :class:`Summary`. The or
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,16 +57,20 @@ def gather(root: str, units: list[Unit], results: Iterator[ShardResult], warning
     """The shards' results appended to a fresh DuckDB, and the checks across ranks; their warnings
     go to ``warnings`` (``warn`` adds one). Raises :class:`advisor.ingest.SeveralRuns` when the ranks'
     traces belong to several runs, the loader's :class:`InputError` when no shard could be read."""
-    con = connect(memory_limit=memory_limit)
-    create_all(con)
+    first = next(results, None)
+    if first is not None and first.db is not None:  # the only shard, mapped here: its DuckDB holds the summary
+        con, first.db = first.db, None
+    else:
+        con = connect(memory_limit=memory_limit)
+        create_all(con)
+        for name in BIG_TABLES:  # a cluster rule that reads one fails loudly (a rule error), not on no rows
+            con.execute(f"DROP TABLE {name}")
     cur = con.cursor()
-    for name in BIG_TABLES:  # a cluster rule that reads one fails loudly (a rule error), not on no rows
-        cur.execute(f"DROP TABLE {name}")
     out = Summary(con)
     next_id = 0
     spans: list[tuple[str, Any, Any]] = []
     worlds: dict[str, Any] = {}
-    for res in results:
+    for res in itertools.chain([] if first is None else [first], results):
         warnings.extend(res.load_warnings)
         if not res.ranks:
             continue

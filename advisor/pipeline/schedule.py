@@ -58,9 +58,9 @@ def run_maps(root: str, shards: list[list[Unit]], cfg: Config, *, workers: int, 
     elif workers > 1:
         maps = _local_maps(root, shards, cfg, workers, rank=rank, step=step, memory_limit=memory_limit,
                            max_events=max_events, debug=debug, phases=phases)
-    else:
+    else:  # in this process: the only shard's DuckDB becomes the reduce's (its summary need not travel)
         maps = (map_shard(root, shard, cfg, rank=rank, step=step, memory_limit=memory_limit, max_events=max_events,
-                          debug=debug, phases=phases) for shard in shards)
+                          debug=debug, phases=phases, keep_db=len(shards) == 1) for shard in shards)
     try:
         for shard, res in zip(shards, maps):
             yield res

@@ -73,7 +73,7 @@ def _ddr_db(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_injected_ddr_column_names_run_nothing(tmp_path):
-    from advisor.metrics.ascend import db_rows
+    from advisor.ingest.ascend_counters import db_rows
 
     _, path = _ddr_db(tmp_path)
     db = SafeSqlite(path)

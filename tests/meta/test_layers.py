@@ -19,11 +19,12 @@ RENDER = PACKAGE / "render"
 
 #: importer (a module or package prefix) -> what it must not import: the layers of the path
 LAYERS: dict[str, tuple[str, ...]] = {
-    "advisor.ingest": ("advisor.engine", "advisor.pipeline", "advisor.analyze", "advisor.stages"),
+    "advisor.ingest": ("advisor.engine", "advisor.pipeline", "advisor.analyze", "advisor.stages", "advisor.metrics"),
     "advisor.engine": ("advisor.pipeline", "advisor.analyze"),
     "advisor.stages": ("advisor.engine", "advisor.pipeline", "advisor.analyze"),
     "advisor.render": ("advisor.engine", "advisor.ingest", "advisor.pipeline", "advisor.analyze", "advisor.stages"),
     "advisor.metrics": ("advisor.ingest", "advisor.engine", "advisor.pipeline", "advisor.analyze"),
+    "advisor.hw_vocab": ("advisor.ingest", "advisor.metrics", "advisor.engine", "advisor.pipeline", "advisor.analyze"),
     "advisor.options": ("advisor.analyze",),
     "advisor.gate": ("advisor.analyze",),
     "advisor.pipeline": ("advisor.analyze",),

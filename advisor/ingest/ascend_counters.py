@@ -1,4 +1,4 @@
-"""The hardware series inside Ascend exports -> ``hw_metrics``.
+"""The hardware series inside Ascend exports -> ``hw_metrics`` (source ``ascend-text`` / ``ascend-db``).
 
 Text export (``trace_view.json``): counter events (``ph: C``) on the CANN system lanes
 ``AI Core Freq``, ``HBM``, ``LLC``, ``NPU MEM``, ``DDR``, ``HCCS``, ``PCIe`` (also spelled ``PCle``),
@@ -29,7 +29,7 @@ import sqlite3
 from collections import defaultdict
 from typing import Any
 
-from advisor.metrics.vocab import CANONICAL, KIB, MIB, src_name
+from advisor.hw_vocab import CANONICAL, KIB, MIB, src_name
 from advisor.sqlite_safe import SafeSqlite, quote_ident
 
 Row = tuple[Any, ...]  # hw_metrics row: rank, metric, ts_ns, value, device, node, unit, source
