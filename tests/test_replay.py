@@ -225,3 +225,48 @@ def test_a_sync_that_blocked_saves_its_wait_and_one_that_did_not_saves_nothing()
     assert R.saving(g, [R.Change("scale", R.Select(names=("A",)), value=0.5)]) == 230_000
     # A bounded to 100 µs: 360 µs earlier
     assert R.saving(g, [R.Change("bound", R.Select(names=("A",)), value=100_000)]) == 360_000
+
+
+def test_a_shorter_upstream_task_moves_what_depends_on_it_and_nothing_else() -> None:
+    """Host launches A (stream 7, runs 20-120 µs), B (stream 7, 120-220: it waits for A on its stream) and C
+    (stream 8, 30-80: independent), then blocks in a synchronize (15-230) released by B's end at 220 and
+    launches D (stream 7, 240-260). A at half its length: B, the sync's end and D all move 50 µs earlier
+    (stream order, sync wait, host order, launch); C and A's start stay. Each dependency is needed: without
+    one of these edges a node downstream of A would not move."""
+    cur = _tiny([
+        ("runtime", "cudaLaunchKernel", "h", False, None, 0, 3, 1),
+        ("runtime", "cudaLaunchKernel", "h", False, None, 5, 3, 2),
+        ("runtime", "cudaLaunchKernel", "h", False, None, 10, 3, 3),
+        ("sync", "cudaStreamSynchronize", "h", False, None, 15, 215, None),
+        ("runtime", "cudaLaunchKernel", "h", False, None, 235, 3, 4),
+        ("kernel", "A", "7", True, 7, 20, 100, 1),
+        ("kernel", "B", "7", True, 7, 120, 100, 2),
+        ("kernel", "C", "8", True, 8, 30, 50, 3),
+        ("kernel", "D", "7", True, 7, 240, 20, 4),
+    ])
+    g = R.build(cur, 0, 0, 0, 260_000)
+    assert g is not None and R.reproduction_error(g) == 0
+    dur, keep, _ = R.apply(g, [R.Change("scale", R.Select(names=("A",)), value=0.5)])
+    start, end = R.replay(g, dur, keep)
+    moved = {g.w.name[int(g.event[v])]: int(start[v] - g.start[v]) // 1000 for v in range(g.n) if g.device[v]}
+    assert moved == {"A": 0, "B": -50, "C": 0, "D": -50}
+    sync_end = max(int(end[v]) for v in range(g.n) if g.w.name[int(g.event[v])] == "cudaStreamSynchronize")
+    assert sync_end == 180_000  # measured 230 µs
+    assert R.step_length(g, end) == 210_000
+    # the step carried along its binding chain: D's 20 µs of work back through the sync's rest (220-230), B, A
+    parts = R.carried(g)
+    assert sum(parts.values()) == g.length
+    assert parts["work"] == (20 + 10 + 100 + 100) * 1000
+
+
+@pytest.mark.parametrize("path", [p for p in _inputs() if p.values[0].name in ("kineto_cpu_slow_dataloader",
+                                                                            "kineto_two_ranks")])
+def test_the_binding_chain_adds_up_to_the_step(path: Path) -> None:
+    """Work, fixed gaps, head and tail along each step's binding chain sum to the measured step (the
+    replay's own account of how much of the step its dependencies explain)."""
+    cur = _load(path).con.cursor()
+    for rank, step, a, b in _windows(cur):
+        g = R.build(cur, rank, step, a, b)
+        if g is not None:
+            parts = R.carried(g)
+            assert sum(parts.values()) == b - a, (rank, step, parts)

@@ -105,6 +105,7 @@ class Graph:
     tail: int  # ns from the last work's end to the step's end
     sink: np.ndarray  # the nodes whose end ends the step: the device's and the step's own thread's
     containers: dict[int, list[int]] = field(default_factory=dict)  # comm op -> its task nodes
+    bind: np.ndarray | None = None  # per node, the index of the edge that bound its start (-1: none)
 
     @property
     def n(self) -> int:
@@ -366,6 +367,10 @@ def _finish(rank: int, step: int | None, w: Window, nodes: _Nodes, edges: list[n
         _, firsts = np.unique(dst[bind], return_index=True)  # one binding edge per node: its first
         keep = bind[firsts]
         delay[keep] = np.maximum(slack[keep], 0)
+        bound_by = np.full(n, -1, dtype=np.int64)
+        bound_by[dst[keep]] = keep
+    else:
+        bound_by = np.full(n, -1, dtype=np.int64)
     ev = np.asarray(nodes.event, dtype=np.int64)[order]
     dev = np.asarray(nodes.device, dtype=bool)[order]
     thread = [nodes.thread[i] for i in order]
@@ -376,8 +381,36 @@ def _finish(rank: int, step: int | None, w: Window, nodes: _Nodes, edges: list[n
     g = Graph(rank=rank, step=step, start_ns=w.start_ns, end_ns=w.end_ns, w=w, start=start, dur=dur, event=ev,
               device=dev, thread=thread, src=src, dst=dst, etype=kind, from_start=fs, delay=delay,
               tail=max(w.end_ns - last_end, 0), sink=snk,
-              containers={c: [int(rank_of[t]) for t in ts] for c, ts in containers.items()})
+              containers={c: [int(rank_of[t]) for t in ts] for c, ts in containers.items()}, bind=bound_by)
     return g
+
+
+def carried(g: Graph) -> dict[str, int]:
+    """How the measured step is carried along its binding chain (ns), walked back from the work that ends
+    last: ``work`` (node durations on the chain), ``gap:<edge kind>`` (the fixed delays of the edges on
+    it: time the replay keeps whatever a change does upstream), ``head`` (window start to the chain's
+    first node) and ``tail`` (last work to the step's end). The parts sum to the step's length when the
+    no-change replay reproduces it; the gaps are what the dependencies do not explain."""
+    out: dict[str, int] = defaultdict(int)
+    if not g.n:
+        out["tail"] = g.length
+        return dict(out)
+    ends = g.start + g.dur
+    v = int(np.flatnonzero(g.sink)[np.argmax(ends[g.sink])])
+    count_dur = True
+    bind = g.bind if g.bind is not None else np.full(g.n, -1, dtype=np.int64)
+    while True:
+        if count_dur:
+            out["work"] += int(g.dur[v])
+        e = int(bind[v])
+        if e < 0:
+            out["head"] += int(g.start[v]) - g.start_ns
+            break
+        out[f"gap:{EDGE_KINDS[int(g.etype[e])].value}"] += int(g.delay[e])
+        count_dur = not bool(g.from_start[e])
+        v = int(g.src[e])
+    out["tail"] += g.tail
+    return dict(out)
 
 
 # -- replay ---------------------------------------------------------------------------------
