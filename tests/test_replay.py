@@ -270,3 +270,38 @@ def test_the_binding_chain_adds_up_to_the_step(path: Path) -> None:
         if g is not None:
             parts = R.carried(g)
             assert sum(parts.values()) == b - a, (rank, step, parts)
+
+
+def _rank_graph(work_us: int) -> Any:
+    """One rank's step 0-310 µs: the host launches kernel W (stream 7, 10 µs to 10 + ``work_us``) and an
+    all-reduce that runs on the same stream after W and ends at 310 µs (the later rank's W ends at 300)."""
+    cur = _tiny([
+        ("runtime", "cudaLaunchKernel", "h", False, None, 0, 3, 1),
+        ("runtime", "cudaLaunchKernel", "h", False, None, 5, 3, 2),
+        ("kernel", "W", "7", True, 7, 10, work_us, 1),
+        ("comm", "ncclAllReduce", "7", True, 7, 10 + work_us, 300 - work_us, 2),
+    ])
+    g = R.build(cur, 0, 0, 0, 310_000)
+    assert g is not None
+    return g
+
+
+def test_collectives_join_the_ranks_a_straggler_fixed_frees_its_peer() -> None:
+    """Rank 0 computes 100 µs and waits 190 µs in the all-reduce for rank 1, which computes 290 µs; the
+    transfer is the last member's 10 µs. Joined, the no-change replay gives both their measured 310 µs.
+    Rank 1 at rank 0's speed: own time (step less time inside the collective) 300 µs against rank 0's 110,
+    so W scales by 110 / 300 (290 -> 106.333 µs; the 10 µs launch gap is not work): both arrive at 116.333
+    µs and end at 126.333: the cluster saves 183.667 µs, and rank 0 saves it with no change of its own (the
+    change reaches the peer). Alone, rank 0's replay keeps its measured wait."""
+    gs = {0: _rank_graph(100), 1: _rank_graph(290)}
+    colls = R.collectives_of(gs)
+    assert [(sorted(r for r, _ in c.members), c.transfer_ns) for c in colls] == [([0, 1], 10_000)]
+    assert R.cluster_replay(gs, colls) == {0: 310_000, 1: 310_000}
+    changes = R.straggler_changes(gs, colls, 1)
+    assert R.cluster_replay(gs, colls, changes) == {0: 126_333, 1: 126_333}
+    assert R.cluster_saving(gs, changes) == (183_667, 310_000)
+    # a change on rank 1 alone (W 100 µs shorter) reaches rank 0 through the all-reduce
+    shorter = {1: (R.Change("bound", R.Select(names=("W",)), value=190_000),)}
+    assert R.cluster_replay(gs, colls, shorter) == {0: 210_000, 1: 210_000}
+    assert R.straggler_changes(gs, colls, 0) == {}  # the fast rank is no straggler
+    assert R.saving(gs[0], []) == 0

@@ -416,10 +416,12 @@ def carried(g: Graph) -> dict[str, int]:
 # -- replay ---------------------------------------------------------------------------------
 
 
-def replay(g: Graph, dur: np.ndarray | None = None, keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def replay(g: Graph, dur: np.ndarray | None = None, keep: np.ndarray | None = None,
+           hold: dict[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Forward list scheduling: each node's (start, end) replayed, with durations ``dur`` (default:
     measured) and only the edges ``keep`` (default: all). A node with no predecessor keeps its measured
-    start."""
+    start. ``hold``: nodes that end no earlier than a given time (ns; a collective held until its last
+    member has arrived and transferred, :func:`cluster_replay`)."""
     d = (g.dur if dur is None else dur).tolist()
     s0 = g.start.tolist()
     src, dst, fs, delay = g.src, g.dst, g.from_start, g.delay
@@ -445,6 +447,8 @@ def replay(g: Graph, dur: np.ndarray | None = None, keep: np.ndarray | None = No
                     s = t
         start[v] = s
         end[v] = s + d[v]
+        if hold and v in hold and hold[v] > end[v]:
+            end[v] = hold[v]
     return np.asarray(start, dtype=np.int64), np.asarray(end, dtype=np.int64)
 
 
@@ -671,3 +675,104 @@ def summary(results: Sequence[StepResult], assumption: str) -> dict[str, Any]:
             "saving_fraction": round(max(saving_us, 0.0) / step_us, 4) if step_us > 0 else None,
             "assumption": assumption, "reproduced": len(good) == len(results),
             "reproduction_error": round(worst, 4), "steps": len(results), "steps_replayed": len(good)}
+
+
+# -- across ranks ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective instance matched across the ranks of its group: its node on each member
+    (``members``: (rank, node) pairs) and its transfer time (ns)."""
+
+    members: tuple[tuple[int, int], ...]
+    transfer_ns: int
+
+
+def collectives_of(gs: dict[int, Graph]) -> list[Collective]:
+    """The collectives of one step's graphs (rank -> graph) matched across ranks: the k-th device
+    communication node of a name on each rank is one instance (the order matching COM001 uses where
+    names carry no sequence number); its transfer time is the shortest member's duration (the member that
+    arrived last waited for nobody). Ascend collectives spanning several tasks are matched by their
+    first task."""
+    per: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    for rank, g in gs.items():
+        firsts = {ts[0] for ts in g.containers.values() if ts}
+        inner = {t for ts in g.containers.values() for t in ts}
+        seen: dict[str, int] = defaultdict(int)
+        for v in range(g.n):
+            if not g.device[v] or (v in inner and v not in firsts):
+                continue
+            ev = int(g.event[v])
+            if g.w.kind[ev] != "comm":
+                continue
+            name = str(g.w.name[ev])
+            per[(name, seen[name])].append((rank, v))
+            seen[name] += 1
+    out = []
+    for members in per.values():
+        if len({r for r, _ in members}) >= 2:
+            transfer = min(int(gs[r].dur[v]) for r, v in members)
+            out.append(Collective(tuple(members), transfer))
+    return out
+
+
+def cluster_replay(gs: dict[int, Graph], colls: Sequence[Collective],
+                   changes: dict[int, Sequence[Change]] | None = None, max_rounds: int = 16) -> dict[int, int]:
+    """Each rank's replayed step (ns) with the ranks joined by their collectives: a member's collective
+    lasts its transfer time and ends no earlier than the last member's arrival (its replayed start) plus
+    that transfer. ``changes`` per rank. Replayed rank by rank until the collectives' ends settle (each
+    round can only delay them; ``max_rounds`` bounds it). A change on one rank thus reaches its peers
+    through the collectives it shortens or delays."""
+    changes = changes or {}
+    base: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+    for rank, g in gs.items():
+        dur, keep, _ = apply(g, changes.get(rank, ()))
+        for c in colls:
+            for r, v in c.members:
+                if r == rank:
+                    dur[v] = min(int(dur[v]), c.transfer_ns)
+        base[rank] = (dur, keep)
+    holds: dict[int, dict[int, int]] = {r: {} for r in gs}
+    ends: dict[int, np.ndarray] = {}
+    for _ in range(max_rounds):
+        starts: dict[int, np.ndarray] = {}
+        for rank, g in gs.items():
+            starts[rank], ends[rank] = replay(g, base[rank][0], base[rank][1], holds[rank])
+        new: dict[int, dict[int, int]] = {r: {} for r in gs}
+        for c in colls:
+            release = max(int(starts[r][v]) for r, v in c.members) + c.transfer_ns
+            for r, v in c.members:
+                new[r][v] = release
+        if new == holds:
+            break
+        holds = new
+    return {rank: step_length(g, ends[rank]) for rank, g in gs.items()}
+
+
+def cluster_saving(gs: dict[int, Graph], changes: dict[int, Sequence[Change]]) -> tuple[int, int]:
+    """The cluster's step (its slowest rank) replayed joined with no change, less with ``changes``; and the
+    no-change cluster step (ns), to compare with the measured one."""
+    colls = collectives_of(gs)
+    before = max(cluster_replay(gs, colls).values())
+    after = max(cluster_replay(gs, colls, changes).values())
+    return before - after, before
+
+
+def straggler_changes(gs: dict[int, Graph], colls: Sequence[Collective], rank: int) -> dict[int, Sequence[Change]]:
+    """The counterfactual of a straggler: rank ``rank`` runs at its peers' median speed. A rank's own time
+    is its step less the time inside its collectives (where it waits for the others); the straggler's work
+    other than communication is scaled by the peers' median own time over its own, never lengthened."""
+    inside: dict[int, int] = defaultdict(int)
+    for c in colls:
+        for r, v in c.members:
+            inside[r] += int(gs[r].dur[v])
+    own = {r: g.length - inside[r] for r, g in gs.items()}
+    peers = sorted(v for r, v in own.items() if r != rank)
+    if not peers or own.get(rank, 0) <= 0:
+        return {}
+    m = len(peers) // 2
+    median = peers[m] if len(peers) % 2 else (peers[m - 1] + peers[m]) / 2
+    if median >= own[rank]:
+        return {}
+    return {rank: (Change("scale", Select(not_kinds=("comm",)), value=median / own[rank]),)}
