@@ -305,3 +305,17 @@ def test_collectives_join_the_ranks_a_straggler_fixed_frees_its_peer() -> None:
     assert R.cluster_replay(gs, colls, shorter) == {0: 210_000, 1: 210_000}
     assert R.straggler_changes(gs, colls, 0) == {}  # the fast rank is no straggler
     assert R.saving(gs[0], []) == 0
+
+
+def test_joined_replay_reproduces_a_two_rank_job() -> None:
+    """The ranks joined by their matched NCCL collectives, the no-change replay gives each rank's measured
+    step back (every collective ended after its last member arrived)."""
+    cur = _load(SAMPLES / "kineto_two_ranks").con.cursor()
+    wins = _windows(cur)
+    for step in sorted({w[1] for w in wins}):
+        gs = {r: g for r, s, a, b in wins if s == step and (g := R.build(cur, r, s, a, b)) is not None}
+        colls = R.collectives_of(gs)
+        assert colls and all(len(c.members) == 2 for c in colls)
+        got = R.cluster_replay(gs, colls)
+        for r, g in gs.items():
+            assert abs(got[r] - g.length) <= R.REPRODUCE_WITHIN * g.length, (step, r, got[r], g.length)

@@ -693,15 +693,15 @@ def collectives_of(gs: dict[int, Graph]) -> list[Collective]:
     """The collectives of one step's graphs (rank -> graph) matched across ranks: the k-th device
     communication node of a name on each rank is one instance (the order matching COM001 uses where
     names carry no sequence number); its transfer time is the shortest member's duration (the member that
-    arrived last waited for nobody). Ascend collectives spanning several tasks are matched by their
-    first task."""
+    arrived last waited for nobody). A collective recorded as several tasks (Ascend: an ``hcom_*`` op over
+    its HCCL tasks, some of them local waits that end before a peer arrives) is not joined: which of its
+    tasks waits for the peers the export does not say, so its tasks keep their measured times."""
     per: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
     for rank, g in gs.items():
-        firsts = {ts[0] for ts in g.containers.values() if ts}
         inner = {t for ts in g.containers.values() for t in ts}
         seen: dict[str, int] = defaultdict(int)
         for v in range(g.n):
-            if not g.device[v] or (v in inner and v not in firsts):
+            if not g.device[v] or v in inner:
                 continue
             ev = int(g.event[v])
             if g.w.kind[ev] != "comm":
@@ -712,8 +712,7 @@ def collectives_of(gs: dict[int, Graph]) -> list[Collective]:
     out = []
     for members in per.values():
         if len({r for r, _ in members}) >= 2:
-            transfer = min(int(gs[r].dur[v]) for r, v in members)
-            out.append(Collective(tuple(members), transfer))
+            out.append(Collective(tuple(members), min(int(gs[r].dur[v]) for r, v in members)))
     return out
 
 
