@@ -225,3 +225,97 @@ def test_a_sync_that_blocked_saves_its_wait_and_one_that_did_not_saves_nothing()
     assert R.saving(g, [R.Change("scale", R.Select(names=("A",)), value=0.5)]) == 230_000
     # A bounded to 100 µs: 360 µs earlier
     assert R.saving(g, [R.Change("bound", R.Select(names=("A",)), value=100_000)]) == 360_000
+
+
+def test_a_shorter_upstream_task_moves_what_depends_on_it_and_nothing_else() -> None:
+    """Host launches A (stream 7, runs 20-120 µs), B (stream 7, 120-220: it waits for A on its stream) and C
+    (stream 8, 30-80: independent), then blocks in a synchronize (15-230) released by B's end at 220 and
+    launches D (stream 7, 240-260). A at half its length: B, the sync's end and D all move 50 µs earlier
+    (stream order, sync wait, host order, launch); C and A's start stay. Each dependency is needed: without
+    one of these edges a node downstream of A would not move."""
+    cur = _tiny([
+        ("runtime", "cudaLaunchKernel", "h", False, None, 0, 3, 1),
+        ("runtime", "cudaLaunchKernel", "h", False, None, 5, 3, 2),
+        ("runtime", "cudaLaunchKernel", "h", False, None, 10, 3, 3),
+        ("sync", "cudaStreamSynchronize", "h", False, None, 15, 215, None),
+        ("runtime", "cudaLaunchKernel", "h", False, None, 235, 3, 4),
+        ("kernel", "A", "7", True, 7, 20, 100, 1),
+        ("kernel", "B", "7", True, 7, 120, 100, 2),
+        ("kernel", "C", "8", True, 8, 30, 50, 3),
+        ("kernel", "D", "7", True, 7, 240, 20, 4),
+    ])
+    g = R.build(cur, 0, 0, 0, 260_000)
+    assert g is not None and R.reproduction_error(g) == 0
+    dur, keep, _ = R.apply(g, [R.Change("scale", R.Select(names=("A",)), value=0.5)])
+    start, end = R.replay(g, dur, keep)
+    moved = {g.w.name[int(g.event[v])]: int(start[v] - g.start[v]) // 1000 for v in range(g.n) if g.device[v]}
+    assert moved == {"A": 0, "B": -50, "C": 0, "D": -50}
+    sync_end = max(int(end[v]) for v in range(g.n) if g.w.name[int(g.event[v])] == "cudaStreamSynchronize")
+    assert sync_end == 180_000  # measured 230 µs
+    assert R.step_length(g, end) == 210_000
+    # the step carried along its binding chain: D's 20 µs of work back through the sync's rest (220-230), B, A
+    parts = R.carried(g)
+    assert sum(parts.values()) == g.length
+    assert parts["work"] == (20 + 10 + 100 + 100) * 1000
+
+
+@pytest.mark.parametrize("path", [p for p in _inputs() if p.values[0].name in ("kineto_cpu_slow_dataloader",
+                                                                            "kineto_two_ranks")])
+def test_the_binding_chain_adds_up_to_the_step(path: Path) -> None:
+    """Work, fixed gaps, head and tail along each step's binding chain sum to the measured step (the
+    replay's own account of how much of the step its dependencies explain)."""
+    cur = _load(path).con.cursor()
+    for rank, step, a, b in _windows(cur):
+        g = R.build(cur, rank, step, a, b)
+        if g is not None:
+            parts = R.carried(g)
+            assert sum(parts.values()) == b - a, (rank, step, parts)
+
+
+def _rank_graph(work_us: int) -> Any:
+    """One rank's step 0-310 µs: the host launches kernel W (stream 7, 10 µs to 10 + ``work_us``) and an
+    all-reduce that runs on the same stream after W and ends at 310 µs (the later rank's W ends at 300)."""
+    cur = _tiny([
+        ("runtime", "cudaLaunchKernel", "h", False, None, 0, 3, 1),
+        ("runtime", "cudaLaunchKernel", "h", False, None, 5, 3, 2),
+        ("kernel", "W", "7", True, 7, 10, work_us, 1),
+        ("comm", "ncclAllReduce", "7", True, 7, 10 + work_us, 300 - work_us, 2),
+    ])
+    g = R.build(cur, 0, 0, 0, 310_000)
+    assert g is not None
+    return g
+
+
+def test_collectives_join_the_ranks_a_straggler_fixed_frees_its_peer() -> None:
+    """Rank 0 computes 100 µs and waits 190 µs in the all-reduce for rank 1, which computes 290 µs; the
+    transfer is the last member's 10 µs. Joined, the no-change replay gives both their measured 310 µs.
+    Rank 1 at rank 0's speed: own time (step less time inside the collective) 300 µs against rank 0's 110,
+    so W scales by 110 / 300 (290 -> 106.333 µs; the 10 µs launch gap is not work): both arrive at 116.333
+    µs and end at 126.333: the cluster saves 183.667 µs, and rank 0 saves it with no change of its own (the
+    change reaches the peer). Alone, rank 0's replay keeps its measured wait."""
+    gs = {0: _rank_graph(100), 1: _rank_graph(290)}
+    colls = R.collectives_of(gs)
+    assert [(sorted(r for r, _ in c.members), c.transfer_ns) for c in colls] == [([0, 1], 10_000)]
+    assert R.cluster_replay(gs, colls) == {0: 310_000, 1: 310_000}
+    changes = R.straggler_changes(gs, colls, 1)
+    assert R.cluster_replay(gs, colls, changes) == {0: 126_333, 1: 126_333}
+    assert R.cluster_saving(gs, changes) == (183_667, 310_000)
+    # a change on rank 1 alone (W 100 µs shorter) reaches rank 0 through the all-reduce
+    shorter = {1: (R.Change("bound", R.Select(names=("W",)), value=190_000),)}
+    assert R.cluster_replay(gs, colls, shorter) == {0: 210_000, 1: 210_000}
+    assert R.straggler_changes(gs, colls, 0) == {}  # the fast rank is no straggler
+    assert R.saving(gs[0], []) == 0
+
+
+def test_joined_replay_reproduces_a_two_rank_job() -> None:
+    """The ranks joined by their matched NCCL collectives, the no-change replay gives each rank's measured
+    step back (every collective ended after its last member arrived)."""
+    cur = _load(SAMPLES / "kineto_two_ranks").con.cursor()
+    wins = _windows(cur)
+    for step in sorted({w[1] for w in wins}):
+        gs = {r: g for r, s, a, b in wins if s == step and (g := R.build(cur, r, s, a, b)) is not None}
+        colls = R.collectives_of(gs)
+        assert colls and all(len(c.members) == 2 for c in colls)
+        got = R.cluster_replay(gs, colls)
+        for r, g in gs.items():
+            assert abs(got[r] - g.length) <= R.REPRODUCE_WITHIN * g.length, (step, r, got[r], g.length)

@@ -355,6 +355,10 @@ class RuleContext(Generic[T]):
             evidence = {**evidence, "saving_before_replay_us": None if saving_us is None else round(float(saving_us), 3)}
             saving_us = float(replay["saving_us"])
             saving_basis = f"replayed step without the cause: {replay.get('assumption', '')}"
+        elif SAVING_FROM_REPLAY and saving_us is not None:
+            why = "the rule states no counterfactual" if replay is None else str(
+                replay.get("reason") or "its replay did not reproduce every step")
+            evidence = {**evidence, "saving_not_replayed": why}
         fraction = None
         if saving_us is not None and step_us:
             fraction = max(0.0, min(1.0, saving_us / step_us))

@@ -106,7 +106,7 @@ MAX_SCOPE_CELLS = 5
 
 
 # causes whose findings are about exposed communication time, part of which waits on the other members
-_PEER_CAUSES = ("comm.slow_synchronization", "parallel.poor_overlap")
+_PEER_CAUSES = ("comm.slow_synchronization", "comm.collective_idle", "parallel.poor_overlap")
 
 
 def _missing_ranks(ctx: AnalysisContext, findings: list[Any]) -> list[Any]:

@@ -105,6 +105,7 @@ class Graph:
     tail: int  # ns from the last work's end to the step's end
     sink: np.ndarray  # the nodes whose end ends the step: the device's and the step's own thread's
     containers: dict[int, list[int]] = field(default_factory=dict)  # comm op -> its task nodes
+    bind: np.ndarray | None = None  # per node, the index of the edge that bound its start (-1: none)
 
     @property
     def n(self) -> int:
@@ -366,6 +367,10 @@ def _finish(rank: int, step: int | None, w: Window, nodes: _Nodes, edges: list[n
         _, firsts = np.unique(dst[bind], return_index=True)  # one binding edge per node: its first
         keep = bind[firsts]
         delay[keep] = np.maximum(slack[keep], 0)
+        bound_by = np.full(n, -1, dtype=np.int64)
+        bound_by[dst[keep]] = keep
+    else:
+        bound_by = np.full(n, -1, dtype=np.int64)
     ev = np.asarray(nodes.event, dtype=np.int64)[order]
     dev = np.asarray(nodes.device, dtype=bool)[order]
     thread = [nodes.thread[i] for i in order]
@@ -376,17 +381,47 @@ def _finish(rank: int, step: int | None, w: Window, nodes: _Nodes, edges: list[n
     g = Graph(rank=rank, step=step, start_ns=w.start_ns, end_ns=w.end_ns, w=w, start=start, dur=dur, event=ev,
               device=dev, thread=thread, src=src, dst=dst, etype=kind, from_start=fs, delay=delay,
               tail=max(w.end_ns - last_end, 0), sink=snk,
-              containers={c: [int(rank_of[t]) for t in ts] for c, ts in containers.items()})
+              containers={c: [int(rank_of[t]) for t in ts] for c, ts in containers.items()}, bind=bound_by)
     return g
+
+
+def carried(g: Graph) -> dict[str, int]:
+    """How the measured step is carried along its binding chain (ns), walked back from the work that ends
+    last: ``work`` (node durations on the chain), ``gap:<edge kind>`` (the fixed delays of the edges on
+    it: time the replay keeps whatever a change does upstream), ``head`` (window start to the chain's
+    first node) and ``tail`` (last work to the step's end). The parts sum to the step's length when the
+    no-change replay reproduces it; the gaps are what the dependencies do not explain."""
+    out: dict[str, int] = defaultdict(int)
+    if not g.n:
+        out["tail"] = g.length
+        return dict(out)
+    ends = g.start + g.dur
+    v = int(np.flatnonzero(g.sink)[np.argmax(ends[g.sink])])
+    count_dur = True
+    bind = g.bind if g.bind is not None else np.full(g.n, -1, dtype=np.int64)
+    while True:
+        if count_dur:
+            out["work"] += int(g.dur[v])
+        e = int(bind[v])
+        if e < 0:
+            out["head"] += int(g.start[v]) - g.start_ns
+            break
+        out[f"gap:{EDGE_KINDS[int(g.etype[e])].value}"] += int(g.delay[e])
+        count_dur = not bool(g.from_start[e])
+        v = int(g.src[e])
+    out["tail"] += g.tail
+    return dict(out)
 
 
 # -- replay ---------------------------------------------------------------------------------
 
 
-def replay(g: Graph, dur: np.ndarray | None = None, keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def replay(g: Graph, dur: np.ndarray | None = None, keep: np.ndarray | None = None,
+           hold: dict[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Forward list scheduling: each node's (start, end) replayed, with durations ``dur`` (default:
     measured) and only the edges ``keep`` (default: all). A node with no predecessor keeps its measured
-    start."""
+    start. ``hold``: nodes that end no earlier than a given time (ns; a collective held until its last
+    member has arrived and transferred, :func:`cluster_replay`)."""
     d = (g.dur if dur is None else dur).tolist()
     s0 = g.start.tolist()
     src, dst, fs, delay = g.src, g.dst, g.from_start, g.delay
@@ -412,6 +447,8 @@ def replay(g: Graph, dur: np.ndarray | None = None, keep: np.ndarray | None = No
                     s = t
         start[v] = s
         end[v] = s + d[v]
+        if hold and v in hold and hold[v] > end[v]:
+            end[v] = hold[v]
     return np.asarray(start, dtype=np.int64), np.asarray(end, dtype=np.int64)
 
 
@@ -638,3 +675,103 @@ def summary(results: Sequence[StepResult], assumption: str) -> dict[str, Any]:
             "saving_fraction": round(max(saving_us, 0.0) / step_us, 4) if step_us > 0 else None,
             "assumption": assumption, "reproduced": len(good) == len(results),
             "reproduction_error": round(worst, 4), "steps": len(results), "steps_replayed": len(good)}
+
+
+# -- across ranks ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective instance matched across the ranks of its group: its node on each member
+    (``members``: (rank, node) pairs) and its transfer time (ns)."""
+
+    members: tuple[tuple[int, int], ...]
+    transfer_ns: int
+
+
+def collectives_of(gs: dict[int, Graph]) -> list[Collective]:
+    """The collectives of one step's graphs (rank -> graph) matched across ranks: the k-th device
+    communication node of a name on each rank is one instance (the order matching COM001 uses where
+    names carry no sequence number); its transfer time is the shortest member's duration (the member that
+    arrived last waited for nobody). A collective recorded as several tasks (Ascend: an ``hcom_*`` op over
+    its HCCL tasks, some of them local waits that end before a peer arrives) is not joined: which of its
+    tasks waits for the peers the export does not say, so its tasks keep their measured times."""
+    per: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    for rank, g in gs.items():
+        inner = {t for ts in g.containers.values() for t in ts}
+        seen: dict[str, int] = defaultdict(int)
+        for v in range(g.n):
+            if not g.device[v] or v in inner:
+                continue
+            ev = int(g.event[v])
+            if g.w.kind[ev] != "comm":
+                continue
+            name = str(g.w.name[ev])
+            per[(name, seen[name])].append((rank, v))
+            seen[name] += 1
+    out = []
+    for members in per.values():
+        if len({r for r, _ in members}) >= 2:
+            out.append(Collective(tuple(members), min(int(gs[r].dur[v]) for r, v in members)))
+    return out
+
+
+def cluster_replay(gs: dict[int, Graph], colls: Sequence[Collective],
+                   changes: dict[int, Sequence[Change]] | None = None, max_rounds: int = 16) -> dict[int, int]:
+    """Each rank's replayed step (ns) with the ranks joined by their collectives: a member's collective
+    lasts its transfer time and ends no earlier than the last member's arrival (its replayed start) plus
+    that transfer. ``changes`` per rank. Replayed rank by rank until the collectives' ends settle (each
+    round can only delay them; ``max_rounds`` bounds it). A change on one rank thus reaches its peers
+    through the collectives it shortens or delays."""
+    changes = changes or {}
+    base: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+    for rank, g in gs.items():
+        dur, keep, _ = apply(g, changes.get(rank, ()))
+        for c in colls:
+            for r, v in c.members:
+                if r == rank:
+                    dur[v] = min(int(dur[v]), c.transfer_ns)
+        base[rank] = (dur, keep)
+    holds: dict[int, dict[int, int]] = {r: {} for r in gs}
+    ends: dict[int, np.ndarray] = {}
+    for _ in range(max_rounds):
+        starts: dict[int, np.ndarray] = {}
+        for rank, g in gs.items():
+            starts[rank], ends[rank] = replay(g, base[rank][0], base[rank][1], holds[rank])
+        new: dict[int, dict[int, int]] = {r: {} for r in gs}
+        for c in colls:
+            release = max(int(starts[r][v]) for r, v in c.members) + c.transfer_ns
+            for r, v in c.members:
+                new[r][v] = release
+        if new == holds:
+            break
+        holds = new
+    return {rank: step_length(g, ends[rank]) for rank, g in gs.items()}
+
+
+def cluster_saving(gs: dict[int, Graph], changes: dict[int, Sequence[Change]]) -> tuple[int, int]:
+    """The cluster's step (its slowest rank) replayed joined with no change, less with ``changes``; and the
+    no-change cluster step (ns), to compare with the measured one."""
+    colls = collectives_of(gs)
+    before = max(cluster_replay(gs, colls).values())
+    after = max(cluster_replay(gs, colls, changes).values())
+    return before - after, before
+
+
+def straggler_changes(gs: dict[int, Graph], colls: Sequence[Collective], rank: int) -> dict[int, Sequence[Change]]:
+    """The counterfactual of a straggler: rank ``rank`` runs at its peers' median speed. A rank's own time
+    is its step less the time inside its collectives (where it waits for the others); the straggler's work
+    other than communication is scaled by the peers' median own time over its own, never lengthened."""
+    inside: dict[int, int] = defaultdict(int)
+    for c in colls:
+        for r, v in c.members:
+            inside[r] += int(gs[r].dur[v])
+    own = {r: g.length - inside[r] for r, g in gs.items()}
+    peers = sorted(v for r, v in own.items() if r != rank)
+    if not peers or own.get(rank, 0) <= 0:
+        return {}
+    m = len(peers) // 2
+    median = peers[m] if len(peers) % 2 else (peers[m - 1] + peers[m]) / 2
+    if median >= own[rank]:
+        return {}
+    return {rank: (Change("scale", Select(not_kinds=("comm",)), value=median / own[rank]),)}

@@ -80,14 +80,14 @@ BASE = """
 WITH dev AS (SELECT DISTINCT rank FROM comm_ops),
 src AS (
     SELECT rank, step, coalesce(group_name, '') AS grp, name, coalesce(op_type, '') AS op_type,
-           start_ns, dur_ns, wait_ns, 'comm_ops' AS source
+           start_ns, dur_ns, wait_ns, transit_ns, 'comm_ops' AS source
     FROM comm_ops
     WHERE step IS NOT NULL AND dur_ns > 0
       AND (regexp_matches(coalesce(op_type, ''), '^(alltoall|allreduce|allgather|reducescatter|broadcast)$')
            OR NOT regexp_matches(name || ' ' || coalesce(op_type, ''), $p2p))  -- a collective type wins (SendRecv kernels of an all-to-all)
     UNION ALL
     SELECT rank, step, '' AS grp, name, lower(regexp_replace(name, '^[a-z]+:', '')) AS op_type,
-           start_ns, dur_ns, NULL AS wait_ns, 'host' AS source
+           start_ns, dur_ns, NULL AS wait_ns, NULL AS transit_ns, 'host' AS source
     FROM com001_host_comm
     WHERE rank NOT IN (SELECT rank FROM dev)
 ),
@@ -107,7 +107,7 @@ inst AS (
     FROM ops GROUP BY ALL HAVING count(*) >= 2
 ),
 member AS (
-    SELECT o.rank, o.step, o.grp, o.key_name, o.ord, o.start_ns, o.dur_ns,
+    SELECT o.rank, o.step, o.grp, o.key_name, o.ord, o.start_ns, o.dur_ns, o.transit_ns,
            CASE WHEN i.has_wait THEN o.wait_ns ELSE o.dur_ns - i.dmin END AS w
     FROM ops o JOIN inst i USING (step, grp, key_name, ord)
 )
@@ -171,7 +171,10 @@ RANK_TABLES = {
 #: communication.json / .db ``Transit Time``), the collective is bounded to it (else to its elapse time
 #: less its ``Wait Time``): the rest of its elapse time is waiting, at the start or between transfers
 NOTIFY_WAIT_RE = r"(?i)^notify[ _]wait$"
+#: the cause of collectives idle on every member at once (no late member, no transfer)
+IDLE_CAUSE = "comm.collective_idle"
 ASSUMPTION = "if each collective waited only for its own transfer (no wait for its peers)"
+IDLE_ASSUMPTION = "if each collective took only its own transfer time (no idle time inside it on any member)"
 NOT_ESTIMATED = ("the collectives record no wait apart from their transfer (Kineto NCCL kernels, gloo calls): the time "
                  "beyond the last participant's arrival needs every participant's arrival on one clock, which "
                  "the replay of one rank does not have")
@@ -239,7 +242,8 @@ def _replay_rows(ctx: RuleContext[Thresholds]) -> list[tuple[Any, ...]]:
     return rows
 
 
-def _replay_of(ctx: RuleContext[Thresholds], ranks: list[int], steps: list[int]) -> dict[str, Any]:
+def _replay_of(ctx: RuleContext[Thresholds], ranks: list[int], steps: list[int],
+               assumption: str = ASSUMPTION) -> dict[str, Any]:
     """The finding's ``replay``: per step, the cluster's step (its slowest rank) measured less the cluster's
     step replayed with every rank's collectives waiting only for their transfer (a rank whose collectives
     wait little keeps its measured step); the mean over the steps whose every rank was replayed, with
@@ -249,7 +253,7 @@ def _replay_of(ctx: RuleContext[Thresholds], ranks: list[int], steps: list[int])
     group = set(ranks)
     rows = [r for r in rows if any(int(x["step"]) == int(r["step"]) and int(x["rank"]) in group for x in rows)]
     if not rows:
-        return {"estimated": False, "assumption": ASSUMPTION, "reason": "no replay of these ranks' steps"}
+        return {"estimated": False, "assumption": assumption, "reason": "no replay of these ranks' steps"}
     by_step: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
         by_step.setdefault(int(r["step"]), []).append(r)
@@ -263,17 +267,17 @@ def _replay_of(ctx: RuleContext[Thresholds], ranks: list[int], steps: list[int])
         replayed = max(int(r["measured_ns"]) - int(r["saving_ns"]) for r in members)
         savings.append((measured - replayed, measured))
     if not savings:
-        return {"estimated": False, "assumption": ASSUMPTION, "reason": "; ".join(sorted(reasons)) or "not replayed"}
+        return {"estimated": False, "assumption": assumption, "reason": "; ".join(sorted(reasons)) or "not replayed"}
     saving_us = sum(sv for sv, _ in savings) / len(savings) / 1000.0
     step_us = sum(m for _, m in savings) / len(savings) / 1000.0
     return {"estimated": True, "saving_us": round(max(saving_us, 0.0), 3),
             "saving_fraction": round(max(saving_us, 0.0) / step_us, 4) if step_us else None,
-            "assumption": ASSUMPTION, "reproduced": len(savings) == len(by_step),
+            "assumption": assumption, "reproduced": len(savings) == len(by_step),
             "reproduction_error": round(max(errors), 4) if errors else 0.0,
             "steps": len(by_step), "steps_replayed": len(savings)}
 
 
-@rule("COM001", "comm.slow-synchronization", cause="comm.slow_synchronization",
+@rule("COM001", "comm.slow-synchronization", cause="comm.slow_synchronization", causes=(IDLE_CAUSE,),
       requires=("events", "steps", "multi_rank"), thresholds=Thresholds, scope="cluster",
       rank_part=RankPart(RANK_TABLES, rank_part))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
@@ -296,6 +300,9 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             davg=("davg", "first"), name=("name", "first"), has_wait=("has_wait", "first"))
         if len(per_inst) < ctx.t.min_instances:
             continue
+        idle = _idle_finding(ctx, str(grp), g, inside, world)
+        if idle is not None:
+            yield idle
         total_w, total_d = float(g["w"].sum()), float(g["dur_ns"].sum())
         r_wait = total_w / total_d if total_d > 0 else 0.0
         if r_wait < ctx.t.min_wait_ratio:
@@ -383,6 +390,91 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             replay=_replay_of(ctx, ranks, sorted(int(s) for s in g["step"].unique())),
         )
     _check_counts(ctx)
+
+
+
+def _idle_finding(ctx: RuleContext[Thresholds], grp: str, g: Any, inside: Any, world: dict[str, Any]) -> Finding | None:
+    """A group whose collectives sit idle on every member at once: time inside them that is neither
+    their transfer (the exported transit time) nor a wait for a late member (the exported wait time).
+
+    Only where the source records both (Ascend communication analysis). Per member, idle = duration −
+    transit − wait; the group fires when every member spends ``min_wait_ratio`` of its collective time
+    idle, idle outweighs the late-arrival wait on every member (else the wait is a straggler's, judged
+    above), and the time idle on every member together (per step, the least member's idle, capped at its
+    time inside the collectives) reaches ``min_wait_share`` of the step. No member arriving late, the
+    wait is inside the collective on all of them at once: the saving is that shared idle time."""
+    if g["transit_ns"].isna().any() or g["rank"].nunique() < 2:
+        return None
+    g = g.assign(idle=(g["dur_ns"] - g["transit_ns"] - g["w"]).clip(lower=0))
+    by_rank = g.groupby("rank").agg(idle=("idle", "sum"), d=("dur_ns", "sum"), w=("w", "sum"),
+                                    t=("transit_ns", "sum"))
+    if (by_rank["d"] <= 0).any():
+        return None
+    ratio = by_rank["idle"] / by_rank["d"]
+    if float(ratio.min()) < ctx.t.min_wait_ratio or bool((by_rank["idle"] <= by_rank["w"]).any()):
+        return None
+    per_rs = g.groupby(["rank", "step"])["idle"].sum()
+    cap = inside.loc[grp].reindex(per_rs.index) if grp in inside.index.get_level_values(0) else None
+    if cap is not None:
+        per_rs = per_rs.clip(upper=cap.fillna(per_rs))
+    together = per_rs.groupby("step").min()  # idle on every member: the least member's
+    saving_us = float(together.median()) / 1000.0
+    ranks = sorted(int(r) for r in g["rank"].unique())
+    s_us = max(step_us(ctx, r) for r in ranks)
+    if s_us <= 0 or saving_us < ctx.t.min_wait_share * s_us:
+        return None
+    keys = ["step", "key_name", "ord"]
+    inst = g.groupby(keys, sort=False).agg(idle=("idle", "min"), d=("dur_ns", "max"), t=("transit_ns", "max"),
+                                           w=("w", "max"), start=("start_ns", "median"), name=("name", "first"))
+    inst["pos"] = inst.groupby(level="step")["start"].rank(method="first").astype(int)
+    total_idle = float(inst["idle"].sum())
+    first_share = float(inst.loc[inst["pos"] == 1, "idle"].sum()) / total_idle if total_idle > 0 else 0.0
+    top = [
+        {"step": int(k[0]), "collective": str(row["name"]), "order_in_step": int(row["pos"]),
+         "idle_on_every_member_ms": ms(row["idle"]), "duration_ms": ms(row["d"]), "transit_ms": ms(row["t"]),
+         "wait_for_late_member_ms": ms(row["w"])}
+        for k, row in inst.sort_values("idle", ascending=False).head(ctx.t.top_n).iterrows()
+    ]
+    label = f"group {grp}" if grp else "the default group"
+    steps = sorted(int(s) for s in g["step"].unique())
+    where = (f"; {first_share:.0%} of it in the first collective of "
+             f"{'each step' if len(steps) > 1 else 'the step'}" if first_share >= 0.5 and
+             inst["pos"].max() > 1 else "")
+    partial = world["w"] is not None and world["w"] > len(ranks)
+    return ctx.finding(
+        title=f"Collectives in {label} sit idle {float(ratio.min()):.0%} of their time on every member at once, "
+              f"no member arriving late ({saving_us / 1000:.1f} ms per step{where})",
+        cause=IDLE_CAUSE,
+        evidence={
+            "idle_ratio_min": round(float(ratio.min()), 4),
+            "min_wait_ratio": ctx.t.min_wait_ratio,
+            "idle_per_step_ms_median": round(saving_us / 1000.0, 3),
+            "idle_ms_by_rank": {str(int(r)): ms(v) for r, v in by_rank["idle"].items()},
+            "transit_ms_by_rank": {str(int(r)): ms(v) for r, v in by_rank["t"].items()},
+            "wait_for_late_member_ms_by_rank": {str(int(r)): ms(v) for r, v in by_rank["w"].items()},
+            "collective_ms_by_rank": {str(int(r)): ms(v) for r, v in by_rank["d"].items()},
+            "first_in_step_idle_share": round(first_share, 4),
+            "instances": len(inst),
+            "members": len(ranks),
+            "world_size": None if world["w"] is None else int(world["w"]),
+            "min_wait_share": ctx.t.min_wait_share,
+            "group": grp or None,
+        },
+        saving_us=saving_us,
+        step_us=s_us,
+        saving_basis="median over steps of the time the collectives sit idle on every member together (the least "
+                     "member's idle: duration less transit less the wait for a late member)",
+        ranks=ranks,
+        steps=steps,
+        ops=list(dict.fromkeys(str(n) for n in inst["name"]))[:5],
+        detail=("Every member is inside the collective and none is moving data or waiting for a late peer: the time "
+                "is spent in the collective library itself (link or notify setup, a first-call cost, a device "
+                "queue it waits on), which the profile does not show. Compare the first collective of a step with "
+                "the others, and a profile with more steps or task-level (HCCL level 2) detail."
+                + (" Only part of the world is in this profile." if partial else "")),
+        top=top,
+        replay=_replay_of(ctx, ranks, steps, IDLE_ASSUMPTION),
+    )
 
 
 def _lead_per_step(per_rank_step: Any, slowest: int) -> Any:
