@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from advisor.engine.context import AnalysisContext
@@ -12,7 +13,7 @@ from advisor.schema import TABLES, create_all, insert_rows
 EVENT_DEFAULTS = {"device": False, "dur_ns": 0, "cat": "", "pid": "1", "tid": "1", "file_id": 0}
 
 
-def _insert(con: Any, table: str, cols: list[str], values: list[tuple[Any, ...]]) -> None:
+def _insert(con: Any, table: str, cols: Sequence[str], values: list[tuple[Any, ...]]) -> None:
     """The rows into ``table`` through one Arrow table (DuckDB casts each column to the table's
     type); rows whose values Arrow cannot type as one column go in as SQL parameters."""
     import pyarrow as pa
