@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The suite starts many interpreters (pytest-xdist workers, CLI processes, process pools): with
+# PYTHONDONTWRITEBYTECODE set, each one compiles the package and rewrites the test modules' asserts
+# again. Bytecode caches (git-ignored __pycache__ folders) let them share that work.
+if sys.dont_write_bytecode:
+    sys.dont_write_bytecode = False
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 import advisor
 from advisor.report_schema import SCHEMA_FILE

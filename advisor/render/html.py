@@ -21,6 +21,7 @@ Optional inputs the page uses when present:
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import os
 import re
@@ -96,7 +97,14 @@ def _visible(value: Any) -> Any:
 
 
 def environment(override: str | Path | None = None) -> jinja2.Environment:
-    """The jinja environment; templates in ``override`` (if given) win over the built-in ones."""
+    """The jinja environment; templates in ``override`` (if given) win over the built-in ones.
+    One environment per template directory, so each template is compiled once per process
+    (jinja reloads a template whose file changed)."""
+    return _environment(None if override is None else str(Path(override).resolve()))
+
+
+@functools.lru_cache(maxsize=8)
+def _environment(override: str | None) -> jinja2.Environment:
     loaders: list[jinja2.BaseLoader] = []
     if override is not None:
         loaders.append(jinja2.FileSystemLoader(str(override)))

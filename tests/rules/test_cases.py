@@ -58,6 +58,15 @@ def _cases() -> list[Any]:
 
 
 _GEN_CACHE: dict[str, Path] = {}
+_JSON_CACHE: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def _shared_json(report: Any) -> dict[str, Any]:
+    """The validated JSON of a shared report, once per worker (the cases only read it)."""
+    key = id(report)
+    if key not in _JSON_CACHE or _JSON_CACHE[key][0] is not report:
+        _JSON_CACHE[key] = (report, report_json(report))
+    return _JSON_CACHE[key][1]
 _TABLES_CACHE: dict[str, Any] = {}
 
 
@@ -103,7 +112,7 @@ def test_rule_case(rule_id: str, case: dict[str, Any], tmp_path_factory: pytest.
         report = shared_report(_fixture_path(case, tmp_path_factory))
     else:
         report = analyze(_fixture_path(case, tmp_path_factory), cfg)
-    data = report_json(report)
+    data = _shared_json(report) if "tables" not in case and "set" not in case else report_json(report)
     outcome = next(o for o in report.rules if o.rule == rule_id)
     assert outcome.status != "error", outcome.reason
     mine = [f for f in data["findings"] if f["rule"] == rule_id]
