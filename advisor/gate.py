@@ -332,6 +332,8 @@ def baseline_diff(current: Mapping[str, Any], base: Mapping[str, Any], max_regre
         if k in base_f and cur_f[k].get("severity") != base_f[k].get("severity")
     ]
     blocking, noted = kind_mismatch(current, base)
+    gone = [f for k, f in base_f.items() if k not in cur_f]
+    calibration = predicted_against_measured(gone, base_m, cur_m, comparable=not blocking)
     notes = []
     if blocking:
         notes.append("not comparable: " + "; ".join(blocking) + ": the step-time change is shown, not judged")
@@ -352,8 +354,53 @@ def baseline_diff(current: Mapping[str, Any], base: Mapping[str, Any], max_regre
         "new_findings": [brief(f) for k, f in cur_f.items() if k not in base_f],
         "gone_findings": [brief(f) for k, f in base_f.items() if k not in cur_f],
         "changed_findings": changed,
+        "calibration": calibration,
         "notes": notes,
     }
+
+
+def _predicted(f: Mapping[str, Any]) -> tuple[float | None, str]:
+    """A baseline finding's predicted saving per step and how it was predicted."""
+    saving = f.get("estimated_saving_us")
+    if not isinstance(saving, (int, float)) or isinstance(saving, bool):
+        return None, "not estimated"
+    rep = f.get("replay") or {}
+    if rep.get("estimated") and rep.get("reproduced") and isinstance(rep.get("saving_us"), (int, float)) \
+            and abs(float(rep["saving_us"]) - float(saving)) <= 1e-3 * max(1.0, abs(float(saving))):
+        return float(saving), "replay"
+    return float(saving), "rule estimate"
+
+
+def predicted_against_measured(gone: list[Mapping[str, Any]], base_m: Mapping[str, float] | None,
+                               cur_m: Mapping[str, float] | None, *, comparable: bool) -> dict[str, Any] | None:
+    """What the baseline's findings that are gone now predicted against what the mean step gained.
+
+    The measured gain is the whole step's (baseline mean step less this run's): where several
+    findings went at once it is their joint gain, and it also holds any other change between the
+    runs, so each row is a calibration point, not a proof. None when no finding went."""
+    if not gone:
+        return None
+    measured = None
+    if comparable and base_m and cur_m and base_m.get("step_us"):
+        measured = round(float(base_m["step_us"]) - float(cur_m["step_us"]), 3)
+    rows = []
+    for f in gone:
+        predicted, how = _predicted(f)
+        rows.append({"key": finding_key(f), "rule": f.get("rule"), "cause": f.get("cause"), "title": f.get("title"),
+                     "predicted_saving_us": None if predicted is None else round(predicted, 3),
+                     "predicted_by": how,
+                     "ratio": (round(measured / predicted, 3) if measured is not None and predicted else None)})
+    predicted_total = [r["predicted_saving_us"] for r in rows if r["predicted_saving_us"] is not None]
+    if measured is None:
+        note = ("not measured: the runs are not comparable" if not comparable
+                else "not measured: no step windows in one of the runs")
+    elif len(rows) > 1:
+        note = (f"{len(rows)} findings went at once: the measured gain is their joint one (predictions are "
+                "not added: each is the step without its own cause)")
+    else:
+        note = "the measured gain is the whole step's: any other change between the runs is in it too"
+    return {"measured_gain_us": measured, "baseline_step_us": None if not base_m else round(float(base_m["step_us"]), 3),
+            "findings": rows, "largest_predicted_us": max(predicted_total) if predicted_total else None, "note": note}
 
 
 # ---------------------------------------------------------------------------------------------- gate

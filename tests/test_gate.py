@@ -49,6 +49,32 @@ def test_healthy_against_slow_is_an_improvement(tmp_path: Path) -> None:
     diff = json.loads(out.read_text())["baseline_diff"]
     assert diff["regression_pct"] < -30 and not diff["regressed"]
     assert [f["rule"] for f in diff["gone_findings"]] == ["IO001"]
+    # the baseline's prediction for the gone finding against the mean step the trace files give
+    cal = diff["calibration"]
+    measured = _mean_profiler_step_us(SLOW) - _mean_profiler_step_us(HEALTHY)
+    assert cal["measured_gain_us"] == pytest.approx(measured, rel=0.01)
+    base = json.loads(run_cli(SLOW, "--format", "json").stdout)
+    io = next(f for f in base["findings"] if f["rule"] == "IO001")
+    [row] = cal["findings"]
+    assert row["rule"] == "IO001" and row["predicted_saving_us"] == io["estimated_saving_us"]
+    assert row["predicted_by"] in ("replay", "rule estimate")
+    assert row["ratio"] == pytest.approx(measured / io["estimated_saving_us"], rel=0.01)
+    from advisor.render import html, markdown, terminal
+
+    data = json.loads(out.read_text())
+    line = f"predicted −{io['estimated_saving_us'] / 1e3:.2f} ms"
+    for text in (terminal.render_text(data, width=200), markdown.render(data), html.render(data)):
+        assert line in text and f"measured −{cal['measured_gain_us'] / 1e3:.2f} ms" in text
+
+
+def _mean_profiler_step_us(folder: Path) -> float:
+    """Mean ``ProfilerStep#N`` duration of a one-file trace, read straight from its JSON."""
+    import gzip
+
+    [path] = folder.glob("*.pt.trace.json.gz")
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    durs = [e["dur"] for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    return sum(durs) / len(durs)
 
 
 def test_profile_against_itself_passes(tmp_path: Path) -> None:
@@ -168,6 +194,20 @@ def test_diff_matches_findings_by_rule_cause_ranks() -> None:
     assert [x["rule"] for x in d["gone_findings"]] == ["IO001"]
     assert d["changed_findings"][0]["baseline_severity"] == "high"
     assert baseline_diff(_report(_rows(0, 111.0)), base, 10.0)["regressed"]
+
+
+def test_gone_findings_carry_their_prediction_against_the_measured_gain() -> None:
+    f = {"rule": "IO001", "cause": "io.slow_data_processing", "severity": "high", "title": "t", "ranks": [0],
+         "estimated_saving_us": 40.0, "replay": {"estimated": True, "reproduced": True, "saving_us": 40.0}}
+    g = {**f, "rule": "CPU004", "cause": "cpu.gc", "estimated_saving_us": 10.0, "replay": None}
+    d = baseline_diff(_report(_rows(0, 70.0)), _report(_rows(0, 100.0), [f]), 10.0)
+    [row] = d["calibration"]["findings"]
+    assert d["calibration"]["measured_gain_us"] == pytest.approx(30.0)
+    assert row["predicted_saving_us"] == 40.0 and row["predicted_by"] == "replay" and row["ratio"] == pytest.approx(0.75)
+    two = baseline_diff(_report(_rows(0, 70.0)), _report(_rows(0, 100.0), [f, g]), 10.0)["calibration"]
+    assert [r["predicted_by"] for r in two["findings"]] == ["replay", "rule estimate"]
+    assert "joint" in two["note"] and two["largest_predicted_us"] == 40.0
+    assert baseline_diff(_report(_rows(0, 70.0), [f]), _report(_rows(0, 100.0), [f]), 10.0)["calibration"] is None
 
 
 # ---- baselines of another kind ------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 from advisor.model import Report
 from advisor.render.view import (
     breakdown_summary,
+    calibration_lines,
     compact_ints,
     confidence,
     config_line,
@@ -387,6 +388,11 @@ def _diff(diff: Mapping[str, Any]) -> list[str]:
             if len(items) > 10:
                 out.append(f"- … {len(items) - 10} more in the JSON / HTML report")
             out.append("")
+    cal = calibration_lines(diff)
+    if cal:
+        out += ["**Predicted against measured** (mean step)", ""]
+        out += [f"- {md_escape(line, 300)}" for line in cal[:-1][:10]]
+        out += ["", f"_{md_escape(cal[-1], 300)}_", ""]
     if not any(diff.get(k) for k in ("new_findings", "gone_findings", "changed_findings")):
         out += ["Same findings as the baseline.", ""]
     return out

@@ -261,6 +261,12 @@ def _diff(console: Console, diff: dict[str, Any]) -> None:
             was = f" (was {f['baseline_severity']})" if f.get("baseline_severity") else ""
             console.print(_indented(Text(f"{label}: ", style=style)
                                     + Text(one_line(f"{f.get('severity')}{was} {f.get('rule')} {f.get('title')}", 200)), 2))
+    cal = view.calibration_lines(diff)
+    if cal:
+        console.print(_indented(Text("predicted against measured (mean step):", style="bold"), 2))
+        for line in cal[:-1]:
+            console.print(_indented(Text(one_line(line, 200)), 4))
+        console.print(_indented(Text(one_line(cal[-1], 300), style="dim"), 4))
     console.print()
 
 

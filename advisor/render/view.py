@@ -528,6 +528,32 @@ def busiest_rank(breakdown: list[dict[str, Any]]) -> int | None:
     return max(pr, key=lambda r: pr[r]["step_us"] - pr[r]["comm_only_us"] - pr[r]["free_us"])
 
 
+def _step_change(gain_us: float | None) -> str:
+    """A step gain as the step's change: a gain of 26.5 ms is ``−26.50 ms``."""
+    if gain_us is None:
+        return "not measured"
+    return "0" if gain_us == 0 else ("−" if gain_us > 0 else "+") + fmt_us(abs(gain_us))
+
+
+def calibration_lines(diff: Mapping[str, Any]) -> list[str]:
+    """One plain line per baseline finding that is gone: its predicted step change against the
+    measured one (``IO001 io.slow_data_processing: predicted −40.60 ms (replay), measured −26.50 ms``),
+    then the note on what the measured figure holds."""
+    cal = diff.get("calibration") or {}
+    rows = cal.get("findings") or []
+    if not rows:
+        return []
+    measured = cal.get("measured_gain_us")
+    out = []
+    for r in rows:
+        pred = r.get("predicted_saving_us")
+        said = "no saving predicted" if pred is None else f"predicted {_step_change(pred)} ({r.get('predicted_by')})"
+        out.append(f"{r.get('rule')} {r.get('cause')}: {said}, measured {_step_change(measured)}")
+    if cal.get("note"):
+        out.append(str(cal["note"]))
+    return out
+
+
 def finding_key(f: Mapping[str, Any]) -> str:
     """Identity of a finding across runs: rule, cause and ranks (what the baseline diff matches on)."""
     ranks = ",".join(str(r) for r in sorted(f.get("ranks") or []))
