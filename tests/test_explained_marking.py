@@ -88,6 +88,9 @@ def test_narrowing_keeps_the_ranks_own_findings_first_and_marks_the_rest() -> No
     assert v["saving_fraction"] == 0.25 and "(25% of rank 1's step 5, 4.00 ms)" in v["text"]
     assert v["text"].endswith("(cluster-wide, not narrowed)")
     assert explained_note(d["findings"][0], d["findings"]) == "cluster-wide, not narrowed"
+    gone = {**d["findings"][0], "explained_by": ["CLU001-d973a371"]}  # its explainer narrowed out
+    assert explained_note(gone, [gone]) == ("explained by CLU001 (outside this narrowed report); "
+                                            "cluster-wide, not narrowed")
     assert scope_line(d) == ("Ranks x steps narrowed to rank 1 (one of 2 ranks), step 5 (one of 2 steps): own time "
                              "1.50x the median of all cells (2.00 ms)")
     assert scope_line({**d, "step_matrix": None}) == "Narrowed to rank 1 (one of 2 ranks), step 5 (one of 2 steps)"

@@ -331,8 +331,11 @@ def explained_note(f: Mapping[str, Any], findings: list[Mapping[str, Any]],
     if not by:
         return wide
     rule_of = {str(x.get("id")): str(x.get("rule")) for x in findings if x.get("id")}
-    rules = [rule_of.get(i, i) for i in by]
-    names = [r if rules.count(r) == 1 else i for r, i in zip(rules, by, strict=True)]
+    # an explaining finding left out of a report narrowed to a rank or step is named by its rule
+    # (a finding id is ``RULE-hash``) and said to be outside
+    rules = [rule_of.get(i, i.split("-", 1)[0]) for i in by]
+    names = [(r if rules.count(r) == 1 else i) + ("" if i in rule_of else " (outside this narrowed report)")
+             for r, i in zip(rules, by, strict=True)]
     text = "explained by " + ", ".join(dict.fromkeys(names))
     if verdict_id is not None and verdict_id in by:
         text += ", the verdict"
