@@ -45,7 +45,7 @@ T2 = TypeVar("T2")
 #: verdict) the replayed saving of its counterfactual where the replay estimated one on steps that all
 #: reproduced (the rule's own figure then stays in ``evidence.saving_before_replay_us``). Off: the
 #: replay is reported beside the rule's figure only (``Finding.replay``).
-SAVING_FROM_REPLAY = False
+SAVING_FROM_REPLAY = True
 
 RULE_ID_RE = re.compile(r"^[A-Z]{2,4}\d{3}$")
 DOC_SECTIONS = ("Why it matters", "How it is detected", "What to do")
@@ -402,6 +402,63 @@ class RuleContext(Generic[T]):
             self.warn(f"rank {rank}: the replay of {len(bad)} of {len(results)} steps does not reproduce the measured "
                       f"step within {replay_stage.REPRODUCE_WITHIN:.0%} (worst {max(r.error for r in bad):.1%}); "
                       "their what-if saving is not estimated")
+        unsure = sorted({str(r.reason) for r in results if r.reason})
+        if unsure:
+            self.warn(f"rank {rank}: the what-if saving is not estimated ({'; '.join(unsure)}); the finding keeps "
+                      "the rule's own estimate")
+        return out
+
+    def straggler_replay(self, steps: Iterable[int]) -> list[dict[str, Any]]:
+        """Per step of ``steps``, the ranks of this context joined by their collectives
+        (:func:`advisor.stages.replay.cluster_replay`) and replayed with the rank whose own time is longest
+        at its peers' median own speed (:func:`advisor.stages.replay.straggler_changes`): ``step``,
+        ``rank`` (that straggler), ``ranks`` (the ranks joined, comma separated), ``measured_ns`` (the
+        cluster's step: its slowest rank), ``saving_ns`` (the joined no-change replay less the replay with
+        the change; None with ``reason`` when not estimated), ``error`` (the joined no-change replay against
+        the measured cluster step) and ``factor`` (the straggler's scale). Only where the ranks' events are
+        (a cluster rule's rank part)."""
+        from advisor.stages import replay as replay_stage
+
+        want = sorted({int(x) for x in steps})
+        rows = self.analysis.query(
+            "SELECT rank, step, start_ns, end_ns FROM steps WHERE end_ns > start_ns AND step IN (SELECT unnest($steps)) "
+            "ORDER BY rank, step", {"steps": want})
+        by_rank: dict[int, list[tuple[int, int, int]]] = {}
+        for r in rows:
+            by_rank.setdefault(int(r["rank"]), []).append((int(r["step"]), int(r["start_ns"]), int(r["end_ns"])))
+        per_step: dict[int, dict[int, Any]] = {}
+        cur = self.analysis.con.cursor()
+        try:
+            for rank, wins in by_rank.items():
+                for g in replay_stage.graphs(cur, self.analysis.extras, rank, wins):
+                    per_step.setdefault(int(g.step), {})[rank] = g
+        finally:
+            cur.close()
+        out: list[dict[str, Any]] = []
+        for step in want:
+            gs = per_step.get(step, {})
+            row: dict[str, Any] = {"step": step, "rank": None, "ranks": ",".join(map(str, sorted(gs))),
+                                   "measured_ns": max((g.length for g in gs.values()), default=0),
+                                   "saving_ns": None, "error": None, "factor": None, "reason": None}
+            out.append(row)
+            colls = replay_stage.collectives_of(gs) if len(gs) >= 2 else []
+            if not colls:
+                row["reason"] = ("no collective of this step joins two ranks read together (a collective recorded as "
+                                 "several tasks, as Ascend HCCL records it, is not joined)")
+                continue
+            own = replay_stage.own_times(gs, colls)
+            rank = max(own, key=lambda r: (own[r], -r))
+            row["rank"] = rank
+            before = max(replay_stage.cluster_replay(gs, colls).values())
+            row["error"] = abs(before - row["measured_ns"]) / row["measured_ns"] if row["measured_ns"] else 0.0
+            if row["error"] > replay_stage.REPRODUCE_WITHIN:
+                row["reason"] = (f"the ranks' joined replay does not reproduce the measured step within "
+                                 f"{replay_stage.REPRODUCE_WITHIN:.0%}")
+                continue
+            changes = replay_stage.straggler_changes(gs, colls, rank)
+            row["factor"] = replay_stage.straggler_factor(gs, colls, rank)
+            after = max(replay_stage.cluster_replay(gs, colls, changes).values()) if changes else before
+            row["saving_ns"] = before - after
         return out
 
     def replay_steps(self, rank: int, changes: Sequence[Change], steps: Iterable[int] | None = None) -> list[Any]:

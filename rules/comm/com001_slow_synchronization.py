@@ -163,6 +163,8 @@ RANK_TABLES = {
     "com001_host_comm": "rank INTEGER, step INTEGER, name VARCHAR, start_ns BIGINT, dur_ns BIGINT",
     "com001_comm_events": "rank INTEGER, n BIGINT",
     "com001_replay": "rank INTEGER, step INTEGER, measured_ns BIGINT, saving_ns BIGINT, error DOUBLE, reason VARCHAR",
+    "com001_straggler": "step INTEGER, rank INTEGER, ranks VARCHAR, measured_ns BIGINT, saving_ns BIGINT, error DOUBLE, "
+                        "factor DOUBLE, reason VARCHAR",
 }
 
 #: the counterfactual (advisor.stages.replay): each collective waits only for its transfer. Where the
@@ -200,16 +202,22 @@ def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
     host = [(r["rank"], r["step"], r["name"], r["start_ns"], r["dur_ns"]) for r in ctx.query(HOST_SQL, {"p2p": P2P_RE})]
     counts = [(r["rank"], r["n"]) for r in ctx.query(
         "SELECT rank, count(*) AS n FROM events WHERE kind = 'comm' GROUP BY rank ORDER BY rank")]
-    return {"com001_host_comm": host, "com001_comm_events": counts, "com001_replay": _replay_rows(ctx)}
+    replayed, worth = _replay_rows(ctx)
+    straggler = [(r["step"], r["rank"], r["ranks"], r["measured_ns"], r["saving_ns"], r["error"], r["factor"],
+                  r["reason"]) for r in (ctx.straggler_replay(worth) if worth else [])]
+    return {"com001_host_comm": host, "com001_comm_events": counts, "com001_replay": replayed,
+            "com001_straggler": straggler}
 
 
-def _replay_rows(ctx: RuleContext[Thresholds]) -> list[tuple[Any, ...]]:
+def _replay_rows(ctx: RuleContext[Thresholds]) -> tuple[list[tuple[Any, ...]], set[int]]:
     """Per (rank, step) with collectives: the measured step and the saving of :data:`ASSUMPTION`
     replayed, or why it is not: no recorded wait, or waits under ``min_wait_share`` of the step (not
-    worth a replay: the rule cannot fire on them)."""
+    worth a replay: the rule cannot fire on them). And the steps where some rank's collectives wait
+    that much, or record no wait apart from their transfer (worth a straggler's replay)."""
+    worth: set[int] = set()
     bd = ctx.breakdown()
     if bd is None or bd.empty:
-        return []
+        return [], worth
     waits: dict[tuple[int, int], float] = {}
     for r in ctx.query(WAITS_SQL):
         waits[(int(r["rank"]), int(r["step"]))] = float(r["wait_ns"] or 0)
@@ -226,11 +234,13 @@ def _replay_rows(ctx: RuleContext[Thresholds]) -> list[tuple[Any, ...]]:
         wait = waits.get((rank, step))
         if wait is None:
             rows.append((rank, step, round(len_us * 1000), None, None, NOT_ESTIMATED))
+            worth.add(step)
             continue
         if wait < ctx.t.min_wait_share * len_us * 1000:
             rows.append((rank, step, round(len_us * 1000), 0, None,
                          f"the collectives wait under {ctx.t.min_wait_share:.0%} of the step: not replayed, no saving"))
             continue
+        worth.add(step)
         bounds = tuple((str(r["name"]), int(r["bound"])) for r in ctx.query(BOUNDS_SQL, {"rank": rank, "step": step}))
         changes = [Change("remove", Select(kinds=("comm",), device=True, name_re=NOTIFY_WAIT_RE))]
         if bounds:
@@ -239,7 +249,45 @@ def _replay_rows(ctx: RuleContext[Thresholds]) -> list[tuple[Any, ...]]:
         for res in ctx.replay_steps(rank, changes, [step]):
             rows.append((rank, step, res.measured_ns, res.saving_ns if res.reproduced else None, res.error,
                          None if res.reproduced else "the replay does not reproduce the measured step"))
-    return rows
+    return rows, worth
+
+
+def _straggler_replay_of(ctx: RuleContext[Thresholds], ranks: list[int], steps: list[int], slowest: int) -> dict[str, Any]:
+    """The ``replay`` of a group waiting for ``slowest``: per step, the cluster's step (its slowest rank)
+    replayed with the group's ranks joined by their collectives, less the same with ``slowest`` at its
+    peers' median own speed (``com001_straggler``, built where the ranks' events are); the mean over the
+    steps where that replay holds every rank of the group and names ``slowest`` as the rank to speed up."""
+    assumption = f"if rank {slowest} ran at its peers' median speed (its own time outside the collectives scaled to theirs)"
+    rows = ctx.query("SELECT * FROM com001_straggler WHERE step IN (SELECT unnest($steps)) ORDER BY step",
+                     {"steps": steps})
+    group = set(ranks)
+    savings, errors, factors, reasons = [], [], [], set()
+    for r in rows:
+        joined = {int(x) for x in str(r["ranks"] or "").split(",") if x}
+        if not group <= joined:
+            continue  # another shard's partial view of the group
+        if r["error"] is not None:
+            errors.append(float(r["error"]))
+        if r["saving_ns"] is None:
+            reasons.add(str(r["reason"]))
+        elif r["rank"] is None or int(r["rank"]) != slowest:
+            reasons.add(f"the replay's slowest rank in step {int(r['step'])} is rank {r['rank']}, not rank {slowest}")
+        else:
+            savings.append((int(r["saving_ns"]), int(r["measured_ns"])))
+            if r["factor"] is not None:
+                factors.append(float(r["factor"]))
+    if not savings:
+        why = "; ".join(sorted(reasons)) or "the group's ranks were not read together (several shards): not joined"
+        return {"estimated": False, "assumption": assumption, "reason": why}
+    saving_us = sum(sv for sv, _ in savings) / len(savings) / 1000.0
+    step_us_ = sum(m for _, m in savings) / len(savings) / 1000.0
+    if factors:
+        assumption = assumption.replace("scaled to theirs", f"× {sum(factors) / len(factors):.2f}")
+    return {"estimated": True, "saving_us": round(max(saving_us, 0.0), 3),
+            "saving_fraction": round(max(saving_us, 0.0) / step_us_, 4) if step_us_ else None,
+            "assumption": assumption, "reproduced": len(savings) == len(steps),
+            "reproduction_error": round(max(errors), 4) if errors else 0.0,
+            "steps": len(steps), "steps_replayed": len(savings)}
 
 
 def _replay_of(ctx: RuleContext[Thresholds], ranks: list[int], steps: list[int],
@@ -387,7 +435,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             detail=("Only part of the world is in this profile; the R_wait is over the ranks present."
                     if partial else ""),
             top=top,
-            replay=_replay_of(ctx, ranks, sorted(int(s) for s in g["step"].unique())),
+            replay=_straggler_replay_of(ctx, ranks, sorted(int(s) for s in g["step"].unique()), slowest),
         )
     _check_counts(ctx)
 
