@@ -431,7 +431,8 @@ class RuleContext(Generic[T]):
         try:
             for rank, wins in by_rank.items():
                 for g in replay_stage.graphs(cur, self.analysis.extras, rank, wins):
-                    per_step.setdefault(int(g.step), {})[rank] = g
+                    if g.step is not None:
+                        per_step.setdefault(int(g.step), {})[rank] = g
         finally:
             cur.close()
         out: list[dict[str, Any]] = []
