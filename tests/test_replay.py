@@ -320,3 +320,57 @@ def test_joined_replay_reproduces_a_two_rank_job() -> None:
         got = R.cluster_replay(gs, colls)
         for r, g in gs.items():
             assert abs(got[r] - g.length) <= R.REPRODUCE_WITHIN * g.length, (step, r, got[r], g.length)
+
+
+def test_a_sync_on_the_enqueuing_thread_waits_for_the_queue_to_drain() -> None:
+    """torch_npu's task queue: the Python thread enqueues op A (0-2 µs) and enters ``aten::item`` (10-400 µs),
+    whose ``aclrtSynchronizeStream`` only starts at 380 µs; the task-queue thread dequeues A (5-300 µs),
+    compiling it for 240 µs (10-250) before launching it (260-270); A runs 290-390 µs and releases the sync
+    (380-400). The item's time before the sync is a wait for the queue up to the dequeue's end (300 µs), then
+    80 µs of its own: without the compile the dequeue ends at 60 µs, A runs 50-150, the item's own 80 µs end
+    at 140, the sync returns at 160 µs: the step (400 µs) saves the 240 µs of compile."""
+    cur = _tiny([
+        ("queue", "Enqueue@A", "py", False, None, 0, 2, None),
+        ("host_op", "aten::item", "py", False, None, 10, 390, None),
+        ("sync", "aclrtSynchronizeStream", "py", False, None, 380, 20, None),
+        ("queue", "Dequeue@A", "tq", False, None, 5, 295, None),
+        ("runtime", "AscendCL@aclopCompileAndExecute", "tq", False, None, 10, 240, None),
+        ("runtime", "AscendCL@aclnnA", "tq", False, None, 260, 10, 1),
+        ("kernel", "A", "7", True, 7, 290, 100, 1),
+    ])
+    g = R.build(cur, 0, 0, 0, 400_000)
+    assert g is not None and R.reproduction_error(g) == 0
+    assert int((g.etype == R.EDGE_KINDS.index(EdgeKind.SYNC_WAIT)).sum()) == 2  # the queue's drain, A's end
+    compile_ = [R.Change("remove", R.Select(name_re="Compile", device=False))]
+    assert R.saving(g, compile_) == 240_000
+
+
+def test_a_host_change_without_launch_links_is_not_estimated() -> None:
+    """Kernel K1 (0-50 µs) and K2 (80-100 µs) carry no launch link; the host runs a GC pause 50-80 µs. Whether
+    K2 waited for the pause is not known: removing it is not replayed, and the summary says why. With the
+    launch of K2 (corr 1, 80-81 µs, K2 then at 82 µs) recorded, it is: the launch moves to 50 µs and K2, 2 µs
+    after it, to 52 µs: 30 µs earlier."""
+    cur = _tiny([
+        ("kernel", "K1", "7", True, 7, 0, 50, None),
+        ("kernel", "K2", "7", True, 7, 80, 20, None),
+        ("python", "Python GC", "h", False, None, 50, 30, None),
+    ])
+    g = R.build(cur, 0, 0, 0, 100_000)
+    assert g is not None
+    gc = [R.Change("remove", R.Select(names=("Python GC",), device=False))]
+    res = R.what_if([g], gc)
+    assert res[0].saving_ns is None and res[0].reason == R.NO_LAUNCH_LINKS
+    out = R.summary(res, "if no GC ran")
+    assert out["estimated"] is False and out["reason"] == R.NO_LAUNCH_LINKS
+    # a device change is still replayed there
+    assert R.what_if([g], [R.Change("bound", R.Select(names=("K1",)), value=40_000)])[0].saving_ns == 10_000
+    cur = _tiny([
+        ("kernel", "K1", "7", True, 7, 0, 50, None),
+        ("python", "Python GC", "h", False, None, 50, 30, None),
+        ("runtime", "cudaLaunchKernel", "h", False, None, 80, 1, 1),
+        ("kernel", "K2", "7", True, 7, 82, 18, 1),
+    ])
+    g = R.build(cur, 0, 0, 0, 100_000)
+    assert g is not None
+    res = R.what_if([g], gc)
+    assert res[0].reason is None and res[0].saving_ns == 30_000
