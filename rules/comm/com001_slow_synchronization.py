@@ -203,8 +203,11 @@ def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
     counts = [(r["rank"], r["n"]) for r in ctx.query(
         "SELECT rank, count(*) AS n FROM events WHERE kind = 'comm' GROUP BY rank ORDER BY rank")]
     replayed, worth = _replay_rows(ctx)
+    # a shard holding part of the world cannot join a group's ranks: no straggler replay there
+    seen = ctx.query("SELECT count(DISTINCT rank) AS n, max(world_size) AS w FROM ranks")[0]
+    whole = seen["w"] is None or int(seen["n"]) >= int(seen["w"])
     straggler = [(r["step"], r["rank"], r["ranks"], r["measured_ns"], r["saving_ns"], r["error"], r["factor"],
-                  r["reason"]) for r in (ctx.straggler_replay(worth) if worth else [])]
+                  r["reason"]) for r in (ctx.straggler_replay(worth) if worth and whole else [])]
     return {"com001_host_comm": host, "com001_comm_events": counts, "com001_replay": replayed,
             "com001_straggler": straggler}
 
