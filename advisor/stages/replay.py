@@ -173,6 +173,7 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window, rank_syncs: list[
     work = set(th.tracks)
     ws, we = w.start.tolist(), w.end.tolist()
     blocking_ev = {i for i in range(w.n) if w.kind[i] in ("runtime", "sync") and not w.device[i] and blocking(w, i)}
+    blocking_ev |= _host_sync_ops(w, blocking_ev)
     released: dict[int, int | None] = {}
     # task queue (torch_npu): a thread that enqueues drains the queue before it blocks on the device
     enqueuers = {w.tid[i] for i in range(w.n) if w.kind[i] == "queue" and w.name[i].startswith("Enqueue")}
@@ -339,6 +340,32 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window, rank_syncs: list[
         edge_chunks.append(np.asarray(edges, dtype=np.int64))
     return _finish(rank, step, w, nodes, edge_chunks, {c: [node_of_task[t] for t in ts] for c, ts in containers.items()},
                    sink)
+
+
+#: framework operators that read a device value on the host, so block until it is computed (PyTorch's
+#: ``.item()``, ``nonzero`` ...): blocking calls of their own where no blocking runtime call is recorded in them
+HOST_SYNC_OPS_RE = re.compile(r"^aten::(item|_local_scalar_dense|nonzero|is_nonzero)$")
+
+
+def _host_sync_ops(w: Window, calls: set[int]) -> set[int]:
+    """The host operators of :data:`HOST_SYNC_OPS_RE` with none of the blocking runtime ``calls`` inside
+    them on their thread (where one is, that call is where the host waited)."""
+    ops = [i for i in range(w.n) if w.kind[i] == "host_op" and not w.device[i] and HOST_SYNC_OPS_RE.match(w.name[i] or "")]
+    if not ops:
+        return set()
+    by_tid: dict[Any, list[int]] = defaultdict(list)
+    for c in calls:
+        by_tid[w.tid[c]].append(int(w.start[c]))
+    for v in by_tid.values():
+        v.sort()
+    out = set()
+    for i in ops:
+        starts = by_tid.get(w.tid[i], [])
+        p = bisect.bisect_left(starts, int(w.start[i]))
+        if p < len(starts) and starts[p] < int(w.end[i]):
+            continue
+        out.add(i)
+    return out
 
 
 def _containers(w: Window, dev_all: list[int]) -> dict[int, list[int]]:
