@@ -444,8 +444,9 @@ class RuleContext(Generic[T]):
             out.append(row)
             colls = replay_stage.collectives_of(gs) if len(gs) >= 2 else []
             if not colls:
-                row["reason"] = ("no collective of this step joins two ranks read together (a collective recorded as "
-                                 "several tasks, as Ascend HCCL records it, is not joined)")
+                row["reason"] = ("no collective of this step joins two ranks read together (only device collectives "
+                                 "recorded as one task are joined: not host calls such as gloo's, nor a collective "
+                                 "recorded as several tasks, as Ascend HCCL records it)")
                 continue
             own = replay_stage.own_times(gs, colls)
             rank = max(own, key=lambda r: (own[r], -r))
