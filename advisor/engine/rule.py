@@ -357,7 +357,9 @@ class RuleContext(Generic[T]):
             saving_basis = f"replayed step without the cause: {replay.get('assumption', '')}"
         elif SAVING_FROM_REPLAY and saving_us is not None:
             why = "the rule states no counterfactual" if replay is None else str(
-                replay.get("reason") or "its replay did not reproduce every step")
+                replay.get("reason") or f"its replay estimates {replay.get('steps_replayed')} of its "
+                f"{replay.get('steps')} steps (" + str(replay.get("steps_not_replayed") or "the others do not reproduce "
+                "the measured step: see the warnings") + ")")
             evidence = {**evidence, "saving_not_replayed": why}
         fraction = None
         if saving_us is not None and step_us:

@@ -206,10 +206,34 @@ def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
     # a shard holding part of the world cannot join a group's ranks: no straggler replay there
     seen = ctx.query("SELECT count(DISTINCT rank) AS n, max(world_size) AS w FROM ranks")[0]
     whole = seen["w"] is None or int(seen["n"]) >= int(seen["w"])
+    uneven = _uneven(ctx, worth) if whole else set()
     straggler = [(r["step"], r["rank"], r["ranks"], r["measured_ns"], r["saving_ns"], r["error"], r["factor"],
-                  r["reason"]) for r in (ctx.straggler_replay(worth) if worth and whole else [])]
+                  r["reason"]) for r in (ctx.straggler_replay(uneven) if uneven else [])]
+    if whole:
+        ranks = ",".join(str(r) for r in ctx.breakdown()["rank"].drop_duplicates().sort_values().tolist())
+        why = f"no rank's own time leads the others' median by {ctx.t.min_wait_share:.0%} of the step: not replayed"
+        straggler += [(step, None, ranks, None, None, None, None, why) for step in sorted(worth - uneven)]
     return {"com001_host_comm": host, "com001_comm_events": counts, "com001_replay": replayed,
             "com001_straggler": straggler}
+
+
+def _uneven(ctx: RuleContext[Thresholds], steps: set[int]) -> set[int]:
+    """The steps where the rank with the longest own time (the step less its not-overlapped communication)
+    leads the others' median by ``min_wait_share`` of the step: the least lead a straggler must have to be
+    named."""
+    bd = ctx.breakdown()
+    out: set[int] = set()
+    if bd is None or bd.empty or "comm_only_us" not in bd:
+        return set(steps)
+    for step, rows in bd[bd["step"].isin(list(steps))].groupby("step"):
+        own = sorted((rows["step_us"] - rows["comm_only_us"]).tolist())
+        if len(own) < 2:
+            continue
+        others, m = own[:-1], (len(own) - 1) // 2
+        median = others[m] if len(others) % 2 else (others[m - 1] + others[m]) / 2
+        if own[-1] - median >= ctx.t.min_wait_share * float(rows["step_us"].median()):
+            out.add(int(step))
+    return out
 
 
 def _replay_rows(ctx: RuleContext[Thresholds]) -> tuple[list[tuple[Any, ...]], set[int]]:
@@ -286,11 +310,14 @@ def _straggler_replay_of(ctx: RuleContext[Thresholds], ranks: list[int], steps: 
     step_us_ = sum(m for _, m in savings) / len(savings) / 1000.0
     if factors:
         assumption = assumption.replace("scaled to theirs", f"× {sum(factors) / len(factors):.2f}")
-    return {"estimated": True, "saving_us": round(max(saving_us, 0.0), 3),
-            "saving_fraction": round(max(saving_us, 0.0) / step_us_, 4) if step_us_ else None,
-            "assumption": assumption, "reproduced": len(savings) == len(steps),
-            "reproduction_error": round(max(errors), 4) if errors else 0.0,
-            "steps": len(steps), "steps_replayed": len(savings)}
+    out = {"estimated": True, "saving_us": round(max(saving_us, 0.0), 3),
+           "saving_fraction": round(max(saving_us, 0.0) / step_us_, 4) if step_us_ else None,
+           "assumption": assumption, "reproduced": len(savings) == len(steps),
+           "reproduction_error": round(max(errors), 4) if errors else 0.0,
+           "steps": len(steps), "steps_replayed": len(savings)}
+    if len(savings) < len(steps):
+        out["steps_not_replayed"] = "; ".join(sorted(reasons)) or "not read together with the group's other ranks"
+    return out
 
 
 def _replay_of(ctx: RuleContext[Thresholds], ranks: list[int], steps: list[int],
