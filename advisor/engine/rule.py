@@ -33,7 +33,7 @@ from advisor.stages.replay import Change, Select
 #: what a rule module imports from here: the rule's declaration, its context, and its counterfactual as
 #: data (:mod:`advisor.stages.replay`)
 __all__ = ["SAVING_FROM_REPLAY", "Change", "NoThresholds", "RankPart", "RuleContext", "RuleDoc", "RuleSpec", "Select", "iter_findings",
-           "knob", "platform_of", "registered", "rule"]
+           "knob", "platform_of", "registered", "rule", "straggler_summary"]
 
 if TYPE_CHECKING:
     from advisor.engine.context import AnalysisContext
@@ -410,7 +410,40 @@ class RuleContext(Generic[T]):
                       "the rule's own estimate")
         return out
 
-    def straggler_replay(self, steps: Iterable[int]) -> list[dict[str, Any]]:
+    def straggler_replay(self, steps: Iterable[int], min_lead_share: float) -> list[dict[str, Any]]:
+        """:meth:`joined_straggler_replay` of the steps where the rank with the longest own time (the step less
+        its not-overlapped communication, from the breakdown) leads the others' median own time by
+        ``min_lead_share`` of the step (a straggler worth naming); the other steps listed with the reason.
+        Nothing where this context holds fewer ranks than the world: a group's ranks are only joined where
+        they were read together."""
+        seen = self.analysis.query("SELECT count(DISTINCT rank) AS n, max(world_size) AS w FROM ranks")[0]
+        if seen["w"] is not None and int(seen["n"]) < int(seen["w"]):
+            return []
+        bd = self.breakdown()
+        want = {int(x) for x in steps}
+        if bd is None or bd.empty or not want:
+            return []
+        lead: set[int] = set()
+        for step, rows in bd[bd["step"].isin(sorted(want))].groupby("step"):
+            own = sorted((rows["step_us"] - rows["comm_only_us"]).tolist())
+            if len(own) < 2:
+                continue
+            others, m = own[:-1], (len(own) - 1) // 2
+            median = others[m] if len(others) % 2 else (others[m - 1] + others[m]) / 2
+            if own[-1] - median >= min_lead_share * float(rows["step_us"].median()):
+                lead.add(int(step))
+        done: dict[int, dict[str, Any]] = self.analysis.extras.setdefault("straggler_replay", {})
+        todo = sorted(lead - set(done))
+        for row in self.joined_straggler_replay(todo) if todo else []:
+            done[int(row["step"])] = row
+        out = [dict(done[s]) for s in sorted(lead) if s in done]
+        ranks = ",".join(str(int(r)) for r in sorted(set(bd["rank"].tolist())))
+        why = f"no rank's own time leads the others' median by {min_lead_share:.0%} of the step: not replayed"
+        out += [{"step": step, "rank": None, "ranks": ranks, "measured_ns": None, "saving_ns": None, "error": None,
+                 "factor": None, "reason": why} for step in sorted(want - lead)]
+        return out
+
+    def joined_straggler_replay(self, steps: Iterable[int]) -> list[dict[str, Any]]:
         """Per step of ``steps``, the ranks of this context joined by their collectives
         (:func:`advisor.stages.replay.cluster_replay`) and replayed with the rank whose own time is longest
         at its peers' median own speed (:func:`advisor.stages.replay.straggler_changes`): ``step``,
@@ -485,6 +518,49 @@ class RuleContext(Generic[T]):
             return replay_stage.what_if(replay_stage.graphs(cur, self.analysis.extras, int(rank), windows), changes)
         finally:
             cur.close()
+
+
+def straggler_summary(rows: Sequence[Mapping[str, Any]], ranks: Iterable[int], steps: Sequence[int],
+                      slowest: int) -> dict[str, Any]:
+    """A finding's ``replay`` for a group of ``ranks`` waiting for ``slowest`` over ``steps``, from the rows
+    :meth:`RuleContext.straggler_replay` gave (one or more shards'): per step, the cluster's step (its
+    slowest rank) replayed with the group's ranks joined by their collectives, less the same with
+    ``slowest`` at its peers' median own speed; the mean over the steps where that replay holds every rank
+    of the group and names ``slowest`` as the rank to speed up."""
+    assumption = f"if rank {slowest} ran at its peers' median speed (its own time outside the collectives scaled to theirs)"
+    want = {int(s) for s in steps}
+    rows = [r for r in rows if int(r["step"]) in want]
+    group = set(ranks)
+    savings, errors, factors, reasons = [], [], [], set()
+    for r in rows:
+        joined = {int(x) for x in str(r["ranks"] or "").split(",") if x}
+        if not group <= joined:
+            continue  # another shard's partial view of the group
+        if r["error"] is not None:
+            errors.append(float(r["error"]))
+        if r["saving_ns"] is None:
+            reasons.add(str(r["reason"]))
+        elif r["rank"] is None or int(r["rank"]) != slowest:
+            reasons.add(f"the replay's slowest rank in step {int(r['step'])} is rank {r['rank']}, not rank {slowest}")
+        else:
+            savings.append((int(r["saving_ns"]), int(r["measured_ns"])))
+            if r["factor"] is not None:
+                factors.append(float(r["factor"]))
+    if not savings:
+        why = "; ".join(sorted(reasons)) or "the group's ranks were not read together (several shards): not joined"
+        return {"estimated": False, "assumption": assumption, "reason": why}
+    saving_us = sum(sv for sv, _ in savings) / len(savings) / 1000.0
+    step_us_ = sum(m for _, m in savings) / len(savings) / 1000.0
+    if factors:
+        assumption = assumption.replace("scaled to theirs", f"× {sum(factors) / len(factors):.2f}")
+    out = {"estimated": True, "saving_us": round(max(saving_us, 0.0), 3),
+           "saving_fraction": round(max(saving_us, 0.0) / step_us_, 4) if step_us_ else None,
+           "assumption": assumption, "reproduced": len(savings) == len(steps),
+           "reproduction_error": round(max(errors), 4) if errors else 0.0,
+           "steps": len(steps), "steps_replayed": len(savings)}
+    if len(savings) < len(steps):
+        out["steps_not_replayed"] = "; ".join(sorted(reasons)) or "not read together with the group's other ranks"
+    return out
 
 
 # runtime API prefixes -> the platform a Kineto trace was recorded on

@@ -50,7 +50,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.engine.rule import Change, RankPart, RuleContext, Select, knob, rule
+from advisor.engine.rule import Change, RankPart, RuleContext, Select, knob, rule, straggler_summary
 from advisor.model import Finding
 from rules.comm._common import P2P_RE, ms, step_us
 
@@ -203,37 +203,10 @@ def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
     counts = [(r["rank"], r["n"]) for r in ctx.query(
         "SELECT rank, count(*) AS n FROM events WHERE kind = 'comm' GROUP BY rank ORDER BY rank")]
     replayed, worth = _replay_rows(ctx)
-    # a shard holding part of the world cannot join a group's ranks: no straggler replay there
-    seen = ctx.query("SELECT count(DISTINCT rank) AS n, max(world_size) AS w FROM ranks")[0]
-    whole = seen["w"] is None or int(seen["n"]) >= int(seen["w"])
-    uneven = _uneven(ctx, worth) if whole else set()
     straggler = [(r["step"], r["rank"], r["ranks"], r["measured_ns"], r["saving_ns"], r["error"], r["factor"],
-                  r["reason"]) for r in (ctx.straggler_replay(uneven) if uneven else [])]
-    if whole:
-        ranks = ",".join(str(r) for r in ctx.breakdown()["rank"].drop_duplicates().sort_values().tolist())
-        why = f"no rank's own time leads the others' median by {ctx.t.min_wait_share:.0%} of the step: not replayed"
-        straggler += [(step, None, ranks, None, None, None, None, why) for step in sorted(worth - uneven)]
+                  r["reason"]) for r in ctx.straggler_replay(worth, ctx.t.min_wait_share)]
     return {"com001_host_comm": host, "com001_comm_events": counts, "com001_replay": replayed,
             "com001_straggler": straggler}
-
-
-def _uneven(ctx: RuleContext[Thresholds], steps: set[int]) -> set[int]:
-    """The steps where the rank with the longest own time (the step less its not-overlapped communication)
-    leads the others' median by ``min_wait_share`` of the step: the least lead a straggler must have to be
-    named."""
-    bd = ctx.breakdown()
-    out: set[int] = set()
-    if bd is None or bd.empty or "comm_only_us" not in bd:
-        return set(steps)
-    for step, rows in bd[bd["step"].isin(list(steps))].groupby("step"):
-        own = sorted((rows["step_us"] - rows["comm_only_us"]).tolist())
-        if len(own) < 2:
-            continue
-        others, m = own[:-1], (len(own) - 1) // 2
-        median = others[m] if len(others) % 2 else (others[m - 1] + others[m]) / 2
-        if own[-1] - median >= ctx.t.min_wait_share * float(rows["step_us"].median()):
-            out.add(int(step))
-    return out
 
 
 def _replay_rows(ctx: RuleContext[Thresholds]) -> tuple[list[tuple[Any, ...]], set[int]]:
@@ -280,44 +253,11 @@ def _replay_rows(ctx: RuleContext[Thresholds]) -> tuple[list[tuple[Any, ...]], s
 
 
 def _straggler_replay_of(ctx: RuleContext[Thresholds], ranks: list[int], steps: list[int], slowest: int) -> dict[str, Any]:
-    """The ``replay`` of a group waiting for ``slowest``: per step, the cluster's step (its slowest rank)
-    replayed with the group's ranks joined by their collectives, less the same with ``slowest`` at its
-    peers' median own speed (``com001_straggler``, built where the ranks' events are); the mean over the
-    steps where that replay holds every rank of the group and names ``slowest`` as the rank to speed up."""
-    assumption = f"if rank {slowest} ran at its peers' median speed (its own time outside the collectives scaled to theirs)"
+    """The ``replay`` of a group waiting for ``slowest``: :func:`advisor.engine.rule.straggler_summary` of
+    ``com001_straggler`` (built where the ranks' events are)."""
     rows = ctx.query("SELECT * FROM com001_straggler WHERE step IN (SELECT unnest($steps)) ORDER BY step",
                      {"steps": steps})
-    group = set(ranks)
-    savings, errors, factors, reasons = [], [], [], set()
-    for r in rows:
-        joined = {int(x) for x in str(r["ranks"] or "").split(",") if x}
-        if not group <= joined:
-            continue  # another shard's partial view of the group
-        if r["error"] is not None:
-            errors.append(float(r["error"]))
-        if r["saving_ns"] is None:
-            reasons.add(str(r["reason"]))
-        elif r["rank"] is None or int(r["rank"]) != slowest:
-            reasons.add(f"the replay's slowest rank in step {int(r['step'])} is rank {r['rank']}, not rank {slowest}")
-        else:
-            savings.append((int(r["saving_ns"]), int(r["measured_ns"])))
-            if r["factor"] is not None:
-                factors.append(float(r["factor"]))
-    if not savings:
-        why = "; ".join(sorted(reasons)) or "the group's ranks were not read together (several shards): not joined"
-        return {"estimated": False, "assumption": assumption, "reason": why}
-    saving_us = sum(sv for sv, _ in savings) / len(savings) / 1000.0
-    step_us_ = sum(m for _, m in savings) / len(savings) / 1000.0
-    if factors:
-        assumption = assumption.replace("scaled to theirs", f"× {sum(factors) / len(factors):.2f}")
-    out = {"estimated": True, "saving_us": round(max(saving_us, 0.0), 3),
-           "saving_fraction": round(max(saving_us, 0.0) / step_us_, 4) if step_us_ else None,
-           "assumption": assumption, "reproduced": len(savings) == len(steps),
-           "reproduction_error": round(max(errors), 4) if errors else 0.0,
-           "steps": len(steps), "steps_replayed": len(savings)}
-    if len(savings) < len(steps):
-        out["steps_not_replayed"] = "; ".join(sorted(reasons)) or "not read together with the group's other ranks"
-    return out
+    return straggler_summary(rows, ranks, steps, slowest)
 
 
 def _replay_of(ctx: RuleContext[Thresholds], ranks: list[int], steps: list[int],
