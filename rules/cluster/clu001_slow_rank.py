@@ -38,7 +38,8 @@ Both bounds also require the excess to exceed ``min_excess_ratio`` of the peers'
 (above PRISM's up-to-14 % spatial GEMM variation between healthy GPUs). The component (compute,
 host, free) with the largest excess over the peers is named. The saving per flagged step is the
 excess own time, capped by the peers' median wait (the time they would get back), amortised
-over the steps the group has in common.
+over the steps the group has in common; where the ranks' collectives can be joined in every one of
+those steps, the cluster's step replayed with the straggler at its peers' median own speed instead.
 
 ## What to do
 Read the slow rank's own findings (listed as explaining this one): data loading, host syncs,

@@ -36,7 +36,9 @@ no finding, however large R_wait is. The waiting rank named is never one of the 
 The saving is, per step, the largest total wait of one member (capped at the time that member
 spent inside the collectives, so concurrent collectives are not counted twice; the median over
 steps): an upper bound of what removing the imbalance gives back, since a wait hidden under other
-work costs less.
+work costs less. Where the ranks' collectives can be joined (device collectives recorded as one
+task, the group read together), the saving is instead the cluster's step replayed with the slowest
+member at its peers' median own speed (docs/numbers.md: the what-if replay).
 
 ## What to do
 Find out why the slowest member arrives late: look at that rank's own findings (data loading,
