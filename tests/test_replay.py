@@ -374,3 +374,32 @@ def test_a_host_change_without_launch_links_is_not_estimated() -> None:
     assert g is not None
     res = R.what_if([g], gc)
     assert res[0].reason is None and res[0].saving_ns == 30_000
+
+
+def test_a_straggler_is_replayed_only_where_its_group_was_read_together() -> None:
+    """COM001 on 4 ranks where rank 3 arrives 15 ms late at both all-reduces of each 100 ms step
+    (tests/rules/fixtures_comm.slow_rank_ascend). Own time to the last work (90 ms) less the time in the
+    all-reduces: 50 ms on ranks 0-2, 80 on rank 3, so rank 3 runs at x0.625: its MatMul 55 -> 34.375 ms, the
+    first all-reduce waits for the others (40 ms) and its 5 ms transfer, ends at 45; rank 3's 25 ms gap to the
+    second -> 15.625, it arrives at 60.625 (the others at 55), which ends at 65.625; with the 10 ms tail the
+    step is 75.625 of 100 ms: 24.375 ms saved. The same ranks as 4 of an 8-rank world (another shard holds the
+    rest): not joined, the finding keeps its own figure and says why."""
+    from advisor.analyze import analyze_context
+    from advisor.config import Config
+    from advisor.testing import context_from_tables
+    from tests.conftest import report_json
+    from tests.rules.fixtures_comm import slow_rank_ascend
+
+    def com001(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+        data = report_json(analyze_context(context_from_tables(rows), Config(select=["COM001"])))
+        (f,) = [f for f in data["findings"] if f["rule"] == "COM001"]
+        return f
+
+    f = com001(slow_rank_ascend())
+    assert f["replay"]["estimated"] and f["estimated_saving_us"] == pytest.approx(24_375)
+    rows = slow_rank_ascend()
+    rows["ranks"] = [{**r, "world_size": 8} for r in rows["ranks"]]
+    f = com001(rows)
+    assert f["replay"]["estimated"] is False and "not read together" in f["replay"]["reason"]
+    assert f["estimated_saving_us"] == pytest.approx(30_000)  # the rule's own: the worst member's wait
+    assert "not read together" in f["evidence"]["saving_not_replayed"]
