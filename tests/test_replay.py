@@ -164,7 +164,7 @@ def _com001_rows(path: Path) -> list[tuple[Any, ...]]:
     if ctx.breakdown is None:
         run_stages(ctx, None, None, warnings=[], path_warnings=[])
     spec = discover()["COM001"]
-    return _replay_rows(RuleContext(spec, ctx, spec.thresholds()))
+    return _replay_rows(RuleContext(spec, ctx, spec.thresholds()))[0]
 
 
 def test_collective_wait_counterfactual_per_rank() -> None:
@@ -290,16 +290,17 @@ def test_collectives_join_the_ranks_a_straggler_fixed_frees_its_peer() -> None:
     """Rank 0 computes 100 µs and waits 190 µs in the all-reduce for rank 1, which computes 290 µs; the
     transfer is the last member's 10 µs. Joined, the no-change replay gives both their measured 310 µs.
     Rank 1 at rank 0's speed: own time (step less time inside the collective) 300 µs against rank 0's 110,
-    so W scales by 110 / 300 (290 -> 106.333 µs; the 10 µs launch gap is not work): both arrive at 116.333
-    µs and end at 126.333: the cluster saves 183.667 µs, and rank 0 saves it with no change of its own (the
-    change reaches the peer). Alone, rank 0's replay keeps its measured wait."""
+    so its own time scales by 110 / 300, work and fixed gaps alike (W 290 -> 106.333 µs, the 10 µs launch
+    gap -> 3.667 µs): both arrive at 110 µs, as rank 0 does, and end at 120: the cluster saves 190 µs, and
+    rank 0 saves it with no change of its own (the change reaches the peer). Alone, rank 0's replay keeps
+    its measured wait."""
     gs = {0: _rank_graph(100), 1: _rank_graph(290)}
     colls = R.collectives_of(gs)
     assert [(sorted(r for r, _ in c.members), c.transfer_ns) for c in colls] == [([0, 1], 10_000)]
     assert R.cluster_replay(gs, colls) == {0: 310_000, 1: 310_000}
     changes = R.straggler_changes(gs, colls, 1)
-    assert R.cluster_replay(gs, colls, changes) == {0: 126_333, 1: 126_333}
-    assert R.cluster_saving(gs, changes) == (183_667, 310_000)
+    assert R.cluster_replay(gs, colls, changes) == {0: 120_000, 1: 120_000}
+    assert R.cluster_saving(gs, changes) == (190_000, 310_000)
     # a change on rank 1 alone (W 100 µs shorter) reaches rank 0 through the all-reduce
     shorter = {1: (R.Change("bound", R.Select(names=("W",)), value=190_000),)}
     assert R.cluster_replay(gs, colls, shorter) == {0: 210_000, 1: 210_000}
@@ -319,3 +320,86 @@ def test_joined_replay_reproduces_a_two_rank_job() -> None:
         got = R.cluster_replay(gs, colls)
         for r, g in gs.items():
             assert abs(got[r] - g.length) <= R.REPRODUCE_WITHIN * g.length, (step, r, got[r], g.length)
+
+
+def test_a_sync_on_the_enqueuing_thread_waits_for_the_queue_to_drain() -> None:
+    """torch_npu's task queue: the Python thread enqueues op A (0-2 µs) and enters ``aten::item`` (10-400 µs),
+    whose ``aclrtSynchronizeStream`` only starts at 380 µs; the task-queue thread dequeues A (5-300 µs),
+    compiling it for 240 µs (10-250) before launching it (260-270); A runs 290-390 µs and releases the sync
+    (380-400). The item's time before the sync is a wait for the queue up to the dequeue's end (300 µs), then
+    80 µs of its own: without the compile the dequeue ends at 60 µs, A runs 50-150, the item's own 80 µs end
+    at 140, the sync returns at 160 µs: the step (400 µs) saves the 240 µs of compile."""
+    cur = _tiny([
+        ("queue", "Enqueue@A", "py", False, None, 0, 2, None),
+        ("host_op", "aten::item", "py", False, None, 10, 390, None),
+        ("sync", "aclrtSynchronizeStream", "py", False, None, 380, 20, None),
+        ("queue", "Dequeue@A", "tq", False, None, 5, 295, None),
+        ("runtime", "AscendCL@aclopCompileAndExecute", "tq", False, None, 10, 240, None),
+        ("runtime", "AscendCL@aclnnA", "tq", False, None, 260, 10, 1),
+        ("kernel", "A", "7", True, 7, 290, 100, 1),
+    ])
+    g = R.build(cur, 0, 0, 0, 400_000)
+    assert g is not None and R.reproduction_error(g) == 0
+    assert int((g.etype == R.EDGE_KINDS.index(EdgeKind.SYNC_WAIT)).sum()) == 2  # the queue's drain, A's end
+    compile_ = [R.Change("remove", R.Select(name_re="Compile", device=False))]
+    assert R.saving(g, compile_) == 240_000
+
+
+def test_a_host_change_without_launch_links_is_not_estimated() -> None:
+    """Kernel K1 (0-50 µs) and K2 (80-100 µs) carry no launch link; the host runs a GC pause 50-80 µs. Whether
+    K2 waited for the pause is not known: removing it is not replayed, and the summary says why. With the
+    launch of K2 (corr 1, 80-81 µs, K2 then at 82 µs) recorded, it is: the launch moves to 50 µs and K2, 2 µs
+    after it, to 52 µs: 30 µs earlier."""
+    cur = _tiny([
+        ("kernel", "K1", "7", True, 7, 0, 50, None),
+        ("kernel", "K2", "7", True, 7, 80, 20, None),
+        ("python", "Python GC", "h", False, None, 50, 30, None),
+    ])
+    g = R.build(cur, 0, 0, 0, 100_000)
+    assert g is not None
+    gc = [R.Change("remove", R.Select(names=("Python GC",), device=False))]
+    res = R.what_if([g], gc)
+    assert res[0].saving_ns is None and res[0].reason == R.NO_LAUNCH_LINKS
+    out = R.summary(res, "if no GC ran")
+    assert out["estimated"] is False and out["reason"] == R.NO_LAUNCH_LINKS
+    # a device change is still replayed there
+    assert R.what_if([g], [R.Change("bound", R.Select(names=("K1",)), value=40_000)])[0].saving_ns == 10_000
+    cur = _tiny([
+        ("kernel", "K1", "7", True, 7, 0, 50, None),
+        ("python", "Python GC", "h", False, None, 50, 30, None),
+        ("runtime", "cudaLaunchKernel", "h", False, None, 80, 1, 1),
+        ("kernel", "K2", "7", True, 7, 82, 18, 1),
+    ])
+    g = R.build(cur, 0, 0, 0, 100_000)
+    assert g is not None
+    res = R.what_if([g], gc)
+    assert res[0].reason is None and res[0].saving_ns == 30_000
+
+
+def test_a_straggler_is_replayed_only_where_its_group_was_read_together() -> None:
+    """COM001 on 4 ranks where rank 3 arrives 15 ms late at both all-reduces of each 100 ms step
+    (tests/rules/fixtures_comm.slow_rank_ascend). Own time to the last work (90 ms) less the time in the
+    all-reduces: 50 ms on ranks 0-2, 80 on rank 3, so rank 3 runs at x0.625: its MatMul 55 -> 34.375 ms, the
+    first all-reduce waits for the others (40 ms) and its 5 ms transfer, ends at 45; rank 3's 25 ms gap to the
+    second -> 15.625, it arrives at 60.625 (the others at 55), which ends at 65.625; with the 10 ms tail the
+    step is 75.625 of 100 ms: 24.375 ms saved. The same ranks as 4 of an 8-rank world (another shard holds the
+    rest): not joined, the finding keeps its own figure and says why."""
+    from advisor.analyze import analyze_context
+    from advisor.config import Config
+    from advisor.testing import context_from_tables
+    from tests.conftest import report_json
+    from tests.rules.fixtures_comm import slow_rank_ascend
+
+    def com001(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+        data = report_json(analyze_context(context_from_tables(rows), Config(select=["COM001"])))
+        (f,) = [f for f in data["findings"] if f["rule"] == "COM001"]
+        return f
+
+    f = com001(slow_rank_ascend())
+    assert f["replay"]["estimated"] and f["estimated_saving_us"] == pytest.approx(24_375)
+    rows = slow_rank_ascend()
+    rows["ranks"] = [{**r, "world_size": 8} for r in rows["ranks"]]
+    f = com001(rows)
+    assert f["replay"]["estimated"] is False and "not read together" in f["replay"]["reason"]
+    assert f["estimated_saving_us"] == pytest.approx(30_000)  # the rule's own: the worst member's wait
+    assert "not read together" in f["evidence"]["saving_not_replayed"]

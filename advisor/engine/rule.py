@@ -33,7 +33,7 @@ from advisor.stages.replay import Change, Select
 #: what a rule module imports from here: the rule's declaration, its context, and its counterfactual as
 #: data (:mod:`advisor.stages.replay`)
 __all__ = ["SAVING_FROM_REPLAY", "Change", "NoThresholds", "RankPart", "RuleContext", "RuleDoc", "RuleSpec", "Select", "iter_findings",
-           "knob", "platform_of", "registered", "rule"]
+           "knob", "platform_of", "registered", "rule", "straggler_summary"]
 
 if TYPE_CHECKING:
     from advisor.engine.context import AnalysisContext
@@ -45,7 +45,7 @@ T2 = TypeVar("T2")
 #: verdict) the replayed saving of its counterfactual where the replay estimated one on steps that all
 #: reproduced (the rule's own figure then stays in ``evidence.saving_before_replay_us``). Off: the
 #: replay is reported beside the rule's figure only (``Finding.replay``).
-SAVING_FROM_REPLAY = False
+SAVING_FROM_REPLAY = True
 
 RULE_ID_RE = re.compile(r"^[A-Z]{2,4}\d{3}$")
 DOC_SECTIONS = ("Why it matters", "How it is detected", "What to do")
@@ -357,7 +357,9 @@ class RuleContext(Generic[T]):
             saving_basis = f"replayed step without the cause: {replay.get('assumption', '')}"
         elif SAVING_FROM_REPLAY and saving_us is not None:
             why = "the rule states no counterfactual" if replay is None else str(
-                replay.get("reason") or "its replay did not reproduce every step")
+                replay.get("reason") or f"its replay estimates {replay.get('steps_replayed')} of its "
+                f"{replay.get('steps')} steps (" + str(replay.get("steps_not_replayed") or "the others do not reproduce "
+                "the measured step: see the warnings") + ")")
             evidence = {**evidence, "saving_not_replayed": why}
         fraction = None
         if saving_us is not None and step_us:
@@ -402,6 +404,98 @@ class RuleContext(Generic[T]):
             self.warn(f"rank {rank}: the replay of {len(bad)} of {len(results)} steps does not reproduce the measured "
                       f"step within {replay_stage.REPRODUCE_WITHIN:.0%} (worst {max(r.error for r in bad):.1%}); "
                       "their what-if saving is not estimated")
+        unsure = sorted({str(r.reason) for r in results if r.reason})
+        if unsure:
+            self.warn(f"rank {rank}: the what-if saving is not estimated ({'; '.join(unsure)}); the finding keeps "
+                      "the rule's own estimate")
+        return out
+
+    def straggler_replay(self, steps: Iterable[int], min_lead_share: float) -> list[dict[str, Any]]:
+        """:meth:`joined_straggler_replay` of the steps where the rank with the longest own time (the step less
+        its not-overlapped communication, from the breakdown) leads the others' median own time by
+        ``min_lead_share`` of the step (a straggler worth naming); the other steps listed with the reason.
+        Nothing where this context holds fewer ranks than the world: a group's ranks are only joined where
+        they were read together."""
+        seen = self.analysis.query("SELECT count(DISTINCT rank) AS n, max(world_size) AS w FROM ranks")[0]
+        if seen["w"] is not None and int(seen["n"]) < int(seen["w"]):
+            return []
+        bd = self.breakdown()
+        want = {int(x) for x in steps}
+        if bd is None or bd.empty or not want:
+            return []
+        lead: set[int] = set()
+        for step, rows in bd[bd["step"].isin(sorted(want))].groupby("step"):
+            own = sorted((rows["step_us"] - rows["comm_only_us"]).tolist())
+            if len(own) < 2:
+                continue
+            others, m = own[:-1], (len(own) - 1) // 2
+            median = others[m] if len(others) % 2 else (others[m - 1] + others[m]) / 2
+            if own[-1] - median >= min_lead_share * float(rows["step_us"].median()):
+                lead.add(int(step))
+        done: dict[int, dict[str, Any]] = self.analysis.extras.setdefault("straggler_replay", {})
+        todo = sorted(lead - set(done))
+        for row in self.joined_straggler_replay(todo) if todo else []:
+            done[int(row["step"])] = row
+        out = [dict(done[s]) for s in sorted(lead) if s in done]
+        ranks = ",".join(str(int(r)) for r in sorted(set(bd["rank"].tolist())))
+        why = f"no rank's own time leads the others' median by {min_lead_share:.0%} of the step: not replayed"
+        out += [{"step": step, "rank": None, "ranks": ranks, "measured_ns": None, "saving_ns": None, "error": None,
+                 "factor": None, "reason": why} for step in sorted(want - lead)]
+        return out
+
+    def joined_straggler_replay(self, steps: Iterable[int]) -> list[dict[str, Any]]:
+        """Per step of ``steps``, the ranks of this context joined by their collectives
+        (:func:`advisor.stages.replay.cluster_replay`) and replayed with the rank whose own time is longest
+        at its peers' median own speed (:func:`advisor.stages.replay.straggler_changes`): ``step``,
+        ``rank`` (that straggler), ``ranks`` (the ranks joined, comma separated), ``measured_ns`` (the
+        cluster's step: its slowest rank), ``saving_ns`` (the joined no-change replay less the replay with
+        the change; None with ``reason`` when not estimated), ``error`` (the joined no-change replay against
+        the measured cluster step) and ``factor`` (the straggler's scale). Only where the ranks' events are
+        (a cluster rule's rank part)."""
+        from advisor.stages import replay as replay_stage
+
+        want = sorted({int(x) for x in steps})
+        rows = self.analysis.query(
+            "SELECT rank, step, start_ns, end_ns FROM steps WHERE end_ns > start_ns AND step IN (SELECT unnest($steps)) "
+            "ORDER BY rank, step", {"steps": want})
+        by_rank: dict[int, list[tuple[int, int, int]]] = {}
+        for r in rows:
+            by_rank.setdefault(int(r["rank"]), []).append((int(r["step"]), int(r["start_ns"]), int(r["end_ns"])))
+        per_step: dict[int, dict[int, Any]] = {}
+        cur = self.analysis.con.cursor()
+        try:
+            for rank, wins in by_rank.items():
+                for g in replay_stage.graphs(cur, self.analysis.extras, rank, wins):
+                    if g.step is not None:
+                        per_step.setdefault(int(g.step), {})[rank] = g
+        finally:
+            cur.close()
+        out: list[dict[str, Any]] = []
+        for step in want:
+            gs = per_step.get(step, {})
+            row: dict[str, Any] = {"step": step, "rank": None, "ranks": ",".join(map(str, sorted(gs))),
+                                   "measured_ns": max((g.length for g in gs.values()), default=0),
+                                   "saving_ns": None, "error": None, "factor": None, "reason": None}
+            out.append(row)
+            colls = replay_stage.collectives_of(gs) if len(gs) >= 2 else []
+            if not colls:
+                row["reason"] = ("no collective of this step joins two ranks read together (only device collectives "
+                                 "recorded as one task are joined: not host calls such as gloo's, nor a collective "
+                                 "recorded as several tasks, as Ascend HCCL records it)")
+                continue
+            own = replay_stage.own_times(gs, colls)
+            rank = max(own, key=lambda r: (own[r], -r))
+            row["rank"] = rank
+            before = max(replay_stage.cluster_replay(gs, colls).values())
+            row["error"] = abs(before - row["measured_ns"]) / row["measured_ns"] if row["measured_ns"] else 0.0
+            if row["error"] > replay_stage.REPRODUCE_WITHIN:
+                row["reason"] = (f"the ranks' joined replay does not reproduce the measured step within "
+                                 f"{replay_stage.REPRODUCE_WITHIN:.0%}")
+                continue
+            changes = replay_stage.straggler_changes(gs, colls, rank)
+            row["factor"] = replay_stage.straggler_factor(gs, colls, rank)
+            after = max(replay_stage.cluster_replay(gs, colls, changes).values()) if changes else before
+            row["saving_ns"] = before - after
         return out
 
     def replay_steps(self, rank: int, changes: Sequence[Change], steps: Iterable[int] | None = None) -> list[Any]:
@@ -424,6 +518,49 @@ class RuleContext(Generic[T]):
             return replay_stage.what_if(replay_stage.graphs(cur, self.analysis.extras, int(rank), windows), changes)
         finally:
             cur.close()
+
+
+def straggler_summary(rows: Sequence[Mapping[str, Any]], ranks: Iterable[int], steps: Sequence[int],
+                      slowest: int) -> dict[str, Any]:
+    """A finding's ``replay`` for a group of ``ranks`` waiting for ``slowest`` over ``steps``, from the rows
+    :meth:`RuleContext.straggler_replay` gave (one or more shards'): per step, the cluster's step (its
+    slowest rank) replayed with the group's ranks joined by their collectives, less the same with
+    ``slowest`` at its peers' median own speed; the mean over the steps where that replay holds every rank
+    of the group and names ``slowest`` as the rank to speed up."""
+    assumption = f"if rank {slowest} ran at its peers' median speed (its own time outside the collectives scaled to theirs)"
+    want = {int(s) for s in steps}
+    rows = [r for r in rows if int(r["step"]) in want]
+    group = set(ranks)
+    savings, errors, factors, reasons = [], [], [], set()
+    for r in rows:
+        joined = {int(x) for x in str(r["ranks"] or "").split(",") if x}
+        if not group <= joined:
+            continue  # another shard's partial view of the group
+        if r["error"] is not None:
+            errors.append(float(r["error"]))
+        if r["saving_ns"] is None:
+            reasons.add(str(r["reason"]))
+        elif r["rank"] is None or int(r["rank"]) != slowest:
+            reasons.add(f"the replay's slowest rank in step {int(r['step'])} is rank {r['rank']}, not rank {slowest}")
+        else:
+            savings.append((int(r["saving_ns"]), int(r["measured_ns"])))
+            if r["factor"] is not None:
+                factors.append(float(r["factor"]))
+    if not savings:
+        why = "; ".join(sorted(reasons)) or "the group's ranks were not read together (several shards): not joined"
+        return {"estimated": False, "assumption": assumption, "reason": why}
+    saving_us = sum(sv for sv, _ in savings) / len(savings) / 1000.0
+    step_us_ = sum(m for _, m in savings) / len(savings) / 1000.0
+    if factors:
+        assumption = assumption.replace("scaled to theirs", f"× {sum(factors) / len(factors):.2f}")
+    out = {"estimated": True, "saving_us": round(max(saving_us, 0.0), 3),
+           "saving_fraction": round(max(saving_us, 0.0) / step_us_, 4) if step_us_ else None,
+           "assumption": assumption, "reproduced": len(savings) == len(steps),
+           "reproduction_error": round(max(errors), 4) if errors else 0.0,
+           "steps": len(steps), "steps_replayed": len(savings)}
+    if len(savings) < len(steps):
+        out["steps_not_replayed"] = "; ".join(sorted(reasons)) or "not read together with the group's other ranks"
+    return out
 
 
 # runtime API prefixes -> the platform a Kineto trace was recorded on

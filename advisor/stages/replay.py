@@ -165,6 +165,7 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window, rank_syncs: list[
     # host threads: flattened segments, blocking calls split where the task releasing them ended
     main_segs: tuple[list[int], list[int], list[int]] | None = None  # starts, ends, nodes of the main thread
     thread_nodes: dict[str, tuple[list[int], list[int], list[int]]] = {}
+    seg_last: dict[str, tuple[list[int], list[int]]] = {}  # thread -> its segments' ends, their last nodes
     # the threads of the step: those driving the device, and those running framework work (torch_npu's
     # Python thread enqueues what its task-queue thread launches; autograd's thread runs the backward)
     marker = next((w.tid[i] for i in range(w.n) if w.kind[i] == "step"), None)
@@ -172,7 +173,13 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window, rank_syncs: list[
     work = set(th.tracks)
     ws, we = w.start.tolist(), w.end.tolist()
     blocking_ev = {i for i in range(w.n) if w.kind[i] in ("runtime", "sync") and not w.device[i] and blocking(w, i)}
+    blocking_ev |= _host_sync_ops(w, blocking_ev)
     released: dict[int, int | None] = {}
+    # task queue (torch_npu): a thread that enqueues drains the queue before it blocks on the device
+    enqueuers = {w.tid[i] for i in range(w.n) if w.kind[i] == "queue" and w.name[i].startswith("Enqueue")}
+    dq = sorted((int(w.end[i]), i) for i in range(w.n) if w.kind[i] == "queue" and w.name[i].startswith("Dequeue"))
+    dq_end = [e for e, _ in dq]
+    drain_waits: list[tuple[int, int]] = []  # (last dequeue before a sync, the draining segment's node after it)
     n_start, n_dur, n_event, n_device, n_thread, n_wait = (nodes.start, nodes.dur, nodes.event, nodes.device,
                                                            nodes.thread, nodes.wait)
     host_order = _CODE[EdgeKind.HOST_ORDER]
@@ -193,6 +200,18 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window, rank_syncs: list[
                 d = released[i]
                 if d is not None and starts[k] < we[d] <= ends[k]:
                     split_at[k] = (d, we[d])
+        drains: set[int] = set()  # segments split where the queue they wait for drained
+        if tid in enqueuers and dq:
+            for k in range(1, len(ev)):
+                i = ev[k]
+                if i not in blocking_ev or ev[k - 1] == i or (k - 1) in split_at:
+                    continue
+                p = bisect.bisect_right(dq_end, starts[k]) - 1
+                while p >= 0 and w.tid[dq[p][1]] == tid:
+                    p -= 1
+                if p >= 0 and starts[k - 1] < dq_end[p] <= ends[k - 1]:
+                    split_at[k - 1] = (dq[p][1], dq_end[p])
+                    drains.add(k - 1)
         m = len(ev)
         sa, sb = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
         split = np.zeros(m, dtype=bool)
@@ -219,7 +238,7 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window, rank_syncs: list[
             n_s[last_ix[ks]] = rel
             n_d[last_ix[ks]] = sb[ks] - rel
             for k, (d, _t) in split_at.items():
-                sync_waits.append((d, base + int(last_ix[k])))
+                (drain_waits if k in drains else sync_waits).append((d, base + int(last_ix[k])))
             edge_chunks.append(np.stack([base + first_ix[ks], base + last_ix[ks],
                                          np.full(len(ks), host_order), np.zeros(len(ks), dtype=np.int64)], axis=1))
         if m > 1:
@@ -235,27 +254,31 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window, rank_syncs: list[
         for i, v in zip(reversed(ev), reversed(ids), strict=True):
             first_of_event[i] = v  # the event's first segment wins
         thread_nodes[tid] = (starts, ends, ids)
+        seg_last[tid] = (ends, (base + last_ix).tolist())
         if tid == lead:
             main_segs = (starts, ends, ids)
-    # thread hand-off: a helper thread waking up starts at an offset into the main thread's segment then
-    if main_segs is not None:
-        for tid, (starts, ends, ids) in thread_nodes.items():
-            if tid == lead:
-                continue
-            for k, (a, v) in enumerate(zip(starts, ids, strict=True)):
-                if k and ends[k - 1] >= a:
-                    continue
-                p = bisect.bisect_right(main_segs[0], a) - 1
-                if p >= 0 and main_segs[0][p] <= a:
-                    edges.append((main_segs[2][p], v, _CODE[EdgeKind.THREAD_HAND_OFF], True))
     # task queue: the k-th enqueue (any thread) is the k-th dequeue's work (torch_npu: the Python and
     # autograd threads enqueue, the task-queue thread dequeues and launches)
     queued = [i for i, k in enumerate(w.kind) if k == "queue" and i in first_of_event]
     enq = sorted((i for i in queued if w.name[i].startswith("Enqueue")), key=lambda i: ws[i])
     deq = sorted((i for i in queued if w.name[i].startswith("Dequeue")), key=lambda i: ws[i])
+    fed: set[int] = set()  # nodes that start a dequeue: their enqueue is what they wait for
     for e_, d_ in zip(enq, deq, strict=False):
         if int(w.start[e_]) <= int(w.start[d_]) and w.tid[e_] != w.tid[d_]:
             edges.append((first_of_event[e_], first_of_event[d_], _CODE[EdgeKind.THREAD_HAND_OFF], True))
+            fed.add(first_of_event[d_])
+    # thread hand-off: a helper thread waking up starts at an offset into the main thread's segment then
+    # (a dequeue waits for its enqueue instead)
+    if main_segs is not None:
+        for tid, (starts, ends, ids) in thread_nodes.items():
+            if tid == lead:
+                continue
+            for k, (a, v) in enumerate(zip(starts, ids, strict=True)):
+                if k and ends[k - 1] >= a or v in fed:
+                    continue
+                p = bisect.bisect_right(main_segs[0], a) - 1
+                if p >= 0 and main_segs[0][p] <= a:
+                    edges.append((main_segs[2][p], v, _CODE[EdgeKind.THREAD_HAND_OFF], True))
     # device tasks (communication ops that only span their tasks on another lane are left out)
     containers = _containers(w, st.dev_all)
     node_of_task: dict[int, int] = {}
@@ -305,13 +328,44 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window, rank_syncs: list[
             t0 = min(tasks, key=lambda t: int(w.start[t]))
             if int(w.start[launch]) <= int(w.start[t0]):
                 edges.append((first_of_event[launch], node_of_task[t0], _CODE[EdgeKind.LAUNCH], True))
-    # sync waits: the releasing task's node
+    # sync waits: the releasing task's node; a queue drain: the node that ends the last dequeue
     edges += [(node_of_task[d], v, _CODE[EdgeKind.SYNC_WAIT], False) for d, v in sync_waits if d in node_of_task]
+    for d, v in drain_waits:
+        ends_d, last_d = seg_last.get(w.tid[d], ([], []))
+        p = bisect.bisect_left(ends_d, we[d])
+        if p < len(ends_d) and ends_d[p] == we[d]:
+            edges.append((last_d[p], v, _CODE[EdgeKind.SYNC_WAIT], False))
     sink = [dev or th_ == lead for dev, th_ in zip(nodes.device, nodes.thread, strict=True)]
     if edges:
         edge_chunks.append(np.asarray(edges, dtype=np.int64))
     return _finish(rank, step, w, nodes, edge_chunks, {c: [node_of_task[t] for t in ts] for c, ts in containers.items()},
                    sink)
+
+
+#: framework operators that read a device value on the host, so block until it is computed (PyTorch's
+#: ``.item()``, ``nonzero`` ...): blocking calls of their own where no blocking runtime call is recorded in them
+HOST_SYNC_OPS_RE = re.compile(r"^aten::(item|_local_scalar_dense|nonzero|is_nonzero)$")
+
+
+def _host_sync_ops(w: Window, calls: set[int]) -> set[int]:
+    """The host operators of :data:`HOST_SYNC_OPS_RE` with none of the blocking runtime ``calls`` inside
+    them on their thread (where one is, that call is where the host waited)."""
+    ops = [i for i in range(w.n) if w.kind[i] == "host_op" and not w.device[i] and HOST_SYNC_OPS_RE.match(w.name[i] or "")]
+    if not ops:
+        return set()
+    by_tid: dict[Any, list[int]] = defaultdict(list)
+    for c in calls:
+        by_tid[w.tid[c]].append(int(w.start[c]))
+    for v in by_tid.values():
+        v.sort()
+    out = set()
+    for i in ops:
+        starts = by_tid.get(w.tid[i], [])
+        p = bisect.bisect_left(starts, int(w.start[i]))
+        if p < len(starts) and starts[p] < int(w.end[i]):
+            continue
+        out.add(i)
+    return out
 
 
 def _containers(w: Window, dev_all: list[int]) -> dict[int, list[int]]:
@@ -417,14 +471,15 @@ def carried(g: Graph) -> dict[str, int]:
 
 
 def replay(g: Graph, dur: np.ndarray | None = None, keep: np.ndarray | None = None,
-           hold: dict[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+           hold: dict[int, int] | None = None, delays: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Forward list scheduling: each node's (start, end) replayed, with durations ``dur`` (default:
     measured) and only the edges ``keep`` (default: all). A node with no predecessor keeps its measured
     start. ``hold``: nodes that end no earlier than a given time (ns; a collective held until its last
-    member has arrived and transferred, :func:`cluster_replay`)."""
+    member has arrived and transferred, :func:`cluster_replay`); ``delays``: the edges' delays (default:
+    measured, :func:`gap_delays`)."""
     d = (g.dur if dur is None else dur).tolist()
     s0 = g.start.tolist()
-    src, dst, fs, delay = g.src, g.dst, g.from_start, g.delay
+    src, dst, fs, delay = g.src, g.dst, g.from_start, g.delay if delays is None else delays
     if keep is not None:
         src, dst, fs, delay = src[keep], dst[keep], fs[keep], delay[keep]
     n = g.n
@@ -509,7 +564,8 @@ class Change:
     """One what-if, as data.
 
     ``action``: ``remove`` (the selected events take no time: host events with everything nested in
-    them), ``bound`` (at most ``value`` ns each), ``scale`` (times ``value``), ``drop_edges`` (the
+    them), ``bound`` (at most ``value`` ns each), ``scale`` (times ``value``), ``scale_gaps`` (the fixed
+    gaps before the selected nodes, host or device, times ``value``: untraced time), ``drop_edges`` (the
     edges of kind ``edge`` into the selected events' nodes are gone, e.g. a sync's wait: the host
     continues)."""
 
@@ -521,7 +577,7 @@ class Change:
     bounds: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.action not in ("remove", "bound", "scale", "drop_edges"):
+        if self.action not in ("remove", "bound", "scale", "scale_gaps", "drop_edges"):
             raise ValueError(f"unknown change {self.action!r}")
         if self.action == "drop_edges" and self.edge is None:
             raise ValueError("drop_edges needs an edge kind")
@@ -584,6 +640,8 @@ def apply(g: Graph, changes: Sequence[Change]) -> tuple[np.ndarray, np.ndarray |
             dur[sel] = np.minimum(dur[sel], int(ch.value or 0))
         elif ch.action == "scale":
             dur[sel] = np.round(dur[sel] * float(ch.value if ch.value is not None else 1.0)).astype(np.int64)
+        elif ch.action == "scale_gaps":
+            pass  # see gap_delays
         else:
             code = _CODE[ch.edge]  # type: ignore[index]
             drop = (g.etype == code) & sel[g.dst]
@@ -591,10 +649,23 @@ def apply(g: Graph, changes: Sequence[Change]) -> tuple[np.ndarray, np.ndarray |
     return dur, keep, touched
 
 
+def gap_delays(g: Graph, changes: Sequence[Change]) -> np.ndarray | None:
+    """The edges' delays after the ``scale_gaps`` changes (None: as measured)."""
+    delay: np.ndarray | None = None
+    for ch in changes:
+        if ch.action != "scale_gaps":
+            continue
+        sel = nodes_of(g, ch.select.events(g.w))
+        delay = g.delay.copy() if delay is None else delay
+        on = sel[g.dst]
+        delay[on] = np.round(delay[on] * float(ch.value if ch.value is not None else 1.0)).astype(np.int64)
+    return delay
+
+
 def saving(g: Graph, changes: Sequence[Change]) -> int:
     """Measured step − replayed step with ``changes`` (ns)."""
     dur, keep, _ = apply(g, changes)
-    _, end = replay(g, dur, keep)
+    _, end = replay(g, dur, keep, delays=gap_delays(g, changes))
     return g.length - step_length(g, end)
 
 
@@ -611,6 +682,8 @@ class StepResult:
     error: float
     saving_ns: int | None
     touched: bool
+    #: why the step's saving is not estimated although it reproduces (None: it is, or it does not reproduce)
+    reason: str | None = None
 
     @property
     def reproduced(self) -> bool:
@@ -639,13 +712,26 @@ def what_if(gs: Sequence[Graph], changes: Sequence[Change]) -> list[StepResult]:
     for g in gs:
         err = _error(g)
         dur, keep, touched = apply(g, changes)
+        if touched.any() and not (touched & g.device).any() and g.device.any() and not launch_linked(g):
+            out.append(StepResult(g.rank, g.step, g.length, err, None, True, NO_LAUNCH_LINKS))
+            continue
         if touched.any() or keep is not None:
-            _, end = replay(g, dur, keep)
+            _, end = replay(g, dur, keep, delays=gap_delays(g, changes))
             sv: int | None = g.length - step_length(g, end)
         else:
             sv = 0
         out.append(StepResult(g.rank, g.step, g.length, err, sv, bool(touched.any())))
     return out
+
+
+#: why a host change is not replayed in a window whose device tasks carry no launch links
+NO_LAUNCH_LINKS = ("the device tasks carry no launch links: which device work waits for the host calls the change "
+                   "moves is not known")
+
+
+def launch_linked(g: Graph) -> bool:
+    """Whether some device task of the graph is linked to the host call that launched it."""
+    return bool((g.etype == _CODE[EdgeKind.LAUNCH]).any())
 
 
 def _error(g: Graph) -> float:
@@ -664,6 +750,10 @@ def summary(results: Sequence[StepResult], assumption: str) -> dict[str, Any]:
         return {"estimated": False, "reason": "no step window with events to replay"}
     good = [r for r in results if r.reproduced and r.saving_ns is not None]
     worst = max(r.error for r in results)
+    why = sorted({r.reason for r in results if r.reason})
+    if not good and why:
+        return {"estimated": False, "assumption": assumption, "reproduced": all(r.reproduced for r in results),
+                "reproduction_error": round(worst, 4), "reason": "; ".join(why)}
     if not good:
         return {"estimated": False, "assumption": assumption, "reproduced": False,
                 "reproduction_error": round(worst, 4),
@@ -724,20 +814,20 @@ def cluster_replay(gs: dict[int, Graph], colls: Sequence[Collective],
     round can only delay them; ``max_rounds`` bounds it). A change on one rank thus reaches its peers
     through the collectives it shortens or delays."""
     changes = changes or {}
-    base: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+    base: dict[int, tuple[np.ndarray, np.ndarray | None, np.ndarray | None]] = {}
     for rank, g in gs.items():
         dur, keep, _ = apply(g, changes.get(rank, ()))
         for c in colls:
             for r, v in c.members:
                 if r == rank:
                     dur[v] = min(int(dur[v]), c.transfer_ns)
-        base[rank] = (dur, keep)
+        base[rank] = (dur, keep, gap_delays(g, changes.get(rank, ())))
     holds: dict[int, dict[int, int]] = {r: {} for r in gs}
     ends: dict[int, np.ndarray] = {}
     for _ in range(max_rounds):
         starts: dict[int, np.ndarray] = {}
         for rank, g in gs.items():
-            starts[rank], ends[rank] = replay(g, base[rank][0], base[rank][1], holds[rank])
+            starts[rank], ends[rank] = replay(g, base[rank][0], base[rank][1], holds[rank], base[rank][2])
         new: dict[int, dict[int, int]] = {r: {} for r in gs}
         for c in colls:
             release = max(int(starts[r][v]) for r, v in c.members) + c.transfer_ns
@@ -758,20 +848,35 @@ def cluster_saving(gs: dict[int, Graph], changes: dict[int, Sequence[Change]]) -
     return before - after, before
 
 
-def straggler_changes(gs: dict[int, Graph], colls: Sequence[Collective], rank: int) -> dict[int, Sequence[Change]]:
-    """The counterfactual of a straggler: rank ``rank`` runs at its peers' median speed. A rank's own time
-    is its step less the time inside its collectives (where it waits for the others); the straggler's work
-    other than communication is scaled by the peers' median own time over its own, never lengthened."""
+def own_times(gs: dict[int, Graph], colls: Sequence[Collective]) -> dict[int, int]:
+    """Each rank's own time (ns): from its window's start to its last work's end, less the time inside its
+    joined collectives (where it waits for the others and transfers)."""
     inside: dict[int, int] = defaultdict(int)
     for c in colls:
         for r, v in c.members:
             inside[r] += int(gs[r].dur[v])
-    own = {r: g.length - inside[r] for r, g in gs.items()}
+    return {r: g.length - g.tail - inside[r] for r, g in gs.items()}
+
+
+def straggler_factor(gs: dict[int, Graph], colls: Sequence[Collective], rank: int) -> float | None:
+    """The peers' median own time over rank ``rank``'s (:func:`own_times`); None when the rank is not slower
+    than that median or has no peers."""
+    own = own_times(gs, colls)
     peers = sorted(v for r, v in own.items() if r != rank)
     if not peers or own.get(rank, 0) <= 0:
-        return {}
+        return None
     m = len(peers) // 2
     median = peers[m] if len(peers) % 2 else (peers[m - 1] + peers[m]) / 2
-    if median >= own[rank]:
+    return median / own[rank] if median < own[rank] else None
+
+
+def straggler_changes(gs: dict[int, Graph], colls: Sequence[Collective], rank: int) -> dict[int, Sequence[Change]]:
+    """The counterfactual of a straggler: rank ``rank`` runs at its peers' median speed. A rank's own time
+    is its work less the time inside its collectives (:func:`own_times`); the straggler's own time, its
+    work other than communication and the fixed gaps between its nodes alike, is scaled by the peers'
+    median own time over its own, never lengthened."""
+    f = straggler_factor(gs, colls, rank)
+    if f is None:
         return {}
-    return {rank: (Change("scale", Select(not_kinds=("comm",)), value=median / own[rank]),)}
+    return {rank: (Change("scale", Select(not_kinds=("comm",)), value=f),
+                   Change("scale_gaps", Select(), value=f))}

@@ -38,7 +38,8 @@ Both bounds also require the excess to exceed ``min_excess_ratio`` of the peers'
 (above PRISM's up-to-14 % spatial GEMM variation between healthy GPUs). The component (compute,
 host, free) with the largest excess over the peers is named. The saving per flagged step is the
 excess own time, capped by the peers' median wait (the time they would get back), amortised
-over the steps the group has in common.
+over the steps the group has in common; where the ranks' collectives can be joined in every one of
+those steps, the cluster's step replayed with the straggler at its peers' median own speed instead.
 
 ## What to do
 Read the slow rank's own findings (listed as explaining this one): data loading, host syncs,
@@ -54,7 +55,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.engine.rule import RankPart, RuleContext, knob, rule, straggler_summary
 from advisor.model import Finding
 from rules.cluster._stats import forward_search, mean, median, stdev
 
@@ -108,8 +109,25 @@ def groups_of(ctx: RuleContext[Any], all_ranks: list[int]) -> list[tuple[str, li
             for m, names in sorted(found.items(), key=lambda kv: (len(kv[0]), kv[0]))]
 
 
+RANK_TABLES = {
+    "clu001_straggler": "step INTEGER, rank INTEGER, ranks VARCHAR, measured_ns BIGINT, saving_ns BIGINT, error DOUBLE, "
+                        "factor DOUBLE, reason VARCHAR",
+}
+
+
+def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
+    """The straggler's what-if where the ranks' events are (:meth:`RuleContext.straggler_replay`): per step
+    in which one rank's own time leads the others' by ``min_wait_share`` of the step, the ranks joined by
+    their collectives and that rank run at its peers' median own speed."""
+    bd = ctx.breakdown()
+    steps = sorted({int(s) for s in bd["step"]}) if len(bd) else []
+    return {"clu001_straggler": [(r["step"], r["rank"], r["ranks"], r["measured_ns"], r["saving_ns"], r["error"],
+                                  r["factor"], r["reason"]) for r in ctx.straggler_replay(steps, ctx.t.min_wait_share)]}
+
+
 @rule("CLU001", "cluster.slow-rank", cause="cluster.slow_rank",
-      requires=("breakdown", "multi_rank"), thresholds=Thresholds, scope="cluster")
+      requires=("breakdown", "multi_rank"), thresholds=Thresholds, scope="cluster",
+      rank_part=RankPart(RANK_TABLES, rank_part))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Flag ranks whose own time per step is an outlier in their group while the others wait."""
     rows = ctx.query(SQL)
@@ -145,7 +163,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     for rank, per_step in sorted(hits.items()):
         if not _significant(ctx, per_step, lead_of.get(rank, []), len(common_steps[rank])):
             continue
-        yield _finding(ctx, rank, per_step, len(common_steps[rank]), sorted(group_names[rank]),
+        yield _finding(ctx, rank, per_step, sorted(common_steps[rank]), sorted(group_names[rank]),
                        sorted(peers_of[rank]), by_rs)
 
 
@@ -199,8 +217,9 @@ def _significant(ctx: RuleContext[Thresholds], per_step: dict[int, dict[str, Any
     return bool(amortised >= ctx.t.min_wait_share * median([float(h["step_us"]) for h in hs]))
 
 
-def _finding(ctx: RuleContext[Thresholds], rank: int, per_step: dict[int, dict[str, Any]], n_common: int,
+def _finding(ctx: RuleContext[Thresholds], rank: int, per_step: dict[int, dict[str, Any]], common: list[int],
              groups: list[str], peers: list[int], by_rs: dict[tuple[int, int], dict[str, Any]]) -> Finding:
+    n_common = len(common)
     hs = [per_step[s] for s in sorted(per_step)]
     own = median([h["own_us"] for h in hs])
     peer_own = median([h["peer_own_us"] for h in hs])
@@ -250,6 +269,9 @@ def _finding(ctx: RuleContext[Thresholds], rank: int, per_step: dict[int, dict[s
         ranks=[rank],
         steps=sorted(per_step),
         top=top[:20],
+        replay=straggler_summary(ctx.query(
+            "SELECT * FROM clu001_straggler WHERE step IN (SELECT unnest($steps)) ORDER BY step", {"steps": common}),
+            [rank, *peers], common, rank),
     )
 
 

@@ -36,7 +36,9 @@ no finding, however large R_wait is. The waiting rank named is never one of the 
 The saving is, per step, the largest total wait of one member (capped at the time that member
 spent inside the collectives, so concurrent collectives are not counted twice; the median over
 steps): an upper bound of what removing the imbalance gives back, since a wait hidden under other
-work costs less.
+work costs less. Where the ranks' collectives can be joined (device collectives recorded as one
+task, the group read together), the saving is instead the cluster's step replayed with the slowest
+member at its peers' median own speed (docs/numbers.md: the what-if replay).
 
 ## What to do
 Find out why the slowest member arrives late: look at that rank's own findings (data loading,
@@ -50,7 +52,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.engine.rule import Change, RankPart, RuleContext, Select, knob, rule
+from advisor.engine.rule import Change, RankPart, RuleContext, Select, knob, rule, straggler_summary
 from advisor.model import Finding
 from rules.comm._common import P2P_RE, ms, step_us
 
@@ -163,6 +165,8 @@ RANK_TABLES = {
     "com001_host_comm": "rank INTEGER, step INTEGER, name VARCHAR, start_ns BIGINT, dur_ns BIGINT",
     "com001_comm_events": "rank INTEGER, n BIGINT",
     "com001_replay": "rank INTEGER, step INTEGER, measured_ns BIGINT, saving_ns BIGINT, error DOUBLE, reason VARCHAR",
+    "com001_straggler": "step INTEGER, rank INTEGER, ranks VARCHAR, measured_ns BIGINT, saving_ns BIGINT, error DOUBLE, "
+                        "factor DOUBLE, reason VARCHAR",
 }
 
 #: the counterfactual (advisor.stages.replay): each collective waits only for its transfer. Where the
@@ -200,16 +204,22 @@ def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
     host = [(r["rank"], r["step"], r["name"], r["start_ns"], r["dur_ns"]) for r in ctx.query(HOST_SQL, {"p2p": P2P_RE})]
     counts = [(r["rank"], r["n"]) for r in ctx.query(
         "SELECT rank, count(*) AS n FROM events WHERE kind = 'comm' GROUP BY rank ORDER BY rank")]
-    return {"com001_host_comm": host, "com001_comm_events": counts, "com001_replay": _replay_rows(ctx)}
+    replayed, worth = _replay_rows(ctx)
+    straggler = [(r["step"], r["rank"], r["ranks"], r["measured_ns"], r["saving_ns"], r["error"], r["factor"],
+                  r["reason"]) for r in ctx.straggler_replay(worth, ctx.t.min_wait_share)]
+    return {"com001_host_comm": host, "com001_comm_events": counts, "com001_replay": replayed,
+            "com001_straggler": straggler}
 
 
-def _replay_rows(ctx: RuleContext[Thresholds]) -> list[tuple[Any, ...]]:
+def _replay_rows(ctx: RuleContext[Thresholds]) -> tuple[list[tuple[Any, ...]], set[int]]:
     """Per (rank, step) with collectives: the measured step and the saving of :data:`ASSUMPTION`
     replayed, or why it is not: no recorded wait, or waits under ``min_wait_share`` of the step (not
-    worth a replay: the rule cannot fire on them)."""
+    worth a replay: the rule cannot fire on them). And the steps where some rank's collectives wait
+    that much, or record no wait apart from their transfer (worth a straggler's replay)."""
+    worth: set[int] = set()
     bd = ctx.breakdown()
     if bd is None or bd.empty:
-        return []
+        return [], worth
     waits: dict[tuple[int, int], float] = {}
     for r in ctx.query(WAITS_SQL):
         waits[(int(r["rank"]), int(r["step"]))] = float(r["wait_ns"] or 0)
@@ -226,11 +236,13 @@ def _replay_rows(ctx: RuleContext[Thresholds]) -> list[tuple[Any, ...]]:
         wait = waits.get((rank, step))
         if wait is None:
             rows.append((rank, step, round(len_us * 1000), None, None, NOT_ESTIMATED))
+            worth.add(step)
             continue
         if wait < ctx.t.min_wait_share * len_us * 1000:
             rows.append((rank, step, round(len_us * 1000), 0, None,
                          f"the collectives wait under {ctx.t.min_wait_share:.0%} of the step: not replayed, no saving"))
             continue
+        worth.add(step)
         bounds = tuple((str(r["name"]), int(r["bound"])) for r in ctx.query(BOUNDS_SQL, {"rank": rank, "step": step}))
         changes = [Change("remove", Select(kinds=("comm",), device=True, name_re=NOTIFY_WAIT_RE))]
         if bounds:
@@ -239,7 +251,15 @@ def _replay_rows(ctx: RuleContext[Thresholds]) -> list[tuple[Any, ...]]:
         for res in ctx.replay_steps(rank, changes, [step]):
             rows.append((rank, step, res.measured_ns, res.saving_ns if res.reproduced else None, res.error,
                          None if res.reproduced else "the replay does not reproduce the measured step"))
-    return rows
+    return rows, worth
+
+
+def _straggler_replay_of(ctx: RuleContext[Thresholds], ranks: list[int], steps: list[int], slowest: int) -> dict[str, Any]:
+    """The ``replay`` of a group waiting for ``slowest``: :func:`advisor.engine.rule.straggler_summary` of
+    ``com001_straggler`` (built where the ranks' events are)."""
+    rows = ctx.query("SELECT * FROM com001_straggler WHERE step IN (SELECT unnest($steps)) ORDER BY step",
+                     {"steps": steps})
+    return straggler_summary(rows, ranks, steps, slowest)
 
 
 def _replay_of(ctx: RuleContext[Thresholds], ranks: list[int], steps: list[int],
@@ -387,7 +407,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             detail=("Only part of the world is in this profile; the R_wait is over the ranks present."
                     if partial else ""),
             top=top,
-            replay=_replay_of(ctx, ranks, sorted(int(s) for s in g["step"].unique())),
+            replay=_straggler_replay_of(ctx, ranks, sorted(int(s) for s in g["step"].unique()), slowest),
         )
     _check_counts(ctx)
 

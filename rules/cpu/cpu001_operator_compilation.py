@@ -24,7 +24,9 @@ waits.
   shapes.
 
 It fires when the compile time is at least ``min_compile_share`` of the step (saving = that
-time per step, an upper bound: a static model compiles nothing after warm-up), or, without
+time per step, an upper bound: a static model compiles nothing after warm-up; where the what-if
+replay of the steps without the compile events reproduces every step, the replayed saving instead,
+which counts only the compile time the step waited for), or, without
 compile events, when at least ``min_new_shape_step_share`` of the later steps bring new input
 shapes. The latter gets severity *low* and no saving: eager PyTorch on a CPU or GPU does not
 compile per shape, so the cost appears only under Ascend JIT compilation or torch.compile, and

@@ -39,6 +39,9 @@ fires when that time per step is at least ``min_idle_share`` of the step; the sa
 per-step idle time after sync points, each host sync point's at most the device busy time inside it:
 without the wait the host reaches its next launch that much earlier, and the rest of the idle is
 host work that stays (CPU007's). A device-side copy keeps its whole idle (it is the work waited for).
+Where the what-if replay of the steps with the host not waiting at its sync points (a blocking call's
+wait edge dropped) reproduces every step, the saving is the replayed one instead: it also counts the
+launches that, issued earlier, run back to back.
 
 *CPU-only*: there is no device queue to drain, so a sync point costs only its own few µs here
 and the blocking time it would cause on an accelerator cannot be measured. The rule still counts

@@ -16,7 +16,8 @@ duration. The part of each pause that is a gap in the work is measured too: on d
 time the device was idle during the pause, on CPU-only traces the time no host operator ran. It
 fires when the mean GC time per step is at least ``min_share`` of the mean step (GC is periodic,
 so the mean over all steps, not the median, is the per-step cost). The saving is the mean
-per-step pause time that was a gap (device idle, or on CPU-only traces the pause itself).
+per-step pause time that was a gap (device idle, or on CPU-only traces the pause itself); where the
+what-if replay of the steps without the pauses reproduces every step, the replayed saving instead.
 Collections of at least ``long_gc_us`` are listed with their steps.
 
 When no GC event is recorded the rule cannot tell "no GC" from "not recorded" and says so in a

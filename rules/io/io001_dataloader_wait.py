@@ -32,7 +32,9 @@ enclosing the longest wait outside the framework, the standard library and insta
 i.e. the training loop's ``for batch in loader`` / ``next(it)``.
 
 The saving is the median per-step dataloader time that the device spent idle (CPU-only: the
-whole dataloader time), an upper bound on what hiding data loading can give back.
+whole dataloader time), an upper bound on what hiding data loading can give back; where the what-if
+replay of the steps without the time in ``__next__`` reproduces every step, the replayed saving
+instead.
 
 ## What to do
 Raise ``num_workers`` (and ``prefetch_factor``, ``persistent_workers``), move decoding off the

@@ -80,7 +80,11 @@ def test_blocking_item_found_idle_and_closing_syncs_not(tmp_path: Path) -> None:
     assert "cudaDeviceSynchronize" in ev["non_blocking_syncs"]
     # only the .item()'s idle counts: 1040 µs per step, not the 130 µs after each harness sync
     assert ev["device_idle_after_sync_us_per_step"] == NEXT_KERNEL - ITEM_END
-    assert f["estimated_saving_us"] == NEXT_KERNEL - ITEM_END
+    # the saving is the replayed one: had the .item() not waited, the host would have launched the 10 kernels
+    # during phase A (its 1 ms of host work then ends by +3210), so they run back to back from phase A's end
+    # (+4200): the last ends at 4200 + 10 x 50 = +4700 instead of 5250 + 9 x 100 + 50 = +6200
+    assert f["replay"]["estimated"] and f["replay"]["reproduced"]
+    assert f["estimated_saving_us"] == (NEXT_KERNEL + 9 * 100 + 50) - (4200 + 10 * 50)
     assert f["top"][0]["sync_point"] == "aten::item"
     harness = [t for t in f["top"] if t["sync_point"] == "cudaDeviceSynchronize"]
     assert all(t["device_idle_after_us"] == 0 for t in harness)
