@@ -40,6 +40,17 @@ def measured_steps(side: Path) -> dict[str, float]:
     return dict(out)
 
 
+def noise(twin: str) -> float:
+    """The standard error of the measured change (µs), from the spread of each side's steps."""
+    import statistics
+
+    se2 = 0.0
+    for s in ("cause", "fixed"):
+        v = list(measured_steps(TWINS / twin / s).values())
+        se2 += statistics.variance(v) / len(v)
+    return float(se2 ** 0.5)
+
+
 def measured_change(twin: str) -> tuple[float, float, float]:
     """(mean step with the cause, mean step fixed, their difference), µs."""
     with_cause, fixed = (measured_steps(TWINS / twin / s) for s in ("cause", "fixed"))
@@ -47,7 +58,7 @@ def measured_change(twin: str) -> tuple[float, float, float]:
     return a, b, a - b
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def report(twin: str, side: str) -> Report:
     return analyze(TWINS / twin / side)
 
@@ -64,6 +75,12 @@ def planted(rep: Report, cause: str) -> list[Finding]:
     return [f for f in rep.findings if f.cause == cause]
 
 
+_NO_BUCKET_COUNTERFACTUAL = (
+    "COM005 finds the small gloo all-reduces (10-16 KB against 1 MB) but states no saving: the socket "
+    "transport has no known peak, the collectives' durations include waiting, and the profile holds no "
+    "bucketed message to measure what a fused transfer costs; the fix measured 8.6 ms of 20.2 ms. "
+    "Without a saving COM005 stays low and the verdict goes to VAR001 (the all-reduces' variance)")
+
 #: twin -> the cause planted in it (docs/CAUSES.md), and why it misses where it does
 CASES: dict[str, tuple[str, str | None]] = {
     "slow_dataloader": ("io.slow_data_processing", None),
@@ -72,7 +89,7 @@ CASES: dict[str, tuple[str, str | None]] = {
     "dynamic_shapes": ("cpu.operator_compilation", None),
     "step_outlier": ("cluster.step_fluctuation", None),
     "straggler": ("cluster.slow_rank", None),
-    "ddp_buckets": ("comm.small_packet", None),
+    "ddp_buckets": ("comm.small_packet", _NO_BUCKET_COUNTERFACTUAL),
 }
 
 
@@ -109,10 +126,32 @@ def test_the_fixed_side_raises_nothing_for_the_cause(twin: str) -> None:
 
 def test_a_sync_that_does_not_block_saves_nothing() -> None:
     """``.item()`` on a CPU-only build never waits for a device: the fix measures no change (within
-    the noise of the steps), and CPU003 reports the reads without a saving."""
-    with_cause, fixed, change = measured_change("host_sync")
-    assert abs(change) <= 0.05 * fixed
+    two standard errors of the steps' noise), and CPU003 reports the reads without a saving."""
+    _, _, change = measured_change("host_sync")
+    assert abs(change) <= 2 * noise("host_sync")
     (f,) = planted(report("host_sync", "cause"), "cpu.host_device_sync")
     assert f.severity < Severity.MEDIUM
     assert not (f.estimated_saving_us or 0.0)
     assert f.replay is None or not f.replay.get("saving_us")
+
+
+def table() -> str:
+    """The benchmarks/README.md table: per twin, the predicted saving, the measured change (± its
+    standard error), their ratio (``python -m tests.test_twins``)."""
+    rows = ["| twin | planted cause | rule | predicted saving | measured change | predicted / measured |",
+            "|---|---|---|---:|---:|---:|"]
+    for twin, cause in [*((t, c) for t, (c, _) in CASES.items()), ("host_sync", "cpu.host_device_sync")]:
+        with_cause, fixed, change = measured_change(twin)
+        found = planted(report(twin, "cause"), cause)
+        best = max(found, key=lambda f: predicted(f) or 0.0) if found else None
+        saving = predicted(best) if best else None
+        ratio = f"{saving / change:.2f}" if saving is not None and change else "-"
+        rows.append(f"| {twin} | {cause} | {best.rule if best else '-'} | "
+                    f"{'-' if saving is None else f'{saving / 1000:.1f} ms'} | "
+                    f"{change / 1000:.1f} ± {noise(twin) / 1000:.1f} ms ({with_cause / 1000:.1f} → "
+                    f"{fixed / 1000:.1f}) | {ratio} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(table())

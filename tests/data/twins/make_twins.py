@@ -30,11 +30,11 @@ from collections import defaultdict
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "kineto"))
 
-import torch  # noqa: E402
-from make_traces import _free_port, fixed_name_handler, mlp, seed_all, train_step  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.profiler import ProfilerActivity, profile, record_function, schedule  # noqa: E402
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
+import torch
+from make_traces import _free_port, fixed_name_handler, mlp, seed_all, train_step
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.utils.data import DataLoader, Dataset
 
 
 def side_dir(twin: str, fixed: bool) -> str:
@@ -335,9 +335,21 @@ UNEVEN = {("step_outlier", "cause"), ("python_gc", "cause"), ("dynamic_shapes", 
 STEADY_SPREAD, TRIES = 0.3, 4
 
 
+GLOO = {"straggler", "ddp_buckets"}
+
+
 def spread(side: str) -> float:
     v = sorted(step_durations(side).values())
     return (v[-1] - v[0]) / v[len(v) // 2] if v else 0.0
+
+
+def _uneven(twin: str, fixed: bool) -> bool:
+    s = "fixed" if fixed else "cause"
+    sp = spread(os.path.join(HERE, twin, s))
+    if (twin, s) in UNEVEN or sp <= STEADY_SPREAD:
+        return False
+    print(f"  {twin}/{s}: steps spread {sp:.0%} of their median: recording again", flush=True)
+    return True
 
 
 TWINS = {f.__name__: f for f in (slow_dataloader, host_sync, python_gc, tiny_ops, dynamic_shapes,
@@ -384,16 +396,24 @@ def main(argv: list[str]) -> None:
     if "--summary" not in argv:
         print("torch", torch.__version__)
         for n in names:
-            for fixed in (False, True):
-                s = "fixed" if fixed else "cause"
-                for t in range(TRIES):
-                    print("recording", n, s, f"(try {t + 1})", flush=True)
-                    subprocess.run([sys.executable, os.path.abspath(__file__), n, "--in-process",
-                                    *(["--fixed"] if fixed else [])], check=True)
-                    sp = spread(os.path.join(HERE, n, s))
-                    if (n, s) in UNEVEN or sp <= STEADY_SPREAD:
+            # the single-process twins record both sides at once, one process each, so both see the
+            # same load from other processes; the gloo twins (two processes a side) one after the other
+            together = n not in GLOO
+            for t in range(TRIES):
+                if t:
+                    uneven = [_uneven(n, f) for f in (False, True)]  # both checked, both said
+                    if not any(uneven):
                         break
-                    print(f"  steps spread {sp:.0%} of their median: recording again", flush=True)
+                print("recording", n, f"(try {t + 1})", flush=True)
+                run = [[sys.executable, os.path.abspath(__file__), n, "--in-process", *(["--fixed"] if f else [])]
+                       for f in (False, True)]
+                if together:
+                    procs = [subprocess.Popen(c) for c in run]
+                    if any(p.wait() for p in procs):
+                        sys.exit(f"recording {n} failed")
+                else:
+                    for c in run:
+                        subprocess.run(c, check=True)
     summarize(names)
 
 
