@@ -151,7 +151,7 @@ _OVER_SAVINGS: list[str] = []
 @pytest.fixture(scope="session", autouse=True)
 def _check_every_report() -> Iterator[None]:
     """Every Report the suite builds (analyze, analyze_context, the CLI in-process) is checked for
-    savings above the median step of their ranks (:func:`saving_problems`)."""
+    savings above the step of their ranks (:func:`saving_problems`)."""
     import advisor.pipeline.report as analyze_mod
     from advisor.render.json import report_dict
 
