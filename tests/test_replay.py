@@ -26,8 +26,10 @@ def _inputs() -> list[Any]:
     dirs += [p for p in sorted(TRACES.iterdir()) if p.is_dir()]
     dirs += [p for p in sorted((DATA / "kineto_real").iterdir()) if p.is_dir()]
     dirs += [p for p in sorted((DATA / "ascend_real").iterdir()) if p.is_dir()]
+    twins = [p for p in sorted((DATA / "twins").glob("*/*")) if p.is_dir()]  # both sides of each twin: slow
     return [pytest.param(p, id=f"{p.parent.name}/{p.name}", marks=[pytest.mark.slow] if p.name in BIG else [])
-            for p in dirs]
+            for p in dirs] + [pytest.param(p, id=f"twins/{p.parent.name}/{p.name}", marks=[pytest.mark.slow])
+                              for p in twins]
 
 
 @functools.lru_cache(maxsize=4)

@@ -38,7 +38,7 @@ def test_saving_above_the_step_is_capped_and_recorded() -> None:
     (got,) = chain.cap_savings([f], {0: 20_000.0})
     assert got.estimated_saving_us == 20_000.0
     assert got.evidence["saving_capped_from_us"] == 30_000.0
-    assert "capped at the median step" in got.saving_basis
+    assert "capped at the step" in got.saving_basis
     assert got.saving_fraction == 0.6 and got.severity is Severity.CRITICAL
 
 
@@ -49,6 +49,21 @@ def test_cap_is_the_median_step_of_the_ranks_named() -> None:
     a, b = chain.cap_savings([two, none], med)
     assert a.estimated_saving_us == 15_000.0  # median of 10 and 20 ms
     assert b.estimated_saving_us == 20_000.0  # no rank named: median of all three ranks' steps
+
+
+def test_a_spike_amortised_over_the_steps_is_capped_at_the_mean_step() -> None:
+    # seven 1.5 ms steps and one of 201.5 ms: removing the spike saves 25 ms per step on average,
+    # more than the 1.5 ms median step but within the 26.5 ms mean step
+    import pandas as pd
+
+    bd = pd.DataFrame({"rank": [0] * 9, "step": [*range(8), -1],
+                       "step_us": [1_500.0] * 7 + [201_500.0, 1e9]})
+    caps = chain.cap_steps(bd, -1)
+    assert caps == {0: pytest.approx(26_500.0)}
+    (got,) = chain.cap_savings([_f("CLU003", "cluster.step_fluctuation", 25_000.0)], caps)
+    assert got.estimated_saving_us == 25_000.0
+    steady = pd.DataFrame({"rank": [1] * 3, "step": [0, 1, 2], "step_us": [20_000.0, 20_000.0, 2_000.0]})
+    assert chain.cap_steps(steady, -1) == {1: 20_000.0}  # a fast step does not lower the median cap
 
 
 def test_saving_within_the_step_and_profiles_without_steps_are_left_alone() -> None:

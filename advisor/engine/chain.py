@@ -5,8 +5,10 @@ Rules run independently, so two of them often report the same lost time from two
 retransmission makes a link slow, the slow link makes its peers wait in the collective, the wait
 shows as step fluctuation. The runner calls, after every rule has run:
 
-* :func:`cap_savings`: a saving is at most the median step of the ranks the finding names (no fix
-  removes more than the whole step). A capped finding keeps what the rule claimed in
+* :func:`cap_savings`: a saving is at most the step of the ranks the finding names (no fix
+  removes more than the whole step): per rank the larger of its median and its mean step
+  (:func:`cap_steps`), since a saving typical of a step is at most the median step and one
+  amortised over the steps (a single spike's excess spread over all of them) at most the mean. A capped finding keeps what the rule claimed in
   ``evidence["saving_capped_from_us"]``; its share of the step (at most 1) and the severity that
   follows from it (CAUSES.md) stay as the rule measured them.
 * :func:`link`: finding A *explains* finding B when B's cause is one A's cause can explain
@@ -77,6 +79,17 @@ def median_steps(breakdown: Any, no_step: int) -> dict[int, float]:
     return {int(r): float(s.median()) for r, s in bd.groupby("rank")["step_us"] if len(s)}
 
 
+def cap_steps(breakdown: Any, no_step: int) -> dict[int, float]:
+    """The most a finding can save per step on each rank: the larger of its median and its mean step
+    (µs, over its real steps). A saving per typical step is at most the median step; a saving
+    amortised over the steps (one 200 ms spike among 1.5 ms steps saves 25 ms per step on average)
+    is at most the mean step, which a median cap would cut to the typical step."""
+    if breakdown is None or breakdown.empty:
+        return {}
+    bd = breakdown[breakdown["step"] != no_step]
+    return {int(r): max(float(s.median()), float(s.mean())) for r, s in bd.groupby("rank")["step_us"] if len(s)}
+
+
 def _median(xs: Sequence[float]) -> float:
     s = sorted(xs)
     mid = len(s) // 2
@@ -84,8 +97,9 @@ def _median(xs: Sequence[float]) -> float:
 
 
 def step_cap(f: Finding, med: Mapping[int, float]) -> float | None:
-    """The most a finding can save per step: the median step of the ranks it names (every rank
-    for a finding that names none); None without step times for them."""
+    """The most a finding can save per step: the median over the ranks it names (every rank for a
+    finding that names none) of their step cap ``med`` (:func:`cap_steps`); None without step
+    times for them."""
     vals = [med[r] for r in (f.ranks or tuple(med)) if r in med]
     return _median(vals) if vals else None
 
@@ -104,7 +118,7 @@ def cap_savings(findings: Iterable[Finding], med: Mapping[int, float]) -> list[F
             continue
         ev = dict(f.evidence)
         ev["saving_capped_from_us"] = round(s, 3)
-        basis = (f.saving_basis + "; " if f.saving_basis else "") + "capped at the median step of the ranks it names"
+        basis = (f.saving_basis + "; " if f.saving_basis else "") + "capped at the step of the ranks it names"
         # the share stays the rule's (of the step it measured, at most 1) and so does the severity
         # that follows from it: a stall longer than the median step is still the whole step
         out.append(dataclasses.replace(f, estimated_saving_us=round(cap, 3), evidence=ev, saving_basis=basis))

@@ -244,9 +244,8 @@ def finish(findings: list[Finding], ranks: list[int], breakdown: Any, warnings: 
     from advisor.schema import NO_STEP
 
     findings = order_fixes(findings, ranks)
-    med_steps = chain.median_steps(breakdown, NO_STEP)
-    # one account of savings: no saving above the median step of the ranks a finding names
-    findings = chain.cap_savings(chain.unique_ids(findings), med_steps)
+    # one account of savings: no saving above the step (median or mean) of the ranks a finding names
+    findings = chain.cap_savings(chain.unique_ids(findings), chain.cap_steps(breakdown, NO_STEP))
     if findings and breakdown is not None and not breakdown.empty:
         from advisor.engine.explain import annotate
 
