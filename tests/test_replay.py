@@ -156,6 +156,37 @@ def test_findings_carry_the_replayed_saving_beside_todays() -> None:
     assert io[0]["estimated_saving_us"] is not None  # today's estimate is kept as it was
 
 
+def test_a_replay_over_its_budget_is_not_estimated_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule's replays read at most its budget of events: over it a step is not replayed, the finding
+    keeps the rule's own figure and says so; the same rule asked again spends a budget of its own."""
+    from advisor.analyze import analyze
+    from tests.conftest import report_json
+
+    path = TRACES / "cpu_slow_dataloader"
+    steps = len(report_json(analyze(path))["breakdown"])
+    monkeypatch.setattr(R, "BUDGET_FLOOR", 1)
+    monkeypatch.setattr(R, "BUDGET_SHARE", 0.0)
+    io = next(f for f in report_json(analyze(path))["findings"] if f["rule"] == "IO001")
+    assert not io["replay"]["estimated"] and "budget" in io["replay"]["reason"]
+    assert "budget" in io["evidence"]["saving_not_replayed"]
+    assert io["estimated_saving_us"] and "replayed" not in io["saving_basis"]
+    ctx = _load(path)
+    from advisor.stages.sequence import run_stages
+
+    run_stages(ctx, None, None, warnings=[], path_warnings=[])
+    cur = ctx.con.cursor()
+    windows = [(int(s), int(a), int(b)) for s, a, b in ctx.con.execute(
+        "SELECT step, start_ns, end_ns FROM steps WHERE rank = 0 AND end_ns > start_ns ORDER BY step").fetchall()]
+    counts = R.window_events(cur, ctx.extras, 0, windows)
+    # the counts are the events overlapping each window, as a plain scan of the events table gives them
+    for (_s, a, b), n in zip(windows, counts, strict=True):
+        assert n == ctx.con.execute("SELECT count(*) FROM events WHERE rank = 0 AND start_ns < ? "
+                                    "AND start_ns + greatest(dur_ns, 0) > ?", [b, a]).fetchone()[0]
+    assert len(windows) == steps and all(n > 0 for n in counts)
+    budget = R.Budget(counts[0] + counts[1])
+    assert budget.take(counts[0]) and budget.take(counts[1]) and not budget.take(1)
+
+
 def _com001_rows(path: Path) -> list[tuple[Any, ...]]:
     from advisor.engine.registry import discover
     from advisor.engine.rule import RuleContext

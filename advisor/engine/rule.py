@@ -197,6 +197,7 @@ class RuleContext(Generic[T]):
         self.analysis = analysis
         self.t = thresholds
         self.notes: list[str] = []
+        self._budget: Any = None  # the replay budget (:meth:`_replay_budget`)
 
     # -- data access -------------------------------------------------------------------
     @property
@@ -462,10 +463,20 @@ class RuleContext(Generic[T]):
         for r in rows:
             by_rank.setdefault(int(r["rank"]), []).append((int(r["step"]), int(r["start_ns"]), int(r["end_ns"])))
         per_step: dict[int, dict[int, Any]] = {}
+        refused: dict[int, str] = {}  # step -> why its ranks are not replayed (the rule's replay budget)
         cur = self.analysis.con.cursor()
         try:
+            # a step's ranks are replayed together or not at all: the step's events of every rank are charged at once
+            counts = {rank: replay_stage.window_events(cur, self.analysis.extras, rank, wins)
+                      for rank, wins in by_rank.items()}
+            budget = self._replay_budget(cur)
+            for step in want:
+                need = sum(n for rank, wins in by_rank.items()
+                           for (s, _a, _b), n in zip(wins, counts[rank], strict=True) if s == step)
+                if not budget.take(need):
+                    refused[step] = budget.refusal(need)
             for rank, wins in by_rank.items():
-                for g in replay_stage.graphs(cur, self.analysis.extras, rank, wins):
+                for g in replay_stage.graphs(cur, self.analysis.extras, rank, [w for w in wins if w[0] not in refused]):
                     if g.step is not None:
                         per_step.setdefault(int(g.step), {})[rank] = g
         finally:
@@ -477,6 +488,10 @@ class RuleContext(Generic[T]):
                                    "measured_ns": max((g.length for g in gs.values()), default=0),
                                    "saving_ns": None, "error": None, "factor": None, "reason": None}
             out.append(row)
+            if step in refused:
+                row["ranks"] = ",".join(str(r) for r in sorted(by_rank))
+                row["reason"] = f"step {step}: " + refused[step]
+                continue
             colls = replay_stage.collectives_of(gs) if len(gs) >= 2 else []
             if not colls:
                 row["reason"] = ("no collective of this step joins two ranks read together (only device collectives "
@@ -515,9 +530,27 @@ class RuleContext(Generic[T]):
             windows = [w for w in windows if w[0] in want]
         cur = self.analysis.con.cursor()
         try:
-            return replay_stage.what_if(replay_stage.graphs(cur, self.analysis.extras, int(rank), windows), changes)
+            budget = self._replay_budget(cur)
+            kept, out = [], []
+            for w, n in zip(windows, replay_stage.window_events(cur, self.analysis.extras, int(rank), windows),
+                            strict=True):
+                if budget.take(n):
+                    kept.append(w)
+                else:
+                    out.append(replay_stage.StepResult(int(rank), w[0], w[2] - w[1], 0.0, None, False,
+                                                       f"step {w[0]}: " + budget.refusal(n)))
+            results = replay_stage.what_if(replay_stage.graphs(cur, self.analysis.extras, int(rank), kept), changes)
+            return sorted([*results, *out], key=lambda r: (r.step is None, r.step))
         finally:
             cur.close()
+
+    def _replay_budget(self, cur: Any) -> Any:
+        """This rule's replay budget (:class:`advisor.stages.replay.Budget`), made on first use."""
+        from advisor.stages import replay as replay_stage
+
+        if self._budget is None:
+            self._budget = replay_stage.budget_for(cur, self.analysis.extras)
+        return self._budget
 
 
 def straggler_summary(rows: Sequence[Mapping[str, Any]], ranks: Iterable[int], steps: Sequence[int],

@@ -692,6 +692,56 @@ class StepResult:
 
 GRAPHS_KEY = "replay_graphs"
 
+#: the events one rule's replays may read in an analysis: this share of the profile's events, and at
+#: least BUDGET_FLOOR (a replay costs a few times what loading and analysing the same events does, so
+#: a share of a few percent keeps it a small part of the analysis)
+BUDGET_SHARE = 0.05
+BUDGET_FLOOR = 100_000
+#: why a step is not replayed when its events do not fit the rule's budget
+OVER_BUDGET = "its events exceed the replay's budget ({need:,} events, {left:,} left of {limit:,}): not replayed"
+
+
+class Budget:
+    """The events one rule may still replay. A window is charged whether or not another rule built its
+    graph already, so what a rule replays never depends on the order the rules ran in."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = self.left = int(limit)
+
+    def take(self, need: int) -> bool:
+        """Charge ``need`` events if they fit."""
+        if need > self.left:
+            return False
+        self.left -= need
+        return True
+
+    def refusal(self, need: int) -> str:
+        return OVER_BUDGET.format(need=need, left=self.left, limit=self.limit)
+
+
+def budget_for(cur: Any, cache: dict[Any, Any]) -> Budget:
+    """A new rule budget for the analysis whose events ``cur`` reads (their count read once)."""
+    n = cache.get("replay_events")
+    if n is None:
+        n = cache["replay_events"] = int(cur.execute("SELECT count(*) FROM events").fetchone()[0])
+    return Budget(max(BUDGET_FLOOR, int(BUDGET_SHARE * n)))
+
+
+def window_events(cur: Any, cache: dict[Any, Any], rank: int, windows: Sequence[tuple[int | None, int, int]]) -> list[int]:
+    """How many of the rank's events overlap each window (step, start_ns, end_ns), counted once per analysis."""
+    store = cache.setdefault("replay_window_events", {})
+    need = [(a, b) for _s, a, b in windows if (rank, a, b) not in store]
+    if need:
+        rows = cur.execute(
+            "SELECT w.i, count(e.start_ns) FROM (SELECT unnest($a) AS a, unnest($b) AS b, "
+            "unnest(range(len($a))) AS i) w LEFT JOIN events e ON e.rank = $rank AND e.start_ns < w.b "
+            "AND e.start_ns + greatest(e.dur_ns, 0) > w.a GROUP BY w.i",
+            {"a": [a for a, _ in need], "b": [b for _, b in need], "rank": int(rank)}).fetchall()
+        got = {int(i): int(n) for i, n in rows}
+        for i, (a, b) in enumerate(need):
+            store[(rank, a, b)] = got.get(i, 0)
+    return [int(store[(rank, a, b)]) for _s, a, b in windows]
+
 
 def graphs(cur: Any, cache: dict[Any, Any], rank: int, windows: Iterable[tuple[int | None, int, int]]) -> list[Graph]:
     """The graphs of a rank's windows (step, start_ns, end_ns), built once per analysis in ``cache``."""
@@ -761,10 +811,13 @@ def summary(results: Sequence[StepResult], assumption: str) -> dict[str, Any]:
                           f"(worst error {worst:.1%})"}
     saving_us = sum(r.saving_ns for r in good) / len(good) / 1000.0  # type: ignore[misc]
     step_us = sum(r.measured_ns for r in good) / len(good) / 1000.0
-    return {"estimated": True, "saving_us": round(max(saving_us, 0.0), 3),
-            "saving_fraction": round(max(saving_us, 0.0) / step_us, 4) if step_us > 0 else None,
-            "assumption": assumption, "reproduced": len(good) == len(results),
-            "reproduction_error": round(worst, 4), "steps": len(results), "steps_replayed": len(good)}
+    out = {"estimated": True, "saving_us": round(max(saving_us, 0.0), 3),
+           "saving_fraction": round(max(saving_us, 0.0) / step_us, 4) if step_us > 0 else None,
+           "assumption": assumption, "reproduced": len(good) == len(results),
+           "reproduction_error": round(worst, 4), "steps": len(results), "steps_replayed": len(good)}
+    if why and len(good) < len(results):
+        out["reason"] = "; ".join(why)  # why the other steps were not replayed
+    return out
 
 
 # -- across ranks ---------------------------------------------------------------------------
