@@ -46,6 +46,22 @@ def finish_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any]
     return build_report(ctx, findings, outcomes, t_start, rank=rank, step=step, full_critical_path=full_critical_path)
 
 
+def _combined(ctx: AnalysisContext, findings: list[Any], savings: dict[str, Any]) -> dict[str, Any]:
+    """``savings.combined``: the top root findings' changes replayed together
+    (:func:`advisor.engine.combined.headline`), from the maps' replays; a context that holds the events
+    and ran the rules itself replays them here."""
+    from advisor.engine import combined
+
+    table = ctx.extras.get(combined.TABLE_KEY)
+    if table is None and ctx.extras.get(combined.CHANGES_KEY):
+        try:
+            table = combined.replay_combinations(ctx, findings)
+        except Exception as exc:  # noqa: BLE001 -- the headline falls back to the summed total
+            ctx.warnings.append(Warning_("rule_error", f"replaying the findings' changes together failed: "
+                                         f"{type(exc).__name__}: {exc}"))
+    return combined.headline(findings, savings.get("roots") or [], table, savings.get("total_saving_us"))
+
+
 def narrow_findings(findings: list[Any], rank: int | None, step: int | None) -> list[Any]:
     """The findings of a report narrowed by --rank / --step: those naming the chosen rank and step
     (or no rank / step in particular). With --rank, the chosen rank's own findings come first; the
@@ -206,6 +222,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
     cp = {**cp, **trace_times(ctx, cp.get("rank"), cp.get("step"))}
     med = median_steps(bd, NO_STEP)
     savings = summary(findings, med)
+    savings["combined"] = _combined(ctx, findings, savings)
     own = [f for f in findings if not f.scope]
     if rank is not None and own and len(own) < len(findings):
         # the verdict: the chosen rank's own root with the largest saving, not a cluster-wide one
