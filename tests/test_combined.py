@@ -12,7 +12,7 @@ from advisor.analyze import analyze_context
 from advisor.engine import combined as C
 from advisor.stages import replay as R
 from advisor.testing import context_from_tables
-from tests.rules.fixtures_cpu import BASE, MS, STEP_NS, _ev, _steps
+from tests.rules.fixtures_cpu import BASE, DEV, MS, STEP_NS, _ev, _steps
 
 LOADER = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 
@@ -119,3 +119,74 @@ def test_the_headline_is_shown_where_the_verdict_is() -> None:
         assert "replayed together on rank 0" in text
     rep = _report(True)
     assert "Fix these two (IO001, CPU004): −4.00 ms per step" in markdown.render(rep)
+
+
+def _sync_then_gc(gc_right_after_sync: bool) -> dict[str, list[dict[str, Any]]]:
+    """Three 10 ms steps; each kernel launched by a 50 µs ``cudaLaunchKernel`` (same correlation id) and
+    starting 0.1 ms after its launch; the host blocks in ``cudaStreamSynchronize`` from 0.1 ms until k1 ends.
+
+    * ``gc_right_after_sync``: k1 0.1-4 ms, then a 2 ms ``Python GC`` (4-6 ms, the device idle), then k2
+      launched at 6 ms, running 6.1-9.9 ms.
+    * otherwise: k1 0.1-3 ms, 2 ms of ``aten::add`` (3-5 ms), k2 launched at 5 ms (5.1-6 ms), a 2 ms GC
+      (6-8 ms), k3 launched at 8 ms (8.1-9.9 ms).
+    """
+    ev = _steps(3)
+    corr = 0
+    for i in range(3):
+        t = BASE + i * STEP_NS
+
+        def launch(at: int, name: str, dur: int, t: int = t) -> list[dict[str, Any]]:
+            nonlocal corr
+            corr += 1
+            return [_ev("runtime", "cudaLaunchKernel", t + at, 50_000, corr=corr),
+                    _ev("kernel", name, t + at + 100_000, dur, DEV, corr=corr)]
+
+        if gc_right_after_sync:
+            ev += launch(0, "k1", 3_900_000)
+            ev += [_ev("sync", "cudaStreamSynchronize", t + 100_000, 3_900_000),
+                   _ev("python", "Python GC", t + 4 * MS, 2 * MS, cat="python_function")]
+            ev += launch(6 * MS, "k2", 3_800_000)
+        else:
+            ev += launch(0, "k1", 2_900_000)
+            ev += [_ev("sync", "cudaStreamSynchronize", t + 100_000, 2_900_000),
+                   _ev("host_op", "aten::add", t + 3 * MS, 2 * MS),
+                   _ev("python", "Python GC", t + 6 * MS, 2 * MS, cat="python_function")]
+            ev += launch(5 * MS, "k2", 900_000)
+            ev += launch(8 * MS, "k3", 1_800_000)
+    return {"events": ev}
+
+
+def test_a_gc_pause_the_sync_waits_behind_explains_it_by_replay() -> None:
+    """GC right after the sync, the device idle behind both. The sync's change (the host does not wait): the
+    GC runs 0.1-2.1 ms, k2 still follows k1 on its stream (4-7.8 ms): 2.1 ms saved (the step ends 0.1 ms
+    after the last kernel). The GC removed: k2 launched at 4 ms, 2 ms saved. Both: k2 still at 4 ms, 2.1 ms:
+    once the GC is gone 0.1 of the sync's 2.1 ms is left, under half: the GC explains the sync."""
+    rep = analyze_context(context_from_tables(_sync_then_gc(True)))
+    f = _by_rule(rep)
+    assert f["CPU003"].estimated_saving_us == pytest.approx(2100, abs=5)
+    assert f["CPU004"].estimated_saving_us == pytest.approx(2000, abs=5)
+    assert f["CPU003"].explained_by == (f["CPU004"].id,)
+    text = f["CPU003"].evidence["explained_by_replay"]
+    assert "100.000 µs of this finding's 2100.000 µs" in text and text.endswith("explained")
+
+
+def test_two_independent_delays_are_not_linked_by_replay() -> None:
+    """The sync's change: aten::add runs 0.1-2.1 ms, over k1; the GC and k3's launch follow 2.9 ms earlier
+    (k3 at 5.2 ms, after k2 at 3-3.9 ms): 2.9 ms saved. The GC removed: 2 ms. Both: k3 launched at 3.1 ms
+    waits for k2 (ends 3.9 ms), runs 3.9-5.7 ms: 4.2 ms saved, so 2.2 of the sync's 2.9 ms is left after the
+    GC's change: not explained, although the rule's saving test alone (2 ms ≥ half of 2.9 ms, same rank and
+    steps) links them."""
+    from advisor.engine import chain
+
+    rep = analyze_context(context_from_tables(_sync_then_gc(False)))
+    f = _by_rule(rep)
+    assert f["CPU003"].estimated_saving_us == pytest.approx(2900, abs=5)
+    assert f["CPU004"].estimated_saving_us == pytest.approx(2000, abs=5)
+    assert f["CPU004"].id not in f["CPU003"].explained_by
+    assert "2200.000 µs of this finding's 2900.000 µs" in f["CPU003"].evidence["explained_by_replay"]
+    assert "not explained" in f["CPU003"].evidence["explained_by_replay"]
+    unmeasured = {x.rule: x for x in chain.link(rep.findings)}
+    assert unmeasured["CPU003"].explained_by == (f["CPU004"].id,)
+    comb = rep.savings["combined"]
+    assert comb["estimated"] is True and comb["saving_us"] == pytest.approx(4200, abs=5)
+    assert max(comb["parts_us"].values()) <= comb["saving_us"] <= sum(comb["parts_us"].values())

@@ -94,6 +94,15 @@ def replay_combinations(ctx: Any, findings: Iterable[Finding]) -> dict[int, dict
     return out
 
 
+def of_done(ctx: Any, done: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    """:func:`replay_combinations` of the findings of the rules that ran (``done``: rule id ->
+    :data:`advisor.engine.runner.Done`), kept in ``ctx.extras`` for the report."""
+    findings = [f for status, got in done.values() if status == "ran" for f in got[1]]
+    table = replay_combinations(ctx, findings)
+    ctx.extras[TABLE_KEY] = table
+    return table
+
+
 def _steps_of(parts: Mapping[str, Sequence[tuple[tuple[int, ...] | None, Any]]], have: set[int], ctx: Any,
               rank: int) -> set[int]:
     """The steps any part's changes apply to (a part recorded without steps: the rank's breakdown steps)."""
@@ -218,3 +227,43 @@ def headline(findings: Sequence[Finding], roots: Sequence[str], table: Mapping[i
         out["not_replayed_reason"] = ("no change of theirs was replayed on that rank (a rule that states no "
                                       "counterfactual, or a cluster finding): not in the figure, never added to it")
     return out
+
+
+#: a finding is explained by another when, after the other's change, less than this share of its own replayed
+#: saving is left
+LEFT_SHARE = 0.5
+
+
+def measured_link(a: Finding, b: Finding, table: Mapping[int, Mapping[str, Any]] | None) -> dict[str, Any] | None:
+    """Whether ``a`` explains ``b``, measured by replay: on the ranks both name where both rules' changes were
+    replayed (``table``: :func:`replay_combinations`), ``b``'s saving left once ``a``'s change is made
+    (their changes together less ``a``'s alone) against ``b``'s alone, summed over those ranks: the link
+    holds when less than :data:`LEFT_SHARE` of it is left. None where no rank has both replayed (the
+    link is then decided as before, :func:`advisor.engine.chain.link`)."""
+    if not table or a.rule == b.rule:
+        return None
+    both = key((a.rule, b.rule))
+    own = left = 0.0
+    ranks: list[int] = []
+    for rank in sorted(table):
+        if (a.ranks and rank not in a.ranks) or (b.ranks and rank not in b.ranks):
+            continue
+        sv = table[rank].get("savings_us") or {}
+        if both not in sv or a.rule not in sv or b.rule not in sv:
+            continue
+        ranks.append(int(rank))
+        own += float(sv[b.rule])
+        left += max(float(sv[both]) - float(sv[a.rule]), 0.0)
+    if not ranks:
+        return None
+    holds = own > 0 and left < LEFT_SHARE * own
+    return {"by": a.id, "ranks": ranks, "own_saving_us": round(own / len(ranks), 3),
+            "left_saving_us": round(left / len(ranks), 3), "holds": holds}
+
+
+def link_text(m: Mapping[str, Any], rule: str) -> str:
+    """One evidence line of a measured link (:func:`measured_link`)."""
+    where = ", ".join(str(r) for r in m["ranks"])
+    return (f"{rule}'s change made, {m['left_saving_us']:.3f} µs of this finding's {m['own_saving_us']:.3f} µs per step "
+            f"is left (replayed on rank{'s' if len(m['ranks']) > 1 else ''} {where}): "
+            + ("explained" if m["holds"] else f"not explained (at least {LEFT_SHARE:.0%} is left)"))

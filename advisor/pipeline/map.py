@@ -167,11 +167,10 @@ def _stages_and_rules(ctx: AnalysisContext, res: ShardResult, cfg: Config, *, ra
 def _combinations(ctx: AnalysisContext, res: ShardResult) -> None:
     """The rank rules' changes replayed together on each rank of the shard, where its events are (a
     failure is a warning: the report then keeps the summed total, said to be summed)."""
-    from advisor.engine.combined import replay_combinations
+    from advisor.engine.combined import of_done
 
-    findings = [f for status, got in res.done.values() if status == "ran" for f in got[1]]
     try:
-        res.combined = replay_combinations(ctx, findings)
+        res.combined = of_done(ctx, res.done)
     except Exception as exc:  # noqa: BLE001 -- the headline falls back to the summed total
         res.stage_warnings.append(Warning_("rule_error", f"replaying the findings' changes together failed: "
                                            f"{type(exc).__name__}: {exc}"))

@@ -129,7 +129,8 @@ def reduce(root: str, summary: Summary, cfg: Config, warnings: list[Warning_], *
     cluster = {rid: s for rid, s in chosen.items() if s.scope == "cluster"}
     _declare_carried(ctx, cur, cluster)
     done = combine([*summary.dones, execute(ctx, cfg, cluster, debug)])
-    findings, outcomes = account(specs, chosen, done, ctx.ranks, ctx.breakdown, warnings)
+    findings, outcomes = account(specs, chosen, done, ctx.ranks, ctx.breakdown, warnings,
+                                 replayed=ctx.extras[COMBINED_TABLE])
     cur.close()
     return Reduced(ctx, findings, outcomes)
 

@@ -48,18 +48,12 @@ def finish_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any]
 
 def _combined(ctx: AnalysisContext, findings: list[Any], savings: dict[str, Any]) -> dict[str, Any]:
     """``savings.combined``: the top root findings' changes replayed together
-    (:func:`advisor.engine.combined.headline`), from the maps' replays; a context that holds the events
-    and ran the rules itself replays them here."""
+    (:func:`advisor.engine.combined.headline`), from the replays made where the events are (the maps,
+    or :func:`advisor.engine.runner.run_rules` on a context holding them)."""
     from advisor.engine import combined
 
-    table = ctx.extras.get(combined.TABLE_KEY)
-    if table is None and ctx.extras.get(combined.CHANGES_KEY):
-        try:
-            table = combined.replay_combinations(ctx, findings)
-        except Exception as exc:  # noqa: BLE001 -- the headline falls back to the summed total
-            ctx.warnings.append(Warning_("rule_error", f"replaying the findings' changes together failed: "
-                                         f"{type(exc).__name__}: {exc}"))
-    return combined.headline(findings, savings.get("roots") or [], table, savings.get("total_saving_us"))
+    return combined.headline(findings, savings.get("roots") or [], ctx.extras.get(combined.TABLE_KEY),
+                             savings.get("total_saving_us"))
 
 
 def narrow_findings(findings: list[Any], rank: int | None, step: int | None) -> list[Any]:
