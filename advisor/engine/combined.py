@@ -188,7 +188,7 @@ def headline(findings: Sequence[Finding], roots: Sequence[str], table: Mapping[i
     than two of them have a change replayed on one rank, ``estimated: false`` with the reason, and
     ``saving_us`` is today's summed total (``today``), said to be summed."""
     by_id = {f.id: f for f in findings}
-    top = sorted((by_id[i] for i in roots if i in by_id and by_id[i].estimated_saving_us is not None),
+    top = sorted((by_id[i] for i in roots if i in by_id and (by_id[i].estimated_saving_us or 0.0) > 0),
                  key=lambda f: (-(f.estimated_saving_us or 0.0), f.rule, f.id))[:MOST]
     out: dict[str, Any] = {"findings": [f.id for f in top], "rules": [f.rule for f in top]}
     per_rank: list[dict[str, Any]] = []
