@@ -166,12 +166,21 @@ def _reaches(edges: Mapping[int, set[int]], src: int, dst: int) -> bool:
     return False
 
 
-def link(findings: Sequence[Finding], causes: Mapping[str, Sequence[str]] | None = None) -> list[Finding]:
+def link(findings: Sequence[Finding], causes: Mapping[str, Sequence[str]] | None = None,
+         replayed: Mapping[int, Mapping[str, Any]] | None = None) -> list[Finding]:
     """Return ``findings`` with ``explains``, ``explained_by``, ``root`` and ``root_id`` set.
 
     ``findings`` carry :func:`advisor.engine.explain.annotate`'s links in ``explains``; they are
-    kept where ``causes`` declares them, and are the only links into :data:`REFINED` causes."""
+    kept where ``causes`` declares them, and are the only links into :data:`REFINED` causes.
+    ``replayed`` (per rank, the rank rules' changes replayed alone and together:
+    :func:`advisor.engine.combined.replay_combinations`): a declared pair whose both changes were
+    replayed on a rank they share is linked by the replay alone (:func:`advisor.engine.combined.measured_link`:
+    the explained finding's saving mostly gone once the other's change is made), its figures in the
+    explained finding's ``evidence["explained_by_replay"]``."""
+    from advisor.engine.combined import link_text, measured_link
+
     causes = explains_map() if causes is None else causes
+    measured: dict[int, list[str]] = {}  # explained finding -> its measured links, in words
     items = list(findings)
     idx = {f.id: i for i, f in enumerate(items)}
     annotated = {(i, idx[b]) for i, f in enumerate(items) for b in f.explains if b in idx}
@@ -196,6 +205,12 @@ def link(findings: Sequence[Finding], causes: Mapping[str, Sequence[str]] | None
                           else set(b.steps) <= set(a.steps))
                 ok = inside and bool(b.ranks and b.steps) and same_time(a, b)
             sa, sb = a.estimated_saving_us, b.estimated_saving_us
+            m = measured_link(a, b, replayed)
+            if m is not None:
+                measured.setdefault(bi, []).append(link_text(m, a.rule))
+                if m["holds"] and not _reaches(edges, bi, ai):
+                    edges.setdefault(ai, set()).add(bi)
+                continue
             if sa is not None and (sa <= 0 or sb is not None and sa < MIN_SAVING_SHARE * sb):
                 if ok and sa > 0 and (a.cause, b.cause) in PARTIAL:
                     partial.setdefault(bi, []).append(ai)
@@ -221,6 +236,9 @@ def link(findings: Sequence[Finding], causes: Mapping[str, Sequence[str]] | None
         else:
             ev.pop("explained_by", None)
         _part_evidence(ev, i, items, partial)
+        ev.pop("explained_by_replay", None)
+        if i in measured:
+            ev["explained_by_replay"] = "; ".join(measured[i])
         out.append(dataclasses.replace(
             f, explains=tuple(items[b].id for b in sorted(edges.get(i, ()))),
             explained_by=tuple(items[p].id for p in ps), root=not ps, root_id=root_id, evidence=ev))

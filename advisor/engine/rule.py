@@ -393,12 +393,17 @@ class RuleContext(Generic[T]):
         breakdown) replayed without and with ``changes`` (:class:`advisor.stages.replay.Change`), the
         graphs built once per analysis. A step whose no-change replay does not reproduce the measured
         step is left out of the saving, and said in a warning; a cluster rule (no events where it runs)
-        gets ``estimated: false``."""
+        gets ``estimated: false``. The changes are kept for the report's "fix these three", which
+        replays the top findings' changes together (:mod:`advisor.engine.combined`)."""
         from advisor.stages import replay as replay_stage
 
         if self.spec.scope != "rank":
             return {"estimated": False, "reason": "a cluster rule runs where no events are; its rank part replays"}
+        steps = None if steps is None else [int(x) for x in steps]
         results = self.replay_steps(rank, changes, steps)
+        from advisor.engine.combined import record
+
+        record(self.analysis.extras, self.spec.id, int(rank), steps, changes)  # for "fix these three"
         out = replay_stage.summary(results, assumption)
         bad = [r for r in results if not r.reproduced]
         if bad:

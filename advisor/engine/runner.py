@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -218,24 +219,36 @@ def run_rules(ctx: AnalysisContext, cfg: Config, debug: bool = False) -> tuple[l
     specs, chosen = choose(cfg)
     done = execute(ctx, cfg, chosen, debug)
     ctx.wait_stages()  # their warnings come first, as when they run before the rules
-    return account(specs, chosen, done, ctx.ranks, ctx.breakdown, ctx.warnings)
+    from advisor.engine.combined import of_done
+
+    try:
+        replayed = of_done(ctx, done)
+    except Exception as exc:  # noqa: BLE001 -- links are then decided as without a replay, the headline summed
+        ctx.warnings.append(Warning_("rule_error", f"replaying the findings' changes together failed: "
+                                     f"{type(exc).__name__}: {exc}"))
+        replayed = {}
+    return account(specs, chosen, done, ctx.ranks, ctx.breakdown, ctx.warnings, replayed=replayed)
 
 
 def account(specs: dict[str, RuleSpec[Any]], chosen: dict[str, RuleSpec[Any]], done: dict[str, Done],
-            ranks: list[int], breakdown: Any, warnings: list[Warning_]) -> tuple[list[Finding], list[RuleOutcome]]:
+            ranks: list[int], breakdown: Any, warnings: list[Warning_],
+            replayed: Mapping[int, Mapping[str, Any]] | None = None) -> tuple[list[Finding], list[RuleOutcome]]:
     """The one account of what the rules gave: rule modules that failed to load, each rule's
-    outcome (:func:`collect`) and the findings as the report gives them (:func:`finish`)."""
+    outcome (:func:`collect`) and the findings as the report gives them (:func:`finish`; ``replayed``:
+    the rank rules' changes replayed together, :func:`advisor.engine.combined.replay_combinations`)."""
     from advisor.engine.registry import LOAD_ERRORS
 
     for err in LOAD_ERRORS:
         warnings.append(Warning_("rule_error", f"rule not loaded: {err}"))
     findings, outcomes = collect(specs, chosen, done, warnings)
-    return finish(findings, ranks, breakdown, warnings), outcomes
+    return finish(findings, ranks, breakdown, warnings, replayed), outcomes
 
 
-def finish(findings: list[Finding], ranks: list[int], breakdown: Any, warnings: list[Warning_]) -> list[Finding]:
+def finish(findings: list[Finding], ranks: list[int], breakdown: Any, warnings: list[Warning_],
+           replayed: Mapping[int, Mapping[str, Any]] | None = None) -> list[Finding]:
     """The findings of every rule as the report gives them: per-rank copies merged, savings capped
-    at the step, cross-referenced, linked into chains, most saving first."""
+    at the step, cross-referenced, linked into chains (a declared pair whose changes were
+    ``replayed`` together on a shared rank linked by that replay), most saving first."""
     if len(ranks) >= 3:
         from advisor.engine.merge import merge_per_rank
 
@@ -255,7 +268,7 @@ def finish(findings: list[Finding], ranks: list[int], breakdown: Any, warnings: 
         except Exception as exc:  # noqa: BLE001 - cross-referencing is a nicety; never lose the findings over it
             warnings.append(Warning_("rule_error", f"cross-referencing findings failed: {type(exc).__name__}: {exc}"))
     try:
-        findings = chain.link(findings)
+        findings = chain.link(findings, replayed=replayed)
     except Exception as exc:  # noqa: BLE001 - linking is an account of the findings; never lose them over it
         warnings.append(Warning_("rule_error", f"linking findings into chains failed: {type(exc).__name__}: {exc}"))
     findings.sort(key=lambda f: (f.estimated_saving_us is None, -(f.estimated_saving_us or 0), -f.severity, f.rule))

@@ -76,6 +76,8 @@ class ShardResult:
     file_ids: int = 0
     parse_seconds: float = 0.0
     stages_seconds: float = 0.0
+    #: per rank, the rank rules' changes replayed alone and together (:func:`advisor.engine.combined.replay_combinations`)
+    combined: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: the shard's own DuckDB holding its summary (``tables`` then empty), when the map ran in the
     #: process that reduces and was asked to keep it (:func:`map_shard` ``keep_db``); never pickled
     db: Any = None
@@ -96,6 +98,7 @@ def map_shard(root: str, units: list[Unit], cfg: Config, *, rank: int | None = N
         return res
     ctx, res = res
     _stages_and_rules(ctx, res, cfg, rank=rank, step=step, debug=debug)
+    _combinations(ctx, res)
     cluster_rules = _rank_parts(ctx, res, cfg)
     _summarise(ctx, res, cluster_rules, phases=phases, keep_db=keep_db)
     if keep_db:
@@ -159,6 +162,18 @@ def _stages_and_rules(ctx: AnalysisContext, res: ShardResult, cfg: Config, *, ra
     ctx.wait_stages()
     res.focus = (ctx.focus_rank, ctx.focus_step)
     res.critical_path = ctx.critical_path
+
+
+def _combinations(ctx: AnalysisContext, res: ShardResult) -> None:
+    """The rank rules' changes replayed together on each rank of the shard, where its events are (a
+    failure is a warning: the report then keeps the summed total, said to be summed)."""
+    from advisor.engine.combined import of_done
+
+    try:
+        res.combined = of_done(ctx, res.done)
+    except Exception as exc:  # noqa: BLE001 -- the headline falls back to the summed total
+        res.stage_warnings.append(Warning_("rule_error", f"replaying the findings' changes together failed: "
+                                           f"{type(exc).__name__}: {exc}"))
 
 
 def _rank_parts(ctx: AnalysisContext, res: ShardResult, cfg: Config) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.config import Config
+from advisor.engine.combined import TABLE_KEY as COMBINED_TABLE
 from advisor.engine.context import AnalysisContext
 from advisor.engine.platform import Parts, reduce_platform
 from advisor.engine.runner import account, choose, combine, execute
@@ -41,6 +42,7 @@ class Summary:
     platforms: list[Parts] = field(default_factory=list)
     parse_seconds: float = 0.0
     stages_seconds: float = 0.0
+    combined: dict[int, dict[str, Any]] = field(default_factory=dict)  # per rank: the changes replayed together
 
 
 @dataclass
@@ -91,6 +93,7 @@ def gather(root: str, units: list[Unit], results: Iterator[ShardResult], warning
         out.platforms.append(res.platform)
         out.parse_seconds += res.parse_seconds
         out.stages_seconds += res.stages_seconds
+        out.combined.update(res.combined)
     cur.close()
     if not out.dones:
         raise nothing_usable(Path(root), warnings, "no trace could be read")
@@ -115,6 +118,7 @@ def reduce(root: str, summary: Summary, cfg: Config, warnings: list[Warning_], *
     ctx.extras["parse_seconds"] = summary.parse_seconds
     ctx.extras["stages_seconds"] = summary.stages_seconds
     ctx.extras["platform"] = reduce_platform(summary.platforms)
+    ctx.extras[COMBINED_TABLE] = dict(summary.combined)
     ctx._counts.update(summary.counts)
     bd = pd.concat(summary.frames, ignore_index=True) if summary.frames else None
     if bd is not None:
@@ -125,7 +129,8 @@ def reduce(root: str, summary: Summary, cfg: Config, warnings: list[Warning_], *
     cluster = {rid: s for rid, s in chosen.items() if s.scope == "cluster"}
     _declare_carried(ctx, cur, cluster)
     done = combine([*summary.dones, execute(ctx, cfg, cluster, debug)])
-    findings, outcomes = account(specs, chosen, done, ctx.ranks, ctx.breakdown, warnings)
+    findings, outcomes = account(specs, chosen, done, ctx.ranks, ctx.breakdown, warnings,
+                                 replayed=ctx.extras[COMBINED_TABLE])
     cur.close()
     return Reduced(ctx, findings, outcomes)
 

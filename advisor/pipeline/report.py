@@ -46,6 +46,16 @@ def finish_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any]
     return build_report(ctx, findings, outcomes, t_start, rank=rank, step=step, full_critical_path=full_critical_path)
 
 
+def _combined(ctx: AnalysisContext, findings: list[Any], savings: dict[str, Any]) -> dict[str, Any]:
+    """``savings.combined``: the top root findings' changes replayed together
+    (:func:`advisor.engine.combined.headline`), from the replays made where the events are (the maps,
+    or :func:`advisor.engine.runner.run_rules` on a context holding them)."""
+    from advisor.engine import combined
+
+    return combined.headline(findings, savings.get("roots") or [], ctx.extras.get(combined.TABLE_KEY),
+                             savings.get("total_saving_us"))
+
+
 def narrow_findings(findings: list[Any], rank: int | None, step: int | None) -> list[Any]:
     """The findings of a report narrowed by --rank / --step: those naming the chosen rank and step
     (or no rank / step in particular). With --rank, the chosen rank's own findings come first; the
@@ -206,6 +216,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
     cp = {**cp, **trace_times(ctx, cp.get("rank"), cp.get("step"))}
     med = median_steps(bd, NO_STEP)
     savings = summary(findings, med)
+    savings["combined"] = _combined(ctx, findings, savings)
     own = [f for f in findings if not f.scope]
     if rank is not None and own and len(own) < len(findings):
         # the verdict: the chosen rank's own root with the largest saving, not a cluster-wide one

@@ -18,6 +18,7 @@ from advisor.model import Report
 from advisor.render.view import (
     breakdown_summary,
     calibration_lines,
+    combined_line,
     compact_ints,
     confidence,
     config_line,
@@ -180,6 +181,8 @@ def _head(d: Mapping[str, Any]) -> list[str]:
             line += f" · {v['others']} more finding{'s' if v['others'] != 1 else ''}"
         out.append(line)
         out.append("")
+    if fix := combined_line(d):
+        out += [md_escape(fix, 1000), ""]
     if note := window_note(d):
         out += [md_escape(note, 1000), ""]
     ranks = prof.get("ranks") or []

@@ -100,6 +100,8 @@ def print_report(report: Report | dict[str, Any], *, verbose: bool = False, colo
     line = Text("Verdict: ", style="bold")
     line.append(one_line(v["text"], 1000), style=SEV_STYLE.get(v["severity"], "") if v["kind"] == "finding" else "bold green")
     console.print(line)
+    if fix := view.combined_line(d):
+        console.print(Text(one_line(fix, 1000), style="bold"))
     if note := view.window_note(d):
         console.print(Text(one_line(note, 1000), style="dim"))
     scope = view.scope_note(d)

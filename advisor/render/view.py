@@ -386,6 +386,33 @@ def verdict(d: Mapping[str, Any]) -> dict[str, Any]:
     return {"kind": "clean", "severity": "info", "title": title, "text": title + _uncertain_note(d), "others": 0}
 
 
+_COUNT = {2: "two", 3: "three"}
+
+
+def combined_line(d: Mapping[str, Any]) -> str | None:
+    """The headline "fix these three" (report field ``savings.combined``): the saving of fixing the top root
+    findings together, replayed at once, or where it could not be replayed the summed figure said to be
+    summed; None with fewer than two of them or no figure."""
+    c = (d.get("savings") or {}).get("combined") or {}
+    rules = [str(r) for r in c.get("rules") or []]
+    if len(rules) < 2 or c.get("saving_us") is None:
+        return None
+    names = ", ".join(dict.fromkeys(rules))
+    if c.get("estimated"):
+        rule_of = dict(zip(c.get("findings") or [], rules, strict=False))
+        done = [rule_of.get(i, i) for i in c.get("replayed") or []]
+        text = (f"Fix these {_COUNT.get(len(rules), str(len(rules)))} ({names}): −{fmt_us(c['saving_us'])} per step"
+                + (f" ({fmt_ratio(c['saving_fraction'], 0)})" if c.get("saving_fraction") else "")
+                + f", their changes replayed together on rank {c.get('rank')}")
+        left = [rule_of.get(i, i) for i in c.get("not_replayed") or []]
+        if left:
+            text += (f" ({', '.join(dict.fromkeys(done))}; {', '.join(dict.fromkeys(left))} states no change replayed "
+                     "there: not in the figure)")
+        return text
+    return (f"Fixing the top {_COUNT.get(len(rules), str(len(rules)))} ({names}): up to {fmt_us(c['saving_us'])} per "
+            "step, their savings summed, not replayed together (fewer than two of them state a change replayed on one rank)")
+
+
 def window_note(d: Mapping[str, Any]) -> str | None:
     """One line on what the window holds besides the steady state (report field ``window_phases``): the
     largest one-time set-up of a rank and any graph capture phase, with how to profile past them."""
