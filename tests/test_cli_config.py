@@ -110,7 +110,7 @@ def test_a_crashing_rule_is_reported_and_the_others_run() -> None:
     pytest.param(["analyze", "sample_profiles/kineto_two_ranks", "--format", "json"], 0, marks=pytest.mark.slow),
     (["analyze", "sample_profiles/kineto_two_ranks", "--fail-on", "low"], 1),  # PAR001 fires: the gate still decides
     (["rules"], 0),
-    (["explain", "CMP001"], 0),
+    pytest.param(["explain", "CMP001"], 0, marks=pytest.mark.slow),
 ])
 def test_a_reader_that_stops_early_is_not_an_error(args: list[str], code: int) -> None:
     """``advisor ... | head``: the reader goes away before the output is written (here: closed at once)."""

@@ -41,7 +41,8 @@ def _by_rule(report: Report, rule: str) -> list[Any]:
     return [f for f in report.findings if f.rule == rule]
 
 
-@pytest.mark.parametrize("name", ["layout_dp4_tp2_pp2", pytest.param("layout_dp8_tp2", marks=pytest.mark.slow), "baseline8", "mindspore4",
+@pytest.mark.parametrize("name", ["layout_dp4_tp2_pp2", pytest.param("layout_dp8_tp2", marks=pytest.mark.slow), pytest.param("baseline8", marks=pytest.mark.slow),
+                                  pytest.param("mindspore4", marks=pytest.mark.slow),
                                   pytest.param("faults8", marks=pytest.mark.slow),
                                   pytest.param("cluster64", marks=pytest.mark.slow)])
 def test_layout_groups_are_labelled_from_their_traffic(name: str, tmp_path: Path) -> None:

@@ -23,6 +23,9 @@ from advisor.testing import context_from_tables
 from tests.conftest import report_json
 from tests.hardware_fixtures import MS, T0, insert_series, job
 
+# one worker runs this module: its module-scoped fixtures are built once
+pytestmark = pytest.mark.xdist_group("hardware")
+
 
 @pytest.fixture(scope="module")
 def healthy_ctx() -> Any:

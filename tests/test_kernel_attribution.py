@@ -200,7 +200,7 @@ def _stack_sweep(events: list[dict]) -> dict[int, tuple]:
     return out
 
 
-@pytest.mark.parametrize("name", ["kineto_two_ranks", "kineto_resnet50_num_workers_0"])
+@pytest.mark.parametrize("name", ["kineto_two_ranks", pytest.param("kineto_resnet50_num_workers_0", marks=pytest.mark.slow)])
 def test_kernel_ops_match_an_independent_stack_sweep(samples: Path, name: str) -> None:
     ctx = build_context(samples / name)
     files = {int(r["rank"]): Path(r["path"]) for r in ctx.query("SELECT rank, path FROM profile_files")}

@@ -23,6 +23,9 @@ from advisor.options import AnalyzeOptions, UsageFailure
 from advisor.text import one_line
 from tests.conftest import validate_report
 
+# one worker runs this module: its module-scoped fixtures are built once
+pytestmark = pytest.mark.xdist_group("metrics_readers")
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "metrics"
 TWO_RANKS = ROOT / "sample_profiles" / "kineto_two_ranks"  # 2023-04-28 23:51:38.079 .. 39.318 UTC, GPU i = rank i

@@ -22,9 +22,9 @@ from tests.ascend import gen_cluster
 from tests.conftest import SAMPLES, TRACES, report_json
 from tests.test_determinism import _strip
 
-# the quick suite compares one cluster; the marked run both
+# both clusters in the marked run (the quick suite compares --workers 1 and 2 in test_cli_workers)
 KINETO_CLUSTERS = [pytest.param(TRACES / "gloo_slow_rank", marks=pytest.mark.slow, id="gloo_slow_rank"),
-                   pytest.param(SAMPLES / "kineto_two_ranks", id="kineto_two_ranks")]
+                   pytest.param(SAMPLES / "kineto_two_ranks", marks=pytest.mark.slow, id="kineto_two_ranks")]
 
 
 def _report(path: Path, processes: int) -> Any:
@@ -108,6 +108,7 @@ def _cluster_with_bad_rank(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.mark.slow  # the quick suite's pool test: test_worker_errors_are_input_errors
 def test_worker_warnings_come_back(tmp_path: Path, pools: list[int]) -> None:
     root = _cluster_with_bad_rank(tmp_path)
     one = analyze(root)  # no pool unless asked for

@@ -16,9 +16,10 @@ from advisor.stages import replay as R
 from tests.conftest import ROOT, SAMPLES, TRACES
 
 DATA = ROOT / "tests" / "data"
-#: the profiles whose load takes long (big traces, Ascend exports): in the slow suite
-BIG = {"kineto_resnet50_num_workers_0", "kineto_mi300_sglang_prefilldecode", "kineto_b200_vllm_tp8_rank0",
-       "ascend_pt_resnet_ddp_l1_db", "ascend_pt_timeline", "ascend_pt_kernels"}
+#: the inputs the quick suite replays (one of each kind: GPU cluster, CPU loader, GC, sync, gloo, Ascend);
+#: the marked run replays every profile
+QUICK = {"kineto_two_ranks", "cpu_slow_dataloader", "cpu_python_gc", "cpu_host_sync", "gloo_slow_rank",
+         "ascend_pt_resnet_ddp_l1_text", "kineto_mi300_hf_bert_small"}
 
 
 def _inputs() -> list[Any]:
@@ -27,7 +28,7 @@ def _inputs() -> list[Any]:
     dirs += [p for p in sorted((DATA / "kineto_real").iterdir()) if p.is_dir()]
     dirs += [p for p in sorted((DATA / "ascend_real").iterdir()) if p.is_dir()]
     twins = [p for p in sorted((DATA / "twins").glob("*/*")) if p.is_dir()]  # both sides of each twin: slow
-    return [pytest.param(p, id=f"{p.parent.name}/{p.name}", marks=[pytest.mark.slow] if p.name in BIG else [])
+    return [pytest.param(p, id=f"{p.parent.name}/{p.name}", marks=[] if p.name in QUICK else [pytest.mark.slow])
             for p in dirs] + [pytest.param(p, id=f"twins/{p.parent.name}/{p.name}", marks=[pytest.mark.slow])
                               for p in twins]
 

@@ -128,7 +128,8 @@ def check(marked_dir: Path, stripped_dir: Path) -> dict[str, Any]:
 
 # --- markers stripped: inferred boundaries at the marked ones ---------------------------------
 
-WITH_COLLECTIVES = [SAMPLES / "kineto_two_ranks", SAMPLES / "kineto_gloo_slow_rank"]  # NCCL kernels; gloo host
+COLLECTIVE_TRACES = [SAMPLES / "kineto_two_ranks", SAMPLES / "kineto_gloo_slow_rank"]  # NCCL kernels; gloo host
+WITH_COLLECTIVES = [COLLECTIVE_TRACES[0], pytest.param(COLLECTIVE_TRACES[1], marks=pytest.mark.slow)]  # gloo: marked run
 # no collectives: the quick suite runs a profiler pause and GC pauses; the rest is slow-marked
 WITHOUT = [TRACES / n for n in ("cpu_multi_cycle", "cpu_python_gc")] + [
     pytest.param(TRACES / n, marks=pytest.mark.slow)
@@ -186,7 +187,7 @@ def test_collective_gaps_alone_miss_the_boundary() -> None:
     boundary (LLMPrism: the end of the DP burst ends the step) is off by more than 1% of the step
     on most boundaries of the marked traces with collectives."""
     near = total = 0
-    for path in WITH_COLLECTIVES:
+    for path in COLLECTIVE_TRACES:
         con = load_profile(path).con
         for (rank,) in con.execute("SELECT DISTINCT rank FROM steps").fetchall():
             t = con.execute(f"SELECT start_ns, end_ns FROM steps WHERE rank = {rank} ORDER BY start_ns").fetchall()

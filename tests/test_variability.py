@@ -23,6 +23,9 @@ from advisor.testing import context_from_tables
 from tests.conftest import report_json, validate_report
 from tests.test_variability_cluster import STEPS, draw, true_step_ms, write_cluster
 
+# one worker runs this module: its module-scoped fixtures are built once
+pytestmark = pytest.mark.xdist_group("variability")
+
 MS = 1_000_000
 BASE = 1_700_000_000_000_000_000
 HOST = {"pid": "1", "tid": "1", "device": False}

@@ -14,6 +14,9 @@ import pytest
 
 from tests.ascend import gen_cluster
 
+# one worker runs this module: its module-scoped fixtures are built once
+pytestmark = pytest.mark.xdist_group("ascend_generator")
+
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_profiles"
 ASCEND_DATA = Path(__file__).resolve().parents[1] / "data" / "ascend"  # provenance: its README.md
 DOC = ASCEND_DATA / "ascend-formats.md"

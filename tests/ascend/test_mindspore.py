@@ -14,6 +14,9 @@ import pytest
 from advisor.engine.context import load_profile
 from tests.ascend import gen_cluster
 
+# one worker runs this module: its module-scoped fixtures are built once
+pytestmark = pytest.mark.xdist_group("mindspore")
+
 
 @pytest.fixture(scope="module")
 def ms4(tmp_path_factory):

@@ -21,8 +21,9 @@ from tests.ascend.readers_dump import REPO, digests, dump, inputs
 DIGESTS = json.loads((REPO / "tests" / "data" / "ascend" / "readers_digests.json").read_text())
 NAMES = sorted(DIGESTS["inputs"])
 #: inputs that take more than a few seconds to load on a busy 2-core machine
-#: (the quick suite keeps one real export, one generated cluster and the cheaper variants)
-SLOW = {"gen_faults8_db", "gen_faults8_text", "real_ascend_pt_resnet_ddp_l1_db", "var_bad_trace", "var_no_metadata"}
+#: (the quick suite keeps the samples, one generated cluster and a few variants of each form)
+SLOW = {"gen_faults8_db", "gen_faults8_text", "real_ascend_pt_resnet_ddp_l1_db", "real_ascend_pt_resnet_ddp_l1_text",
+        "var_bad_trace", "var_no_metadata", "var_bad_kernels", "var_no_kernels", "var_no_trace_no_comm"}
 CASES = [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in NAMES]
 
 

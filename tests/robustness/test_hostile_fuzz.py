@@ -206,7 +206,7 @@ def check_case(kind: str, seed: int) -> None:
         assert not re.search(r"(?<!\\)\]\((javascript:|http://evil)", md), f"{where}: a live Markdown link or image"
 
 
-@pytest.mark.parametrize(("kind", "seed"), [("kineto", 1), ("db", 1)])
+@pytest.mark.parametrize(("kind", "seed"), [("kineto", 1), pytest.param("db", 1, marks=pytest.mark.slow)])
 def test_hostile_names_quick(kind: str, seed: int) -> None:
     check_case(kind, seed)
 
