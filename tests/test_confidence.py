@@ -4,23 +4,22 @@ an Ascend-export table on a Kineto trace) are listed as not applicable and reduc
 
 from __future__ import annotations
 
-from advisor.analyze import analyze
 from advisor.config import Config
 from advisor.engine.registry import discover
 from advisor.engine.runner import run_rules
 from advisor.render.markdown import render as markdown
 from advisor.render.view import confidence
 from advisor.testing import context_from_tables
-from tests.conftest import ROOT, report_json, validate_report
+from tests.conftest import ROOT, profile_group, report_json, shared_report
 
 HEALTHY = ROOT / "sample_profiles" / "kineto_cpu_healthy"
 
 
+@profile_group(HEALTHY)
 def test_the_healthy_sample_has_full_confidence_and_lists_what_does_not_apply() -> None:
     """The healthy sample is one rank (rank 0) of a CPU-only Kineto trace: every rule needing
     several ranks or a device cannot apply, and none is skipped for want of data."""
-    d = report_json(analyze(HEALTHY))
-    validate_report(d)
+    d = report_json(shared_report(HEALTHY))
     assert d["profile"]["ranks"] == [0] and d["profile"]["cpu_only"] is True
     specs = discover()
     by_rule = {r["rule"]: r for r in d["rules"]}

@@ -11,16 +11,18 @@ import pytest
 from advisor.analyze import analyze
 from advisor.render import html, markdown, terminal
 from advisor.render.view import explained_note, verdict
-from tests.conftest import ROOT, report_json
+from tests.conftest import ROOT, profile_group, report_json, shared_report
 
 GLOO = ROOT / "sample_profiles" / "kineto_gloo_slow_rank"
+TWO_RANKS = ROOT / "sample_profiles" / "kineto_two_ranks"
 
 
 @pytest.fixture(scope="module")
 def data() -> dict:
-    return report_json(analyze(GLOO))
+    return report_json(shared_report(GLOO))
 
 
+@profile_group(GLOO)
 def test_the_explained_finding_is_marked_in_every_table(data: dict) -> None:
     rules = [f["rule"] for f in data["findings"]]
     assert rules.index("COM001") < rules.index("CLU001")  # the explained finding comes first by saving
@@ -106,6 +108,7 @@ def test_narrowing_keeps_the_ranks_own_findings_first_and_marks_the_rest() -> No
 
 
 @pytest.mark.slow  # one analysis and three renders (~3 s)
+@profile_group(GLOO)
 def test_a_narrowed_report_is_narrowed_throughout(data: dict) -> None:
     """gloo, --rank 1 --step N (N: the profile's fourth step): every figure the narrowed report
     gives for its scope is derived here from the whole report's per-rank / per-step data."""
@@ -154,6 +157,7 @@ def test_a_narrowed_report_is_narrowed_throughout(data: dict) -> None:
 
 
 @pytest.mark.slow  # two analyses of the two-rank sample (~6 s)
+@profile_group(TWO_RANKS)
 def test_rank_narrowing_on_two_ranks_takes_the_ranks_own_verdict() -> None:
     """kineto_two_ranks, --rank 1: CPU007 of rank 0 is left out, PAR001 ("on 2 ranks") is kept
     marked cluster-wide, and the verdict is rank 1's own CPU007 with its share of rank 1's median
@@ -162,7 +166,7 @@ def test_rank_narrowing_on_two_ranks_takes_the_ranks_own_verdict() -> None:
 
     from tests.conftest import validate_report
 
-    whole = report_json(analyze(ROOT / "sample_profiles" / "kineto_two_ranks"))
+    whole = report_json(shared_report(TWO_RANKS))
     nar = report_json(analyze(ROOT / "sample_profiles" / "kineto_two_ranks", rank=1))
     validate_report(nar)
     med = statistics.median(b["step_us"] for b in whole["breakdown"] if b["rank"] == 1 and b["step"] is not None)

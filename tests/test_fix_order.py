@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.analyze import analyze
 from advisor.causes import CauseError, CauseRegistry, condition_holds, optimizations_for, order_by_evidence
-from tests.conftest import ROOT, report_json
+from tests.conftest import ROOT, profile_group, report_json, shared_report
 
 
 def _ids(opts) -> list[str]:
@@ -42,10 +41,11 @@ def test_a_malformed_condition_is_a_cause_map_error() -> None:
         CauseRegistry.from_toml(bad)
 
 
+@profile_group(ROOT / "sample_profiles" / "kineto_two_ranks")
 def test_a_two_rank_job_is_not_told_first_to_search_hybrid_parallel_splits() -> None:
     """kineto_two_ranks is two ranks (0, 1): no hybrid DP x TP/PP split exists at 2 ranks, so PAR001's
     automatic hybrid-parallel search comes last, still listed."""
-    data = report_json(analyze(ROOT / "sample_profiles" / "kineto_two_ranks"))
+    data = report_json(shared_report(ROOT / "sample_profiles" / "kineto_two_ranks"))
     assert data["profile"]["ranks"] == [0, 1]
     (par,) = [f for f in data["findings"] if f["rule"] == "PAR001"]
     ids = [o["id"] for o in par["optimizations"]]

@@ -13,7 +13,7 @@ import pytest
 from advisor.engine.context import load_profile
 from advisor.kinds import EdgeKind
 from advisor.stages import replay as R
-from tests.conftest import ROOT, SAMPLES, TRACES
+from tests.conftest import ROOT, SAMPLES, TRACES, profile_group, report_json, shared_report
 
 DATA = ROOT / "tests" / "data"
 #: the inputs the quick suite replays (one of each kind: GPU cluster, CPU loader, GC, sync, gloo, Ascend);
@@ -140,14 +140,11 @@ def test_change_is_checked() -> None:
         R.Change("drop_edges", R.Select())
 
 
-@pytest.mark.slow  # a whole analysis (about 4 s on a shared machine)
+@profile_group(TRACES / "cpu_slow_dataloader")
 def test_findings_carry_the_replayed_saving_beside_todays() -> None:
     """IO001 on the slow-loader trace: the finding keeps its own estimate and adds the replay's, which gives
     back the ``__next__`` time (31.25-31.65 ms per step, README); the report stays schema-valid."""
-    from advisor.analyze import analyze
-    from tests.conftest import report_json
-
-    data = report_json(analyze(TRACES / "cpu_slow_dataloader"))
+    data = report_json(shared_report(TRACES / "cpu_slow_dataloader"))
     io = [f for f in data["findings"] if f["rule"] == "IO001"]
     assert len(io) == 1
     rp = io[0]["replay"]
@@ -157,14 +154,14 @@ def test_findings_carry_the_replayed_saving_beside_todays() -> None:
     assert io[0]["estimated_saving_us"] is not None  # today's estimate is kept as it was
 
 
+@profile_group(TRACES / "cpu_slow_dataloader")
 def test_a_replay_over_its_budget_is_not_estimated_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     """A rule's replays read at most its budget of events: over it a step is not replayed, the finding
     keeps the rule's own figure and says so; the same rule asked again spends a budget of its own."""
     from advisor.analyze import analyze
-    from tests.conftest import report_json
 
     path = TRACES / "cpu_slow_dataloader"
-    steps = len(report_json(analyze(path))["breakdown"])
+    steps = len(report_json(shared_report(path))["breakdown"])
     monkeypatch.setattr(R, "BUDGET_FLOOR", 1)
     monkeypatch.setattr(R, "BUDGET_SHARE", 0.0)
     io = next(f for f in report_json(analyze(path))["findings"] if f["rule"] == "IO001")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from advisor.engine.context import load_profile
+from tests.conftest import profile_group
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "sample_profiles"
@@ -403,11 +404,11 @@ def test_sample_profile_gz_copy_loads_the_same(timeline):
     assert ctx.con.execute(q).fetchall() == timeline.con.execute(q).fetchall()
 
 
-@pytest.mark.parametrize("sample", ["ascend_pt_timeline", "ascend_pt_kernels"])
+@pytest.mark.parametrize("sample", [pytest.param(s, marks=profile_group(SAMPLES / s))
+                                    for s in ("ascend_pt_timeline", "ascend_pt_kernels")])
 def test_analyze_report_is_schema_valid(sample):
-    from advisor.analyze import analyze
-    from tests.conftest import report_json
+    from tests.conftest import report_json, shared_report
 
-    data = report_json(analyze(SAMPLES / sample))
+    data = report_json(shared_report(SAMPLES / sample))
     assert data["profile"]["sources"] == ["ascend_pt"]
     assert data["breakdown"] and data["breakdown"][0]["rank"] == 0
