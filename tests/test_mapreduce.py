@@ -34,6 +34,19 @@ def _report(path: Path, shard_bytes: int, monkeypatch: pytest.MonkeyPatch, proce
     return _strip(report_json(analyze(path, keep=keep, options=LoadOptions(workers=processes))))
 
 
+def _unreplayed_reasons_dropped(report: Any) -> Any:
+    """The report with the reason of every replay that estimated nothing left out: a straggler's
+    replay joins ranks read together, so a shard holding part of the world says so where the whole
+    profile gives the join's own reason (e.g. gloo's host collectives cannot be joined); the
+    savings, and everything else, must be the same."""
+    for f in report["findings"]:
+        rp = f.get("replay")
+        if rp and not rp.get("estimated"):
+            rp.pop("reason", None)
+            f["evidence"].pop("saving_not_replayed", None)
+    return report
+
+
 def _units(tmp_path: Path, sizes: list[int]) -> list[Unit]:
     out = []
     for r, size in enumerate(sizes):
@@ -79,7 +92,7 @@ def test_pool_only_for_several_shards(monkeypatch: pytest.MonkeyPatch) -> None:
                          ids=lambda p: p.name)
 def test_one_rank_per_shard_same_report(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     whole = _report(path, 1 << 40, monkeypatch)
-    assert _report(path, 1, monkeypatch) == whole
+    assert _unreplayed_reasons_dropped(_report(path, 1, monkeypatch)) == _unreplayed_reasons_dropped(whole)
     specs = discover()  # these clusters have findings, the cluster rules' among them
     assert any(specs[f["rule"]].scope == "cluster" for f in whole["findings"])
 

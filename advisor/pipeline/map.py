@@ -25,6 +25,7 @@ from advisor.ingest.arrow import query_arrow, to_ipc
 from advisor.ingest.base import InputError, Unit, one_line
 from advisor.model import Warning_
 from advisor.schema import TABLES
+from advisor.stages.replay import PART_KEY as REPLAY_PART_KEY
 from advisor.stages.sequence import run_stages
 
 #: The per-event tables: they stay inside a shard's map.
@@ -85,18 +86,20 @@ class ShardResult:
 
 def map_shard(root: str, units: list[Unit], cfg: Config, *, rank: int | None = None, step: int | None = None,
               memory_limit: str | None = None, threads: int | None = None, max_events: int | None = None,
-              debug: bool = False, phases: bool = False, keep_db: bool = False) -> ShardResult:
+              debug: bool = False, phases: bool = False, keep_db: bool = False, part: float = 1.0) -> ShardResult:
     """The map: load one shard's units, run the stages beside the per-rank rules, then the cluster
     rules' rank parts, and return the shard's findings and summary (see the module docstring).
 
     ``rank`` / ``step``: the focus asked for (the shard's candidate for it is chosen here; the reduce
     picks among the shards'); ``phases``: hand the device's busy periods to the reduce (``--metrics``
     files are read there); ``keep_db``: the summary stays in the shard's DuckDB, handed back as
-    ``db`` with every other table dropped (a map in the process that reduces it, the only shard)."""
+    ``db`` with every other table dropped (a map in the process that reduces it, the only shard);
+    ``part``: the shard's share of the profile's bytes (its replays get that share of the budget's floor)."""
     res = _load(root, units, memory_limit=memory_limit, threads=threads, max_events=max_events)
     if isinstance(res, ShardResult):  # no file of the shard could be read
         return res
     ctx, res = res
+    ctx.extras[REPLAY_PART_KEY] = part
     _stages_and_rules(ctx, res, cfg, rank=rank, step=step, debug=debug)
     _combinations(ctx, res)
     cluster_rules = _rank_parts(ctx, res, cfg)

@@ -26,6 +26,7 @@ from advisor.pipeline.executors import (
     share_of,
 )
 from advisor.pipeline.map import ShardResult, map_shard
+from advisor.pipeline.plan import unit_size
 
 
 def pool_workers(workers: int | None, n_shards: int) -> int:
@@ -51,16 +52,18 @@ def run_maps(root: str, shards: list[list[Unit]], cfg: Config, *, workers: int, 
     and it has the map's modules imported already); on a Dask engine, the cluster's workers."""
     total = sum(len(s) for s in shards)
     done = 0
+    parts = shard_parts(shards)
     if is_remote(engine):
-        maps: Iterator[ShardResult] = _remote_maps(root, shards, cfg, engine, rank=rank, step=step,
+        maps: Iterator[ShardResult] = _remote_maps(root, shards, cfg, engine, parts, rank=rank, step=step,
                                                    memory_limit=memory_limit, max_events=max_events, debug=debug,
                                                    phases=phases)
     elif workers > 1:
-        maps = _local_maps(root, shards, cfg, workers, rank=rank, step=step, memory_limit=memory_limit,
+        maps = _local_maps(root, shards, cfg, workers, parts, rank=rank, step=step, memory_limit=memory_limit,
                            max_events=max_events, debug=debug, phases=phases)
     else:  # in this process: the only shard's DuckDB becomes the reduce's (its summary need not travel)
         maps = (map_shard(root, shard, cfg, rank=rank, step=step, memory_limit=memory_limit, max_events=max_events,
-                          debug=debug, phases=phases, keep_db=len(shards) == 1) for shard in shards)
+                          debug=debug, phases=phases, keep_db=len(shards) == 1, part=part)
+                for shard, part in zip(shards, parts, strict=True))
     try:
         for shard, res in zip(shards, maps):
             yield res
@@ -73,12 +76,22 @@ def run_maps(root: str, shards: list[list[Unit]], cfg: Config, *, workers: int, 
             close()
 
 
+def shard_parts(shards: list[list[Unit]]) -> list[float]:
+    """Each shard's share of the profile's bytes (1.0 for the only shard): a map's replays get that
+    share of the replay budget's floor, so that the profile's replays cost the same however cut."""
+    if len(shards) == 1:
+        return [1.0]
+    sizes = [sum(unit_size(u) for u in shard) for shard in shards]
+    whole = sum(sizes)
+    return [s / whole if whole else 1.0 / len(shards) for s in sizes]
+
+
 def _lost(shard: list[Unit], exc: BaseException) -> InputError:
     """The error of a map whose worker ended under it (killed for memory, crashed, or never started)."""
     return lost_worker(f"{one_line(shard[0].label)}: the worker process reading ranks {shard[0].rank}-{shard[-1].rank}")
 
 
-def _remote_maps(root: str, shards: list[list[Unit]], cfg: Config, engine: str | None, *,
+def _remote_maps(root: str, shards: list[list[Unit]], cfg: Config, engine: str | None, parts: list[float], *,
                  memory_limit: str | None, **kw: Any) -> Generator[ShardResult, None, None]:
     """The maps on a Dask cluster, all submitted at once (the cluster decides how many run), in
     shard order; ``memory_limit`` is shared out among the maps the cluster runs at once."""
@@ -86,7 +99,8 @@ def _remote_maps(root: str, shards: list[list[Unit]], cfg: Config, engine: str |
         assert ex is not None
         kw["memory_limit"] = share_of(memory_limit, ex.slots if isinstance(ex, InDirExecutor) else 1)
         futures: list[Future[ShardResult] | None] = [
-            ex.submit(map_shard, root, [portable(u) for u in shard], cfg, **kw) for shard in shards]
+            ex.submit(map_shard, root, [portable(u) for u in shard], cfg, part=part, **kw)
+            for shard, part in zip(shards, parts, strict=True)]
         try:
             for i, shard in enumerate(shards):
                 fut = futures[i]
@@ -140,8 +154,8 @@ class _Shards:
             self.stopped = True
 
 
-def _local_maps(root: str, shards: list[list[Unit]], cfg: Config, workers: int, *, memory_limit: str | None,
-                **kw: Any) -> Generator[ShardResult, None, None]:
+def _local_maps(root: str, shards: list[list[Unit]], cfg: Config, workers: int, parts: list[float], *,
+                memory_limit: str | None, **kw: Any) -> Generator[ShardResult, None, None]:
     """The maps in the main process and ``workers - 1`` spawned processes side by side, in shard order.
 
     One thread of the main process feeds each spawned worker a shard at a time (so that no shard
@@ -157,7 +171,8 @@ def _local_maps(root: str, shards: list[list[Unit]], cfg: Config, workers: int, 
         def feed() -> None:
             while (i := todo.take()) is not None:
                 try:
-                    res = ex.submit(map_shard, root, [portable(u) for u in shards[i]], cfg, **kw).result()
+                    res = ex.submit(map_shard, root, [portable(u) for u in shards[i]], cfg, part=parts[i],
+                                    **kw).result()
                 except BaseException as exc:  # noqa: BLE001 -- handed on in shard order
                     todo.put(i, None, exc)
                 else:
@@ -176,7 +191,7 @@ def _local_maps(root: str, shards: list[list[Unit]], cfg: Config, workers: int, 
                         outcome = todo.wait(i)
                         break
                     try:
-                        mine = map_shard(root, shards[j], cfg, **kw)
+                        mine = map_shard(root, shards[j], cfg, part=parts[j], **kw)
                     except Exception as exc:  # noqa: BLE001 -- raised in shard order, as in-process
                         todo.put(j, None, exc)
                     else:

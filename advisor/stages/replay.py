@@ -694,9 +694,12 @@ GRAPHS_KEY = "replay_graphs"
 
 #: the events one rule's replays may read in an analysis: this share of the profile's events, and at
 #: least BUDGET_FLOOR (a replay costs a few times what loading and analysing the same events does, so
-#: a share of a few percent keeps it a small part of the analysis)
+#: a share of a few percent keeps it a small part of the analysis); a shard of a larger profile gets
+#: its share of the floor, or the floor would be paid once per shard
 BUDGET_SHARE = 0.05
 BUDGET_FLOOR = 100_000
+#: the analysis' extras key holding its share of the profile's bytes (a shard's; 1.0: the whole profile)
+PART_KEY = "replay_part_of_profile"
 #: why a step is not replayed when its events do not fit the rule's budget
 OVER_BUDGET = "its events exceed the replay's budget ({need:,} events, {left:,} left of {limit:,}): not replayed"
 
@@ -724,7 +727,7 @@ def budget_for(cur: Any, cache: dict[Any, Any]) -> Budget:
     n = cache.get("replay_events")
     if n is None:
         n = cache["replay_events"] = int(cur.execute("SELECT count(*) FROM events").fetchone()[0])
-    return Budget(max(BUDGET_FLOOR, int(BUDGET_SHARE * n)))
+    return Budget(max(int(BUDGET_FLOOR * float(cache.get(PART_KEY, 1.0))), int(BUDGET_SHARE * n)))
 
 
 def window_events(cur: Any, cache: dict[Any, Any], rank: int, windows: Sequence[tuple[int | None, int, int]]) -> list[int]:
