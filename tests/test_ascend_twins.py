@@ -37,12 +37,6 @@ _SMALL_PACKETS_COST_NOTHING = (
     "is the same on both sides (7306.2 µs, measured change 0), so there is nothing to predict or to be the "
     "verdict (COM005 reports 35.4 µs, low, the fixed side 27.9 µs for the 4 KB world all-reduce)")
 
-_SLOW_GROUP_SPLIT_INTO_LINKS = (
-    "every link of DP group {0,4,8,12} runs 4x slower: CLU004 predicts 10785.4 µs, the measured change "
-    "(10785.4 µs), but each of the group's four links is also a CLU002 slow link (10641.4 µs each), and a "
-    "slow link is declared to explain a slow group (causes.toml), so the verdict is one link of four: "
-    "the chain does not check that one link is specific to the group (all four are equally slow)")
-
 
 class Twin:
     """One twin: the healthy layout, the fault's scenario fields, the planted cause, the config."""
@@ -79,8 +73,7 @@ TWINS: dict[str, Twin] = {
     # the export names no device: the AI Core count is the generator's (N_AI_CORES)
     "low_block_dim": Twin({"low_block_dim": True}, "compute.low_block_dim", sets=("CMP006.cores=24",)),
     # four DP groups of four ranks on one node (CLU004 compares at least three groups)
-    "slow_group": Twin({"slow_group": 0}, "cluster.slow_group", layout={"world": 16, "ranks_per_node": 16, "tp": 4},
-                       xfail={"verdict": _SLOW_GROUP_SPLIT_INTO_LINKS}),
+    "slow_group": Twin({"slow_group": 0}, "cluster.slow_group", layout={"world": 16, "ranks_per_node": 16, "tp": 4}),
     "small_packets": Twin({"small_packets": True}, "comm.small_packet",
                           xfail={"saving": _SMALL_PACKETS_COST_NOTHING, "verdict": _SMALL_PACKETS_COST_NOTHING}),
 }
