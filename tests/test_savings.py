@@ -112,6 +112,17 @@ def test_retransmission_slow_link_wait_chain() -> None:
     assert s["verdict"] == rdma.id and set(s["roots"]) == {rdma.id, gc.id}
 
 
+def test_a_slow_link_explains_its_group_only_as_the_group_s_one_slow_link() -> None:
+    group = _f("CLU004", "cluster.slow_group", 10_000.0, ranks=(0, 4, 8, 12))
+    one = _f("CLU002", "cluster.slow_link", 9_000.0, ranks=(4, 8))
+    got = _by_rule(chain.link([group, one]))
+    assert got["CLU004"].explained_by == (one.id,)
+    # every link of the ring slow: no one of them is the group's cause
+    ring = [_f("CLU002", "cluster.slow_link", 9_000.0, ranks=rs) for rs in ((0, 4), (4, 8), (8, 12), (0, 12))]
+    linked = chain.link([group, *ring])
+    assert next(f for f in linked if f.rule == "CLU004").root
+
+
 def test_sync_explains_dispatch_gaps_on_its_rank_and_steps_only() -> None:
     sync = _f("CPU003", "cpu.host_device_sync", 3_000.0, steps=(1, 2, 3, 4))
     gaps = _f("CPU002", "cpu.operator_dispatch", 2_500.0, steps=(1, 2, 3, 4))

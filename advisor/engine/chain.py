@@ -54,6 +54,9 @@ PARTIAL = frozenset({("cluster.slow_stage", "parallel.pipeline_bubble"),
                      ("cluster.slow_rank_step", "cluster.operator_variability")})
 # explaining cause -> explained cause found on other ranks: a slow stage stalls the other stages
 OTHER_RANKS = frozenset({("cluster.slow_stage", "parallel.pipeline_bubble")})
+# a slow link explains the slow group it lies in only when it is the group's one slow link (specific to
+# the group); where several of the group's links are slow, no one of them is the group's cause
+GROUP, LINK = "cluster.slow_group", "cluster.slow_link"
 # share of the explained finding's steps the explaining one must also name
 MIN_STEP_OVERLAP = 0.5
 # where both savings are known, the explaining finding accounts for at least this share of the
@@ -195,6 +198,8 @@ def link(findings: Sequence[Finding], causes: Mapping[str, Sequence[str]] | None
             b = items[bi]
             if bi == ai or b.cause == a.cause or b.cause not in can:
                 continue
+            if not _group_link_ok(a, b, items):
+                continue
             by_annotate = b.cause in REFINED or a.cause in PLACED_BY_ANNOTATE or b.cause in PLACED_BY_ANNOTATE
             if by_annotate:
                 ok = (ai, bi) in annotated
@@ -243,6 +248,14 @@ def link(findings: Sequence[Finding], causes: Mapping[str, Sequence[str]] | None
             f, explains=tuple(items[b].id for b in sorted(edges.get(i, ()))),
             explained_by=tuple(items[p].id for p in ps), root=not ps, root_id=root_id, evidence=ev))
     return out
+
+
+def _group_link_ok(a: Finding, b: Finding, items: Sequence[Finding]) -> bool:
+    """Whether ``a`` may explain ``b`` as far as :data:`GROUP` goes: a slow link explains a slow group
+    only when no other slow link lies inside the group."""
+    if (a.cause, b.cause) != (LINK, GROUP):
+        return True
+    return sum(1 for f in items if f.cause == LINK and f.ranks and set(f.ranks) <= set(b.ranks)) <= 1
 
 
 def _counted(i: int, r: int | None, items: Sequence[Finding], idx: Mapping[str, int],

@@ -63,9 +63,11 @@ class Scenario:
     slow_factor: float = 1.6
     slow_step: int | None = None  # step number with a long dataloader stall (step fluctuation)
     slow_step_stall_us: float = 40_000.0
+    loader_us: float = 1_300.0  # the data loader's time in every other step
     rdma_retrans: tuple[int, int] | None = None  # (step number, bucket) whose first RDMA transfer takes > 4 s
     rdma_retrans_us: float = 4_500_000.0
     misaligned_buckets: tuple[int, ...] = ()  # buckets whose chunk size is not a multiple of 512
+    misaligned_factor: float = 1.0  # misaligned HCCS transfers run at the link's bandwidth / this
     small_packets: bool = False  # TP allgathers move tiny packets
     small_packet_bytes: int = 16 << 10
     slow_link: tuple[int, int] | None = None  # (src global rank, dst global rank) on a DP ring
@@ -110,6 +112,7 @@ class Facts:
     slow_group: str | None = None  # group hash of the planted slow DP group
     slow_stage_ranks: list[int] = field(default_factory=list)  # ranks of the planted slow pipeline stage
     files: list[Path] = field(default_factory=list)
+    step_span_us: dict[int, float] = field(default_factory=dict)  # step -> the cluster's step (µs), below
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -400,13 +403,16 @@ class Cluster:
         t0 = BASE_NS + 420_289_011
         for i in range(scn.steps):
             step = scn.first_step + i
-            t0 = self._step_pp(step, t0) if scn.pp > 1 else self._step(step, t0)
+            t1 = self._step_pp(step, t0) if scn.pp > 1 else self._step(step, t0)
+            # the cluster's step: every rank's marker starts at t0; the next step starts at t1 on every rank
+            self.facts.step_span_us[step] = (t1 - t0) / 1000.0
+            t0 = t1
         self.facts.steps = [scn.first_step + i for i in range(scn.steps)]
 
     # -- one step on every rank ------------------------------------------------------------------
     def _step(self, step: int, h0: int) -> int:
         scn = self.scn
-        stall = int(scn.slow_step_stall_us * 1000) if step == scn.slow_step else 1_300_000
+        stall = int((scn.slow_step_stall_us if step == scn.slow_step else scn.loader_us) * 1000)
         dev_ready = {}
         arrivals_fwd: dict[int, list[int]] = {}
         arrivals_bwd: dict[int, list[int]] = {}
@@ -531,7 +537,7 @@ class Cluster:
         all-reduce and the optimizer."""
         scn = self.scn
         per_stage = scn.world // scn.pp
-        stall = int(scn.slow_step_stall_us * 1000) if step == scn.slow_step else 1_300_000
+        stall = int((scn.slow_step_stall_us if step == scn.slow_step else scn.loader_us) * 1000)
         ht: dict[int, int] = {}
         dt: dict[int, int] = {}
         for r in range(scn.world):
@@ -721,6 +727,8 @@ class Cluster:
                 gbps /= scn.slow_link_factor
             if g in self.slow_groups:
                 gbps /= scn.slow_group_factor
+            if bucket is not None and bucket in scn.misaligned_buckets and chunk % 512 and transport == "HCCS":
+                gbps /= scn.misaligned_factor
             k = 2 * (n - 1) if op_type == "allReduce" else (n - 1)
             xs = []
             for j in range(k if n > 1 else 0):
@@ -1637,11 +1645,11 @@ def write_rank_db(cl: Cluster, rm: RankModel, d: Path) -> list[Path]:
             pmu += [(gtask, S("aic_total_time"), k.dur * 0.98), (gtask, S("aic_mac_ratio"), 0.893)]
         elif k.core != "AI_CPU":
             pmu += [(gtask, S("aiv_total_time"), k.dur * 0.96), (gtask, S("aiv_vec_ratio"), 0.35)]
+    unlinked = iter(range(1 << 30, 1 << 31))  # connectionId is the key: a call that launches no task gets its own
     for e in rm.cann:
-        if e.name.startswith("AscendCL@") and e.args.get("connection_id"):
-            capi.append(
-                (e.start, e.start + e.dur, 20000, gtid(e.tid), e.args["connection_id"], S(e.name.split("@", 1)[1]))
-            )
+        if e.name.startswith("AscendCL@"):
+            conn = e.args.get("connection_id") or next(unlinked)
+            capi.append((e.start, e.start + e.dur, 20000, gtid(e.tid), conn, S(e.name.split("@", 1)[1])))
     ops, ctasks = [], []
     for oi, c in enumerate(rm.comm):
         # 4294967295: "no connection" (format doc §3.3); the generator has no host-side HCCL launch
