@@ -79,6 +79,7 @@ def _mean_profiler_step_us(folder: Path) -> float:
     return sum(durs) / len(durs)
 
 
+@pytest.mark.slow  # two whole analyses; the diff of equal reports is also checked on dicts below
 def test_profile_against_itself_passes(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     res = run_cli(SLOW, "--baseline", SLOW, "--max-regression", "0", "--format", "json", "--out", out)
@@ -196,6 +197,9 @@ def test_diff_matches_findings_by_rule_cause_ranks() -> None:
     assert [x["rule"] for x in d["gone_findings"]] == ["IO001"]
     assert d["changed_findings"][0]["baseline_severity"] == "high"
     assert baseline_diff(_report(_rows(0, 111.0)), base, 10.0)["regressed"]
+    same = baseline_diff(base, base, 0.0)  # a report against itself
+    assert same["regression_pct"] == 0 and not same["regressed"]
+    assert not same["new_findings"] and not same["gone_findings"] and not same["changed_findings"]
 
 
 def test_gone_findings_carry_their_prediction_against_the_measured_gain() -> None:
@@ -230,7 +234,8 @@ def two_ranks_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize(("current", "baseline", "said"), [
     (TWO_RANKS, "healthy_json", "the baseline is a CPU-only profile and this one has device events"),
-    (HEALTHY, "two_ranks_json", "the baseline has device events and this profile is CPU-only"),
+    pytest.param(HEALTHY, "two_ranks_json", "the baseline has device events and this profile is CPU-only",
+                 marks=pytest.mark.slow),
 ])
 def test_device_against_cpu_only_is_not_judged(tmp_path: Path, request: pytest.FixtureRequest, current: Path,
                                                baseline: str, said: str) -> None:

@@ -47,6 +47,7 @@ def test_every_timed_event_is_loaded_per_category(sample: str, samples: Path) ->
         assert got == dict(want)
 
 
+@pytest.mark.slow  # the resnet50 sample's whole load; its analysis in the quick suite reads the same schema
 def test_old_schema_kinds_and_steps(samples: Path) -> None:
     path = samples / "kineto_resnet50_num_workers_0"
     doc = raw_events(next(path.glob("*.gz")))
@@ -326,7 +327,7 @@ def test_parts_compressed_as_appended_give_the_same_tables(monkeypatch: pytest.M
     assert _tables(path) == plain
 
 
-@pytest.mark.parametrize("batched", [True, False], ids=["one_scan", "one_by_one"])
+@pytest.mark.parametrize("batched", [pytest.param(True, id="one_scan"), slow(False, id="one_by_one")])
 def test_a_copy_of_a_rank_file_is_dropped(tmp_path: Path, samples: Path, batched: bool,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Two files claiming one rank for the same time range: one is used, the other named in a warning."""

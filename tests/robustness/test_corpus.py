@@ -213,13 +213,12 @@ def check_escaped(fmt: str, text: str, run: Run, controls: bool = False) -> None
 
 
 # A few cases run in the quick suite, each a CLI process of its own (~2 s): an unreadable file, a missing path, a
-# file name with control characters, an output path that is a symlink, a corrupt .db. The whole corpus (bad
+# file name with control characters, a corrupt .db. The whole corpus (bad
 # values, duplicate ranks, FIFOs, hostile strings in every format, the gzip bombs and the fuzzers' finds) runs
 # with the marked tests (-m slow); escaping in every renderer is also checked in-process by
 # tests/test_render_hostile.py and tests/test_render_formats.py.
 QUICK_CASES = frozenset({
-    "truncated_json", "alone_truncated_gzip", "missing_path", "symlink_out_file", "control_chars_in_file_name",
-    "ascend_corrupt_db_only",
+    "alone_truncated_gzip", "missing_path", "control_chars_in_file_name", "ascend_corrupt_db_only",
 })
 
 
