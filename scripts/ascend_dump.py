@@ -1,8 +1,8 @@
 """Dump every canonical table (sorted rows) for each Ascend input; compare two dumps.
 
-    python scripts/ascend_dump.py dump OUT_DIR          # the repository's inputs, the generated
-                                                        # 64-rank clusters, and ../shared's real
-                                                        # exports and samples when present
+    python scripts/ascend_dump.py dump OUT_DIR [DIR ...] # the repository's inputs, the generated
+                                                        # 64-rank clusters, and the ascend* export
+                                                        # folders inside each DIR given
     python scripts/ascend_dump.py diff BEFORE_DIR AFTER_DIR
     python scripts/ascend_dump.py digests DUMP_DIR      # rewrite tests/data/ascend/readers_digests.json
 
@@ -25,12 +25,10 @@ from advisor.schema import TABLES
 from tests.ascend import gen_cluster
 from tests.ascend.readers_dump import digests, dump, inputs, normalised_warning
 
-# ../shared beside the checkout (a worktree may sit one level deeper)
-SHARED = next((p / "shared" for p in REPO.parents[:2] if (p / "shared").is_dir()), REPO.parent / "shared")
 DIGESTS = REPO / "tests" / "data" / "ascend" / "readers_digests.json"
 
 
-def all_inputs(tmp: Path) -> dict[str, Path]:
+def all_inputs(tmp: Path, extra: list[Path]) -> dict[str, Path]:
     gen = {
         f"{scn}_{form}": gen_cluster.generate(scn, tmp / f"{scn}_{form}", form).root
         for scn, form in (("faults8", "text"), ("faults8", "db"), ("mindspore4", "text"))
@@ -38,9 +36,11 @@ def all_inputs(tmp: Path) -> dict[str, Path]:
     out = {name: build() for name, build in inputs(tmp, gen).items()}
     for scn, form in (("baseline8", "text"), ("cluster64", "text"), ("cluster64", "db")):
         out[f"gen_{scn}_{form}"] = gen_cluster.generate(scn, tmp / f"{scn}_{form}", form).root
-    for d in (SHARED / "real", SHARED / "samples"):
-        for x in sorted(d.glob("ascend*")) if d.is_dir() else []:
-            out[f"shared_{d.name}_{x.name}"] = x
+    for d in extra:
+        if not d.is_dir():
+            sys.exit(f"ascend_dump: {d}: not a directory")
+        for x in sorted(d.glob("ascend*")):
+            out[f"extra_{d.name}_{x.name}"] = x
     return out
 
 
@@ -50,7 +50,7 @@ def main() -> None:
         dest = Path(sys.argv[2])
         dest.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as t:
-            for name, path in all_inputs(Path(t)).items():
+            for name, path in all_inputs(Path(t), [Path(a) for a in sys.argv[3:]]).items():
                 d = dump(path)
                 (dest / f"{name}.json").write_text(json.dumps({"digests": digests(d), "rows": d}, indent=0))
                 print(name, sum(len(v) for v in d.values()), "rows")

@@ -23,8 +23,9 @@ import pytest
 
 from advisor.analyze import analyze
 from advisor.config import Config
-from advisor.model import Finding, Report, Severity
+from advisor.model import Report, Severity
 from tests.ascend.gen_cluster import Facts, Scenario, generate
+from tests.test_twins import best, planted
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ascend_twins")]
 
@@ -102,21 +103,6 @@ def measured_change(root: Path, twin: str) -> tuple[float, float, float]:
     return a, b, a - b
 
 
-def predicted(f: Finding) -> float | None:
-    """The finding's predicted saving: the replayed one where the rule replays, else its own."""
-    rp = f.replay or {}
-    if rp.get("estimated") and rp.get("reproduced"):
-        return float(rp["saving_us"])
-    return f.estimated_saving_us
-
-
-def planted(rep: Report, cause: str) -> list[Finding]:
-    return [f for f in rep.findings if f.cause == cause]
-
-
-def best(rep: Report, cause: str) -> Finding | None:
-    found = planted(rep, cause)
-    return max(found, key=lambda f: predicted(f) or 0.0) if found else None
 
 
 def _params(test: str) -> list[Any]:
@@ -139,7 +125,7 @@ def test_predicted_saving_is_the_measured_change(twins_dir: Path, twin: str) -> 
     _, _, change = measured_change(twins_dir, twin)
     f = best(side(twins_dir, twin, "fault")[1], cause)
     assert f is not None, f"{twin}: no {cause} finding on the fault side"
-    saving = predicted(f)
+    saving = f.estimated_saving_us
     assert saving is not None, f"{twin}: {f.rule} predicts no saving"
     assert abs(saving - change) <= WITHIN * abs(change), (twin, f.rule, saving, change)
 
@@ -164,7 +150,7 @@ def test_text_and_db_forms_predict_the_same(twins_dir: Path, twin: str) -> None:
     cause = TWINS[twin].cause
     text, db = (best(side(twins_dir, t, "fault")[1], cause) for t in (twin, f"{twin}_db"))
     assert text is not None and db is not None
-    assert predicted(text) == pytest.approx(predicted(db), rel=1e-3)
+    assert text.estimated_saving_us == pytest.approx(db.estimated_saving_us, rel=1e-3)
 
 
 def table(root: Path) -> str:
@@ -174,7 +160,7 @@ def table(root: Path) -> str:
     for twin, t in TWINS.items():
         with_fault, fixed, change = measured_change(root, twin)
         f = best(side(root, twin, "fault")[1], t.cause)
-        saving = predicted(f) if f else None
+        saving = f.estimated_saving_us if f else None
         ratio = f"{saving / change:.2f}" if saving is not None and change else "-"
         rows.append(f"| {twin} | {t.cause} | {f.rule if f else '-'} | "
                     f"{'-' if saving is None else f'{saving / 1000:.2f} ms'} | "

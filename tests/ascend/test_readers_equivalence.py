@@ -4,8 +4,8 @@ A regression guard of that refactor, not a check of figures against the data: th
 (``tests/data/ascend/readers_digests.json``: row count and sha256 of the sorted rows of every
 canonical table, per input) were computed with the code before the refactor by
 ``scripts/ascend_dump.py`` (which also compares whole dumps, and covers the generated 64-rank
-clusters and ../shared's exports). Columns added to a table later are not part of the digest; a
-change meant to load other rows rewrites the file with that script.
+clusters and any other export folders it is given). Columns added to a table later are not part of
+the digest; a change meant to load other rows rewrites the file with that script.
 """
 
 from __future__ import annotations
