@@ -183,6 +183,18 @@ def test_a_replay_over_its_budget_is_not_estimated_and_says_why(monkeypatch: pyt
     assert len(windows) == steps and all(n > 0 for n in counts)
     budget = R.Budget(counts[0] + counts[1])
     assert budget.take(counts[0]) and budget.take(counts[1]) and not budget.take(1)
+    # a rule whose budget holds the first two windows replays those and keeps its change for them only
+    # (the report's "fix these" replays a rule's change only where that rule's graphs were built)
+    from advisor.engine.combined import CHANGES_KEY
+    from advisor.engine.registry import discover
+    from advisor.engine.rule import RuleContext
+
+    monkeypatch.setattr(R, "BUDGET_FLOOR", counts[0] + counts[1])
+    spec = discover()["IO001"]
+    rc = RuleContext(spec, ctx, spec.thresholds())
+    out = rc.what_if(0, [R.Change("remove", R.Select(kinds=("io",)))], "if the data were ready")
+    assert out["steps"] == len(windows) and "budget" in out["reason"]
+    assert ctx.extras[CHANGES_KEY][("IO001", 0)][0][0] == (windows[0][0], windows[1][0])
 
 
 def _com001_rows(path: Path) -> list[tuple[Any, ...]]:

@@ -41,12 +41,12 @@ def key(rules: Iterable[str]) -> str:
 
 
 def record(extras: dict[str, Any], rule: str, rank: int, steps: Iterable[int] | None, changes: Sequence[Any]) -> None:
-    """Keep rule ``rule``'s ``changes`` on rank ``rank`` (for ``steps``; None: every step)."""
-    if not changes:
+    """Keep rule ``rule``'s ``changes`` on rank ``rank`` (for ``steps``; None: every step; none: nothing kept)."""
+    kept = None if steps is None else tuple(sorted({int(s) for s in steps}))
+    if not changes or kept == ():
         return
     with _LOCK:
-        extras.setdefault(CHANGES_KEY, {}).setdefault((rule, int(rank)), []).append(
-            (None if steps is None else tuple(sorted({int(s) for s in steps})), tuple(changes)))
+        extras.setdefault(CHANGES_KEY, {}).setdefault((rule, int(rank)), []).append((kept, tuple(changes)))
 
 
 def _savings_on(findings: Iterable[Finding]) -> dict[tuple[str, int], float]:

@@ -399,11 +399,13 @@ class RuleContext(Generic[T]):
 
         if self.spec.scope != "rank":
             return {"estimated": False, "reason": "a cluster rule runs where no events are; its rank part replays"}
-        steps = None if steps is None else [int(x) for x in steps]
         results = self.replay_steps(rank, changes, steps)
         from advisor.engine.combined import record
 
-        record(self.analysis.extras, self.spec.id, int(rank), steps, changes)  # for "fix these three"
+        # for "fix these three": the steps replayed here (those over the budget have no graph; the
+        # combinations replay on the graphs this rule had built)
+        record(self.analysis.extras, self.spec.id, int(rank),
+               [int(r.step) for r in results if r.step is not None and not r.over_budget], changes)
         out = replay_stage.summary(results, assumption)
         bad = [r for r in results if not r.reproduced]
         if bad:
@@ -543,7 +545,7 @@ class RuleContext(Generic[T]):
                     kept.append(w)
                 else:
                     out.append(replay_stage.StepResult(int(rank), w[0], w[2] - w[1], 0.0, None, False,
-                                                       f"step {w[0]}: " + budget.refusal(n)))
+                                                       f"step {w[0]}: " + budget.refusal(n), over_budget=True))
             results = replay_stage.what_if(replay_stage.graphs(cur, self.analysis.extras, int(rank), kept), changes)
             return sorted([*results, *out], key=lambda r: (r.step is None, r.step))
         finally:

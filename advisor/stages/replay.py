@@ -684,6 +684,8 @@ class StepResult:
     touched: bool
     #: why the step's saving is not estimated although it reproduces (None: it is, or it does not reproduce)
     reason: str | None = None
+    #: the step was not replayed: its events exceed the rule's replay budget (no graph was built)
+    over_budget: bool = False
 
     @property
     def reproduced(self) -> bool:
