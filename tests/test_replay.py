@@ -471,3 +471,18 @@ def test_a_caller_waiting_for_a_host_collective_resumes_when_it_ends() -> None:
     assert R.saving(g, [R.Change("bound", sel, at=(("c10d::allreduce_", 20_000, 5_000),))]) == 5_000
     # an instance not listed (another start) is left alone
     assert R.saving(g, [R.Change("bound", sel, at=(("gloo:all_reduce", 41_000, 60_000),))]) == 0
+
+
+def test_a_device_collective_bounded_by_instance() -> None:
+    """The host launches collective X (stream 7, 20-120 µs) and kernel K (stream 7, 120-220 µs, after X on
+    its stream). X at 40 µs: K runs 60-160, the step (to 220) ends 60 µs earlier."""
+    cur = _tiny([
+        ("runtime", "launch", "h", False, None, 0, 3, 1),
+        ("runtime", "launch", "h", False, None, 5, 3, 2),
+        ("comm", "hcom_allGather__1_1_1", "7", True, 7, 20, 100, 1),
+        ("kernel", "K", "7", True, 7, 120, 100, 2),
+    ])
+    g = R.build(cur, 0, 0, 0, 220_000)
+    assert g is not None and R.reproduction_error(g) == 0
+    ch = R.Change("bound", R.Select(kinds=("comm",), device=True), at=(("hcom_allGather__1_1_1", 20_000, 40_000),))
+    assert R.saving(g, [ch]) == 60_000

@@ -23,8 +23,9 @@ The saving per step, where the transport's peak is known, is the transit time of
 transfers minus bytes / peak (what they would cost if fused into transfers that run at peak),
 on the worst rank, median over steps.
 
-On host collectives (gloo, MPI, UCC: no peak, durations that include waiting) the saving is the
-what-if replay of the fix: the small collectives of each kind and step, in issue order, merged into
+On host collectives (gloo, MPI, UCC: no peak, durations that include waiting), and on device
+collectives whose export records their bytes and transit time (Ascend communication.json / .db: the
+transit time is the fit's time), the saving is the what-if replay of the fix: the small collectives of each kind and step, in issue order, merged into
 buckets of ``bucket_bytes`` (DDP's default 25 MB). A collective costs a per-call part plus bytes at a
 bandwidth, both estimated on the rank from its own calls of that kind: a least-squares fit of the
 fastest call of each size against its bytes (waiting only lengthens a call), or, where the sizes do
@@ -32,8 +33,8 @@ not vary (or the fit is not a cost), the fastest call as the per-call cost and t
 transfer of the rule's size threshold spends as long on bytes as on the call (the threshold taken as
 Hockney's half-performance length; the basis is in the evidence). Each small collective is bounded to
 its bytes' share of its bucket's time (per-call cost once per bucket plus the bucket's bytes), and so
-is the caller's call that issued it (``c10d::*``, paired in issue order: its fastest call, once per
-bucket). The replay (one rank's graph: the work threads' collectives, the caller waiting for the last
+is the caller's call that issued it (gloo's ``c10d::*``, paired in issue order: its fastest call, once
+per bucket). A device collective's kind is its operator type and group. The replay (one rank's graph: the work threads' collectives, the caller waiting for the last
 of them to end) gives each rank's step; the saving is the cluster's step (its slowest rank) measured
 less replayed, the mean over steps. A step with one small collective of a kind merges nothing. The
 replay of one rank cannot tell a collective's waiting for a late peer from its cost: a bucket is taken
@@ -128,12 +129,39 @@ WHERE rank = $rank AND kind = 'comm' AND NOT device AND step IS NOT NULL AND dur
 ORDER BY step, start_ns, name
 """.format(dtype=DTYPE_BYTES_SQL.format(d="json_extract_string(dtypes, '$[0]')"))
 
+# the device collectives of the counterfactual: those with bytes and a transit time (the time moving
+# data, without waiting: Ascend communication.json / .db), each with its device event (same name; the
+# same start, or the only event of that name); ``op`` its kind and group; small below the threshold of
+# the transport carrying most of its bytes (comm_bandwidth; intra-node where none is recorded)
+DEVICE_SQL = """
+WITH ev AS (
+    SELECT name, start_ns, count(*) OVER (PARTITION BY name) AS n FROM events
+    WHERE rank = $rank AND device AND kind = 'comm'
+),
+tr AS (
+    SELECT name, step, arg_max(upper(transport), bytes) AS transport FROM comm_bandwidth
+    WHERE rank = $rank AND bytes > 0 GROUP BY ALL
+)
+SELECT c.step, c.name, e.start_ns, c.transit_ns AS fit_ns, c.bytes,
+       coalesce(c.op_type, 'collective') || ' / ' || coalesce(c.group_name, '') AS op,
+       CASE WHEN tr.transport = 'RDMA' THEN $inter ELSE $intra END AS min_bytes
+FROM comm_ops c
+JOIN ev e ON e.name = c.name AND (e.start_ns = c.start_ns OR e.n = 1)
+LEFT JOIN tr ON tr.name = c.name AND tr.step IS NOT DISTINCT FROM c.step
+WHERE c.rank = $rank AND c.step IS NOT NULL AND c.bytes > 0 AND c.transit_ns IS NOT NULL
+ORDER BY c.step, e.start_ns, c.name
+"""
+
+#: the per-rank cost estimates the evidence lists (their count is given where there are more)
+MAX_FIT_ROWS = 4
+
 #: the sizes vary enough for a fit of time against bytes when the largest is this many times the smallest
 MIN_SIZE_SPREAD = 2.0
 
 REPLAY_TABLES = {
     "com005_host": "rank INTEGER, step INTEGER, name VARCHAR, bytes DOUBLE, time_ns BIGINT",
-    "com005_replay": "rank INTEGER, step INTEGER, measured_ns BIGINT, saving_ns BIGINT, error DOUBLE, reason VARCHAR",
+    "com005_replay": "rank INTEGER, src VARCHAR, step INTEGER, measured_ns BIGINT, saving_ns BIGINT, error DOUBLE, "
+                     "reason VARCHAR",
     "com005_fit": "rank INTEGER, op VARCHAR, calls BIGINT, sizes BIGINT, per_call_ns DOUBLE, ns_per_byte DOUBLE, "
                   "caller_call_ns DOUBLE, basis VARCHAR",
 }
@@ -207,35 +235,36 @@ def bucket_bounds(works: list[dict[str, Any]], cost: CallCost, bucket_bytes: flo
     return out
 
 
-def _counterfactual(ctx: RuleContext[Thresholds], rank: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Rank ``rank``'s host collectives merged into buckets (:data:`ASSUMPTION`), replayed per step: the
-    ``com005_replay`` and ``com005_fit`` rows."""
-    rows = ctx.query(REPLAY_SQL, {"rank": int(rank)})
-    works = [r for r in rows if r["work"] and r["bytes"] is not None and float(r["bytes"]) > 0]
-    if not works:
-        return [], []
-    small_bytes = float(ctx.t.min_inter_bytes)
+def _merged(ctx: RuleContext[Thresholds], rank: int, works: list[dict[str, Any]],
+            callers: list[dict[str, Any]]) -> tuple[list[tuple[str, int, int]], list[tuple[Any, ...]], set[int]]:
+    """The bounds of rank ``rank``'s small ``works`` (rows: ``step``, ``name``, ``start_ns`` of the
+    event to bound, ``fit_ns`` the time the cost is fitted on, ``bytes``, ``op`` the kind and link,
+    ``min_bytes`` the size below which it is small) merged into buckets, and of the ``callers`` (rows:
+    ``step``, ``name``, ``start_ns``, ``dur_ns``, ``op``) that issued them; the ``com005_fit`` rows; the
+    steps with a bound."""
     fits: list[tuple[Any, ...]] = []
     at: list[tuple[str, int, int]] = []
     steps: set[int] = set()
     for op in sorted({str(r["op"]) for r in works}):
         mine = [r for r in works if r["op"] == op]
-        small = [r for r in mine if float(r["bytes"]) < small_bytes]
+        small = [r for r in mine if float(r["bytes"]) < float(r["min_bytes"])]
         if not small:
             continue
-        cost = fit_cost([float(r["bytes"]) for r in mine], [float(r["dur_ns"]) for r in mine], small_bytes)
-        callers = [r for r in rows if not r["work"] and r["op"] == op]
-        caller_ns = min((float(r["dur_ns"]) for r in callers), default=None)
+        cost = fit_cost([float(r["bytes"]) for r in mine], [float(r["fit_ns"]) for r in mine],
+                        float(small[0]["min_bytes"]))
+        calls_of = [r for r in callers if r["op"] == op]
+        caller_ns = min((float(r["dur_ns"]) for r in calls_of), default=None)
         fits.append((rank, op, len(mine), len({float(r["bytes"]) for r in mine}), cost.per_call_ns, cost.ns_per_byte,
                      caller_ns, cost.basis))
         for step in sorted({int(r["step"]) for r in small}):
             ws = [r for r in small if int(r["step"]) == step]
             bounds = bucket_bounds(ws, cost, float(ctx.t.bucket_bytes))
             at += [(str(ws[k]["name"]), int(ws[k]["start_ns"]), round(b)) for k, b, _ in bounds]
-            steps.add(step)
+            if bounds:
+                steps.add(step)
             # the calls that issued them, k-th call to k-th work (both in issue order), where they pair one
             # to one: the call's per-call cost (its fastest) paid once per bucket, shared as the bytes are
-            calls = [r for r in callers if int(r["step"]) == step]
+            calls = [r for r in calls_of if int(r["step"]) == step]
             alls = [r for r in mine if int(r["step"]) == step]
             if caller_ns is not None and len(calls) == len(alls):
                 share = {id(ws[k]): f for k, _, f in bounds}
@@ -243,13 +272,40 @@ def _counterfactual(ctx: RuleContext[Thresholds], rank: int) -> tuple[list[tuple
                     f = share.get(id(w))
                     if f is not None:
                         at.append((str(c["name"]), int(c["start_ns"]), round(caller_ns * f)))
+    return at, fits, steps
+
+
+def _replayed(ctx: RuleContext[Thresholds], rank: int, src: str, at: list[tuple[str, int, int]],
+              device: bool, steps: set[int]) -> list[tuple[Any, ...]]:
+    """The ``com005_replay`` rows of rank ``rank``: its steps replayed with the ``at`` bounds."""
     if not at:
-        return [], fits
-    change = Change("bound", Select(kinds=("comm",), device=False), at=tuple(at))
-    out = [(rank, res.step, res.measured_ns, res.saving_ns if res.reproduced else None, res.error,
-            res.reason or (None if res.reproduced else "the replay does not reproduce the measured step"))
-           for res in ctx.replay_steps(rank, [change], sorted(steps))]
-    return out, fits
+        return []
+    change = Change("bound", Select(kinds=("comm",), device=device), at=tuple(at))
+    return [(rank, src, res.step, res.measured_ns, res.saving_ns if res.reproduced else None, res.error,
+             res.reason or (None if res.reproduced else "the replay does not reproduce the measured step"))
+            for res in ctx.replay_steps(rank, [change], sorted(steps))]
+
+
+def _host_counterfactual(ctx: RuleContext[Thresholds], rank: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Rank ``rank``'s host collectives merged into buckets (:data:`ASSUMPTION`), replayed per step: the
+    ``com005_replay`` and ``com005_fit`` rows."""
+    rows = ctx.query(REPLAY_SQL, {"rank": int(rank)})
+    works = [{**r, "fit_ns": r["dur_ns"], "min_bytes": ctx.t.min_inter_bytes} for r in rows
+             if r["work"] and r["bytes"] is not None and float(r["bytes"]) > 0]
+    if not works:
+        return [], []
+    at, fits, steps = _merged(ctx, rank, works, [r for r in rows if not r["work"]])
+    return _replayed(ctx, rank, "host", at, False, steps), fits
+
+
+def _device_counterfactual(ctx: RuleContext[Thresholds], rank: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Rank ``rank``'s device collectives with sizes and transit times (Ascend communication.json / .db)
+    merged into buckets, replayed per step: the ``com005_replay`` and ``com005_fit`` rows."""
+    rows = ctx.query(DEVICE_SQL, {"rank": int(rank), "intra": ctx.t.min_intra_bytes, "inter": ctx.t.min_inter_bytes})
+    if not rows:
+        return [], []
+    at, fits, steps = _merged(ctx, rank, rows, [])
+    return _replayed(ctx, rank, "device", at, True, steps), fits
 
 
 def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
@@ -257,8 +313,15 @@ def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
     host = [(r["rank"], r["step"], r["name"], r["bytes"], r["time_ns"]) for r in ctx.query(HOST_SQL)]
     replayed: list[tuple[Any, ...]] = []
     fits: list[tuple[Any, ...]] = []
-    for rank in sorted({int(r[0]) for r in host if r[3] is not None and float(r[3]) < ctx.t.min_inter_bytes}):
-        rr, ff = _counterfactual(ctx, rank)
+    device_ranks = {int(r["rank"]) for r in ctx.query(
+        "SELECT DISTINCT rank FROM comm_ops WHERE bytes > 0 AND transit_ns IS NOT NULL")}
+    for rank in sorted(device_ranks):
+        rr, ff = _device_counterfactual(ctx, rank)
+        replayed += rr
+        fits += ff
+    for rank in sorted({int(r[0]) for r in host if r[3] is not None and float(r[3]) < ctx.t.min_inter_bytes}
+                       - device_ranks):
+        rr, ff = _host_counterfactual(ctx, rank)
         replayed += rr
         fits += ff
     return {"com005_host": host, "com005_replay": replayed, "com005_fit": fits}
@@ -269,10 +332,11 @@ ASSUMPTION = ("if the small collectives were merged into buckets of {bucket:g} M
               "once per bucket, and takes its bytes' share of the bucket's time (its caller's call too)")
 
 
-def _replay_of(ctx: RuleContext[Thresholds], ranks: list[int]) -> dict[str, Any] | None:
+def _replay_of(ctx: RuleContext[Thresholds], ranks: list[int], src: str) -> dict[str, Any] | None:
     """The finding's ``replay`` from ``com005_replay``: per step, the cluster's step (its slowest rank)
     measured less replayed; the mean over the steps whose every rank was replayed. None: no replay."""
-    rows = [r for r in ctx.query("SELECT * FROM com005_replay ORDER BY step, rank") if int(r["rank"]) in ranks]
+    rows = [r for r in ctx.query("SELECT * FROM com005_replay WHERE src = $src ORDER BY step, rank", {"src": src})
+            if int(r["rank"]) in ranks]
     assumption = ASSUMPTION.format(bucket=ctx.t.bucket_bytes / 1e6)
     if not rows:
         fitted = ctx.query("SELECT count(*) AS n FROM com005_fit")[0]["n"]
@@ -325,9 +389,11 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             worst = per.groupby("step", dropna=False).max()
             saving_us = float(worst.median()) / 1000.0
             s_us = step_us(ctx, int(per.groupby("rank").median().idxmax()))
-        replay = _replay_of(ctx, sorted(int(r) for r in small["rank"].unique())) if str(g["src"].iloc[0]) == "host" else None
+        src = "host" if str(g["src"].iloc[0]) == "host" else "device"
+        replay = _replay_of(ctx, sorted(int(r) for r in small["rank"].unique()), src)
         replayed = bool(replay and replay.get("estimated") and replay.get("reproduced"))
-        fit = ctx.query("SELECT * FROM com005_fit ORDER BY rank, op") if replay is not None else []
+        fit = [f for f in ctx.query("SELECT * FROM com005_fit ORDER BY rank, op")
+               if int(f["rank"]) in set(small["rank"].astype(int))] if replay is not None else []
         mean = float(g["bytes"].mean())
         mean_small = float(small["bytes"].mean())
         kind = "intra-node" if transport in INTRA_NODE or str(g["src"].iloc[0]) == "comm_ops" else "network"
@@ -346,13 +412,14 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 "size_class": kind,
                 "small_time_ms": round(float(small["time_ns"].sum()) / 1e6, 3),
                 "source": str(g["src"].iloc[0]),
+                **({"call_cost_rows": len(fit)} if len(fit) > MAX_FIT_ROWS else {}),
                 **({"call_cost": [{"rank": int(f["rank"]), "op": str(f["op"]), "calls": int(f["calls"]),
                                    "per_call_us": round(float(f["per_call_ns"]) / 1e3, 3),
                                    "bandwidth_gbps": round(1.0 / float(f["ns_per_byte"]), 4)
                                    if f["ns_per_byte"] else None,
                                    "caller_call_us": None if f["caller_call_ns"] is None
                                    else round(float(f["caller_call_ns"]) / 1e3, 3),
-                                   "basis": str(f["basis"])} for f in fit]} if fit else {}),
+                                   "basis": str(f["basis"])} for f in fit[:MAX_FIT_ROWS]]} if fit else {}),
             },
             saving_us=saving_us,
             step_us=s_us,
