@@ -36,7 +36,8 @@ _SMALL_PACKETS_COST_NOTHING = (
     "the generator's small_packets shrinks the TP all-gathers' volume (16 KB instead of 8 MB) instead of "
     "splitting the same volume into small packets, and those all-gathers overlap backward: the cluster's step "
     "is the same on both sides (7306.2 µs, measured change 0), so there is nothing to predict or to be the "
-    "verdict (COM005 reports 35.4 µs, low, the fixed side 27.9 µs for the 4 KB world all-reduce)")
+    "verdict (COM005's replay of the small collectives merged into 25 MB buckets: 5.1 µs, low; the fixed "
+    "side's 4 MB TP all-gathers, small too against 16 MB, 62.0 µs)")
 
 
 class Twin:

@@ -446,3 +446,43 @@ def test_a_straggler_is_replayed_only_where_its_group_was_read_together() -> Non
     assert f["replay"]["estimated"] is False and "not read together" in f["replay"]["reason"]
     assert f["estimated_saving_us"] == pytest.approx(30_000)  # the rule's own: the worst member's wait
     assert "not read together" in f["evidence"]["saving_not_replayed"]
+
+
+def test_a_caller_waiting_for_a_host_collective_resumes_when_it_ends() -> None:
+    """Host thread h: ``backward`` 0-100 µs issues ``c10d::allreduce_`` (20-30); gloo's work thread w runs
+    ``gloo:all_reduce`` 40-300; h is idle until 310, then ``copy`` 310-320 and ``opt`` 320-400. h's resuming
+    waits for the collective's end (10 µs after it). The collective at 60 µs (ends at 100): ``copy`` starts
+    at 110, the step ends at 200 instead of 400. The caller's call at 5 µs instead of 10: the rest of
+    ``backward``, and the collective it hands off to, 5 µs earlier."""
+    cur = _tiny([
+        ("host_op", "backward", "h", False, None, 0, 100, None),
+        ("comm", "c10d::allreduce_", "h", False, None, 20, 10, None),
+        ("comm", "gloo:all_reduce", "w", False, None, 40, 260, None),
+        ("host_op", "copy", "h", False, None, 310, 10, None),
+        ("host_op", "opt", "h", False, None, 320, 80, None),
+    ])
+    g = R.build(cur, 0, 0, 0, 400_000)
+    assert g is not None and R.reproduction_error(g) == 0
+    waits = g.etype == R.EDGE_KINDS.index(EdgeKind.COMMUNICATION_COMPLETION)
+    assert int(waits.sum()) == 1
+    assert g.w.name[int(g.event[int(g.dst[waits][0])])] == "copy"
+    sel = R.Select(kinds=("comm",), device=False)
+    assert R.saving(g, [R.Change("bound", sel, at=(("gloo:all_reduce", 40_000, 60_000),))]) == 200_000
+    assert R.saving(g, [R.Change("bound", sel, at=(("c10d::allreduce_", 20_000, 5_000),))]) == 5_000
+    # an instance not listed (another start) is left alone
+    assert R.saving(g, [R.Change("bound", sel, at=(("gloo:all_reduce", 41_000, 60_000),))]) == 0
+
+
+def test_a_device_collective_bounded_by_instance() -> None:
+    """The host launches collective X (stream 7, 20-120 µs) and kernel K (stream 7, 120-220 µs, after X on
+    its stream). X at 40 µs: K runs 60-160, the step (to 220) ends 60 µs earlier."""
+    cur = _tiny([
+        ("runtime", "launch", "h", False, None, 0, 3, 1),
+        ("runtime", "launch", "h", False, None, 5, 3, 2),
+        ("comm", "hcom_allGather__1_1_1", "7", True, 7, 20, 100, 1),
+        ("kernel", "K", "7", True, 7, 120, 100, 2),
+    ])
+    g = R.build(cur, 0, 0, 0, 220_000)
+    assert g is not None and R.reproduction_error(g) == 0
+    ch = R.Change("bound", R.Select(kinds=("comm",), device=True), at=(("hcom_allGather__1_1_1", 20_000, 40_000),))
+    assert R.saving(g, [ch]) == 60_000

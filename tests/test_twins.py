@@ -74,15 +74,6 @@ def best(rep: Report, cause: str) -> Finding | None:
     return max(found, key=lambda f: f.estimated_saving_us or 0.0) if found else None
 
 
-_NO_BUCKET_COUNTERFACTUAL = (
-    "COM005 finds the small gloo all-reduces (16 per step of 16.6 KB, against 1 MB) but states no saving: "
-    "the socket transport has no known peak, the collectives' durations include waiting, and the profile "
-    "holds no bucketed message to measure what a fused transfer costs; the fix measured 8.6 ms of 20.2 ms "
-    "(the all-reduces run beside backward on gloo's thread: 18.3 ms of them per step on rank 0, 3.4 ms "
-    "fixed, so even their summed durations would not be the step's change: a replay joining that thread "
-    "to the main thread's wait would be). "
-    "Without a saving COM005 stays low and the verdict goes to VAR001 (the all-reduces' variance)")
-
 #: twin -> the cause planted in it (docs/CAUSES.md), and why it misses where it does
 CASES: dict[str, tuple[str, str | None]] = {
     "slow_dataloader": ("io.slow_data_processing", None),
@@ -91,7 +82,7 @@ CASES: dict[str, tuple[str, str | None]] = {
     "dynamic_shapes": ("cpu.operator_compilation", None),
     "step_outlier": ("cluster.step_fluctuation", None),
     "straggler": ("cluster.slow_rank", None),
-    "ddp_buckets": ("comm.small_packet", _NO_BUCKET_COUNTERFACTUAL),
+    "ddp_buckets": ("comm.small_packet", None),
 }
 
 

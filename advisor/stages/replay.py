@@ -19,6 +19,9 @@ stage names (its readers and look-ups are reused, not repeated here):
   its rest starts when both the call has begun and that task has ended;
 * **thread hand-off** – a helper thread that wakes up (its first segment, or one after an idle gap)
   starts at a fixed offset into the main thread's segment running then;
+* **host collective completion** – a thread resuming after an idle gap in which a host collective of
+  another thread ended (gloo runs its collectives on work threads: DDP's caller waits for them) starts
+  after the one that ended last in the gap;
 * **data-loader waits** are host segments owned by the ``dataloader`` events (``__next__``): host
   order makes the next launches wait for them.
 
@@ -35,8 +38,8 @@ the measured schedule back, unless an edge contradicts the timestamps (a node st
 predecessor reached its point), which the **reproduction error** measures. The replayed step is the
 latest replayed end plus the measured time from the last work to the step's end.
 
-A :class:`Change` is data: remove events, bound or scale their durations, or drop edges of a kind
-(a sync's wait edge: the host no longer waits). :func:`saving` = measured step − replayed step.
+A :class:`Change` is data: remove events, bound (by name or per instance) or scale their durations,
+or drop edges of a kind (a sync's wait edge: the host no longer waits). :func:`saving` = measured step − replayed step.
 """
 
 from __future__ import annotations
@@ -279,6 +282,7 @@ def graph_of(cur: Any, rank: int, step: int | None, w: Window, rank_syncs: list[
                 p = bisect.bisect_right(main_segs[0], a) - 1
                 if p >= 0 and main_segs[0][p] <= a:
                     edges.append((main_segs[2][p], v, _CODE[EdgeKind.THREAD_HAND_OFF], True))
+    edges += _host_comm_waits(w, thread_nodes, seg_last)
     # device tasks (communication ops that only span their tasks on another lane are left out)
     containers = _containers(w, st.dev_all)
     node_of_task: dict[int, int] = {}
@@ -365,6 +369,37 @@ def _host_sync_ops(w: Window, calls: set[int]) -> set[int]:
         if p < len(starts) and starts[p] < int(w.end[i]):
             continue
         out.add(i)
+    return out
+
+
+def _host_comm_waits(w: Window, thread_nodes: dict[str, tuple[list[int], list[int], list[int]]],
+                     seg_last: dict[str, tuple[list[int], list[int]]]) -> list[tuple[int, int, int, bool]]:
+    """Host collective completion: a thread that resumes after an idle gap in which a host collective
+    of another thread of the step ended (gloo / MPI run their collectives on work threads; the caller
+    waits for them, e.g. DDP before the optimizer) waits for the one that ended last in the gap
+    (inferred from timing, as on the device)."""
+    comm = sorted((int(w.end[i]), i) for i in range(w.n)
+                  if w.kind[i] == "comm" and not w.device[i] and w.tid[i] in thread_nodes)
+    if not comm:
+        return []
+    comm_end = [e for e, _ in comm]
+    code = _CODE[EdgeKind.COMMUNICATION_COMPLETION]
+    out: list[tuple[int, int, int, bool]] = []
+    for tid, (starts, ends, ids) in thread_nodes.items():
+        for k in range(1, len(starts)):
+            a, b = ends[k - 1], starts[k]
+            if b <= a:
+                continue
+            p = bisect.bisect_right(comm_end, b) - 1
+            while p >= 0 and comm_end[p] > a and w.tid[comm[p][1]] == tid:
+                p -= 1
+            if p < 0 or comm_end[p] <= a:
+                continue
+            i = comm[p][1]
+            c_ends, c_last = seg_last[w.tid[i]]
+            q = bisect.bisect_left(c_ends, comm_end[p])
+            if q < len(c_ends) and c_ends[q] == comm_end[p]:
+                out.append((c_last[q], ids[k], code, False))
     return out
 
 
@@ -575,6 +610,9 @@ class Change:
     edge: EdgeKind | None = None
     #: ``bound`` per event name (ns), for events whose bound differs (a collective's transfer time)
     bounds: tuple[tuple[str, int], ...] = ()
+    #: ``bound`` per event instance: (name, start ns, bound ns) of selected events (a collective's share
+    #: of a merged one's time); a host event's nodes, its nested events' too, shrink in proportion
+    at: tuple[tuple[str, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.action not in ("remove", "bound", "scale", "scale_gaps", "drop_edges"):
@@ -630,6 +668,8 @@ def apply(g: Graph, changes: Sequence[Change]) -> tuple[np.ndarray, np.ndarray |
         touched |= sel
         if ch.action == "remove":
             dur[sel] = 0
+        elif ch.action == "bound" and ch.at:
+            _bound_at(g, ch, dur)
         elif ch.action == "bound" and ch.bounds:
             per = dict(ch.bounds)
             for v in np.flatnonzero(sel & g.device).tolist():
@@ -647,6 +687,26 @@ def apply(g: Graph, changes: Sequence[Change]) -> tuple[np.ndarray, np.ndarray |
             drop = (g.etype == code) & sel[g.dst]
             keep = ~drop if keep is None else keep & ~drop
     return dur, keep, touched
+
+
+def _bound_at(g: Graph, ch: Change, dur: np.ndarray) -> None:
+    """Apply ``ch.at``: each listed event (among those ``ch.select`` selects) takes at most its bound."""
+    w = g.w
+    per = {(nm, int(s)): int(b) for nm, s, b in ch.at}
+    chosen = ch.select.events(w)
+    for i in np.flatnonzero(chosen).tolist():
+        b = per.get((str(w.name[i]), int(w.start[i])))
+        if b is None:
+            continue
+        one = np.zeros(w.n, dtype=bool)
+        one[i] = True
+        vs = nodes_of(g, one)
+        if w.device[i]:
+            dur[vs] = np.minimum(dur[vs], max(b, 0))
+            continue
+        span = int(w.end[i]) - int(w.start[i])
+        if span > b:
+            dur[vs] = np.round(dur[vs] * (max(b, 0) / span)).astype(np.int64)
 
 
 def gap_delays(g: Graph, changes: Sequence[Change]) -> np.ndarray | None:

@@ -21,8 +21,25 @@ reaches ``min_small_share``; the finding reports the mean size next to the thres
 
 The saving per step, where the transport's peak is known, is the transit time of the small
 transfers minus bytes / peak (what they would cost if fused into transfers that run at peak),
-on the worst rank, median over steps. Otherwise (durations include waiting) there is no
-estimate and the finding is low severity.
+on the worst rank, median over steps.
+
+On host collectives (gloo, MPI, UCC: no peak, durations that include waiting), and on device
+collectives whose export records their bytes and transit time (Ascend communication.json / .db: the
+transit time is the fit's time), the saving is the what-if replay of the fix: the small collectives of each kind and step, in issue order, merged into
+buckets of ``bucket_bytes`` (DDP's default 25 MB). A collective costs a per-call part plus bytes at a
+bandwidth, both estimated on the rank from its own calls of that kind: a least-squares fit of the
+fastest call of each size against its bytes (waiting only lengthens a call), or, where the sizes do
+not vary (or the fit is not a cost), the fastest call as the per-call cost and the bandwidth at which a
+transfer of the rule's size threshold spends as long on bytes as on the call (the threshold taken as
+Hockney's half-performance length; the basis is in the evidence). Each small collective is bounded to
+its bytes' share of its bucket's time (per-call cost once per bucket plus the bucket's bytes), and so
+is the caller's call that issued it (gloo's ``c10d::*``, paired in issue order: its fastest call, once
+per bucket). A device collective's kind is its operator type and group. The replay (one rank's graph: the work threads' collectives, the caller waiting for the last
+of them to end) gives each rank's step; the saving is the cluster's step (its slowest rank) measured
+less replayed, the mean over steps. A step with one small collective of a kind merges nothing. The
+replay of one rank cannot tell a collective's waiting for a late peer from its cost: a bucket is taken
+to wait for nobody, as the small collectives' fastest calls did. Otherwise (durations include waiting,
+no sizes) there is no estimate and the finding is low severity.
 
 ## What to do
 Fuse gradients into larger buckets (DDP ``bucket_cap_mb``, Megatron / DeepSpeed bucket sizes),
@@ -36,9 +53,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from advisor.engine.rule import RankPart, RuleContext, knob, rule
+from advisor.engine.rule import Change, RankPart, RuleContext, Select, knob, rule
 from advisor.model import Finding, Severity
 from advisor.schema import DTYPE_BYTES_SQL
 from rules.comm._common import BW_ROWS_CTE, INTRA_NODE, PeakThresholds, peak_case, step_us
@@ -53,6 +71,8 @@ class Thresholds(PeakThresholds):
                                 "at about 32 MB")
     min_inter_bytes: int = knob(1_000_000, "RDMA / network (socket) transfers smaller than this are small (1 MB)",
                                 "msprof-analyze advisor packet.yaml min_rdma_size 1 MB")
+    bucket_bytes: int = knob(25_000_000, "the counterfactual merges small collectives into buckets of this size (25 MB)",
+                             "PyTorch DistributedDataParallel bucket_cap_mb default 25 (torch_npu's DDP the same)")
     min_small_share: float = knob(0.2, "share of small transfers (by count) that fires the rule",
                                   "msprof-analyze advisor packet.yaml min_sdma_ratio / min_rdma_ratio 0.2")
 
@@ -94,16 +114,261 @@ WHERE kind = 'comm' AND NOT device AND regexp_matches(name, '^(gloo|mpi|ucc):')
 ORDER BY rank, start_ns, name
 """.format(dtype=DTYPE_BYTES_SQL.format(d="json_extract_string(dtypes, '$[0]')"))
 
+# the host collectives of the counterfactual: the work (``gloo:*`` ... on the backend's work threads,
+# with bytes) and the caller's call that issued it (``c10d::*`` on the training thread); ``op`` is the
+# collective both name (``gloo:all_reduce`` and ``c10d::allreduce_``: ``allreduce``)
+REPLAY_SQL = """
+SELECT step, name, start_ns, dur_ns,
+       regexp_matches(name, '^(gloo|mpi|ucc):') AS work,
+       lower(replace(regexp_replace(name, '^.*:', ''), '_', '')) AS op,
+       CASE WHEN regexp_matches(name, '^(gloo|mpi|ucc):')
+            THEN list_product(TRY_CAST(json_extract(shapes, '$[0]') AS BIGINT[])) * ({dtype}) END AS bytes
+FROM events
+WHERE rank = $rank AND kind = 'comm' AND NOT device AND step IS NOT NULL AND dur_ns > 0
+  AND regexp_matches(name, '^(gloo|mpi|ucc):|^c10d::')
+ORDER BY step, start_ns, name
+""".format(dtype=DTYPE_BYTES_SQL.format(d="json_extract_string(dtypes, '$[0]')"))
+
+# the device collectives of the counterfactual: those with bytes and a transit time (the time moving
+# data, without waiting: Ascend communication.json / .db), each with its device event (same name; the
+# same start, or the only event of that name); ``op`` its kind and group; small below the threshold of
+# the transport carrying most of its bytes (comm_bandwidth; intra-node where none is recorded)
+DEVICE_SQL = """
+WITH ev AS (
+    SELECT name, start_ns, count(*) OVER (PARTITION BY name) AS n FROM events
+    WHERE rank = $rank AND device AND kind = 'comm'
+),
+tr AS (
+    SELECT name, step, arg_max(upper(transport), bytes) AS transport FROM comm_bandwidth
+    WHERE rank = $rank AND bytes > 0 GROUP BY ALL
+)
+SELECT c.step, c.name, e.start_ns, c.transit_ns AS fit_ns, c.bytes,
+       coalesce(c.op_type, 'collective') || ' / ' || coalesce(c.group_name, '') AS op,
+       CASE WHEN tr.transport = 'RDMA' THEN $inter ELSE $intra END AS min_bytes
+FROM comm_ops c
+JOIN ev e ON e.name = c.name AND (e.start_ns = c.start_ns OR e.n = 1)
+LEFT JOIN tr ON tr.name = c.name AND tr.step IS NOT DISTINCT FROM c.step
+WHERE c.rank = $rank AND c.step IS NOT NULL AND c.bytes > 0 AND c.transit_ns IS NOT NULL
+ORDER BY c.step, e.start_ns, c.name
+"""
+
+#: the per-rank cost estimates the evidence lists (their count is given where there are more)
+MAX_FIT_ROWS = 4
+
+#: the sizes vary enough for a fit of time against bytes when the largest is this many times the smallest
+MIN_SIZE_SPREAD = 2.0
+
+REPLAY_TABLES = {
+    "com005_host": "rank INTEGER, step INTEGER, name VARCHAR, bytes DOUBLE, time_ns BIGINT",
+    "com005_replay": "rank INTEGER, src VARCHAR, step INTEGER, measured_ns BIGINT, saving_ns BIGINT, error DOUBLE, "
+                     "reason VARCHAR",
+    "com005_fit": "rank INTEGER, op VARCHAR, calls BIGINT, sizes BIGINT, per_call_ns DOUBLE, ns_per_byte DOUBLE, "
+                  "caller_call_ns DOUBLE, basis VARCHAR",
+}
+
+
+@dataclass(frozen=True)
+class CallCost:
+    """One kind of collective's cost on one rank: ``per_call_ns`` + bytes × ``ns_per_byte``, and how it
+    was estimated."""
+
+    per_call_ns: float
+    ns_per_byte: float
+    basis: str
+
+
+def fit_cost(sizes: list[float], times: list[float], half_bytes: float) -> CallCost:
+    """Per-call cost and time per byte of a kind of collective, from its calls' (bytes, ns).
+
+    Durations include waiting for peers, which only lengthens them: the fit is of the lower envelope, the
+    fastest call of each size, least squares of time against bytes. Where the sizes do not vary
+    (largest < :data:`MIN_SIZE_SPREAD` × smallest) or the fit is not a cost (negative per-call cost or
+    time per byte), the per-call cost is the fastest call and the bandwidth is the one that makes
+    ``half_bytes`` (the size the rule calls small: below it the fixed cost dominates) cost as much in
+    bytes as in the fixed part (Hockney's half-performance length n½ = per-call cost × bandwidth)."""
+    fastest: dict[float, float] = {}
+    for b, t in zip(sizes, times, strict=True):
+        fastest[b] = min(t, fastest.get(b, t))
+    xs = sorted(fastest)
+    if len(xs) >= 2 and xs[-1] >= MIN_SIZE_SPREAD * xs[0]:
+        x = np.asarray(xs, dtype=float)
+        y = np.asarray([fastest[v] for v in xs], dtype=float)
+        slope, icpt = np.polyfit(x, y, 1)
+        if icpt > 0 and slope > 0:
+            return CallCost(float(icpt), float(slope),
+                            f"least-squares fit of the fastest call per size ({len(xs)} sizes, "
+                            f"{xs[0]:.0f}-{xs[-1]:.0f} B)")
+        why = "the fit of time against bytes gives no positive per-call cost and time per byte"
+    else:
+        why = (f"the sizes do not vary (one size, {xs[0]:.0f} B)" if len(xs) == 1 else
+               f"the sizes vary less than {MIN_SIZE_SPREAD:g}x ({xs[0]:.0f}-{xs[-1]:.0f} B)")
+    a = min(fastest.values())
+    return CallCost(a, a / half_bytes,
+                    f"{why}: per-call cost = the fastest call ({a / 1e3:.1f} us), bandwidth such that a "
+                    f"{half_bytes / 1e6:g} MB transfer spends as long on bytes as on the per-call cost")
+
+
+def bucket_bounds(works: list[dict[str, Any]], cost: CallCost, bucket_bytes: float) -> list[tuple[int, float, float]]:
+    """Each small work (in issue order) merged into buckets of up to ``bucket_bytes``: its bound is its
+    bytes' share of its bucket's time (the per-call cost once per bucket plus the bucket's bytes). A
+    bucket of one work merges nothing: it is left out.
+    (index into ``works``, bound ns, its bytes' share of its bucket)."""
+    out: list[tuple[int, float, float]] = []
+    bucket: list[int] = []
+    total = 0.0
+
+    def close() -> None:
+        if len(bucket) < 2:  # nothing merged: the collective keeps its time
+            return
+        t = cost.per_call_ns + total * cost.ns_per_byte
+        out.extend((k, t * float(works[k]["bytes"]) / total, float(works[k]["bytes"]) / total) for k in bucket)
+
+    for k, w in enumerate(works):
+        b = float(w["bytes"])
+        if bucket and total + b > bucket_bytes:
+            close()
+            bucket, total = [], 0.0
+        bucket.append(k)
+        total += b
+    if bucket and total > 0:
+        close()
+    return out
+
+
+def _merged(ctx: RuleContext[Thresholds], rank: int, works: list[dict[str, Any]],
+            callers: list[dict[str, Any]]) -> tuple[list[tuple[str, int, int]], list[tuple[Any, ...]], set[int]]:
+    """The bounds of rank ``rank``'s small ``works`` (rows: ``step``, ``name``, ``start_ns`` of the
+    event to bound, ``fit_ns`` the time the cost is fitted on, ``bytes``, ``op`` the kind and link,
+    ``min_bytes`` the size below which it is small) merged into buckets, and of the ``callers`` (rows:
+    ``step``, ``name``, ``start_ns``, ``dur_ns``, ``op``) that issued them; the ``com005_fit`` rows; the
+    steps with a bound."""
+    fits: list[tuple[Any, ...]] = []
+    at: list[tuple[str, int, int]] = []
+    steps: set[int] = set()
+    for op in sorted({str(r["op"]) for r in works}):
+        mine = [r for r in works if r["op"] == op]
+        small = [r for r in mine if float(r["bytes"]) < float(r["min_bytes"])]
+        if not small:
+            continue
+        cost = fit_cost([float(r["bytes"]) for r in mine], [float(r["fit_ns"]) for r in mine],
+                        float(small[0]["min_bytes"]))
+        calls_of = [r for r in callers if r["op"] == op]
+        caller_ns = min((float(r["dur_ns"]) for r in calls_of), default=None)
+        fits.append((rank, op, len(mine), len({float(r["bytes"]) for r in mine}), cost.per_call_ns, cost.ns_per_byte,
+                     caller_ns, cost.basis))
+        for step in sorted({int(r["step"]) for r in small}):
+            ws = [r for r in small if int(r["step"]) == step]
+            bounds = bucket_bounds(ws, cost, float(ctx.t.bucket_bytes))
+            at += [(str(ws[k]["name"]), int(ws[k]["start_ns"]), round(b)) for k, b, _ in bounds]
+            if bounds:
+                steps.add(step)
+            # the calls that issued them, k-th call to k-th work (both in issue order), where they pair one
+            # to one: the call's per-call cost (its fastest) paid once per bucket, shared as the bytes are
+            calls = [r for r in calls_of if int(r["step"]) == step]
+            alls = [r for r in mine if int(r["step"]) == step]
+            if caller_ns is not None and len(calls) == len(alls):
+                share = {id(ws[k]): f for k, _, f in bounds}
+                for c, w in zip(calls, alls, strict=True):
+                    f = share.get(id(w))
+                    if f is not None:
+                        at.append((str(c["name"]), int(c["start_ns"]), round(caller_ns * f)))
+    return at, fits, steps
+
+
+def _replayed(ctx: RuleContext[Thresholds], rank: int, src: str, at: list[tuple[str, int, int]],
+              device: bool, steps: set[int]) -> list[tuple[Any, ...]]:
+    """The ``com005_replay`` rows of rank ``rank``: its steps replayed with the ``at`` bounds."""
+    if not at:
+        return []
+    change = Change("bound", Select(kinds=("comm",), device=device), at=tuple(at))
+    return [(rank, src, res.step, res.measured_ns, res.saving_ns if res.reproduced else None, res.error,
+             res.reason or (None if res.reproduced else "the replay does not reproduce the measured step"))
+            for res in ctx.replay_steps(rank, [change], sorted(steps))]
+
+
+def _host_counterfactual(ctx: RuleContext[Thresholds], rank: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Rank ``rank``'s host collectives merged into buckets (:data:`ASSUMPTION`), replayed per step: the
+    ``com005_replay`` and ``com005_fit`` rows."""
+    rows = ctx.query(REPLAY_SQL, {"rank": int(rank)})
+    works = [{**r, "fit_ns": r["dur_ns"], "min_bytes": ctx.t.min_inter_bytes} for r in rows
+             if r["work"] and r["bytes"] is not None and float(r["bytes"]) > 0]
+    if not works:
+        return [], []
+    at, fits, steps = _merged(ctx, rank, works, [r for r in rows if not r["work"]])
+    return _replayed(ctx, rank, "host", at, False, steps), fits
+
+
+def _device_counterfactual(ctx: RuleContext[Thresholds], rank: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Rank ``rank``'s device collectives with sizes and transit times (Ascend communication.json / .db)
+    merged into buckets, replayed per step: the ``com005_replay`` and ``com005_fit`` rows."""
+    rows = ctx.query(DEVICE_SQL, {"rank": int(rank), "intra": ctx.t.min_intra_bytes, "inter": ctx.t.min_inter_bytes})
+    if not rows:
+        return [], []
+    at, fits, steps = _merged(ctx, rank, rows, [])
+    return _replayed(ctx, rank, "device", at, True, steps), fits
+
 
 def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
     """What COM005 reads of each rank's events (see :class:`advisor.engine.rule.RankPart`)."""
-    return {"com005_host": [(r["rank"], r["step"], r["name"], r["bytes"], r["time_ns"])
-                            for r in ctx.query(HOST_SQL)]}
+    host = [(r["rank"], r["step"], r["name"], r["bytes"], r["time_ns"]) for r in ctx.query(HOST_SQL)]
+    replayed: list[tuple[Any, ...]] = []
+    fits: list[tuple[Any, ...]] = []
+    device_ranks = {int(r["rank"]) for r in ctx.query(
+        "SELECT DISTINCT rank FROM comm_ops WHERE bytes > 0 AND transit_ns IS NOT NULL")}
+    for rank in sorted(device_ranks):
+        rr, ff = _device_counterfactual(ctx, rank)
+        replayed += rr
+        fits += ff
+    for rank in sorted({int(r[0]) for r in host if r[3] is not None and float(r[3]) < ctx.t.min_inter_bytes}
+                       - device_ranks):
+        rr, ff = _host_counterfactual(ctx, rank)
+        replayed += rr
+        fits += ff
+    return {"com005_host": host, "com005_replay": replayed, "com005_fit": fits}
+
+
+NOTHING_MERGED = "no step issues two small collectives of a kind with sizes (one per step): merging saves no call"
+ASSUMPTION = ("if the small collectives were merged into buckets of {bucket:g} MB: each pays the per-call cost "
+              "once per bucket, and takes its bytes' share of the bucket's time (its caller's call too)")
+
+
+def _replay_of(ctx: RuleContext[Thresholds], ranks: list[int], src: str) -> dict[str, Any] | None:
+    """The finding's ``replay`` from ``com005_replay``: per step, the cluster's step (its slowest rank)
+    measured less replayed; the mean over the steps whose every rank was replayed. None: no replay."""
+    rows = [r for r in ctx.query("SELECT * FROM com005_replay WHERE src = $src ORDER BY step, rank", {"src": src})
+            if int(r["rank"]) in ranks]
+    assumption = ASSUMPTION.format(bucket=ctx.t.bucket_bytes / 1e6)
+    if not rows:
+        fitted = ctx.query("SELECT count(*) AS n FROM com005_fit")[0]["n"]
+        return {"estimated": False, "assumption": assumption, "reason": NOTHING_MERGED} if fitted else None
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_step.setdefault(int(r["step"]), []).append(r)
+    savings, errors, reasons = [], [], set()
+    for members in by_step.values():
+        errors += [float(r["error"]) for r in members if r["error"] is not None]
+        if any(r["saving_ns"] is None for r in members):
+            reasons |= {str(r["reason"]) for r in members if r["reason"]}
+            continue
+        measured = max(int(r["measured_ns"]) for r in members)
+        replayed = max(int(r["measured_ns"]) - int(r["saving_ns"]) for r in members)
+        savings.append((measured - replayed, measured))
+    if not savings:
+        return {"estimated": False, "assumption": assumption, "reason": "; ".join(sorted(reasons)) or "not replayed"}
+    saving_us = sum(sv for sv, _ in savings) / len(savings) / 1000.0
+    step_ns = sum(m for _, m in savings) / len(savings)
+    out = {"estimated": True, "saving_us": round(max(saving_us, 0.0), 3),
+           "saving_fraction": round(max(saving_us, 0.0) * 1000.0 / step_ns, 4) if step_ns else None,
+           "assumption": assumption, "reproduced": len(savings) == len(by_step),
+           "reproduction_error": round(max(errors), 4) if errors else 0.0,
+           "steps": len(by_step), "steps_replayed": len(savings)}
+    if reasons:
+        out["reason"] = "; ".join(sorted(reasons))
+    return out
 
 
 @rule("COM005", "comm.small-packet", cause="comm.small_packet", requires=("events", "steps"), thresholds=Thresholds,
-      scope="cluster", rank_part=RankPart(
-          {"com005_host": "rank INTEGER, step INTEGER, name VARCHAR, bytes DOUBLE, time_ns BIGINT"}, rank_part))
+      scope="cluster", rank_part=RankPart(REPLAY_TABLES, rank_part))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Fire per transport when too many transfers are below the size that reaches bandwidth."""
     df = ctx.df(SQL)
@@ -124,6 +389,11 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             worst = per.groupby("step", dropna=False).max()
             saving_us = float(worst.median()) / 1000.0
             s_us = step_us(ctx, int(per.groupby("rank").median().idxmax()))
+        src = "host" if str(g["src"].iloc[0]) == "host" else "device"
+        replay = _replay_of(ctx, sorted(int(r) for r in small["rank"].unique()), src)
+        replayed = bool(replay and replay.get("estimated") and replay.get("reproduced"))
+        fit = [f for f in ctx.query("SELECT * FROM com005_fit ORDER BY rank, op")
+               if int(f["rank"]) in set(small["rank"].astype(int))] if replay is not None else []
         mean = float(g["bytes"].mean())
         mean_small = float(small["bytes"].mean())
         kind = "intra-node" if transport in INTRA_NODE or str(g["src"].iloc[0]) == "comm_ops" else "network"
@@ -142,10 +412,19 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 "size_class": kind,
                 "small_time_ms": round(float(small["time_ns"].sum()) / 1e6, 3),
                 "source": str(g["src"].iloc[0]),
+                **({"call_cost_rows": len(fit)} if len(fit) > MAX_FIT_ROWS else {}),
+                **({"call_cost": [{"rank": int(f["rank"]), "op": str(f["op"]), "calls": int(f["calls"]),
+                                   "per_call_us": round(float(f["per_call_ns"]) / 1e3, 3),
+                                   "bandwidth_gbps": round(1.0 / float(f["ns_per_byte"]), 4)
+                                   if f["ns_per_byte"] else None,
+                                   "caller_call_us": None if f["caller_call_ns"] is None
+                                   else round(float(f["caller_call_ns"]) / 1e3, 3),
+                                   "basis": str(f["basis"])} for f in fit[:MAX_FIT_ROWS]]} if fit else {}),
             },
             saving_us=saving_us,
             step_us=s_us,
-            severity=None if saving_us is not None else Severity.LOW,
+            replay=replay,
+            severity=None if saving_us is not None or replayed else Severity.LOW,
             saving_basis="per step, transit time of the small transfers minus bytes / peak on the worst rank "
                          "(median over steps)" if saving_us is not None else
                          "no estimate: the durations include waiting for peers or the transport's peak is unknown",
