@@ -482,6 +482,9 @@ def test_own_segments_and_launched_tasks_are_selected_apart() -> None:
     assert [g.w.name[int(g.event[v])] for v in np.flatnonzero(sel)] == ["B"]
     assert R.saving(g, [R.Change("scale", R.Select(names=("aten::mul",), launched=True), value=0.5)]) == 6_500
     assert R.saving(g, [R.Change("scale", R.Select(device=True), scales=(("B", 0.5),))]) == 6_500
+    # one recorded event by its name and start
+    assert R.saving(g, [R.Change("scale", R.Select(at=(("B", 87_000), ("B", 1))), value=0.5)]) == 6_500
+    assert R.saving(g, [R.Change("scale", R.Select(at=(("A", 87_000),)), value=0.5)]) == 0
 
 
 def test_short_outermost_operators_and_short_gaps() -> None:

@@ -528,8 +528,8 @@ class Select:
     """Which events of a window a change applies to: all of these that are given must hold.
 
     ``kinds`` event kinds (``not_kinds`` not these); ``names`` exact names; ``name_re`` / ``not_name_re`` regular expressions
-    on the name; ``device`` host (False) or device (True) events; ``tids`` events of these threads (host
-    thread ids); ``not_inside``: not nested in an event of these kinds on their thread; ``outermost``: of the host events these
+    on the name; ``at`` these recorded events, each by (name, start ns); ``device`` host (False) or device
+    (True) events; ``tids`` events of these threads (host thread ids); ``not_inside``: not nested in an event of these kinds on their thread; ``outermost``: of the host events these
     conditions select, only those not nested in another of them on their thread; ``max_dur_ns``: then only
     events shorter than this (their time in the window). On host threads a change takes the events nested
     in a selected one with it, unless ``exclusive``: then only the selected events' own segments (where
@@ -542,6 +542,7 @@ class Select:
     names: tuple[str, ...] = ()
     name_re: str | None = None
     not_name_re: str | None = None
+    at: tuple[tuple[str, int], ...] = ()
     device: bool | None = None
     tids: tuple[str, ...] = ()
     not_inside: tuple[str, ...] = ()
@@ -560,6 +561,10 @@ class Select:
         if self.names:
             names = set(self.names)
             ok &= np.fromiter((nm in names for nm in w.name), dtype=bool, count=w.n)
+        if self.at:
+            at = set(self.at)
+            ok &= np.fromiter(((nm, int(t)) in at for nm, t in zip(w.name, w.start.tolist(), strict=True)),
+                              dtype=bool, count=w.n)
         if self.device is not None:
             ok &= np.asarray(w.device, dtype=bool) == self.device
         if self.name_re is not None:
