@@ -23,7 +23,8 @@ idle time the host work covers (at most the step); an upper bound, as the host w
 remains and only the device's wait for it can go.
 
 Where the what-if replay of the steps reproduces every step, the saving is the replayed one instead,
-with the fix of the main reason as the change on the driving threads: framework and Python bound,
+with the fix of the main reason as the change on the driving threads (and those feeding them through
+a task queue, torch_npu's Python and autograd threads): framework and Python bound,
 the framework's and Python's own time removed (the launch calls, syncs and data loading nested in it
 kept); launch bound, the launch calls' own time removed too (one graph launch issues the step);
 allocator bound, the allocator calls removed with their waits. A sync-bound finding is not replayed:
@@ -182,6 +183,13 @@ host AS (
     SELECT rank, tid, s, e, 'Python' AS name, 4 AS cls FROM py_isl
 )
 SELECT rank, tid, s, e, cls, name FROM host
+"""
+
+# threads that feed a task queue the launching thread drains (torch_npu: the Python and autograd threads enqueue,
+# the task-queue thread dequeues and launches): they drive the device through it
+ENQUEUERS_SQL = """
+SELECT DISTINCT tid FROM events
+WHERE rank = $rank AND NOT device AND kind = 'queue' AND starts_with(name, 'Enqueue') AND tid IS NOT NULL
 """
 
 KERNEL_SQL = """
@@ -416,7 +424,8 @@ def _rank(ctx: RuleContext[Thresholds], rank: int, lo: int, hi: int, steps: dict
     if main == "sync":
         replay = {"estimated": False, "reason": SYNC_NOT_REPLAYED}
     else:
-        changes, assumption = counterfactual(main, drivers)
+        feeders = tuple(str(r["tid"]) for r in ctx.query(ENQUEUERS_SQL, {"rank": rank}))
+        changes, assumption = counterfactual(main, tuple(sorted({*drivers, *feeders})))
         replay = ctx.what_if(rank, changes, assumption, steps=step_ids)
     return ctx.finding(
         title=f"Rank {rank}'s device is busy {busy_share:.0%} of the step and waits on the host for "
