@@ -486,3 +486,65 @@ def test_a_device_collective_bounded_by_instance() -> None:
     assert g is not None and R.reproduction_error(g) == 0
     ch = R.Change("bound", R.Select(kinds=("comm",), device=True), at=(("hcom_allGather__1_1_1", 20_000, 40_000),))
     assert R.saving(g, [ch]) == 60_000
+
+
+def test_own_segments_and_launched_tasks_are_selected_apart() -> None:
+    """Host: ``step_fn`` (python, 0-90 µs) runs ``aten::add`` (10-30) around a launch of A (20-25, corr 1) and
+    ``aten::mul`` (60-90) around a launch of B (80-85, corr 2); A runs 27-40, B 87-100, each 7 µs after its
+    launch began. Without the framework's own time (``exclusive``: the segments the python and host_op events
+    own, their launches kept) the two launches run back to back at 0-5 and 5-10; A follows at 7-20 and B, its
+    launch at 5 + 7 but A before it on the stream, at 20-33: the step (100 µs) is 67 µs shorter. Removing
+    the same events with what is nested in them takes the launches' 5 µs too. ``launched`` selects the device
+    tasks launched from inside ``aten::mul``: B at half its 13 µs ends 6.5 µs earlier; so does B scaled by
+    name."""
+    cur = _tiny([
+        ("python", "step_fn", "h", False, None, 0, 90, None),
+        ("host_op", "aten::add", "h", False, None, 10, 20, None),
+        ("runtime", "cudaLaunchKernel", "h", False, None, 20, 5, 1),
+        ("host_op", "aten::mul", "h", False, None, 60, 30, None),
+        ("runtime", "cudaLaunchKernel", "h", False, None, 80, 5, 2),
+        ("kernel", "A", "7", True, 7, 27, 13, 1),
+        ("kernel", "B", "7", True, 7, 87, 13, 2),
+    ])
+    g = R.build(cur, 0, 0, 0, 100_000)
+    assert g is not None and R.reproduction_error(g) == 0
+    own = R.Select(kinds=("python", "host_op"), device=False, exclusive=True)
+    assert R.saving(g, [R.Change("remove", own)]) == 67_000
+    launches = [v for v in range(g.n) if g.w.name[int(g.event[v])] == "cudaLaunchKernel"]
+    assert R.apply(g, [R.Change("remove", own)])[0][launches].tolist() == [5_000, 5_000]
+    nested = R.Change("remove", R.Select(kinds=("python", "host_op"), device=False))
+    assert R.apply(g, [nested])[0][launches].tolist() == [0, 0]
+    # another thread's events, or only those outside a python event: nothing here
+    assert R.saving(g, [R.Change("remove", R.Select(kinds=("host_op",), tids=("other",), exclusive=True))]) == 0
+    assert not R.Select(kinds=("host_op", "python"), not_inside=("python",)).events(g.w).any()
+    assert R.Select(kinds=("host_op",), tids=("h",), not_inside=("kernel",)).events(g.w).sum() == 2
+    sel = R.select_nodes(g, R.Select(names=("aten::mul",), launched=True))
+    assert [g.w.name[int(g.event[v])] for v in np.flatnonzero(sel)] == ["B"]
+    assert R.saving(g, [R.Change("scale", R.Select(names=("aten::mul",), launched=True), value=0.5)]) == 6_500
+    assert R.saving(g, [R.Change("scale", R.Select(device=True), scales=(("B", 0.5),))]) == 6_500
+    # one recorded event by its name and start
+    assert R.saving(g, [R.Change("scale", R.Select(at=(("B", 87_000), ("B", 1))), value=0.5)]) == 6_500
+    assert R.saving(g, [R.Change("scale", R.Select(at=(("A", 87_000),)), value=0.5)]) == 0
+
+
+def test_short_outermost_operators_and_short_gaps() -> None:
+    """CPU-only thread: ``a`` 0-5 µs, ``b`` 10-100 with ``c`` 20-25 nested in it, ``d`` 200-205, ``e`` 208-210.
+    The outermost operators shorter than 10 µs are a, d and e (c is nested, b is long): removed, 12 µs. The
+    gaps shorter than 50 µs before the outermost operators (5 before b, 3 before e; not the 100 before d)
+    closed: 8 µs more."""
+    cur = _tiny([
+        ("host_op", "a", "h", False, None, 0, 5, None),
+        ("host_op", "b", "h", False, None, 10, 90, None),
+        ("host_op", "c", "h", False, None, 20, 5, None),
+        ("host_op", "d", "h", False, None, 200, 5, None),
+        ("host_op", "e", "h", False, None, 208, 2, None),
+    ])
+    g = R.build(cur, 0, 0, 0, 210_000)
+    assert g is not None and R.reproduction_error(g) == 0
+    top = R.Select(kinds=("host_op",), device=False, outermost=True)
+    short = R.Select(kinds=("host_op",), device=False, outermost=True, max_dur_ns=10_000)
+    assert sorted(g.w.name[i] for i in np.flatnonzero(short.events(g.w))) == ["a", "d", "e"]
+    assert R.saving(g, [R.Change("remove", short)]) == 12_000
+    gaps = R.Change("scale_gaps", top, value=0.0, max_gap_ns=50_000)
+    assert R.saving(g, [gaps]) == 8_000
+    assert R.saving(g, [R.Change("remove", short), gaps]) == 20_000

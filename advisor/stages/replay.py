@@ -563,15 +563,28 @@ class Select:
     """Which events of a window a change applies to: all of these that are given must hold.
 
     ``kinds`` event kinds (``not_kinds`` not these); ``names`` exact names; ``name_re`` / ``not_name_re`` regular expressions
-    on the name; ``device`` host (False) or device (True) events. On host threads a change takes the
-    events nested in a selected one with it."""
+    on the name; ``at`` these recorded events, each by (name, start ns); ``device`` host (False) or device
+    (True) events; ``tids`` events of these threads (host thread ids); ``not_inside``: not nested in an event of these kinds on their thread; ``outermost``: of the host events these
+    conditions select, only those not nested in another of them on their thread; ``max_dur_ns``: then only
+    events shorter than this (their time in the window). On host threads a change takes the events nested
+    in a selected one with it, unless ``exclusive``: then only the selected events' own segments (where
+    one of them is the innermost event running), not those of the events nested in them. ``launched``:
+    instead of the selected events, the device tasks launched from inside them (their launch call is a
+    selected host event or nested in one)."""
 
     kinds: tuple[str, ...] = ()
     not_kinds: tuple[str, ...] = ()
     names: tuple[str, ...] = ()
     name_re: str | None = None
     not_name_re: str | None = None
+    at: tuple[tuple[str, int], ...] = ()
     device: bool | None = None
+    tids: tuple[str, ...] = ()
+    not_inside: tuple[str, ...] = ()
+    outermost: bool = False
+    max_dur_ns: int | None = None
+    exclusive: bool = False
+    launched: bool = False
 
     def events(self, w: Window) -> np.ndarray:
         """The window's events this selects (a boolean mask)."""
@@ -583,6 +596,10 @@ class Select:
         if self.names:
             names = set(self.names)
             ok &= np.fromiter((nm in names for nm in w.name), dtype=bool, count=w.n)
+        if self.at:
+            at = set(self.at)
+            ok &= np.fromiter(((nm, int(t)) in at for nm, t in zip(w.name, w.start.tolist(), strict=True)),
+                              dtype=bool, count=w.n)
         if self.device is not None:
             ok &= np.asarray(w.device, dtype=bool) == self.device
         if self.name_re is not None:
@@ -591,7 +608,54 @@ class Select:
         if self.not_name_re is not None:
             rx = re.compile(self.not_name_re)
             ok &= np.fromiter((not rx.search(nm or "") for nm in w.name), dtype=bool, count=w.n)
+        if self.tids:
+            tids = set(self.tids)
+            ok &= np.fromiter((t in tids for t in w.tid), dtype=bool, count=w.n)
+        if self.not_inside:
+            ok &= ~_inside_kinds(w, self.not_inside)
+        if self.outermost:
+            ok &= ~_nested(w, ok)
+        if self.max_dur_ns is not None:
+            ok &= (w.end - w.start) < int(self.max_dur_ns)
         return ok
+
+
+def _inside_kinds(w: Window, kinds: tuple[str, ...]) -> np.ndarray:
+    """The host events lying within an event of ``kinds`` on their thread (those events themselves too)."""
+    out = np.zeros(w.n, dtype=bool)
+    host = ~np.asarray(w.device, dtype=bool)
+    outer = host & np.fromiter((k in kinds for k in w.kind), dtype=bool, count=w.n)
+    if not outer.any():
+        return out
+    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for i in np.flatnonzero(outer).tolist():
+        spans[w.tid[i]].append((int(w.start[i]), int(w.end[i])))
+    for tid, sp in spans.items():
+        sp.sort()
+        a = np.asarray([x for x, _ in sp], dtype=np.int64)
+        b = np.maximum.accumulate(np.asarray([y for _, y in sp], dtype=np.int64))
+        ix = np.flatnonzero(host & np.fromiter((t == tid for t in w.tid), dtype=bool, count=w.n))
+        p = np.searchsorted(a, w.start[ix], side="right") - 1
+        out[ix] = (p >= 0) & (w.end[ix] <= np.where(p >= 0, b[np.clip(p, 0, None)], 0))
+    return out
+
+
+def _nested(w: Window, among: np.ndarray) -> np.ndarray:
+    """The host events of ``among`` (a mask) nested in another of them on their thread: one starting no
+    earlier than it whose span reaches past its start, of those starting earlier (longer first on ties)."""
+    out = np.zeros(w.n, dtype=bool)
+    host = np.flatnonzero(among & ~np.asarray(w.device, dtype=bool))
+    by_tid: dict[str, list[int]] = defaultdict(list)
+    for i in host.tolist():
+        by_tid[w.tid[i]].append(i)
+    for ix in by_tid.values():
+        ix.sort(key=lambda i: (int(w.start[i]), -int(w.end[i])))
+        reach = None
+        for i in ix:
+            if reach is not None and reach > int(w.start[i]):
+                out[i] = True
+            reach = int(w.end[i]) if reach is None else max(reach, int(w.end[i]))
+    return out
 
 
 @dataclass(frozen=True)
@@ -600,9 +664,9 @@ class Change:
 
     ``action``: ``remove`` (the selected events take no time: host events with everything nested in
     them), ``bound`` (at most ``value`` ns each), ``scale`` (times ``value``), ``scale_gaps`` (the fixed
-    gaps before the selected nodes, host or device, times ``value``: untraced time), ``drop_edges`` (the
-    edges of kind ``edge`` into the selected events' nodes are gone, e.g. a sync's wait: the host
-    continues)."""
+    gaps before the selected nodes, host or device, times ``value``: untraced time; with ``max_gap_ns``
+    only the gaps shorter than that), ``drop_edges`` (the edges of kind ``edge`` into or out of the
+    selected events' nodes are gone, e.g. a sync's wait: the host continues)."""
 
     action: str
     select: Select
@@ -613,6 +677,10 @@ class Change:
     #: ``bound`` per event instance: (name, start ns, bound ns) of selected events (a collective's share
     #: of a merged one's time); a host event's nodes, its nested events' too, shrink in proportion
     at: tuple[tuple[str, int, int], ...] = ()
+    #: ``scale`` per event name (device tasks), for events whose factor differs (each kernel to its own roof)
+    scales: tuple[tuple[str, float], ...] = ()
+    #: ``scale_gaps``: only the gaps shorter than this (ns)
+    max_gap_ns: int | None = None
 
     def __post_init__(self) -> None:
         if self.action not in ("remove", "bound", "scale", "scale_gaps", "drop_edges"):
@@ -621,19 +689,38 @@ class Change:
             raise ValueError("drop_edges needs an edge kind")
 
 
-def nodes_of(g: Graph, events: np.ndarray) -> np.ndarray:
+def select_nodes(g: Graph, select: Select) -> np.ndarray:
+    """The nodes ``select`` names in graph ``g`` (:class:`Select`)."""
+    events = select.events(g.w)
+    if select.launched:
+        host = nodes_of(g, events & ~np.asarray(g.w.device, dtype=bool), select.exclusive)
+        code = _CODE[EdgeKind.LAUNCH]
+        out = np.zeros(g.n, dtype=bool)
+        launch = (g.etype == code) & host[g.src]
+        out[g.dst[launch]] = True
+        # a communication op's launch reaches its first task: the op's other tasks go with it
+        for ts in g.containers.values():
+            if out[ts].any():
+                out[ts] = True
+        return out
+    return nodes_of(g, events, select.exclusive)
+
+
+def nodes_of(g: Graph, events: np.ndarray, exclusive: bool = False) -> np.ndarray:
     """The nodes belonging to the selected events (mask over the window's events): a device task's
     node, a communication op's task nodes, and on host threads every segment inside a selected
-    event's span on its thread (its nested events' too)."""
+    event's span on its thread (its nested events' too; ``exclusive``: only the segments a selected
+    event owns itself)."""
     w = g.w
     sel = np.zeros(g.n, dtype=bool)
     if not events.any():
         return sel
+    if exclusive:
+        own: np.ndarray = (g.event >= 0) & events[np.clip(g.event, 0, None)] | _container_tasks(g, events)
+        return own
     on_dev = g.device & (g.event >= 0)
     sel |= on_dev & events[np.clip(g.event, 0, None)]
-    for c, ts in g.containers.items():
-        if events[c]:
-            sel[ts] = True
+    sel |= _container_tasks(g, events)
     host_ev = np.flatnonzero(events & ~np.asarray(w.device, dtype=bool))
     if not len(host_ev):
         return sel
@@ -658,13 +745,22 @@ def nodes_of(g: Graph, events: np.ndarray) -> np.ndarray:
     return sel
 
 
+def _container_tasks(g: Graph, events: np.ndarray) -> np.ndarray:
+    """The task nodes of the selected communication ops that only span their tasks (:func:`_containers`)."""
+    sel = np.zeros(g.n, dtype=bool)
+    for c, ts in g.containers.items():
+        if events[c]:
+            sel[ts] = True
+    return sel
+
+
 def apply(g: Graph, changes: Sequence[Change]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     """The durations and kept edges after ``changes``; and the nodes they touch."""
     dur = g.dur.copy()
     keep: np.ndarray | None = None
     touched = np.zeros(g.n, dtype=bool)
     for ch in changes:
-        sel = nodes_of(g, ch.select.events(g.w))
+        sel = select_nodes(g, ch.select)
         touched |= sel
         if ch.action == "remove":
             dur[sel] = 0
@@ -678,13 +774,19 @@ def apply(g: Graph, changes: Sequence[Change]) -> tuple[np.ndarray, np.ndarray |
                     dur[v] = min(int(dur[v]), max(int(b), 0))
         elif ch.action == "bound":
             dur[sel] = np.minimum(dur[sel], int(ch.value or 0))
+        elif ch.action == "scale" and ch.scales:
+            factor = dict(ch.scales)
+            for v in np.flatnonzero(sel & g.device).tolist():
+                f = factor.get(g.w.name[int(g.event[v])])
+                if f is not None:
+                    dur[v] = round(int(dur[v]) * float(f))
         elif ch.action == "scale":
             dur[sel] = np.round(dur[sel] * float(ch.value if ch.value is not None else 1.0)).astype(np.int64)
         elif ch.action == "scale_gaps":
             pass  # see gap_delays
         else:
             code = _CODE[ch.edge]  # type: ignore[index]
-            drop = (g.etype == code) & sel[g.dst]
+            drop = (g.etype == code) & (sel[g.dst] | sel[g.src])
             keep = ~drop if keep is None else keep & ~drop
     return dur, keep, touched
 
@@ -715,9 +817,11 @@ def gap_delays(g: Graph, changes: Sequence[Change]) -> np.ndarray | None:
     for ch in changes:
         if ch.action != "scale_gaps":
             continue
-        sel = nodes_of(g, ch.select.events(g.w))
+        sel = select_nodes(g, ch.select)
         delay = g.delay.copy() if delay is None else delay
         on = sel[g.dst]
+        if ch.max_gap_ns is not None:
+            on &= g.delay < int(ch.max_gap_ns)
         delay[on] = np.round(delay[on] * float(ch.value if ch.value is not None else 1.0)).astype(np.int64)
     return delay
 

@@ -34,7 +34,10 @@ One finding per rank and class whose operators take at least ``min_share`` of th
 operator time, with the top operators (intensity, achieved vs peak, time share). The saving is
 per step: for underutilised operators the time above what each would take at the threshold
 (``max(FLOPs / P, bytes / B) / U_threshold``); for bound operators the time above the roof
-itself. Both are upper bounds of what tuning the operators can give back.
+itself. Both are upper bounds of what tuning the operators can give back. Where the what-if
+replay of the steps with each operator at that time (its tasks scaled by it; Kineto: the kernels
+launched inside the operator) reproduces every step, the saving is the replayed one instead: only
+the operators on the step's critical path shorten it.
 
 ## What to do
 Underutilised: read the other CMP findings on the same operators (AI CPU, affinity APIs,
@@ -49,7 +52,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.engine.rule import Change, RuleContext, Select, knob, rule
 from advisor.model import Finding
 from rules.compute._common import (
     KERNEL_OPS,
@@ -175,6 +178,29 @@ def _classify(row: dict[str, Any], p_peak: float, b_peak: float, thr: float) -> 
     return {"cls": cls, "u_arith": u_a, "u_mem": u_m, "ai": ai, "ridge": ridge, "basis": basis, "saving_ns": saving}
 
 
+ASSUMPTION = {
+    "under": "if each operator ran at the utilisation threshold of its bound resource",
+    "memory": "if each operator ran at the memory roof",
+    "compute": "if each operator ran at the compute roof",
+}
+
+
+def counterfactual(members: list[dict[str, Any]], source: str) -> tuple[Change, ...]:
+    """Each operator's device time scaled to what the rule says it would take (its time less its saving),
+    one factor per operator name (over its shapes, by time). Ascend: the tasks of that name; Kineto: the
+    kernels launched inside the operators of that name."""
+    dur: dict[str, float] = {}
+    target: dict[str, float] = {}
+    for m in members:
+        dur[m["op"]] = dur.get(m["op"], 0.0) + float(m["dur_ns"])
+        target[m["op"]] = target.get(m["op"], 0.0) + float(m["dur_ns"]) - float(m["saving_ns"])
+    factor = {op: max(target[op], 0.0) / d for op, d in sorted(dur.items()) if d > 0 and target[op] < d}
+    if source == "kernels":
+        return (Change("scale", Select(device=True, names=tuple(factor)), scales=tuple(factor.items())),) if factor else ()
+    return tuple(Change("scale", Select(kinds=("host_op",), names=(op,), device=False, launched=True), value=f)
+                 for op, f in factor.items())
+
+
 def _peaks(t: Thresholds, dev: Device | None, dcls: str | None) -> tuple[float | None, float | None, str | None]:
     p, key = (t.peak_tflops, "override") if t.peak_tflops > 0 else (dev.peak_for(dcls) if dev else (None, None))
     b = t.peak_gbps if t.peak_gbps > 0 else (dev.peak_gbps if dev else None)
@@ -286,6 +312,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                 steps=[],
                 ops=[m["op"] for m in members[: t.top_n]],
                 top=top,
+                replay=ctx.what_if(rank, counterfactual(members, source), ASSUMPTION[cls]),
             )
 
 

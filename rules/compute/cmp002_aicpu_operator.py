@@ -15,7 +15,8 @@ inputs (no AI Core kernel exists for most double-precision operators). Sources w
 tasks (Kineto GPU traces) have nothing to detect; CPU-only traces are skipped (no ``kernels``).
 
 The saving is the per-step time of the AI CPU operators above the floor: an upper bound, since
-the AI Core replacement still takes some time.
+the AI Core replacement still takes some time. It is not replayed, and the finding says why: what
+the AI Core version would take is not in the trace.
 
 ## What to do
 Cast the inputs to a dtype the AI Core supports (for example int16 -> int32 for ``Mul``, double
@@ -67,6 +68,11 @@ ORDER BY o.rank, o.dur_ns DESC
 """
 
 
+#: why the finding is not replayed
+NOT_REPLAYED = ("what each operator would take on the AI Core is not known (no AI Core execution of it is recorded), "
+                "so there is no time to replay it at; removing it would only restate the upper bound")
+
+
 @rule("CMP002", "compute.aicpu-operator", cause="compute.aicpu_operator", requires=("kernels",), thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank with AI CPU operators above the duration floor."""
@@ -111,6 +117,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             step_us=ctx.step_us(rank),
             saving_basis="per step, the whole time of the AI CPU operators above the floor (upper bound: the AI Core "
             "version of an operator is not free)",
+            replay={"estimated": False, "reason": NOT_REPLAYED},
             ranks=[rank],
             ops=[o["name"] for o in ops[: ctx.t.top_n]],
             detail=("Operators with DOUBLE inputs have no AI Core kernel: " + ", ".join(doubles[:10])) if doubles else "",

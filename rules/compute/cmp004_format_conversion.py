@@ -20,7 +20,10 @@ Share of the rank's operator time taken by conversion operators:
   innermost such operator names the conversion.
 
 The rule fires when the share reaches ``min_share``. The saving is the per-step conversion
-time, an upper bound (some casts, e.g. of fp32 master weights, are needed).
+time, an upper bound (some casts, e.g. of fp32 master weights, are needed); where the what-if
+replay of the steps without those conversion tasks (Kineto: the kernels launched inside the
+conversion operators) reproduces every step, the replayed saving instead: only the conversions on
+the step's critical path shorten it.
 
 ## What to do
 Keep tensors in the private format (on torch_npu do not disable the NZ format where it is
@@ -34,7 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.engine.rule import Change, RuleContext, Select, knob, rule
 from advisor.model import Finding
 from rules.compute._common import KERNEL_OPS, kernel_tie_note
 
@@ -113,6 +116,22 @@ GROUP BY ALL ORDER BY l.rank, dur_ns DESC
 """
 
 
+#: the Kineto operators whose launched kernels are conversions (clone / contiguous only where the trace
+#: records shapes, as the rule counts them: their rows are then "layout copy")
+DTYPE_CAST_OPS = ("aten::_to_copy", "aten::to")
+LAYOUT_COPY_OPS = ("aten::contiguous", "aten::clone")
+ASSUMPTION = "if the conversions took no time (tensors kept in the format and dtype their consumers read)"
+
+
+def counterfactual(ops: list[dict[str, Any]], source: str) -> tuple[Change, ...]:
+    """The conversions the rule counted removed: Ascend, its conversion tasks by name; Kineto, the kernels
+    launched inside the conversion operators."""
+    if source == "kernels":
+        return (Change("remove", Select(device=True, names=tuple(sorted({str(o["name"]) for o in ops})))),)
+    names = DTYPE_CAST_OPS + (LAYOUT_COPY_OPS if any(o["op_type"] == "layout copy" for o in ops) else ())
+    return (Change("remove", Select(kinds=("host_op",), names=names, device=False, launched=True)),)
+
+
 @rule("CMP004", "compute.format-conversion", cause="compute.format_conversion", requires=("device",),
       thresholds=Thresholds, derived=("kernel_names", KERNEL_OPS))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
@@ -153,6 +172,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             saving_us=per_step_us,
             step_us=ctx.step_us(rank),
             saving_basis="per step, the device time of all conversion operators (upper bound: some casts are needed)",
+            replay=ctx.what_if(rank, counterfactual(ops, source), ASSUMPTION),
             ranks=[rank],
             ops=[o["name"] for o in ops[: ctx.t.top_n]],
             top=[

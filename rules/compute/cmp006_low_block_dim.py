@@ -24,7 +24,9 @@ custom all-reduce kernels (vLLM's ``cross_device_reduce``, one-shot / two-shot, 
 MSCCL++) and persistent kernels (a grid sized to the resident blocks, looping over the work).
 
 The saving is per step, ``duration x (1 - block_dim / cores)`` summed over those kernels: the time
-they would lose if their work were spread evenly over all cores (an upper bound).
+they would lose if their work were spread evenly over all cores (an upper bound). Where the what-if
+replay of the steps with each such kernel at ``block_dim / cores`` of its time reproduces every
+step, the saving is the replayed one instead: only the kernels on the step's critical path shorten it.
 
 ## What to do
 Change the tiling so the work splits across all cores (tune the operator with the vendor's
@@ -38,7 +40,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.engine.rule import Change, RuleContext, Select, knob, rule
 from advisor.model import Finding
 from rules.compute._common import device_label, meta_numbers, rank_devices
 
@@ -62,14 +64,14 @@ class Thresholds:
 
 # the kernels of a rank: Ascend's kernels rows, and Kineto kernels with their launch grid (events.block_dim)
 KERNELS = """(
-    SELECT rank, step, name, op_type, core_type, dur_ns, block_dim, pmu, input_shapes FROM kernels
+    SELECT rank, step, name, op_type, core_type, start_ns, dur_ns, block_dim, pmu, input_shapes FROM kernels
     UNION ALL
-    SELECT rank, step, name, NULL, 'GPU', dur_ns, block_dim, NULL, NULL FROM events
+    SELECT rank, step, name, NULL, 'GPU', start_ns, dur_ns, block_dim, NULL, NULL FROM events
     WHERE device AND kind = 'kernel' AND block_dim IS NOT NULL
 )"""
 
 SQL = f"""
-SELECT rank, step, name, coalesce(op_type, name) AS op_type, upper(coalesce(core_type, '')) AS core_type, dur_ns,
+SELECT rank, step, name, coalesce(op_type, name) AS op_type, upper(coalesce(core_type, '')) AS core_type, start_ns, dur_ns,
        coalesce(block_dim, TRY_CAST(json_extract_string(pmu, '$."blocks per SM"') AS DOUBLE) * $sm) AS blocks,
        input_shapes
 FROM {KERNELS}
@@ -81,6 +83,16 @@ WHERE dur_ns >= $min_duration_us * 1000 AND rank = $rank AND NOT regexp_matches(
 STEPS_SQL = f"SELECT greatest(count(DISTINCT step) FILTER (WHERE step >= 0), 1) AS n FROM {KERNELS} WHERE rank = $rank"
 
 VECTOR_KINDS = ("AI_VECTOR_CORE", "MIX_AIV")
+ASSUMPTION = "if each of these kernels spread its work evenly over all cores (its time x block_dim / cores)"
+
+
+def counterfactual(low: list[dict[str, Any]]) -> tuple[Change, ...]:
+    """Each low kernel execution (by name and start) scaled to block_dim / cores of its time, one change per
+    factor."""
+    by_factor: dict[float, list[tuple[str, int]]] = {}
+    for r in low:
+        by_factor.setdefault(float(r["blocks"]) / float(r["cores"]), []).append((str(r["name"]), int(r["start_ns"])))
+    return tuple(Change("scale", Select(device=True, at=tuple(at)), value=f) for f, at in sorted(by_factor.items()))
 
 
 def _counts(ctx: RuleContext[Thresholds], rank: int, dev: Any, cube_meta: Callable[[int], float | None],
@@ -151,6 +163,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             saving_us=saving_us,
             step_us=ctx.step_us(rank),
             saving_basis="per step, sum of duration x (1 - block_dim / cores): the idle-core share of each long kernel",
+            replay=ctx.what_if(rank, counterfactual(low), ASSUMPTION),
             ranks=[rank],
             ops=[g["op"] for g in top[: ctx.t.top_n]],
             top=[{**{k: g[k] for k in ("op", "op_type", "core_type", "block_dim", "cores", "count", "shapes")},

@@ -15,7 +15,9 @@ long pauses for data or syncs), the share of kernels shorter than ``short_kernel
 host launch (runtime API) time against the kernel time. It fires when those short idle gaps are
 at least ``min_idle_share`` of the step (median over steps) and either the launch time is at
 least ``launch_ratio`` × the kernel time or at least ``min_short_share`` of the kernels are
-short. Saving: the median per-step time in those short gaps.
+short. Saving: the median per-step time in those short gaps. It is not replayed: the gaps close
+only if the host issues the kernels faster, by an amount the trace does not give (which operators
+fusion would merge is not recorded); the finding says so, and CPU007 replays the host's side.
 
 *CPU-only* (per step, top-level host operators on each thread): the operator count, the share
 shorter than ``short_op_us`` and the per-operator overhead = time in those short operators plus
@@ -23,7 +25,9 @@ the gaps shorter than ``max_gap_us`` between consecutive operators (Python and d
 calls; longer gaps are other Python work, sleeps or GC and are left to other rules). It fires
 when that overhead is at least ``min_idle_share`` of the step (median over steps) and at least
 ``min_short_share`` of the operators are short. Saving: the median per-step overhead, an upper
-bound on what fusing those operators can give back.
+bound on what fusing those operators can give back; where the what-if replay reproduces every step,
+the replayed saving instead, with those short top-level operators taking no time and those short
+gaps closed.
 
 ## What to do
 Fuse operators: fused optimizers (``foreach`` / ``fused=True``), fused norms and attention,
@@ -39,7 +43,7 @@ from typing import SupportsInt, cast
 
 import pandas as pd
 
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.engine.rule import Change, RuleContext, Select, knob, rule
 from advisor.model import Finding
 from rules.cpu._common import fmt_ms, step_join, step_table, top_level_ops
 
@@ -60,6 +64,20 @@ class Thresholds:
                                   "first principles: the step must be made of mostly tiny operators")
     launch_ratio: float = knob(1.0, "host launch time >= this x kernel time means the host cannot keep up",
                                "CAUSES.md cpu.operator_dispatch: launch/dispatch time >= kernel time")
+
+
+#: why the device form is not replayed
+DEVICE_NOT_REPLAYED = ("the short gaps between kernels close only if the host issues the kernels faster, by an amount "
+                       "the trace does not give (which operators fusion would merge, and what the merged ones cost the "
+                       "host, is not recorded); CPU007 replays the host's side where it fires")
+
+
+def cpu_counterfactual(t: Thresholds) -> tuple[Change, ...]:
+    """The per-operator overhead gone: the top-level host operators shorter than ``short_op_us`` take no
+    time, and the gaps shorter than ``max_gap_us`` before top-level operators close."""
+    top = Select(kinds=("host_op",), device=False, outermost=True)
+    short = Select(kinds=("host_op",), device=False, outermost=True, max_dur_ns=int(t.short_op_us * 1000))
+    return (Change("remove", short), Change("scale_gaps", top, value=0.0, max_gap_ns=int(t.max_gap_us * 1000)))
 
 
 CPU_SQL = f"""
@@ -152,6 +170,7 @@ def _device(ctx: RuleContext[Thresholds], df: pd.DataFrame) -> Iterator[Finding]
             saving_us=saving, step_us=step_us,
             saving_basis="median per-step device idle time in gaps shorter than max_gap_us between kernels",
             ranks=[int(cast(SupportsInt, rank))], steps=[int(s) for s in g["step"]],
+            replay={"estimated": False, "reason": DEVICE_NOT_REPLAYED},
         )
 
 
@@ -183,4 +202,8 @@ def _cpu_only(ctx: RuleContext[Thresholds], df: pd.DataFrame) -> Iterator[Findin
             saving_basis="median per-step time in operators shorter than short_op_us plus gaps shorter than max_gap_us "
             "between top-level operators (CPU-only trace)",
             ranks=[int(cast(SupportsInt, rank))], steps=[int(s) for s in g["step"]],
+            replay=ctx.what_if(int(cast(SupportsInt, rank)), cpu_counterfactual(ctx.t),
+                               f"if the top-level operators shorter than {ctx.t.short_op_us:g} µs took no time and the "
+                               f"gaps shorter than {ctx.t.max_gap_us:g} µs between top-level operators closed "
+                               "(fused operators)", steps=[int(s) for s in g["step"]]),
         )

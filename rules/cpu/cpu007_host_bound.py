@@ -22,6 +22,15 @@ sync calls explain most of that idle time, else operator dispatch. Saving: the m
 idle time the host work covers (at most the step); an upper bound, as the host work itself
 remains and only the device's wait for it can go.
 
+Where the what-if replay of the steps reproduces every step, the saving is the replayed one instead,
+with the fix of the main reason as the change on the driving threads (and those feeding them through
+a task queue, torch_npu's Python and autograd threads): framework and Python bound,
+the framework's and Python's own time removed (the launch calls, syncs and data loading nested in it
+kept); launch bound, the launch calls' own time removed too (one graph launch issues the step);
+allocator bound, the allocator calls removed with their waits. A sync-bound finding is not replayed:
+its idle lies inside the sync calls, which therefore waited for nothing the trace records on the
+device, and the finding says so.
+
 ## What to do
 Launch-bound (many kernels under ``short_kernel_us``, most idle in launches, framework or Python):
 capture the step in a CUDA / HIP graph or use ``torch.compile`` (mode ``reduce-overhead``), fuse
@@ -39,7 +48,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from advisor.engine.derived import IntervalIndex
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.engine.rule import Change, RuleContext, Select, knob, rule
+from advisor.kinds import EdgeKind
 from advisor.model import Finding
 from rules.cpu._common import fmt_ms, skip_device_gaps, step_table
 
@@ -63,6 +73,41 @@ SYNC, ALLOC, DATA, LAUNCH, FRAMEWORK = 0, 1, 2, 3, 4
 CLASS_NAMES = {SYNC: "sync", ALLOC: "allocator", DATA: "data_loading", LAUNCH: "launch", FRAMEWORK: "framework_python"}
 HOST_WORK = (SYNC, ALLOC, LAUNCH, FRAMEWORK)  # the classes whose time the device waits on the host for
 ALLOC_RE = r"^(cuda|hip)(Malloc|Free|MallocHost|FreeHost|HostAlloc|HostFree)$|^cuMem(Alloc|Free)(_v2)?$"
+
+#: the host event kinds whose own time is framework and Python work (not launches, syncs, data loading or
+#: communication calls)
+FRAMEWORK_KINDS = ("host_op", "python", "other")
+
+
+#: why a sync-bound finding is not replayed: its idle lies inside the sync calls
+SYNC_NOT_REPLAYED = ("the device idled while the host was inside its sync calls, so they waited for nothing the trace "
+                     "records on the device (work launched before the trace, another stream's event, a copy staged "
+                     "on the host): what not waiting would give cannot be replayed")
+
+
+def counterfactual(main: str, tids: tuple[str, ...]) -> tuple[tuple[Change, ...], str]:
+    """The fix of the main reason as a replay change on the driving threads ``tids``, and its assumption.
+
+    Framework-bound: the framework's and Python's own time on those threads is gone (CUDA graphs,
+    ``torch.compile``: the host issues the step's work without running the model's Python), the launch calls,
+    syncs and data loading nested in it kept. Launch-bound: the launch calls' own time goes too (a graph
+    issues the step's kernels in one launch). Allocator-bound: the allocator calls take no time and wait for
+    nothing. (Sync-bound is not replayed: :data:`SYNC_NOT_REPLAYED`.)"""
+    if main == "allocator":
+        alloc = Select(kinds=("runtime",), name_re=ALLOC_RE, device=False, tids=tids)
+        return ((Change("remove", alloc), Change("drop_edges", alloc, edge=EdgeKind.SYNC_WAIT)),
+                "if the allocator calls took no time and waited for nothing (memory kept by the caching allocator)")
+    own = Select(kinds=FRAMEWORK_KINDS, device=False, tids=tids, exclusive=True, not_inside=("dataloader",))
+    if main == "launch":
+        calls = Select(kinds=("runtime",), not_name_re=ALLOC_RE, device=False, tids=tids, exclusive=True,
+                       not_inside=("dataloader",))
+        return ((Change("remove", own), Change("remove", calls)),
+                ("if the threads driving the device spent no time launching and in framework and Python work "
+                "(syncs and data loading kept), as when CUDA graphs or graph mode issue the step's work at once"))
+    return ((Change("remove", own),),
+            ("if the framework and Python work of the threads driving the device took no time between launches "
+            "(the launch calls, syncs and data loading kept), as with CUDA graphs or torch.compile"))
+
 
 # the busy time of a window [a, b) is busy(b) - busy(a), busy(t) the rank's device busy time before t: that of
 # the periods before the last one starting at or before t, plus what of that one lies before t; a window with
@@ -140,6 +185,13 @@ host AS (
 SELECT rank, tid, s, e, cls, name FROM host
 """
 
+# threads that feed a task queue the launching thread drains (torch_npu: the Python and autograd threads enqueue,
+# the task-queue thread dequeues and launches): they drive the device through it
+ENQUEUERS_SQL = """
+SELECT DISTINCT tid FROM events
+WHERE rank = $rank AND NOT device AND kind = 'queue' AND starts_with(name, 'Enqueue') AND tid IS NOT NULL
+"""
+
 KERNEL_SQL = """
 SELECT rank, step, count(*) AS n, count(*) FILTER (WHERE dur_ns < $short_kernel_us * 1000) AS n_short
 FROM events WHERE rank IN (SELECT unnest($ranks)) AND device AND kind = 'kernel' AND step IS NOT NULL
@@ -174,8 +226,10 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     host = ctx.arrays(HOST_SQL, {"ranks": ranks, "los": los, "his": his, "alloc_re": ALLOC_RE}, codes=("tid", "name"))
     kern = ctx.arrays(KERNEL_SQL, {"ranks": ranks})
     names = ["(unnamed)" if nm is None else str(nm) for nm in host.names["name"]]
+    tid_names = [str(t) for t in host.names["tid"]]
     for rank, lo, hi, rank_host in zip(ranks, los, his, _split(host, ranks), strict=True):
-        finding = _rank(ctx, rank, lo, hi, _of(st, rank), _of(busy, rank), rank_host, _of(kern, rank), names)
+        finding = _rank(ctx, rank, lo, hi, _of(st, rank), _of(busy, rank), rank_host, _of(kern, rank), names,
+                        tid_names)
         if finding is not None:
             yield finding
 
@@ -289,13 +343,14 @@ def _segments(seg_s: np.ndarray, seg_e: np.ndarray, i_s: np.ndarray, i_e: np.nda
 
 def _rank(ctx: RuleContext[Thresholds], rank: int, lo: int, hi: int, steps: dict[str, np.ndarray],
           busy: dict[str, np.ndarray], host: dict[str, np.ndarray], kern: dict[str, np.ndarray],
-          names: list[str]) -> Finding | None:
+          names: list[str], tid_names: list[str]) -> Finding | None:
     keep = (busy["s"] < hi) & (busy["e"] > lo)
     b_s, b_e = busy["s"][keep].astype(np.int64), busy["e"][keep].astype(np.int64)
     # threads numbered in the order of their ids (codes follow it); rows by thread, start, longer first (then
     # class and name: duplicates resolve the same way every run)
     present = np.flatnonzero(np.bincount(host["tid"]))
     n_threads = len(present)
+    drivers = tuple(tid_names[int(t)] for t in present)
     thr = np.searchsorted(present, host["tid"])
     order = np.lexsort((host["name"], host["cls"], host["s"] - host["e"], host["s"], thr))
     thr, cls, name_id = thr[order], host["cls"][order].astype(np.int64), host["name"][order].astype(np.int64)
@@ -366,6 +421,12 @@ def _rank(ctx: RuleContext[Thresholds], rank: int, lo: int, hi: int, steps: dict
     top_ids = [int(i) for i in waited[np.lexsort((first[waited], -wait[waited]))][: ctx.t.top_n]]
     top_calls = [(names[i], float(wait[i])) for i in top_ids]
     busy_share = 1.0 - idle_share
+    if main == "sync":
+        replay = {"estimated": False, "reason": SYNC_NOT_REPLAYED}
+    else:
+        feeders = tuple(str(r["tid"]) for r in ctx.query(ENQUEUERS_SQL, {"rank": rank}))
+        changes, assumption = counterfactual(main, tuple(sorted({*drivers, *feeders})))
+        replay = ctx.what_if(rank, changes, assumption, steps=step_ids)
     return ctx.finding(
         title=f"Rank {rank}'s device is busy {busy_share:.0%} of the step and waits on the host for "
         f"{fmt_ms(saving)} of {fmt_ms(step_us)} ({host_share:.0%}): {reason}",
@@ -386,4 +447,5 @@ def _rank(ctx: RuleContext[Thresholds], rank: int, lo: int, hi: int, steps: dict
         # ops: the blocking calls only, so that ranks bound the same way merge into one finding
         ranks=[rank], steps=step_ids, ops=sorted(names[i] for i in top_ids if blocking[i]),
         top=[{"host_call": nm, "device_idle_us_per_step": round(d / 1000.0 / n, 1)} for nm, d in top_calls],
+        replay=replay,
     )

@@ -15,7 +15,10 @@ the device spent only moving input; per step those parts are summed, and copies 
 ``after_dataloader_us`` after the end of a dataloader ``__next__`` are counted separately (the
 batch's own copies). It fires when the median per-step un-overlapped H2D time is at least
 ``min_share`` of the step. The saving is that median time: with pinned memory, non-blocking
-copies and a prefetcher on a side stream, the copy overlaps compute.
+copies and a prefetcher on a side stream, the copy overlaps compute. Where the what-if replay of the
+steps without the copies' time and without the host's waits for them reproduces every step, the
+saving is the replayed one instead (the trace gives no pinned-memory bandwidth to replay the copies
+at, so a copy that could not be fully hidden counts as hidden: an upper bound).
 
 ## What to do
 ``DataLoader(pin_memory=True)`` and ``.to(device, non_blocking=True)``; prefetch the next batch on
@@ -27,7 +30,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.engine.rule import Change, RuleContext, Select, knob, rule
+from advisor.kinds import EdgeKind
 from advisor.model import Finding
 from rules.cpu._common import fmt_ms, step_table
 
@@ -43,6 +47,14 @@ class Thresholds:
 
 
 H2D_RE = r"(?i)htod|host ?to ?device|h2d"
+
+#: the counterfactual (advisor.stages.replay): the batch's copies run ahead on a side stream from pinned
+#: memory, so they hold neither the compute stream nor the host: the copies take no time where they were,
+#: and no host call waits for one of them
+COPIES = Select(device=True, kinds=("memcpy",), name_re=H2D_RE)
+COUNTERFACTUAL = (Change("remove", COPIES), Change("drop_edges", COPIES, edge=EdgeKind.SYNC_WAIT))
+ASSUMPTION = ("if the host-to-device copies overlapped compute and the host did not wait for them (pinned memory, "
+              "non_blocking copies prefetched on a side stream)")
 
 SQL = """
 WITH copies AS MATERIALIZED (  -- host-to-device copies, their names tested once each
@@ -126,5 +138,6 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             },
             saving_us=saving, step_us=step_us,
             saving_basis="median per-step host-to-device copy time during which no kernel ran",
+            replay=ctx.what_if(rank, COUNTERFACTUAL, ASSUMPTION, steps=[int(s) for s in steps_r.index]),
             ranks=[rank], steps=[int(s) for s in per.index[per["n"] > 0]], ops=sorted(set(g["name"]))[:5],
         )

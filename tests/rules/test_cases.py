@@ -15,6 +15,8 @@ Case format::
     ranks = [1]
     steps = [8]
     evidence = { dataloader_share = [0.70, 0.80] }   # numeric [lo, hi] or exact string
+    finding_cause = "io.slow_data_processing"  # optional: the checks above read the first finding of this cause
+                                           # (default: the rule's first finding)
     quiet_below = "low"                  # for quiet cases: findings below this severity are tolerated (default: any finding fails)
     slow = true                          # optional: over ~1 CPU-s; runs with the marked tests (-m slow), not the quick suite
 """
@@ -124,7 +126,7 @@ def test_rule_case(rule_id: str, case: dict[str, Any], tmp_path_factory: pytest.
     assert case["expect"] == "fires"
     assert outcome.status == "ran", f"{rule_id} did not run: {outcome.reason}"
     assert mine, f"{rule_id} did not fire; warnings: {[w['message'] for w in data['warnings']][:5]}"
-    f = mine[0]
+    f = mine[0] if "finding_cause" not in case else next(x for x in mine if x["cause"] == case["finding_cause"])
     if "cause" in case:
         assert any(x["cause"] == case["cause"] for x in mine), [x["cause"] for x in mine]
     if "severity_at_least" in case:
