@@ -138,40 +138,50 @@ class Faster:
 
 # comm_bandwidth's transports in comm_tasks' terms: RDMA is the RDMA (RoCE) tasks; SDMA the intra-node
 # DMA over HCCS / PCIe / SIO (not the on-chip copies); HCCS / PCIE / SIO the tasks over that link
-_TASK_OF_TRANSPORT = """CASE w.transport
+_TASK_OF_TRANSPORT = """CASE op.transport
     WHEN 'RDMA' THEN upper(coalesce(t.transport, '')) = 'RDMA' OR upper(coalesce(t.link_type, '')) = 'ROCE'
     WHEN 'SDMA' THEN upper(coalesce(t.transport, '')) = 'SDMA'
                      AND upper(coalesce(t.link_type, '')) IN ('HCCS', 'PCIE', 'SIO')
-    ELSE upper(coalesce(t.link_type, '')) = w.transport END"""
+    ELSE upper(coalesce(t.link_type, '')) = op.transport END"""
 
 # the device events a change bounds: each transfer task of an operator over the transport (its duration times
-# the operator's factor), or where the export has no such tasks, the operator itself (its duration less the
-# transit it loses); events matched to the tables by rank, start and duration (tasks) or name and start (ops)
+# the operator's factor), or where the export has no such tasks, the operator itself, shortened by the part of
+# its transit time the factor takes off. Its transit time is the operator table's (the wall time it moved
+# data; a transport's summed task times exceed it where tasks run side by side), else the transports' summed
+# task time up to its duration, each transport's share of it in proportion to its task time. The operator's
+# event: its name, overlapping its comm_ops row (the .db export's operator table runs a few µs off the device
+# timeline); its tasks: comm_tasks rows within that event, matched to device events by start and duration
 _BOUNDED_SQL = f"""
-WITH w AS (
+WITH {BW_ROWS_CTE},
+w AS (
     SELECT unnest($names) AS name, unnest($steps) AS step, unnest($transports) AS transport,
-           unnest($factors) AS f, unnest($excess) AS excess
+           unnest($factors) AS f, unnest($transits) AS transit
 ),
+tot AS (SELECT name, step, sum(transit_ns) AS transit FROM bw_rows WHERE rank = $rank GROUP BY ALL),
 op AS (
-    SELECT w.*, o.start_ns AS o_start, o.start_ns + o.dur_ns AS o_end
+    SELECT w.*, o.transit_ns AS o_transit, tot.transit AS tot, e.name AS e_name, e.start_ns AS e_start,
+           e.dur_ns AS e_dur
     FROM w JOIN comm_ops o ON o.rank = $rank AND o.name = w.name AND o.step IS NOT DISTINCT FROM w.step
+    JOIN events e ON e.rank = $rank AND e.device AND e.kind = 'comm' AND e.name = o.name
+         AND e.start_ns < o.start_ns + o.dur_ns AND e.start_ns + e.dur_ns > o.start_ns
+    LEFT JOIN tot ON tot.name = w.name AND tot.step IS NOT DISTINCT FROM w.step
 ),
 task AS (
     SELECT DISTINCT op.name AS op_name, e.name, e.start_ns, e.dur_ns, op.f
     FROM op JOIN comm_tasks t ON t.rank = $rank AND t.op_name = op.name AND t.bytes > 0
-         AND t.start_ns >= op.o_start - 1000 AND t.start_ns < op.o_end + 1000 AND {_TASK_OF_TRANSPORT.replace('w.', 'op.')}
+         AND t.start_ns >= op.e_start AND t.start_ns < op.e_start + op.e_dur AND {_TASK_OF_TRANSPORT}
     JOIN events e ON e.rank = $rank AND e.device AND e.kind = 'comm' AND e.start_ns = t.start_ns
          AND e.dur_ns = t.dur_ns
 ),
 whole AS (
-    SELECT op.name AS op_name, e.name, e.start_ns, e.dur_ns, sum(op.excess) AS excess
-    FROM op JOIN events e ON e.rank = $rank AND e.device AND e.kind = 'comm' AND e.name = op.name
-         AND abs(e.start_ns - op.o_start) <= 1000
-    WHERE op.name NOT IN (SELECT op_name FROM task)
+    SELECT name AS op_name, e_name, e_start, e_dur,
+           sum(coalesce(o_transit, least(greatest(tot, transit), e_dur)) * transit / greatest(tot, transit)
+               * (1 - f)) AS cut
+    FROM op WHERE name NOT IN (SELECT op_name FROM task)
     GROUP BY ALL
 )
 SELECT op_name, name, start_ns, round(dur_ns * f)::BIGINT AS bound FROM task
-UNION ALL SELECT op_name, name, start_ns, round(greatest(dur_ns - excess, 0))::BIGINT FROM whole
+UNION ALL SELECT op_name, e_name, e_start, round(greatest(e_dur - cut, 0))::BIGINT FROM whole
 ORDER BY start_ns, name
 """
 
@@ -179,8 +189,8 @@ ORDER BY start_ns, name
 def transfer_changes(ctx: RuleContext[Any], rank: int, ops: list[Faster]) -> tuple[list[Any], set[str]]:
     """The counterfactual of ``ops`` on rank ``rank`` as data: each operator's transfers over its transport
     take its bytes at its ``gbps``. Where the export records the operator's transfer tasks (``comm_tasks``,
-    on the device timeline), each task of that transport is scaled by (bytes / gbps) / transit; where the
-    operator is one device event, it is bounded to its duration less the transit it loses. And the
+    on the device timeline), each task of that transport is scaled by f = (bytes / gbps) / transit; where
+    the operator is one device event, it loses (1 - f) of its transit time over the transport. And the
     operators slower than their bandwidth that are on no device timeline (nothing to bound)."""
     from advisor.engine.rule import Change, Select
 
@@ -190,7 +200,7 @@ def transfer_changes(ctx: RuleContext[Any], rank: int, ops: list[Faster]) -> tup
     rows = ctx.query(_BOUNDED_SQL, {
         "rank": int(rank), "names": [o.name for o in ops], "steps": [o.step for o in ops],
         "transports": [o.transport.upper() for o in ops],
-        "factors": [(o.bytes / o.gbps) / o.transit_ns for o in ops], "excess": [o.excess_ns for o in ops]})
+        "factors": [(o.bytes / o.gbps) / o.transit_ns for o in ops], "transits": [o.transit_ns for o in ops]})
     bounds = tuple((str(r["name"]), int(r["start_ns"]), int(r["bound"])) for r in rows)
     missing = {o.name for o in ops} - {str(r["op_name"]) for r in rows}
     return ([Change("bound", Select(kinds=("comm",), device=True), event_bounds=bounds)] if bounds else []), missing
@@ -221,6 +231,15 @@ def replay_rows(ctx: RuleContext[Any], rank: int, ops: list[Faster]) -> list[tup
     return out
 
 
+def mean_step_us(ctx: RuleContext[Any], ranks: list[int], steps: list[int]) -> float | None:
+    """The mean step (µs) of ``ranks`` over ``steps`` in the breakdown (None where it has none)."""
+    bd = ctx.breakdown()
+    if bd is None or bd.empty:
+        return None
+    sel = bd[bd["rank"].isin(ranks) & bd["step"].isin(steps)]["step_us"]
+    return float(sel.mean()) if len(sel) else None
+
+
 def replay_summary(rows: list[dict[str, Any]], ranks: list[int], steps: list[int], assumption: str,
                    step_us: float | None = None) -> dict[str, Any]:
     """A finding's ``replay`` from its ranks' :data:`REPLAY_COLUMNS` rows over ``steps`` (a step no rank
@@ -234,7 +253,8 @@ def replay_summary(rows: list[dict[str, Any]], ranks: list[int], steps: list[int
         if int(r["rank"]) in group and r["step"] is not None and int(r["step"]) in want:
             by_step.setdefault(int(r["step"]), []).append(r)
     if not by_step:
-        return {"estimated": False, "assumption": assumption, "reason": "no replay of these ranks' steps"}
+        return {"estimated": False, "assumption": assumption,
+                "reason": "no step of these ranks has a transfer slower than that bandwidth: nothing to shorten"}
     savings, measured, errors, reasons = [], [], [], set()
     for members in by_step.values():
         errors += [float(r["error"]) for r in members if r["error"] is not None]

@@ -57,6 +57,7 @@ from rules.comm._common import (
     REPLAY_COLUMNS,
     Faster,
     PeakThresholds,
+    mean_step_us,
     peak_case,
     replay_rows,
     replay_summary,
@@ -214,7 +215,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         replayed = ctx.query("SELECT * FROM com002_replay WHERE transport = $t", {"t": transport})
         assumption = (f"if every {transport} transfer on these ranks moved its bytes at no less than {thr:.0%} of the "
                       f"{peak:g} GB/s peak ({target:.1f} GB/s)")
-        replay = replay_summary(replayed, ranks, all_steps, assumption) if replayed else {
+        replay = replay_summary(replayed, ranks, all_steps, assumption,
+                                mean_step_us(ctx, ranks, all_steps)) if replayed else {
             "estimated": False, "assumption": assumption,
             "reason": f"no operator's {transport} transfers (communication bandwidth info per operator) to shorten"}
         yield ctx.finding(

@@ -41,7 +41,16 @@ from typing import Any
 from advisor.engine.rule import RankPart, RuleContext, knob, rule
 from advisor.model import Finding
 from advisor.schema import NOT_KINETO_SQL
-from rules.comm._common import REPLAY_COLUMNS, Faster, PeakThresholds, ms, replay_rows, replay_summary, step_us
+from rules.comm._common import (
+    REPLAY_COLUMNS,
+    Faster,
+    PeakThresholds,
+    mean_step_us,
+    ms,
+    replay_rows,
+    replay_summary,
+    step_us,
+)
 
 
 @dataclass(frozen=True)
@@ -182,4 +191,4 @@ def _replay_of(ctx: RuleContext[Thresholds], rank: int, g: Any) -> dict[str, Any
     steps = sorted({int(s) for s in bd["step"].tolist()} | {int(s) for s in counted.index})
     return replay_summary(rows, [rank], steps, f"if the long RDMA transfers moved their bytes at {gbps:.2f} GB/s "
                           "(the rank's other RDMA transfers, else the RDMA peak): no retransmission",
-                          float(bd["step_us"].mean()) if len(bd) else None)
+                          mean_step_us(ctx, [rank], steps))

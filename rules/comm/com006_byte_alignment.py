@@ -45,7 +45,16 @@ from typing import Any
 from advisor.engine.rule import RankPart, RuleContext, knob, rule
 from advisor.model import Finding, Severity
 from advisor.schema import NOT_KINETO_SQL
-from rules.comm._common import BW_ROWS_CTE, REPLAY_COLUMNS, Faster, ms, replay_rows, replay_summary, step_us
+from rules.comm._common import (
+    BW_ROWS_CTE,
+    REPLAY_COLUMNS,
+    Faster,
+    mean_step_us,
+    ms,
+    replay_rows,
+    replay_summary,
+    step_us,
+)
 
 
 @dataclass(frozen=True)
@@ -152,7 +161,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             replay = replay_summary(
                 ctx.query("SELECT * FROM com006_replay WHERE transport = $t", {"t": transport}), ranks, steps,
                 f"if each misaligned {transport} transfer moved its bytes at the bandwidth of the same rank's aligned "
-                f"ones of a similar size" + (f" ({ref_gbps:.1f} GB/s over all ranks)" if ref_gbps else ""))
+                f"ones of a similar size" + (f" ({ref_gbps:.1f} GB/s over all ranks)" if ref_gbps else ""),
+                mean_step_us(ctx, ranks, steps))
         yield ctx.finding(
             title=f"{len(ops)} {transport} transfer(s) are not multiples of {ctx.t.alignment_bytes} bytes "
                   f"({share_time:.0%} of {transport} transit time"
