@@ -27,7 +27,8 @@ operator's HCCS / PCIe / SIO entries are dropped.
 Where the operator table (``comm_bandwidth``) has the transport's operators, the saving is the
 replayed step instead (:mod:`advisor.stages.replay`): on each rank with a link below the threshold,
 each operator's transfers over the transport take at most their bytes at ``utilization`` × peak (its
-transfer tasks scaled, or the operator shortened by the transit it loses where it is one event); per
+transfer tasks scaled, or where the operator is one event its transit time alike, see
+``rules/comm/_common.py``); per
 step, the slowest of those ranks' replayed steps against its measured one, the mean over the steps
 with such transfers. The finding's steps are those with a transfer below the threshold.
 The saturated finding states no saving: its fix is less traffic or a faster network, of a size the

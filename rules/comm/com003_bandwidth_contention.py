@@ -25,8 +25,8 @@ give back at most.
 Where the operators are on the rank's device timeline, the saving is the replayed step instead
 (:mod:`advisor.stages.replay`): the steps with contended operators replayed with each one's transfers
 over its transport at the bandwidth the same rank's intra-node operators reach without a concurrent
-MatMul (else at ``min_ratio`` × baseline): its transfer tasks scaled, or the operator shortened by the
-transit it loses where it is one event; the mean over those steps.
+MatMul (else at ``min_ratio`` × baseline): its transfer tasks scaled, or where the operator is one
+event its transit time alike (``rules/comm/_common.py``); the mean over those steps.
 
 ## What to do
 Reschedule so heavy MatMul and collectives do not coincide (fewer, coarser overlap chunks in

@@ -26,8 +26,8 @@ misaligned share of transit time (as msprof-analyze: high from 70 %, medium from
 Where the operator table is the source, the saving is the replayed step instead
 (:mod:`advisor.stages.replay`): on each rank with misaligned transfers and aligned ones of a similar size
 (at least half that rank's misaligned median), each misaligned operator's transfers over the transport
-take its bytes at that rank's aligned bandwidth (its transfer tasks scaled, or the operator shortened by
-the transit it loses where it is one event); per step, the slowest of those ranks' replayed steps
+take its bytes at that rank's aligned bandwidth (its transfer tasks scaled, or where the operator is one
+event its transit time alike, see ``rules/comm/_common.py``); per step, the slowest of those ranks' replayed steps
 against its measured one, the mean over the steps. A rank without aligned transfers to compare with is
 not replayed, and neither is the finding then.
 
