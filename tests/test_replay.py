@@ -270,6 +270,30 @@ def test_a_sync_that_blocked_saves_its_wait_and_one_that_did_not_saves_nothing()
     assert R.saving(g, [R.Change("bound", R.Select(names=("A",)), value=100_000)]) == 360_000
 
 
+def test_event_bounds_bound_one_task_of_a_collective() -> None:
+    """A collective as Ascend records it: the op (launched at 0 µs, corr 1) spans 10-210 µs on its lane, its
+    tasks on another: Notify Wait 10-60, SDMA 60-160 (100 µs), SDMA 160-210 (50 µs), one after the other on
+    their stream; the step ends with the last. The op is no node, its tasks are. The first SDMA bounded by
+    its start (60 µs) to 40 µs: the second follows 60 µs earlier. With a per-name bound of 30 µs in the same
+    change the second SDMA takes 30 of its 50 µs too: 80 µs; the per-event bound wins over the per-name
+    one. A start no task has bounds nothing."""
+    cur = _tiny([
+        ("runtime", "launch", "h", False, None, 0, 3, 1),
+        ("comm", "hcom_allReduce__1_1_1", "20", True, 20, 10, 200, 1),
+        ("comm", "Notify Wait", "21", True, 21, 10, 50, None),
+        ("comm", "SDMA", "21", True, 21, 60, 100, None),
+        ("comm", "SDMA", "21", True, 21, 160, 50, None),
+    ])
+    g = R.build(cur, 0, 0, 0, 210_000)
+    assert g is not None and R.reproduction_error(g) == 0
+    assert sorted(g.w.name[int(g.event[v])] for v in range(g.n) if g.device[v]) == ["Notify Wait", "SDMA", "SDMA"]
+    comm = R.Select(kinds=("comm",), device=True)
+    assert R.saving(g, [R.Change("bound", comm, event_bounds=(("SDMA", 60_000, 40_000),))]) == 60_000
+    both = R.Change("bound", comm, bounds=(("SDMA", 30_000),), event_bounds=(("SDMA", 60_000, 40_000),))
+    assert R.saving(g, [both]) == 80_000
+    assert R.saving(g, [R.Change("bound", comm, event_bounds=(("SDMA", 61_000, 1),))]) == 0
+
+
 def test_a_shorter_upstream_task_moves_what_depends_on_it_and_nothing_else() -> None:
     """Host launches A (stream 7, runs 20-120 µs), B (stream 7, 120-220: it waits for A on its stream) and C
     (stream 8, 30-80: independent), then blocks in a synchronize (15-230) released by B's end at 220 and

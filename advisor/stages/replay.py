@@ -663,10 +663,12 @@ class Change:
     """One what-if, as data.
 
     ``action``: ``remove`` (the selected events take no time: host events with everything nested in
-    them), ``bound`` (at most ``value`` ns each), ``scale`` (times ``value``), ``scale_gaps`` (the fixed
-    gaps before the selected nodes, host or device, times ``value``: untraced time; with ``max_gap_ns``
-    only the gaps shorter than that), ``drop_edges`` (the edges of kind ``edge`` into or out of the
-    selected events' nodes are gone, e.g. a sync's wait: the host continues)."""
+    them), ``bound`` (at most ``value`` ns each; per event name ``bounds`` or, on the device, per event
+    ``event_bounds``; per event ``at``, host events shrinking with their nested ones in proportion),
+    ``scale`` (times ``value``), ``scale_gaps`` (the fixed gaps before the selected nodes, host or device,
+    times ``value``: untraced time; with ``max_gap_ns`` only the gaps shorter than that), ``drop_edges``
+    (the edges of kind ``edge`` into or out of the selected events' nodes are gone, e.g. a sync's wait: the
+    host continues)."""
 
     action: str
     select: Select
@@ -681,6 +683,9 @@ class Change:
     scales: tuple[tuple[str, float], ...] = ()
     #: ``scale_gaps``: only the gaps shorter than this (ns)
     max_gap_ns: int | None = None
+    #: ``bound`` per event (name, measured start ns, at most ns), for events of one name whose bounds differ
+    #: one by one (the transfer tasks of several collectives, each at its bytes / a bandwidth)
+    event_bounds: tuple[tuple[str, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.action not in ("remove", "bound", "scale", "scale_gaps", "drop_edges"):
@@ -764,12 +769,16 @@ def apply(g: Graph, changes: Sequence[Change]) -> tuple[np.ndarray, np.ndarray |
         touched |= sel
         if ch.action == "remove":
             dur[sel] = 0
-        elif ch.action == "bound" and ch.at:
-            _bound_at(g, ch, dur)
-        elif ch.action == "bound" and ch.bounds:
+        elif ch.action == "bound" and (ch.at or ch.bounds or ch.event_bounds):
+            if ch.at:
+                _bound_at(g, ch, dur)
+            if not (ch.bounds or ch.event_bounds):
+                continue
             per = dict(ch.bounds)
+            each = {(n, int(t)): int(b) for n, t, b in ch.event_bounds}
             for v in np.flatnonzero(sel & g.device).tolist():
-                b = per.get(g.w.name[int(g.event[v])])
+                ev = int(g.event[v])
+                b = each.get((g.w.name[ev], int(g.w.start[ev])), per.get(g.w.name[ev]))
                 if b is not None:
                     dur[v] = min(int(dur[v]), max(int(b), 0))
         elif ch.action == "bound":

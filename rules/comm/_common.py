@@ -109,3 +109,171 @@ BW_ROWS_CTE = """bw_rows AS (
           AND h.group_name IS NOT DISTINCT FROM b.group_name
           AND upper(h.transport) IN ('HCCS', 'PCIE', 'SIO') AND h.bytes > 0))
 )"""
+
+
+# -- the transfers' counterfactual: moved at a reference bandwidth (advisor.stages.replay) --------------
+
+#: a rank part's table of replayed (rank, step)s: the measured step, the replayed saving (NULL: not
+#: estimated, ``reason`` says why), the no-change replay's error
+REPLAY_COLUMNS = "rank INTEGER, step INTEGER, measured_ns BIGINT, saving_ns BIGINT, error DOUBLE, reason VARCHAR"
+
+
+@dataclass(frozen=True, slots=True)
+class Faster:
+    """One operator's transfers over one transport (a ``comm_bandwidth`` row) and the bandwidth (GB/s =
+    bytes per ns) they would move their bytes at."""
+
+    step: int | None
+    name: str
+    transport: str
+    bytes: float
+    transit_ns: float
+    gbps: float
+
+    @property
+    def excess_ns(self) -> float:
+        """The transit time beyond the bytes at ``gbps`` (none when they are at least that fast)."""
+        return max(self.transit_ns - self.bytes / self.gbps, 0.0) if self.gbps > 0 else 0.0
+
+
+# comm_bandwidth's transports in comm_tasks' terms: RDMA is the RDMA (RoCE) tasks; SDMA the intra-node
+# DMA over HCCS / PCIe / SIO (not the on-chip copies); HCCS / PCIE / SIO the tasks over that link
+_TASK_OF_TRANSPORT = """CASE op.transport
+    WHEN 'RDMA' THEN upper(coalesce(t.transport, '')) = 'RDMA' OR upper(coalesce(t.link_type, '')) = 'ROCE'
+    WHEN 'SDMA' THEN upper(coalesce(t.transport, '')) = 'SDMA'
+                     AND upper(coalesce(t.link_type, '')) IN ('HCCS', 'PCIE', 'SIO')
+    ELSE upper(coalesce(t.link_type, '')) = op.transport END"""
+
+# the device events a change bounds: each transfer task of an operator over the transport (its duration times
+# the operator's factor), or where the export has no such tasks, the operator itself, shortened by the part of
+# its transit time the factor takes off. Its transit time is the operator table's (the wall time it moved
+# data; a transport's summed task times exceed it where tasks run side by side), else the transports' summed
+# task time up to its duration, each transport's share of it in proportion to its task time. The operator's
+# event: its name, overlapping its comm_ops row (the .db export's operator table runs a few µs off the device
+# timeline); its tasks: comm_tasks rows within that event, matched to device events by start and duration
+_BOUNDED_SQL = f"""
+WITH {BW_ROWS_CTE},
+w AS (
+    SELECT unnest($names) AS name, unnest($steps) AS step, unnest($transports) AS transport,
+           unnest($factors) AS f, unnest($transits) AS transit
+),
+tot AS (SELECT name, step, sum(transit_ns) AS transit FROM bw_rows WHERE rank = $rank GROUP BY ALL),
+op AS (
+    SELECT w.*, o.transit_ns AS o_transit, tot.transit AS tot, e.name AS e_name, e.start_ns AS e_start,
+           e.dur_ns AS e_dur
+    FROM w JOIN comm_ops o ON o.rank = $rank AND o.name = w.name AND o.step IS NOT DISTINCT FROM w.step
+    JOIN events e ON e.rank = $rank AND e.device AND e.kind = 'comm' AND e.name = o.name
+         AND e.start_ns < o.start_ns + o.dur_ns AND e.start_ns + e.dur_ns > o.start_ns
+    LEFT JOIN tot ON tot.name = w.name AND tot.step IS NOT DISTINCT FROM w.step
+),
+task AS (
+    SELECT DISTINCT op.name AS op_name, e.name, e.start_ns, e.dur_ns, op.f
+    FROM op JOIN comm_tasks t ON t.rank = $rank AND t.op_name = op.name AND t.bytes > 0
+         AND t.start_ns >= op.e_start AND t.start_ns < op.e_start + op.e_dur AND {_TASK_OF_TRANSPORT}
+    JOIN events e ON e.rank = $rank AND e.device AND e.kind = 'comm' AND e.start_ns = t.start_ns
+         AND e.dur_ns = t.dur_ns
+),
+whole AS (
+    SELECT name AS op_name, e_name, e_start, e_dur,
+           sum(coalesce(o_transit, least(greatest(tot, transit), e_dur)) * transit / greatest(tot, transit)
+               * (1 - f)) AS cut
+    FROM op WHERE name NOT IN (SELECT op_name FROM task)
+    GROUP BY ALL
+)
+SELECT op_name, name, start_ns, round(dur_ns * f)::BIGINT AS bound FROM task
+UNION ALL SELECT op_name, e_name, e_start, round(greatest(e_dur - cut, 0))::BIGINT FROM whole
+ORDER BY start_ns, name
+"""
+
+
+def transfer_changes(ctx: RuleContext[Any], rank: int, ops: list[Faster]) -> tuple[list[Any], set[str]]:
+    """The counterfactual of ``ops`` on rank ``rank`` as data: each operator's transfers over its transport
+    take its bytes at its ``gbps``. Where the export records the operator's transfer tasks (``comm_tasks``,
+    on the device timeline), each task of that transport is scaled by f = (bytes / gbps) / transit; where
+    the operator is one device event, it loses (1 - f) of its transit time over the transport. And the
+    operators slower than their bandwidth that are on no device timeline (nothing to bound)."""
+    from advisor.engine.rule import Change, Select
+
+    ops = [o for o in ops if o.excess_ns > 0 and o.transit_ns > 0]
+    if not ops:
+        return [], set()
+    rows = ctx.query(_BOUNDED_SQL, {
+        "rank": int(rank), "names": [o.name for o in ops], "steps": [o.step for o in ops],
+        "transports": [o.transport.upper() for o in ops],
+        "factors": [(o.bytes / o.gbps) / o.transit_ns for o in ops], "transits": [o.transit_ns for o in ops]})
+    bounds = tuple((str(r["name"]), int(r["start_ns"]), int(r["bound"])) for r in rows)
+    missing = {o.name for o in ops} - {str(r["op_name"]) for r in rows}
+    return ([Change("bound", Select(kinds=("comm",), device=True), event_bounds=bounds)] if bounds else []), missing
+
+
+def replay_rows(ctx: RuleContext[Any], rank: int, ops: list[Faster]) -> list[tuple[Any, ...]]:
+    """Rows of :data:`REPLAY_COLUMNS`: rank ``rank``'s steps with ``ops`` (those slower than their bandwidth)
+    replayed with :func:`transfer_changes`; a step with an operator that is on no device timeline is not
+    estimated."""
+    ops = [o for o in ops if o.excess_ns > 0 and o.transit_ns > 0 and o.step is not None]
+    steps = sorted({int(o.step) for o in ops})  # type: ignore[arg-type]
+    if not steps:
+        return []
+    changes, missing = transfer_changes(ctx, rank, ops)
+    off = {int(o.step): o.name for o in ops if o.name in missing}  # type: ignore[arg-type]
+    out: list[tuple[Any, ...]] = []
+    for res in ctx.replay_steps(int(rank), changes, steps) if changes else []:
+        why = res.reason or (None if res.reproduced else "the replay does not reproduce the measured step")
+        if why is None and res.step in off:
+            why = f"{off[res.step]}'s transfers are on no device timeline of rank {rank}: nothing to shorten"
+        out.append((int(rank), res.step, res.measured_ns, res.saving_ns if why is None else None, res.error, why))
+    done = {r[1] for r in out}
+    for s in steps:
+        if s not in done:
+            why = (f"{off[s]}'s transfers are on no device timeline of rank {rank}: nothing to shorten" if s in off
+                   else f"rank {rank} has no step window of step {s} to replay")
+            out.append((int(rank), s, None, None, None, why))
+    return out
+
+
+def mean_step_us(ctx: RuleContext[Any], ranks: list[int], steps: list[int]) -> float | None:
+    """The mean step (µs) of ``ranks`` over ``steps`` in the breakdown (None where it has none)."""
+    bd = ctx.breakdown()
+    if bd is None or bd.empty:
+        return None
+    sel = bd[bd["rank"].isin(ranks) & bd["step"].isin(steps)]["step_us"]
+    return float(sel.mean()) if len(sel) else None
+
+
+def replay_summary(rows: list[dict[str, Any]], ranks: list[int], steps: list[int], assumption: str,
+                   step_us: float | None = None) -> dict[str, Any]:
+    """A finding's ``replay`` from its ranks' :data:`REPLAY_COLUMNS` rows over ``steps`` (a step no rank
+    replayed saves nothing: no change touches it): per step, the step of the slowest of the ranks
+    replayed with the change, against its measured one (ranks not joined: a rank's peers keep their
+    measured waits); the mean over the steps. Not estimated where a step's rank was not replayed.
+    ``saving_fraction`` is of ``step_us`` where given, else of the replayed steps' mean."""
+    want, group = {int(s) for s in steps}, {int(r) for r in ranks}
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        if int(r["rank"]) in group and r["step"] is not None and int(r["step"]) in want:
+            by_step.setdefault(int(r["step"]), []).append(r)
+    if not by_step:
+        return {"estimated": False, "assumption": assumption,
+                "reason": "no step of these ranks has a transfer slower than that bandwidth: nothing to shorten"}
+    savings, measured, errors, reasons = [], [], [], set()
+    for members in by_step.values():
+        errors += [float(r["error"]) for r in members if r["error"] is not None]
+        if any(r["saving_ns"] is None for r in members):
+            reasons |= {str(r["reason"]) for r in members if r["reason"]}
+            continue
+        m = max(int(r["measured_ns"]) for r in members)
+        savings.append(m - max(int(r["measured_ns"]) - int(r["saving_ns"]) for r in members))
+        measured.append(m)
+    if not savings:
+        return {"estimated": False, "assumption": assumption, "reason": "; ".join(sorted(reasons)) or "not replayed"}
+    n = len(savings) + len(want - set(by_step))  # the steps no change touches save nothing
+    saving_us = max(sum(savings) / n / 1000.0, 0.0)
+    step_us = step_us or sum(measured) / len(measured) / 1000.0
+    out = {"estimated": True, "saving_us": round(saving_us, 3),
+           "saving_fraction": round(saving_us / step_us, 4) if step_us else None,
+           "assumption": assumption, "reproduced": len(savings) == len(by_step),
+           "reproduction_error": round(max(errors), 4) if errors else 0.0,
+           "steps": len(want), "steps_replayed": n}
+    if reasons:
+        out["steps_not_replayed"] = "; ".join(sorted(reasons))
+    return out

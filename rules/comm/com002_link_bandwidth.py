@@ -24,6 +24,16 @@ operator's HCCS / PCIe / SIO entries are dropped.
   transfers on the worst rank (median over steps): the time given back if the transport reached the
   threshold. It is an upper bound because overlapped communication costs the step less.
 
+Where the operator table (``comm_bandwidth``) has the transport's operators, the saving is the
+replayed step instead (:mod:`advisor.stages.replay`): on each rank with a link below the threshold,
+each operator's transfers over the transport take at most their bytes at ``utilization`` × peak (its
+transfer tasks scaled, or where the operator is one event its transit time alike, see
+``rules/comm/_common.py``); per
+step, the slowest of those ranks' replayed steps against its measured one, the mean over the steps
+with such transfers. The finding's steps are those with a transfer below the threshold.
+The saturated finding states no saving: its fix is less traffic or a faster network, of a size the
+profile does not give.
+
 Kineto traces carry no per-transport transit time (an NCCL kernel's duration includes waiting),
 so this rule needs the Ascend communication tables.
 
@@ -37,12 +47,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.engine.rule import RankPart, RuleContext, knob, rule
 from advisor.model import Finding, Severity
-from rules.comm._common import BW_ROWS_CTE, PeakThresholds, peak_case, step_us
+from rules.comm._common import (
+    BW_ROWS_CTE,
+    REPLAY_COLUMNS,
+    Faster,
+    PeakThresholds,
+    mean_step_us,
+    peak_case,
+    replay_rows,
+    replay_summary,
+    step_us,
+)
 
 
 @dataclass(frozen=True)
@@ -82,8 +103,50 @@ GROUP BY ALL
 """.format(peak=peak_case("transport"), bw_rows=BW_ROWS_CTE)
 
 
+# the rank part: the operators' transfers per transport (what a replay shortens)
+OPS_SQL = f"""
+WITH {BW_ROWS_CTE}
+SELECT rank, step, name, transport, bytes, transit_ns FROM bw_rows
+WHERE transit_ns > 0 AND step IS NOT NULL
+ORDER BY rank, transport, step, name
+"""
+
+RANK_TABLES = {"com002_replay": "transport VARCHAR, " + REPLAY_COLUMNS}
+
+
+def _links(df: Any) -> Any:
+    """Per link (rank, transport, source, destination) over the profile: bytes, transit, peak, GB/s, utilisation."""
+    links = df.groupby(["rank", "transport", "src_rank", "dst_rank"], dropna=False).agg(
+        bytes=("bytes", "sum"), transit_ns=("transit_ns", "sum"), peak=("peak_gbps", "first")).reset_index()
+    links["gbps"] = links["bytes"] / links["transit_ns"]
+    links["util"] = links["gbps"] / links["peak"]
+    return links
+
+
+def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
+    """Per rank and transport with a link below ``utilization`` × peak (judged as the rule does, on the
+    rank's own links): its steps replayed with every operator's transfers over the transport at no less
+    than that bandwidth."""
+    df = ctx.df(LINKS)
+    if df.empty:
+        return {}
+    links = _links(df[df["peak_gbps"].notna()])
+    low = links[(links["bytes"] >= ctx.t.min_bytes) & (links["util"] < ctx.t.utilization)]
+    if low.empty:
+        return {}
+    ops = ctx.df(OPS_SQL)
+    rows: list[tuple[Any, ...]] = []
+    for (rank, transport), g in low.groupby(["rank", "transport"], sort=True):
+        target = ctx.t.utilization * float(g["peak"].iloc[0])
+        mine = ops[(ops["rank"] == rank) & (ops["transport"] == transport)]
+        faster = [Faster(int(r["step"]), str(r["name"]), str(transport), float(r["bytes"]), float(r["transit_ns"]),
+                         target) for _, r in mine.iterrows()]
+        rows += [(transport, *r) for r in replay_rows(ctx, int(rank), faster)]
+    return {"com002_replay": rows}
+
+
 @rule("COM002", "comm.link-bandwidth", cause="comm.link_saturated", causes=("comm.low_bandwidth",),
-      requires=("comm_bandwidth",), thresholds=Thresholds, scope="cluster")
+      requires=("comm_bandwidth",), thresholds=Thresholds, scope="cluster", rank_part=RankPart(RANK_TABLES, rank_part))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Saturated links everywhere, or transports below the utilisation threshold."""
     df = ctx.df(LINKS)
@@ -93,14 +156,10 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     if unknown:
         ctx.warn(f"no peak bandwidth known for transport(s) {', '.join(unknown)}; not judged")
     df = df[df["peak_gbps"].notna()].copy()
-    key = ["rank", "transport", "src_rank", "dst_rank"]
-    links = df.groupby(key, dropna=False).agg(bytes=("bytes", "sum"), transit_ns=("transit_ns", "sum"),
-                                              peak=("peak_gbps", "first")).reset_index()
+    links = _links(df)
     links = links[links["bytes"] >= ctx.t.min_bytes]
     if links.empty:
         return
-    links["gbps"] = links["bytes"] / links["transit_ns"]
-    links["util"] = links["gbps"] / links["peak"]
     over = links[links["util"] > ctx.t.max_plausible_utilization]
     for transport, g in over.groupby("transport"):
         ctx.warn(f"{transport} links reach {float(g['gbps'].max()):.1f} GB/s, above the configured peak of "
@@ -132,6 +191,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             severity=Severity.MEDIUM if (comm_share or 0) >= 0.10 else Severity.LOW,
             ranks=ranks_all,
             detail="No software setting makes these links faster; only less traffic or a faster network helps.",
+            replay={"estimated": False, "reason": "the fix is less traffic or a faster network, of a size the "
+                    "profile does not give: no counterfactual to replay"},
         )
         return
     low = links[links["util"] < thr]
@@ -151,6 +212,14 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         gbps = float(g["bytes"].sum() / g["transit_ns"].sum())
         ranks = sorted(int(r) for r in g["rank"].unique())
         top = g.sort_values("util").head(5)
+        all_steps = sorted(int(s) for s in rows["step"].unique() if s >= 0)
+        replayed = ctx.query("SELECT * FROM com002_replay WHERE transport = $t", {"t": transport})
+        assumption = (f"if every {transport} transfer on these ranks moved its bytes at no less than {thr:.0%} of the "
+                      f"{peak:g} GB/s peak ({target:.1f} GB/s)")
+        replay = replay_summary(replayed, ranks, all_steps, assumption,
+                                mean_step_us(ctx, ranks, all_steps)) if replayed else {
+            "estimated": False, "assumption": assumption,
+            "reason": f"no operator's {transport} transfers (communication bandwidth info per operator) to shorten"}
         yield ctx.finding(
             cause="comm.low_bandwidth",
             title=f"{transport} reaches {gbps:.1f} GB/s = {gbps / peak:.0%} of its {peak:.0f} GB/s peak "
@@ -171,12 +240,13 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             saving_basis=f"per step, transit time minus bytes / ({thr:.0%} × peak) on the worst rank (median over "
                          "steps); an upper bound when communication overlaps compute",
             ranks=ranks,
-            steps=sorted(int(s) for s in rows["step"].unique()),
+            steps=sorted(int(s) for s in rows.loc[rows["excess_ns"] > 0, "step"].unique()),
             top=[{"rank": int(r["rank"]),
                   "src_rank": None if pd.isna(r["src_rank"]) else int(r["src_rank"]),
                   "dst_rank": None if pd.isna(r["dst_rank"]) else int(r["dst_rank"]),
                   "gbps": round(float(r["gbps"]), 3), "utilization": round(float(r["util"]), 4),
                   "bytes": int(r["bytes"])} for _, r in top.iterrows()],
+            replay=replay,
         )
 
 

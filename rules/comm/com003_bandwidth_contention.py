@@ -22,6 +22,12 @@ The saving per step is the transit time those operators lose against the baselin
 bytes / (``min_ratio`` × baseline)), median over steps: what separating them from compute could
 give back at most.
 
+Where the operators are on the rank's device timeline, the saving is the replayed step instead
+(:mod:`advisor.stages.replay`): the steps with contended operators replayed with each one's transfers
+over its transport at the bandwidth the same rank's intra-node operators reach without a concurrent
+MatMul (else at ``min_ratio`` × baseline): its transfer tasks scaled, or where the operator is one
+event its transit time alike (``rules/comm/_common.py``); the mean over those steps.
+
 ## What to do
 Reschedule so heavy MatMul and collectives do not coincide (fewer, coarser overlap chunks in
 tensor-parallel overlap schemes; lower priority for one of them), and compare step time with and
@@ -32,10 +38,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from advisor.engine.rule import RuleContext, knob, rule
 from advisor.model import Finding
-from rules.comm._common import BW_ROWS_CTE, INTRA_NODE, ms, step_us
+from rules.comm._common import BW_ROWS_CTE, INTRA_NODE, Faster, ms, step_us, transfer_changes
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         per_step = g.groupby("step")["excess_ns"].sum()
         saving_us = float(per_step.median()) / 1000.0
         gbps = float(g["bytes"].sum() / g["transit_ns"].sum())
+        steps = sorted(int(s) for s in g["step"].dropna().unique())
         yield ctx.finding(
             title=f"Rank {rank}: {len(ops)} intra-node communication operator(s) run at {gbps:.1f} GB/s "
                   f"(< {target:.1f} GB/s) while MatMul kernels run at the same time",
@@ -139,11 +147,28 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             saving_basis="per step, transit time of the contended operators minus bytes / (min_ratio × baseline), "
                          "median over steps",
             ranks=[int(rank)],
-            steps=sorted(int(s) for s in g["step"].dropna().unique()),
+            steps=steps,
             ops=list(dict.fromkeys(str(n) for n in g["name"]))[:5],
             top=[{"step": None if r["step"] != r["step"] else int(r["step"]), "op": str(r["name"]),
                   "transport": str(r["transport"]), "gbps": round(float(r["gbps"]), 3),
                   "duration_ms": ms(r["dur_ns"]), "matmul": str(r["mm_name"]),
                   "matmul_overlap_ms": ms(r["mm_overlap_ns"])}
                  for _, r in g.sort_values("gbps").head(5).iterrows()],
+            replay=_replay(ctx, int(rank), g, steps, clear_gbps if clear_gbps is not None else target),
         )
+
+
+def _replay(ctx: RuleContext[Thresholds], rank: int, g: Any, steps: list[int], gbps: float) -> dict[str, Any]:
+    """The finding's ``replay``: the contended operators' transfers at ``gbps`` (the rank's operators without a
+    concurrent MatMul, else the threshold) on the steps that have them."""
+    assumption = (f"if the contended operators moved their bytes at {gbps:.1f} GB/s (the same rank's intra-node "
+                  "operators without a concurrent MatMul, else the threshold): no MatMul beside them")
+    ops = [Faster(int(r["step"]), str(r["name"]), str(r["transport"]), float(r["bytes"]), float(r["transit_ns"]), gbps)
+           for _, r in g.iterrows() if r["step"] == r["step"]]
+    changes, missing = transfer_changes(ctx, rank, ops)
+    if missing or not changes:
+        return {"estimated": False, "assumption": assumption,
+                "reason": ("no contended operator is slower than that bandwidth" if not missing else
+                           f"{len(missing)} contended operator(s) are on no device timeline of the rank: nothing to "
+                           "shorten")}
+    return ctx.what_if(rank, changes, assumption, steps)

@@ -31,7 +31,8 @@ bandwidth, both estimated on the rank from its own calls of that kind: a least-s
 fastest call of each size against its bytes (waiting only lengthens a call), or, where the sizes do
 not vary (or the fit is not a cost), the fastest call as the per-call cost and the bandwidth at which a
 transfer of the rule's size threshold spends as long on bytes as on the call (the threshold taken as
-Hockney's half-performance length; the basis is in the evidence). Each small collective is bounded to
+Hockney's half-performance length; on a device link whose peak is configured, the bytes move at the
+peak and the per-call cost is what the fastest call spends beyond them; the basis is in the evidence). Each small collective is bounded to
 its bytes' share of its bucket's time (per-call cost once per bucket plus the bucket's bytes), and so
 is the caller's call that issued it (gloo's ``c10d::*``, paired in issue order: its fastest call, once
 per bucket). A device collective's kind is its operator type and group. The replay (one rank's graph: the work threads' collectives, the caller waiting for the last
@@ -144,13 +145,14 @@ tr AS (
 )
 SELECT c.step, c.name, e.start_ns, c.transit_ns AS fit_ns, c.bytes,
        coalesce(c.op_type, 'collective') || ' / ' || coalesce(c.group_name, '') AS op,
-       CASE WHEN tr.transport = 'RDMA' THEN $inter ELSE $intra END AS min_bytes
+       CASE WHEN tr.transport = 'RDMA' THEN $inter ELSE $intra END AS min_bytes,
+       {peak} AS peak_gbps
 FROM comm_ops c
 JOIN ev e ON e.name = c.name AND (e.start_ns = c.start_ns OR e.n = 1)
 LEFT JOIN tr ON tr.name = c.name AND tr.step IS NOT DISTINCT FROM c.step
 WHERE c.rank = $rank AND c.step IS NOT NULL AND c.bytes > 0 AND c.transit_ns IS NOT NULL
 ORDER BY c.step, e.start_ns, c.name
-"""
+""".format(peak=peak_case("tr.transport"))
 
 #: the per-rank cost estimates the evidence lists (their count is given where there are more)
 MAX_FIT_ROWS = 4
@@ -177,7 +179,8 @@ class CallCost:
     basis: str
 
 
-def fit_cost(sizes: list[float], times: list[float], half_bytes: float) -> CallCost:
+def fit_cost(sizes: list[float], times: list[float], half_bytes: float,
+             peak_ns_per_byte: float | None = None) -> CallCost:
     """Per-call cost and time per byte of a kind of collective, from its calls' (bytes, ns).
 
     Durations include waiting for peers, which only lengthens them: the fit is of the lower envelope, the
@@ -185,7 +188,9 @@ def fit_cost(sizes: list[float], times: list[float], half_bytes: float) -> CallC
     (largest < :data:`MIN_SIZE_SPREAD` × smallest) or the fit is not a cost (negative per-call cost or
     time per byte), the per-call cost is the fastest call and the bandwidth is the one that makes
     ``half_bytes`` (the size the rule calls small: below it the fixed cost dominates) cost as much in
-    bytes as in the fixed part (Hockney's half-performance length n½ = per-call cost × bandwidth)."""
+    bytes as in the fixed part (Hockney's half-performance length n½ = per-call cost × bandwidth); where
+    the link's peak is known (``peak_ns_per_byte``), the bytes move at the peak instead and the per-call
+    cost is what the fastest call of a size spends beyond its bytes at the peak (at least 0)."""
     fastest: dict[float, float] = {}
     for b, t in zip(sizes, times, strict=True):
         fastest[b] = min(t, fastest.get(b, t))
@@ -202,6 +207,11 @@ def fit_cost(sizes: list[float], times: list[float], half_bytes: float) -> CallC
     else:
         why = (f"the sizes do not vary (one size, {xs[0]:.0f} B)" if len(xs) == 1 else
                f"the sizes vary less than {MIN_SIZE_SPREAD:g}x ({xs[0]:.0f}-{xs[-1]:.0f} B)")
+    if peak_ns_per_byte:
+        a = max(min(t - b * peak_ns_per_byte for b, t in fastest.items()), 0.0)
+        return CallCost(a, peak_ns_per_byte,
+                        f"{why}: bytes at the link's peak ({1.0 / peak_ns_per_byte:g} GB/s), per-call cost = what "
+                        f"the fastest call spends beyond them ({a / 1e3:.1f} us)")
     a = min(fastest.values())
     return CallCost(a, a / half_bytes,
                     f"{why}: per-call cost = the fastest call ({a / 1e3:.1f} us), bandwidth such that a "
@@ -250,8 +260,9 @@ def _merged(ctx: RuleContext[Thresholds], rank: int, works: list[dict[str, Any]]
         small = [r for r in mine if float(r["bytes"]) < float(r["min_bytes"])]
         if not small:
             continue
+        peaks = [float(r["peak_gbps"]) for r in mine if r.get("peak_gbps")]
         cost = fit_cost([float(r["bytes"]) for r in mine], [float(r["fit_ns"]) for r in mine],
-                        float(small[0]["min_bytes"]))
+                        float(small[0]["min_bytes"]), 1.0 / min(peaks) if peaks else None)
         calls_of = [r for r in callers if r["op"] == op]
         caller_ns = min((float(r["dur_ns"]) for r in calls_of), default=None)
         fits.append((rank, op, len(mine), len({float(r["bytes"]) for r in mine}), cost.per_call_ns, cost.ns_per_byte,
@@ -301,7 +312,9 @@ def _host_counterfactual(ctx: RuleContext[Thresholds], rank: int) -> tuple[list[
 def _device_counterfactual(ctx: RuleContext[Thresholds], rank: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """Rank ``rank``'s device collectives with sizes and transit times (Ascend communication.json / .db)
     merged into buckets, replayed per step: the ``com005_replay`` and ``com005_fit`` rows."""
-    rows = ctx.query(DEVICE_SQL, {"rank": int(rank), "intra": ctx.t.min_intra_bytes, "inter": ctx.t.min_inter_bytes})
+    rows = ctx.query(DEVICE_SQL, {"rank": int(rank), "intra": ctx.t.min_intra_bytes, "inter": ctx.t.min_inter_bytes,
+                                  **{f"peak_{t}_gbps": getattr(ctx.t, f"peak_{t}_gbps")
+                                     for t in ("hccs", "pcie", "rdma", "sdma", "nvlink")}})
     if not rows:
         return [], []
     at, fits, steps = _merged(ctx, rank, rows, [])

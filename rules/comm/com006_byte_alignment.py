@@ -23,6 +23,14 @@ steps).
 Without aligned operators to compare with there is no estimate, and the severity follows the
 misaligned share of transit time (as msprof-analyze: high from 70 %, medium from 20 %).
 
+Where the operator table is the source, the saving is the replayed step instead
+(:mod:`advisor.stages.replay`): on each rank with misaligned transfers and aligned ones of a similar size
+(at least half that rank's misaligned median), each misaligned operator's transfers over the transport
+take its bytes at that rank's aligned bandwidth (its transfer tasks scaled, or where the operator is one
+event its transit time alike, see ``rules/comm/_common.py``); per step, the slowest of those ranks' replayed steps
+against its measured one, the mean over the steps. A rank without aligned transfers to compare with is
+not replayed, and neither is the finding then.
+
 ## What to do
 Pad or reshape the communicated tensors (bucket sizes, hidden sizes, sequence lengths) so each
 transfer is a multiple of 512 bytes.
@@ -32,11 +40,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
-from advisor.engine.rule import RuleContext, knob, rule
+from advisor.engine.rule import RankPart, RuleContext, knob, rule
 from advisor.model import Finding, Severity
 from advisor.schema import NOT_KINETO_SQL
-from rules.comm._common import BW_ROWS_CTE, ms, step_us
+from rules.comm._common import (
+    BW_ROWS_CTE,
+    REPLAY_COLUMNS,
+    Faster,
+    mean_step_us,
+    ms,
+    replay_rows,
+    replay_summary,
+    step_us,
+)
 
 
 @dataclass(frozen=True)
@@ -66,8 +84,43 @@ FROM x WHERE transport IN ('HCCS', 'SDMA') AND bytes > $min_bytes
 """
 
 
+# the rank part: each rank's operator rows over HCCS / SDMA, misaligned or not (what a replay bounds)
+RANK_SQL = f"""
+WITH {BW_ROWS_CTE}
+SELECT rank, step, name, transport, bytes, transit_ns,
+       least(bytes % $alignment_bytes, $alignment_bytes - bytes % $alignment_bytes) > $size_tolerance_bytes
+         AS misaligned
+FROM bw_rows WHERE transport IN ('HCCS', 'SDMA') AND bytes > $min_bytes AND transit_ns > 0
+ORDER BY rank, transport, step, name
+"""
+
+RANK_TABLES = {"com006_replay": "transport VARCHAR, " + REPLAY_COLUMNS}
+NO_REFERENCE = "no aligned transfers of a similar size on this rank and transport to compare with: not replayed"
+
+
+def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
+    """Per rank and transport with misaligned operators: its steps replayed with each misaligned
+    operator's transfers at the bandwidth of the rank's aligned ones of a similar size."""
+    df = ctx.df(RANK_SQL)
+    rows: list[tuple[Any, ...]] = []
+    for (rank, transport), g in df.groupby(["rank", "transport"], sort=True):
+        bad = g[g["misaligned"]]
+        if bad.empty:
+            continue
+        ok = g[~g["misaligned"] & (g["bytes"] >= 0.5 * float(bad["bytes"].median()))]
+        if ok.empty:
+            rows += [(transport, int(rank), int(st), None, None, None, NO_REFERENCE)
+                     for st in sorted(bad["step"].dropna().unique())]
+            continue
+        ref = float(ok["bytes"].sum() / ok["transit_ns"].sum())
+        ops = [Faster(None if r["step"] != r["step"] else int(r["step"]), str(r["name"]), str(transport),
+                      float(r["bytes"]), float(r["transit_ns"]), ref) for _, r in bad.iterrows()]
+        rows += [(transport, *r) for r in replay_rows(ctx, int(rank), ops)]
+    return {"com006_replay": rows}
+
+
 @rule("COM006", "comm.byte-alignment", cause="comm.byte_alignment", requires=("comm_bandwidth",),
-      thresholds=Thresholds, scope="cluster")
+      thresholds=Thresholds, scope="cluster", rank_part=RankPart(RANK_TABLES, rank_part))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Fire per transport on HCCS / SDMA transfers whose size is not 512-byte aligned."""
     df = ctx.df(SQL)
@@ -99,6 +152,17 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         else:
             severity = Severity.HIGH if share_time >= 0.7 else Severity.MEDIUM if share_time >= 0.2 else Severity.LOW
         ops = bad.drop_duplicates(["rank", "step", "name"])
+        ranks = sorted(int(r) for r in bad["rank"].unique())
+        steps = sorted(int(s) for s in bad["step"].dropna().unique())
+        if src != "comm_bandwidth":
+            replay: dict[str, Any] = {"estimated": False, "reason": "the transfers are per-link aggregates "
+                                      "(communication_matrix), not operators: nothing to shorten"}
+        else:
+            replay = replay_summary(
+                ctx.query("SELECT * FROM com006_replay WHERE transport = $t", {"t": transport}), ranks, steps,
+                f"if each misaligned {transport} transfer moved its bytes at the bandwidth of the same rank's aligned "
+                f"ones of a similar size" + (f" ({ref_gbps:.1f} GB/s over all ranks)" if ref_gbps else ""),
+                mean_step_us(ctx, ranks, steps))
         yield ctx.finding(
             title=f"{len(ops)} {transport} transfer(s) are not multiples of {ctx.t.alignment_bytes} bytes "
                   f"({share_time:.0%} of {transport} transit time"
@@ -119,8 +183,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             saving_basis="per step, transit time of the misaligned transfers minus their bytes at the aligned "
                          "transfers' bandwidth, worst rank, median over steps" if saving_us is not None else
                          "no aligned transfers to compare with: severity from the misaligned share of transit time",
-            ranks=sorted(int(r) for r in bad["rank"].unique()),
-            steps=sorted(int(s) for s in bad["step"].dropna().unique()),
+            ranks=ranks,
+            steps=steps,
             ops=[str(n) for n in bad.groupby("name")["transit_ns"].sum().sort_values(ascending=False, kind="stable")
                  .index[:5]],
             top=[{"rank": int(r["rank"]), "step": None if r["step"] != r["step"] else int(r["step"]),
@@ -128,4 +192,5 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                   "transit_ms": ms(r["transit_ns"])}
                  for _, r in bad.sort_values(["transit_ns", "rank", "step", "name"], ascending=[False, True, True, True],
                                              na_position="last").head(5).iterrows()],
+            replay=replay,
         )

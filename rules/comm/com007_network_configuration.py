@@ -14,7 +14,9 @@ NCCL protocol or algorithm, NCCL / HCCL buffers below their defaults, forced HCC
 intra-server traffic forced onto RoCE, HCCL RDMA traffic class / service level off their defaults.
 One finding lists every off value with the ranks that have it; its severity is the highest of the
 matched checks (the effect cannot be timed from a profile). Without any ``env.*`` metadata the rule
-says so and does nothing.
+says so and does nothing. It states no counterfactual to replay: what the recommended value changes
+(another transport, algorithm or buffer size, chosen by the library) has no bandwidth or time the
+profile records.
 
 ## What to do
 Unset debugging and forcing variables, restore defaults unless a measured benchmark on this
@@ -136,6 +138,9 @@ def check(ctx: RuleContext[NoThresholds]) -> Iterator[Finding]:
         },
         severity=severity,
         saving_basis="not measurable from a profile: compare a run with the recommended values",
+        replay={"estimated": False, "reason": "what the recommended values change (the transport, algorithm or "
+                "buffer size the library then picks) has no bandwidth or time this profile records: no "
+                "counterfactual to replay"},
         ranks=ranks,
         top=[{"variable": n, "value": v, "ranks": ", ".join(map(str, rs)) if rs != [-1] else "all",
               "why": by_name[n].why, "recommended": by_name[n].recommended, "severity": by_name[n].severity.label,

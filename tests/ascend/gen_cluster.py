@@ -68,8 +68,13 @@ class Scenario:
     rdma_retrans_us: float = 4_500_000.0
     misaligned_buckets: tuple[int, ...] = ()  # buckets whose chunk size is not a multiple of 512
     misaligned_factor: float = 1.0  # misaligned HCCS transfers run at the link's bandwidth / this
-    small_packets: bool = False  # TP allgathers move tiny packets
-    small_packet_bytes: int = 16 << 10
+    # the TP all-gathers move their bytes (tp_bytes) as messages of small_packet_bytes, each paying the
+    # fixed per-message latency (MESSAGE_LATENCY_NS) every transfer pays, instead of one message per ring step
+    small_packets: bool = False
+    small_packet_bytes: int = 64 << 10
+    # the next layer's compute waits for the layer's TP all-gather (its output is that layer's input), so the
+    # all-gathers are exposed on the step instead of overlapping the following compute
+    tp_waits: bool = False
     slow_link: tuple[int, int] | None = None  # (src global rank, dst global rank) on a DP ring
     slow_link_factor: float = 8.0
     aicpu: bool = False  # some AI_CPU operators (long, on the compute stream)
@@ -231,6 +236,8 @@ BW_KEYS = ["Transit Size(MB)", "Transit Time(ms)", "Bandwidth(GB/s)", "Large Pac
 TRANSPORTS = ["HCCS", "PCIE", "RDMA", "SDMA", "SIO"]  # "all five transport keys are always present" (addendum)
 LARGE_PACKET_MB = {"HCCS": 32.0, "PCIE": 32.0, "SIO": 32.0, "RDMA": 0.5}  # addendum thresholds
 N_AI_CORES = 24
+# the fixed cost of every transfer message (a task's launch and notify handshake), ns
+MESSAGE_LATENCY_NS = 2_000
 
 
 def group_hash(name: str) -> str:
@@ -413,34 +420,36 @@ class Cluster:
     def _step(self, step: int, h0: int) -> int:
         scn = self.scn
         stall = int((scn.slow_step_stall_us if step == scn.slow_step else scn.loader_us) * 1000)
-        dev_ready = {}
-        arrivals_fwd: dict[int, list[int]] = {}
-        arrivals_bwd: dict[int, list[int]] = {}
-        host_t = {}
+        factor: dict[int, float] = {}
+        ht: dict[int, int] = {}
+        dt: dict[int, int] = {}
+        arrivals_fwd: dict[int, list[int]] = {r: [] for r in range(scn.world)}
+        arrivals_bwd: dict[int, list[int]] = {r: [] for r in range(scn.world)}
         for r in range(scn.world):
-            rm = self.ranks[r]
-            factor = scn.slow_factor if r == scn.slow_rank else 1.0
+            factor[r] = scn.slow_factor if r == scn.slow_rank else 1.0
             if scn.slow_rank_step == (r, step):
-                factor *= scn.slow_rank_step_factor
-            tid = self.host_pid[r]
-            rm.host.append(
+                factor[r] *= scn.slow_rank_step_factor
+            self.ranks[r].host.append(
                 HostEv(
                     "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
                     "cpu_op",
-                    tid,
+                    self.host_pid[r],
                     h0 + 20_000,
                     stall,
                     {"Sequence number": -1, "Fwd thread id": 0},
                 )
             )
-            ht = h0 + 20_000 + stall + 30_000
-            dt = ht + 40_000
-            fa, ba = [], []
-            k = 0
-            for layer in range(scn.layers):
+            ht[r] = h0 + 20_000 + stall + 30_000
+            dt[r] = ht[r] + 40_000
+        # collectives, in launch order; each rank's HCCL stream runs one at a time
+        comm_free = {r: 0 for r in range(scn.world)}
+        message = scn.small_packet_bytes if scn.small_packets else None
+        for layer in range(scn.layers):
+            for r in range(scn.world):
+                rm = self.ranks[r]
                 for j in range(scn.fwd_kernels):
                     op = _FWD_OPS[j % len(_FWD_OPS)]
-                    dur = int(self.fwd_durs[k] * factor)
+                    dur = int(self.fwd_durs[layer * scn.fwd_kernels + j] * factor[r])
                     core, block = op[3], 24 if op[3] == "AI_CORE" else 48
                     name = f"{op[1]}_{op[0]}_{op[0]}"
                     if scn.aicpu and layer == 0 and j == 1:
@@ -449,29 +458,33 @@ class Cluster:
                     if scn.low_block_dim and layer == 1 and j == 0:
                         block, dur, name = 2, dur + 300_000, f"{op[1]}_{op[0]}LowBlock_{op[0]}"
                         self.facts.low_block_kernels.append(name)
-                    ht, dt = self._launch(rm, step, op, name, core, block, dur, ht, dt)
-                    k += 1
-                fa.append(dt)
+                    ht[r], dt[r] = self._launch(rm, step, op, name, core, block, dur, ht[r], dt[r])
+                arrivals_fwd[r].append(dt[r])
+            if scn.tp_waits:  # the next layer starts when its input has been gathered
+                for g in self.tp_groups.values():
+                    arr = {r: arrivals_fwd[r][layer] for r in self.group_members[g]}
+                    end = self._collective(step, g, "allGather", arr, comm_free, scn.tp_bytes, None, message)
+                    for r in self.group_members[g]:
+                        dt[r] = max(dt[r], end)
+        for r in range(scn.world):
+            rm = self.ranks[r]
             k = 0
             for _bucket in range(scn.buckets):
                 for j in range(scn.bwd_kernels):
                     op = _BWD_OPS[j % len(_BWD_OPS)]
-                    dur = int(self.bwd_durs[k] * factor)
-                    ht, dt = self._launch(
-                        rm, step, op, f"{op[1]}_{op[0]}_{op[0]}", op[3], 24 if op[3] == "AI_CORE" else 48, dur, ht, dt
+                    dur = int(self.bwd_durs[k] * factor[r])
+                    ht[r], dt[r] = self._launch(
+                        rm, step, op, f"{op[1]}_{op[0]}_{op[0]}", op[3], 24 if op[3] == "AI_CORE" else 48, dur, ht[r],
+                        dt[r]
                     )
                     k += 1
-                ba.append(dt)
-            arrivals_fwd[r], arrivals_bwd[r] = fa, ba
-            dev_ready[r] = dt
-            host_t[r] = ht
-        # collectives, in launch order; each rank's HCCL stream runs one at a time
-        comm_free = {r: 0 for r in range(scn.world)}
-        for layer in range(scn.layers):
-            for g in self.tp_groups.values():
-                arr = {r: arrivals_fwd[r][layer] for r in self.group_members[g]}
-                nbytes = scn.small_packet_bytes if scn.small_packets else scn.tp_bytes
-                self._collective(step, g, "allGather", arr, comm_free, nbytes, bucket=None)
+                arrivals_bwd[r].append(dt[r])
+        dev_ready, host_t = dict(dt), dict(ht)
+        if not scn.tp_waits:  # the all-gathers overlap the compute that follows them
+            for layer in range(scn.layers):
+                for g in self.tp_groups.values():
+                    arr = {r: arrivals_fwd[r][layer] for r in self.group_members[g]}
+                    self._collective(step, g, "allGather", arr, comm_free, scn.tp_bytes, None, message)
         for b in range(scn.buckets):
             for g in self.dp_groups.values():
                 arr = {r: arrivals_bwd[r][b] for r in self.group_members[g]}
@@ -574,7 +587,11 @@ class Cluster:
                     k += scn.fwd_kernels
                     for g in tp_of_stage[si]:
                         arr = {r: dt[r] for r in self.group_members[g]}
-                        self._collective(step, g, "allGather", arr, comm_free, scn.tp_bytes, bucket=None)
+                        end = self._collective(step, g, "allGather", arr, comm_free, scn.tp_bytes, None,
+                                               scn.small_packet_bytes if scn.small_packets else None)
+                        if scn.tp_waits:
+                            for r in self.group_members[g]:
+                                dt[r] = max(dt[r], end)
         bucket_ready: dict[int, list[int]] = {r: [] for r in range(scn.world)}
         for mb in range(scn.micro_batches):
             for si in reversed(range(scn.pp)):
@@ -627,7 +644,7 @@ class Cluster:
         same_node = self.node(src) == self.node(dst)
         transport = "HCCS" if same_node else "RDMA"
         gbps = scn.hccs_gbps if same_node else scn.rdma_gbps
-        dur = int(nbytes / (gbps * 1e9) * 1e9) + 2_000
+        dur = int(nbytes / (gbps * 1e9) * 1e9) + MESSAGE_LATENCY_NS
         idle = 3_000
         s_start = max(dt[src], comm_free[src])
         r_start = max(dt[dst], comm_free[dst])
@@ -707,7 +724,11 @@ class Cluster:
         comm_free: dict[int, int],
         nbytes: int,
         bucket: int | None,
+        message_bytes: int | None = None,
     ) -> int:
+        """One collective of group ``g`` (a ring): each member sends its chunk to its successor in ``k`` ring
+        steps, one message per step, or messages of at most ``message_bytes`` each (every message pays
+        :data:`MESSAGE_LATENCY_NS`); every member ends when the last one has arrived and transferred."""
         scn = self.scn
         members = self.group_members[g]
         n = len(members)
@@ -731,19 +752,22 @@ class Cluster:
                 gbps /= scn.misaligned_factor
             k = 2 * (n - 1) if op_type == "allReduce" else (n - 1)
             xs = []
+            sizes = [chunk] if message_bytes is None else _messages(chunk, message_bytes)
             for j in range(k if n > 1 else 0):
-                d = int(chunk / (gbps * 1e9) * 1e9) + 2_000
-                if (
-                    scn.rdma_retrans
-                    and (step, bucket) == scn.rdma_retrans
-                    and transport == "RDMA"
-                    and j == 0
-                    and not any(f[0] == r for f in self.facts.rdma_retrans)
-                    and len(self.facts.rdma_retrans) < 1
-                ):
-                    d = int(scn.rdma_retrans_us * 1000)
-                    self.facts.rdma_retrans.append((r, step, name))
-                xs.append(Transfer(transport, li, (li + 1) % n, chunk, 0, d))
+                for m, size in enumerate(sizes):
+                    d = int(size / (gbps * 1e9) * 1e9) + MESSAGE_LATENCY_NS
+                    if (
+                        scn.rdma_retrans
+                        and (step, bucket) == scn.rdma_retrans
+                        and transport == "RDMA"
+                        and j == 0
+                        and m == 0
+                        and not any(f[0] == r for f in self.facts.rdma_retrans)
+                        and len(self.facts.rdma_retrans) < 1
+                    ):
+                        d = int(scn.rdma_retrans_us * 1000)
+                        self.facts.rdma_retrans.append((r, step, name))
+                    xs.append(Transfer(transport, li, (li + 1) % n, size, 0, d))
             xs.append(Transfer("LOCAL", li, li, chunk, 0, int(chunk / 200e9 * 1e9) + 500))
             plans[r] = xs
             transit[r] = sum(x.dur for x in xs)
@@ -762,6 +786,12 @@ class Cluster:
             )
             comm_free[r] = end
         return end
+
+
+def _messages(nbytes: int, most: int) -> list[int]:
+    """``nbytes`` cut into messages of ``most`` bytes (the last one the rest)."""
+    full, rest = divmod(nbytes, most)
+    return [most] * full + ([rest] if rest else [])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -109,16 +109,23 @@ def test_rdma_retransmission(f8):
 
 
 def test_small_packets(f8):
+    """The TP all-gathers move their whole volume (tp_bytes / tp per rank), as messages of small_packet_bytes."""
     ctx, facts = f8
     scn = facts.scenario
-    chunk = scn.small_packet_bytes // scn.tp
+    chunk = scn.tp_bytes // scn.tp
     rows = q(
         ctx,
         "SELECT DISTINCT t.bytes FROM comm_tasks t JOIN comm_ops o ON o.rank = t.rank AND o.name = t.op_name "
-        "WHERE o.op_type = 'allgather' AND t.bytes > 0",
+        "WHERE o.op_type = 'allgather' AND t.bytes > 0 AND t.link_type = 'HCCS'",
     )
-    assert rows == [(chunk,)]
-    assert chunk < 1 << 20
+    assert rows == [(scn.small_packet_bytes,)]
+    per_op = q(
+        ctx,
+        "SELECT DISTINCT sum(t.bytes) FROM comm_tasks t JOIN comm_ops o ON o.rank = t.rank AND o.name = t.op_name "
+        "WHERE o.op_type = 'allgather' AND t.link_type = 'HCCS' GROUP BY t.rank, t.op_name",
+    )
+    assert per_op == [(chunk,)]
+    assert scn.small_packet_bytes < 1 << 20 and chunk % scn.small_packet_bytes == 0
 
 
 def test_slow_link_in_the_matrix(f8):

@@ -179,10 +179,41 @@ def hccs_saturated() -> Rows:
 def sdma_contention() -> Rows:
     """SDMA at 9 GB/s (90 MB in 10 ms, at 10-20 ms into the step) while MatMulV2 runs 0-40 ms.
 
-    Threshold 0.8 x 18 = 14.4 GB/s. Saving per step: 10 ms - 90e6 / 14.4 ns = 10 - 6.25 = 3.75 ms
-    (3.75 % of 100 ms, medium).
+    Threshold 0.8 x 18 = 14.4 GB/s. The rule's own figure per step: 10 ms - 90e6 / 14.4 ns = 10 - 6.25 =
+    3.75 ms (3.75 % of 100 ms). Nothing waits for the op (it ends inside MatMulV2, the step's last device
+    work): replayed faster, the step is as long, no saving.
     """
     return _bandwidth_profile("SDMA", 1, 90 * MB, 10.0, matmul_during_comm=True)
+
+
+def sdma_contention_exposed() -> Rows:
+    """SDMA at 4.5 GB/s (90 MB in 20 ms, 30-50 ms into the step) while MatMulV2 runs 0-40 ms; then LayerNorm on
+    the compute stream, 50-60 ms, waits for the op (it starts when the op ends, 10 ms after MatMulV2), and is
+    the step's last device work; the step marker lasts 100 ms.
+
+    Threshold 0.8 x 18 = 14.4 GB/s and no operator runs without a MatMul: the rule's own figure is 20 ms - 90e6 B
+    / 14.4 GB/s = 20 - 6.25 = 13.75 ms. Replayed at 14.4 GB/s the op ends at 36.25 ms, LayerNorm then follows
+    MatMulV2 at 40 ms and ends at 50: the step's last work ends 10 ms earlier, 10 ms of the 100 ms step.
+    """
+    rows = _base(2)
+    ops, bw, kernels = [], [], []
+    for r in range(2):
+        for s in (1, 2, 3):
+            t = T0 + (s - 1) * STEP_NS
+            kernels.append({"rank": r, "name": "MatMulV2", "op_type": "MatMulV2", "core_type": "AI_CORE",
+                            "start_ns": t, "dur_ns": 40 * MS})
+            kernels.append({"rank": r, "name": "LayerNorm", "op_type": "LayerNorm", "core_type": "AI_VECTOR_CORE",
+                            "start_ns": t + 50 * MS, "dur_ns": 10 * MS})
+            rows["events"].append({"rank": r, "kind": "kernel", "name": "LayerNorm", "device": True,
+                                   "tid": "stream7", "start_ns": t + 50 * MS, "dur_ns": 10 * MS})
+            name, at, tr, b = f"hcom_allGather__456_{s}", t + 30 * MS, 20 * MS, 90 * MB
+            ops.append({"rank": r, "name": name, "op_type": "allgather", "group_name": "g2", "start_ns": at,
+                        "dur_ns": tr, "transit_ns": tr, "wait_ns": 0, "sync_ns": 0, "idle_ns": 0, "bytes": b})
+            bw.append({"rank": r, "step": s, "name": name, "group_name": "g2", "transport": "SDMA", "bytes": b,
+                       "transit_ns": tr, "bandwidth_gbps": b / tr})
+            rows["events"].append(_comm_event(r, name, at, tr))
+    rows.update({"comm_ops": ops, "comm_bandwidth": bw, "kernels": kernels})
+    return rows
 
 
 def sdma_slow_no_matmul() -> Rows:

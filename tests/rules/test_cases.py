@@ -17,6 +17,8 @@ Case format::
     evidence = { dataloader_share = [0.70, 0.80] }   # numeric [lo, hi] or exact string
     finding_cause = "io.slow_data_processing"  # optional: the checks above read the first finding of this cause
                                            # (default: the rule's first finding)
+    saving_us = [900.0, 1100.0]          # the first finding's estimated_saving_us (replayed where the rule replays)
+    where = { transport = "HCCS" }       # check the first finding whose evidence holds these values (default: the first)
     quiet_below = "low"                  # for quiet cases: findings below this severity are tolerated (default: any finding fails)
     slow = true                          # optional: over ~1 CPU-s; runs with the marked tests (-m slow), not the quick suite
 """
@@ -126,11 +128,18 @@ def test_rule_case(rule_id: str, case: dict[str, Any], tmp_path_factory: pytest.
     assert case["expect"] == "fires"
     assert outcome.status == "ran", f"{rule_id} did not run: {outcome.reason}"
     assert mine, f"{rule_id} did not fire; warnings: {[w['message'] for w in data['warnings']][:5]}"
+    if "where" in case:  # the finding checked: the first whose evidence holds these values
+        mine = [x for x in mine if all(x["evidence"].get(k) == v for k, v in case["where"].items())]
+        assert mine, f"no {rule_id} finding with evidence {case['where']}"
     f = mine[0] if "finding_cause" not in case else next(x for x in mine if x["cause"] == case["finding_cause"])
     if "cause" in case:
         assert any(x["cause"] == case["cause"] for x in mine), [x["cause"] for x in mine]
     if "severity_at_least" in case:
         assert Severity.parse(f["severity"]) >= Severity.parse(case["severity_at_least"]), f["severity"]
+    if "saving_us" in case:
+        lo, hi = case["saving_us"]
+        assert f["estimated_saving_us"] is not None and lo <= f["estimated_saving_us"] <= hi, (
+            f["estimated_saving_us"], f.get("replay"))
     if "ranks" in case:
         assert set(case["ranks"]) <= {r for x in mine for r in x["ranks"]}, [x["ranks"] for x in mine]
     if "steps" in case:
