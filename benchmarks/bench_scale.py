@@ -174,7 +174,8 @@ def build_ascend(ranks: int, form: str) -> dict[str, Any]:
     from tests.ascend.gen_cluster import Scenario, generate
 
     d = DATA / f"scale_ascend_{form}_{ranks}"
-    key = {"v": SCALE_VERSION, "ranks": ranks, "form": form}
+    # "gen": the generator's output for this scenario (2: small packets split inside each all-gather)
+    key = {"v": SCALE_VERSION, "ranks": ranks, "form": form, "gen": 2}
     info = _cached(d, key)
     if info is not None:
         return info | {"dir": d}
