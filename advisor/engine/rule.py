@@ -446,7 +446,7 @@ class RuleContext(Generic[T]):
             done[int(row["step"])] = row
         out = [dict(done[s]) for s in sorted(lead) if s in done]
         ranks = ",".join(str(int(r)) for r in sorted(set(bd["rank"].tolist())))
-        why = f"no rank's own time leads the others' median by {min_lead_share:.0%} of the step: not replayed"
+        why = NO_LEAD.format(share=min_lead_share)
         out += [{"step": step, "rank": None, "ranks": ranks, "measured_ns": None, "saving_ns": None, "error": None,
                  "factor": None, "reason": why} for step in sorted(want - lead)]
         return out
@@ -560,22 +560,33 @@ class RuleContext(Generic[T]):
         return self._budget
 
 
+#: :meth:`RuleContext.straggler_replay`'s reason for a step in which no rank is late: every rank's own time
+#: (outside the communication no computation hides) within ``share`` of the step of its peers' median
+NO_LEAD = "no rank's own time leads the others' median by {share:.0%} of the step: not replayed"
+_NO_LEAD_HEAD = NO_LEAD.split("{", 1)[0]
+
+
 def straggler_summary(rows: Sequence[Mapping[str, Any]], ranks: Iterable[int], steps: Sequence[int],
                       slowest: int) -> dict[str, Any]:
     """A finding's ``replay`` for a group of ``ranks`` waiting for ``slowest`` over ``steps``, from the rows
     :meth:`RuleContext.straggler_replay` gave (one or more shards'): per step, the cluster's step (its
     slowest rank) replayed with the group's ranks joined by their collectives, less the same with
     ``slowest`` at its peers' median own speed; the mean over the steps where that replay holds every rank
-    of the group and names ``slowest`` as the rank to speed up."""
+    of the group and names ``slowest`` as the rank to speed up. ``no_straggler``: True where the group's
+    ranks were replayed together in every one of ``steps`` and in none of them was any rank late (its own
+    time leading its peers'): the members' waits are not for a late member."""
     assumption = f"if rank {slowest} ran at its peers' median speed (its own time outside the collectives scaled to theirs)"
     want = {int(s) for s in steps}
     rows = [r for r in rows if int(r["step"]) in want]
     group = set(ranks)
     savings, errors, factors, reasons = [], [], [], set()
+    no_lead: set[int] = set()
     for r in rows:
         joined = {int(x) for x in str(r["ranks"] or "").split(",") if x}
         if not group <= joined:
             continue  # another shard's partial view of the group
+        if r["saving_ns"] is None and str(r["reason"] or "").startswith(_NO_LEAD_HEAD):
+            no_lead.add(int(r["step"]))
         if r["error"] is not None:
             errors.append(float(r["error"]))
         if r["saving_ns"] is None:
@@ -588,7 +599,8 @@ def straggler_summary(rows: Sequence[Mapping[str, Any]], ranks: Iterable[int], s
                 factors.append(float(r["factor"]))
     if not savings:
         why = "; ".join(sorted(reasons)) or "the group's ranks were not read together (several shards): not joined"
-        return {"estimated": False, "assumption": assumption, "reason": why}
+        return {"estimated": False, "assumption": assumption, "reason": why,
+                "no_straggler": bool(want) and no_lead == want}
     saving_us = sum(sv for sv, _ in savings) / len(savings) / 1000.0
     step_us_ = sum(m for _, m in savings) / len(savings) / 1000.0
     if factors:

@@ -31,7 +31,12 @@ step, the others' median wait minus its own wait is the time the group spends on
 that over the steps must exceed k standard errors (LLMPrism's k-σ, k = 3; with fewer than three
 steps it must be positive in every step) and ``min_wait_share`` of the step. Equal ranks whose
 arrival order changes from step to step (a DDP job with large buckets) give a mean near zero and
-no finding, however large R_wait is. The waiting rank named is never one of the slowest.
+no finding, however large R_wait is. The waiting rank named is never one of the slowest. Where the
+group's ranks were read together and replayed joined by their collectives, and in no step does any
+member's own time (its step less the communication no computation hides) lead its peers' by
+``min_wait_share`` of the step, nobody arrives late: the recorded waits are the collective's own work
+(a member moving its data over a slower path, as an export's wait/transit split can show), and there
+is no finding (a warning says so).
 
 The saving is, per step, the largest total wait of one member (capped at the time that member
 spent inside the collectives, so concurrent collectives are not counted twice; the median over
@@ -367,6 +372,15 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
              "t_min_ms": ms(row["dmin"]), "total_wait_ms": ms(row["w"]), "slowest_ranks": slow_by_inst.loc[k]}
             for k, row in per_inst.head(ctx.t.top_n).iterrows()
         ]
+        replay = _straggler_replay_of(ctx, ranks, sorted(int(s) for s in g["step"].unique()), slowest)
+        if replay.get("no_straggler"):
+            # the ranks replayed together: in no step does a member's own time lead its peers', so what the
+            # others wait for is the collective's own work (its transfers, its path), not a late member
+            ctx.warn(f"group {grp or '(default)'}: R_wait {r_wait:.2f}, the members wait for rank {slowest} in the "
+                     f"{'exported wait time' if bool(per_inst['has_wait'].all()) else 'durations'}, but in no step "
+                     "does any member's own time lead its peers' (the ranks replayed together): not a late member; "
+                     "no finding")
+            continue
         has_wait = bool(per_inst["has_wait"].all())
         label = f"group {grp}" if grp else "the default group"
         who = (f"rank {slowest}" if len(slowest_ranks) == 1 else
@@ -407,7 +421,7 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             detail=("Only part of the world is in this profile; the R_wait is over the ranks present."
                     if partial else ""),
             top=top,
-            replay=_straggler_replay_of(ctx, ranks, sorted(int(s) for s in g["step"].unique()), slowest),
+            replay=replay,
         )
     _check_counts(ctx)
 

@@ -85,6 +85,28 @@ def slow_rank_ascend() -> Rows:
     return _allreduce_group(late_rank=3, late_ms=15.0, wait_ms=15.0, transit_ms=5.0)
 
 
+def waits_without_a_late_rank_ascend() -> Rows:
+    """All 4 ranks arrive together at every all-reduce and spend 20 ms in it, but the export splits rank
+    3's time as 20 ms of transit and the others' as 15 ms of wait + 5 ms of transit (rank 3 moves its data
+    over a slower path): R_wait = 45 / 80 = 0.5625 and rank 3 "leads" the others' waits by 30 ms per step,
+    yet no rank's own time (the 100 ms step less its 40 ms in collectives, 60 ms each) leads its peers':
+    nobody is late."""
+    rows = _base(4)
+    comm_ops = []
+    for s in (1, 2, 3):
+        for k, at_ms in enumerate((40.0, 70.0)):
+            name = f"hcom_allReduce__123_{(s - 1) * 2 + k}"
+            for r in range(4):
+                start = T0 + (s - 1) * STEP_NS + int(at_ms * MS)
+                w, transit = (0.0, 20.0) if r == 3 else (15.0, 5.0)
+                comm_ops.append({"rank": r, "name": name, "op_type": "allreduce", "group_name": "g1",
+                                 "start_ns": start, "dur_ns": int(20.0 * MS), "transit_ns": int(transit * MS),
+                                 "wait_ns": int(w * MS), "sync_ns": 0, "idle_ns": 0, "bytes": 64 * MB})
+                rows["events"].append(_comm_event(r, name, start, int(20.0 * MS)))
+    rows["comm_ops"] = comm_ops
+    return rows
+
+
 def balanced_ascend() -> Rows:
     """All 4 ranks arrive together; each waits 0.5 ms (handshake) and transits 5.5 ms.
 

@@ -108,7 +108,16 @@ def test_rule_case(rule_id: str, case: dict[str, Any], tmp_path_factory: pytest.
     from advisor.analyze import analyze, analyze_context
 
     cfg = Config(select=[rule_id], overrides={rule_id: dict(case.get("set", {}))} if case.get("set") else {})
-    if "tables" in case:
+    if "tables" in case and "set" in case:
+        # the rank parts' tables are built once per context with the thresholds of that run: a case that
+        # sets thresholds gets a context of its own
+        from advisor.testing import context_from_tables
+
+        mod, func = case["tables"].split(":")
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        report = analyze_context(context_from_tables(getattr(importlib.import_module(mod), func)()), cfg)
+    elif "tables" in case:
         report = analyze_context(_tables_context(case["tables"]), cfg)
     elif "set" not in case:
         # every rule at default thresholds, once per worker: the case reads its own rule's
