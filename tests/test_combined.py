@@ -3,6 +3,7 @@ rank, never their savings summed. Figures computed by hand from the planted trac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -345,3 +346,21 @@ def test_a_change_on_one_rank_reaches_its_peer_through_the_collective() -> None:
     assert fix["method"] == "joined" and fix["saving_us"] == pytest.approx(2000, abs=5)
     alone = C.headline([gc], [gc.id], ctx.extras[C.TABLE_KEY], None, ctx.breakdown)
     assert alone["fixes"][0]["method"] == "slowest_rank" and alone["saving_us"] == pytest.approx(0, abs=5)
+
+
+def test_a_straggler_finding_is_replayed_with_the_rank_rules_changes() -> None:
+    """CLU001 names rank 0 (its own time 8.9 ms against rank 1's 6.9: the GC) and replays it at rank 1's
+    speed. Made together with the GC's removal, rank 0 reaches the all-reduce before rank 1, whose arrival
+    (3.1 ms) neither change moves: the all-reduce ends at 4.1 ms, rank 1's k2 at 7.9 ms, the job's step
+    8 ms: 2 ms saved, as by the GC's removal alone, not the two savings added."""
+    ctx = context_from_tables(_two_gpus())
+    rep = analyze_context(ctx)
+    f = _by_rule(rep)
+    gc, clu = f["CPU004"], f["CLU001"]
+    assert clu.ranks == (0,) and (clu.replay or {}).get("change") == C.STRAGGLER
+    assert clu.explained_by == (gc.id,)  # the report links them; taken here as two roots to make together
+    clu = dataclasses.replace(clu, explained_by=(), root=True)
+    out = C.headline([gc, clu], [gc.id, clu.id], ctx.extras[C.TABLE_KEY], ctx.extras[C.JOINED_KEY], ctx.breakdown)
+    assert out["basis"] == "replayed" and out["method"] == "joined"
+    assert out["saving_us"] == pytest.approx(2000, abs=5)
+    assert max(x["saving_us"] for x in out["fixes"]) <= out["saving_us"] + 1e-3

@@ -28,6 +28,9 @@ CHANGES_KEY = "what_if_changes"
 TABLE_KEY = "combined_replay"
 #: ``AnalysisContext.extras`` key of the changes replayed on every rank at once, joined: :func:`replay_joined`
 JOINED_KEY = "combined_joined"
+#: the part of :func:`replay_joined` that runs the rank with the longest own time at its peers' median speed
+#: (:func:`advisor.stages.replay.straggler_changes`): a cluster finding whose ``replay`` has this ``change``
+STRAGGLER = "straggler"
 #: the rules with the largest savings on a rank whose changes are replayed in combination there: one
 #: more than the headline's three, so that a top finding that turns out explained in the report is replaced
 TOP = 4
@@ -99,7 +102,8 @@ def replay_joined(ctx: Any, findings: Iterable[Finding]) -> dict[str, Any] | Non
     """The rank rules' changes replayed on every rank at once, the ranks joined by their collectives
     (:func:`advisor.stages.replay.cluster_replay`): a rule's change applies on each rank it recorded one
     for (one fix, every rank it fires on). The :data:`TOP` rules by their largest saving on any rank,
-    alone and in every combination of up to :data:`MOST`; per step, the cluster's step (its slowest rank)
+    alone and in every combination of up to :data:`MOST` (with :data:`STRAGGLER`, the straggler's counterfactual
+    of COM001 / CLU001, as one more part); per step, the cluster's step (its slowest rank)
     replayed joined without the changes less with them; the mean over the steps whose joined no-change
     replay reproduces the measured cluster step. None where this context does not hold every rank of the
     world (a shard of a map/reduce run: the ranks were not read together) or holds one rank. Returns
@@ -119,21 +123,22 @@ def replay_joined(ctx: Any, findings: Iterable[Finding]) -> dict[str, Any] | Non
     for (rule, rank) in recorded:
         if saving.get((rule, rank), 0.0) > 0:
             best[rule] = max(best.get(rule, 0.0), saving[(rule, rank)])
-    top = sorted(sorted(best, key=lambda r: (-best[r], r))[:TOP])
-    if not top:
+    rules = sorted(sorted(best, key=lambda r: (-best[r], r))[:TOP])
+    if not rules:
         return None
     rows = ctx.query("SELECT rank, step, start_ns, end_ns FROM steps WHERE end_ns > start_ns ORDER BY rank, step")
     wins: dict[int, dict[int, tuple[int, int, int]]] = {}
     for r in rows:
         wins.setdefault(int(r["rank"]), {})[int(r["step"])] = (int(r["step"]), int(r["start_ns"]), int(r["end_ns"]))
     ranks = sorted(wins)
-    parts = {rule: {rank: recorded.get((rule, rank), []) for rank in ranks} for rule in top}
+    parts = {rule: {rank: recorded.get((rule, rank), []) for rank in ranks} for rule in rules}
     # the steps some rule's change applies to on some rank, held by every rank
     wanted: set[int] = set()
-    for rule in top:
+    for rule in rules:
         for rank in ranks:
             wanted |= _steps_of({rule: parts[rule][rank]}, set(wins[rank]), ctx, rank) if parts[rule][rank] else set()
     common = sorted(wanted.intersection(*(set(w) for w in wins.values())))
+    top = [*rules, STRAGGLER]
     out: dict[str, Any] = {"ranks": ranks, "rules": top, "steps": len(common), "steps_replayed": 0,
                            "reproduction_error": 0.0}
     combos = [c for n in range(1, min(MOST, len(top)) + 1) for c in itertools.combinations(top, n)]
@@ -170,9 +175,12 @@ def replay_joined(ctx: Any, findings: Iterable[Finding]) -> dict[str, Any] | Non
                 reasons.add(f"the ranks' joined replay does not reproduce the measured step within "
                             f"{replay_stage.REPRODUCE_WITHIN:.0%}")
                 continue
+            own = replay_stage.own_times(gs, colls)
+            strag = replay_stage.straggler_changes(gs, colls, max(own, key=lambda r: (own[r], -r)))
             for c in combos:
                 changes: dict[int, Sequence[Any]] = {
-                    rank: [ch for rule in c for ch in _changes_at(parts[rule][rank], step)] for rank in ranks}
+                    rank: [*(ch for rule in c if rule != STRAGGLER for ch in _changes_at(parts[rule][rank], step)),
+                           *(strag.get(rank, ()) if STRAGGLER in c else ())] for rank in ranks}
                 after = max(replay_stage.cluster_replay(gs, colls, changes).values())
                 sums[key(c)] += before - after
             good += 1
@@ -307,6 +315,10 @@ class _Fix:
         self.best = max(figure[f.id] for f in findings)
         self.ranks = sorted({int(r) for f in findings for r in f.ranks})
         self.cause = findings[0].cause
+        # the part of the joined replay that replays it: its rule, or the straggler's counterfactual
+        straggler = all((f.replay or {}).get("estimated") and (f.replay or {}).get("change") == STRAGGLER
+                        for f in findings)
+        self.part = STRAGGLER if straggler else rule
 
 
 def _counted(f: Finding, ids: set[str]) -> float:
@@ -389,8 +401,7 @@ def _job(fixes: Sequence[_Fix], table: Mapping[int, Mapping[str, Any]], joined: 
     step the cluster's step less the largest rank's replayed step, each rank replayed with the fixes it has,
     the others keeping their measured step), ``rank`` (one rank) or ``largest_rank`` (ranks that do not
     wait for each other: each its own step, the largest rank's saving)."""
-    rules = [fx.rule for fx in fixes]
-    k = key(rules)
+    k = key(fx.part for fx in fixes)
     if joined and k in (joined.get("savings_us") or {}) and all(fx.ranks for fx in fixes) \
             and {r for fx in fixes for r in fx.ranks} <= set(joined.get("ranks") or ()):
         return {"saving_us": float(joined["savings_us"][k]), "method": "joined", "ranks": list(joined["ranks"]),
