@@ -364,3 +364,14 @@ def test_a_straggler_finding_is_replayed_with_the_rank_rules_changes() -> None:
     assert out["basis"] == "replayed" and out["method"] == "joined"
     assert out["saving_us"] == pytest.approx(2000, abs=5)
     assert max(x["saving_us"] for x in out["fixes"]) <= out["saving_us"] + 1e-3
+
+
+def test_two_findings_of_one_rule_on_a_rank_not_replayed_may_add_up() -> None:
+    """Two CMP003 findings on rank 0 (other operators: 3 and 2 ms) without a change, and a 4 ms finding
+    without one: one CMP003 fix, at least 4 ms (the largest finding), at most 4 + 3 + 2 = 9 ms."""
+    a = _finding("CPU005", "cpu.contention", 4000.0)
+    b = _finding("CMP003", "compute.unfused", 3000.0, ops=("a",))
+    c = _finding("CMP003", "compute.unfused", 2000.0, ops=("b",))
+    out = C.headline([a, b, c], [a.id, b.id, c.id], {}, None, None)
+    assert [x["rule"] for x in out["fixes"]] == ["CPU005", "CMP003"]
+    assert (out["saving_min_us"], out["saving_max_us"], out["max_bound"]) == (4000.0, 9000.0, "summed")

@@ -314,6 +314,10 @@ class _Fix:
         self.findings = findings
         self.best = max(figure[f.id] for f in findings)
         self.ranks = sorted({int(r) for f in findings for r in f.ranks})
+        # the most it could save unreplayed: on a rank, its findings there (other operators, other times) summed;
+        # ranks in a step wait for the slowest, so the largest rank's
+        self.most = max((sum(figure[f.id] for f in findings if not f.ranks or r in f.ranks) for r in self.ranks),
+                        default=sum(figure[f.id] for f in findings))
         self.cause = findings[0].cause
         # the part of the joined replay that replays it: its rule, or the straggler's counterfactual
         straggler = all((f.replay or {}).get("estimated") and (f.replay or {}).get("change") == STRAGGLER
@@ -538,9 +542,10 @@ def headline(findings: Sequence[Finding], roots: Sequence[str], table: Mapping[i
             out["steps_replayed"] = full.get("steps_replayed")
         return out
     # not replayable together: a range
-    fig = [out["fixes"][i]["saving_us"] if out["fixes"][i]["saving_us"] is not None else fixes[i].best
+    fig = [out["fixes"][i]["saving_us"] if out["fixes"][i]["saving_us"] is not None else fixes[i].most
            for i in range(len(fixes))]
-    lower = max([*fig, *(float(j["saving_us"]) for j in jobs.values() if j is not None)])
+    lower = max([*(fx.best if out["fixes"][i]["saving_us"] is None else fig[i] for i, fx in enumerate(fixes)),
+                 *(float(j["saving_us"]) for j in jobs.values() if j is not None)])
     summed = min(float(j["saving_us"]) + sum(fig[i] for i in allc if i not in c) if j is not None else float("inf")
                  for c, j in jobs.items())
     summed = min(summed, float(sum(fig)))
