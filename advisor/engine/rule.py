@@ -565,6 +565,10 @@ class RuleContext(Generic[T]):
 NO_LEAD = "no rank's own time leads the others' median by {share:.0%} of the step: not replayed"
 _NO_LEAD_HEAD = NO_LEAD.split("{", 1)[0]
 
+#: a finding ``replay``'s ``change`` where its counterfactual is the straggler at its peers' median speed
+#: (:func:`advisor.stages.replay.straggler_changes`): the headline replays it with the rank rules' changes
+STRAGGLER_CHANGE = "straggler"
+
 
 def straggler_summary(rows: Sequence[Mapping[str, Any]], ranks: Iterable[int], steps: Sequence[int],
                       slowest: int) -> dict[str, Any]:
@@ -607,7 +611,7 @@ def straggler_summary(rows: Sequence[Mapping[str, Any]], ranks: Iterable[int], s
         assumption = assumption.replace("scaled to theirs", f"× {sum(factors) / len(factors):.2f}")
     out = {"estimated": True, "saving_us": round(max(saving_us, 0.0), 3),
            "saving_fraction": round(max(saving_us, 0.0) / step_us_, 4) if step_us_ else None,
-           "assumption": assumption, "reproduced": len(savings) == len(steps),
+           "assumption": assumption, "change": STRAGGLER_CHANGE, "reproduced": len(savings) == len(steps),
            "reproduction_error": round(max(errors), 4) if errors else 0.0,
            "steps": len(steps), "steps_replayed": len(savings)}
     if len(savings) < len(steps):

@@ -79,6 +79,9 @@ class ShardResult:
     stages_seconds: float = 0.0
     #: per rank, the rank rules' changes replayed alone and together (:func:`advisor.engine.combined.replay_combinations`)
     combined: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: the rank rules' changes replayed on every rank at once, joined by their collectives, where the shard
+    #: holds every rank (:func:`advisor.engine.combined.replay_joined`)
+    joined: dict[str, Any] | None = None
     #: the shard's own DuckDB holding its summary (``tables`` then empty), when the map ran in the
     #: process that reduces and was asked to keep it (:func:`map_shard` ``keep_db``); never pickled
     db: Any = None
@@ -170,10 +173,11 @@ def _stages_and_rules(ctx: AnalysisContext, res: ShardResult, cfg: Config, *, ra
 def _combinations(ctx: AnalysisContext, res: ShardResult) -> None:
     """The rank rules' changes replayed together on each rank of the shard, where its events are (a
     failure is a warning: the report then keeps the summed total, said to be summed)."""
-    from advisor.engine.combined import of_done
+    from advisor.engine.combined import JOINED_KEY, of_done
 
     try:
         res.combined = of_done(ctx, res.done)
+        res.joined = ctx.extras.get(JOINED_KEY)
     except Exception as exc:  # noqa: BLE001 -- the headline falls back to the summed total
         res.stage_warnings.append(Warning_("rule_error", f"replaying the findings' changes together failed: "
                                            f"{type(exc).__name__}: {exc}"))

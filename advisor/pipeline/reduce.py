@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.config import Config
+from advisor.engine.combined import JOINED_KEY
 from advisor.engine.combined import TABLE_KEY as COMBINED_TABLE
 from advisor.engine.context import AnalysisContext
 from advisor.engine.platform import Parts, reduce_platform
@@ -43,6 +44,7 @@ class Summary:
     parse_seconds: float = 0.0
     stages_seconds: float = 0.0
     combined: dict[int, dict[str, Any]] = field(default_factory=dict)  # per rank: the changes replayed together
+    joined: list[dict[str, Any]] = field(default_factory=list)  # every rank's changes replayed at once (a shard's)
 
 
 @dataclass
@@ -94,6 +96,8 @@ def gather(root: str, units: list[Unit], results: Iterator[ShardResult], warning
         out.parse_seconds += res.parse_seconds
         out.stages_seconds += res.stages_seconds
         out.combined.update(res.combined)
+        if res.joined is not None:
+            out.joined.append(res.joined)
     cur.close()
     if not out.dones:
         raise nothing_usable(Path(root), warnings, "no trace could be read")
@@ -119,6 +123,8 @@ def reduce(root: str, summary: Summary, cfg: Config, warnings: list[Warning_], *
     ctx.extras["stages_seconds"] = summary.stages_seconds
     ctx.extras["platform"] = reduce_platform(summary.platforms)
     ctx.extras[COMBINED_TABLE] = dict(summary.combined)
+    # a joined replay holds only where one shard read every rank of the profile
+    ctx.extras[JOINED_KEY] = next((j for j in summary.joined if set(j.get("ranks") or ()) >= set(ranks)), None)
     ctx._counts.update(summary.counts)
     bd = pd.concat(summary.frames, ignore_index=True) if summary.frames else None
     if bd is not None:

@@ -51,9 +51,11 @@ def _combined(ctx: AnalysisContext, findings: list[Any], savings: dict[str, Any]
     (:func:`advisor.engine.combined.headline`), from the replays made where the events are (the maps,
     or :func:`advisor.engine.runner.run_rules` on a context holding them)."""
     from advisor.engine import combined
+    from advisor.engine.registry import discover
 
+    cluster = {rid for rid, spec in discover().items() if spec.scope == "cluster"}
     return combined.headline(findings, savings.get("roots") or [], ctx.extras.get(combined.TABLE_KEY),
-                             savings.get("total_saving_us"))
+                             ctx.extras.get(combined.JOINED_KEY), ctx.breakdown, cluster)
 
 
 def narrow_findings(findings: list[Any], rank: int | None, step: int | None) -> list[Any]:

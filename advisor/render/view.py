@@ -390,27 +390,42 @@ _COUNT = {2: "two", 3: "three"}
 
 
 def combined_line(d: Mapping[str, Any]) -> str | None:
-    """The headline "fix these three" (report field ``savings.combined``): the saving of fixing the top root
-    findings together, replayed at once, or where it could not be replayed the summed figure said to be
-    summed; None with fewer than two of them or no figure."""
+    """The headline "fix these three" (report field ``savings.combined``): the saving of making the top fixes
+    (a fix: one rule's root findings, on every rank it fires on) together, replayed at once; where they
+    cannot be replayed together, the range that can be known, said to be a range and which bound is which;
+    None with fewer than two fixes or no figure."""
     c = (d.get("savings") or {}).get("combined") or {}
-    rules = [str(r) for r in c.get("rules") or []]
-    if len(rules) < 2 or c.get("saving_us") is None:
+    fixes = c.get("fixes")
+    if fixes is None:  # a report without fixes: one per rule of its findings
+        fixes = [{"rule": r, "ranks": []} for r in dict.fromkeys(str(r) for r in c.get("rules") or [])]
+    if len(fixes) < 2 or c.get("saving_us") is None:
         return None
-    names = ", ".join(dict.fromkeys(rules))
+
+    def name(fx: Mapping[str, Any]) -> str:
+        ranks = fx.get("ranks") or []
+        several = len(fx.get("findings") or []) > 1 and len(ranks) > 1
+        return str(fx["rule"]) + (f" on ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}" if several else "")
+
+    named = [name(fx) for fx in fixes]
+    names = ("; " if any(" on ranks " in x for x in named) else ", ").join(named)
+    n = _COUNT.get(len(fixes), str(len(fixes)))
     if c.get("estimated"):
-        rule_of = dict(zip(c.get("findings") or [], rules, strict=False))
-        done = [rule_of.get(i, i) for i in c.get("replayed") or []]
-        text = (f"Fix these {_COUNT.get(len(rules), str(len(rules)))} ({names}): −{fmt_us(c['saving_us'])} per step"
+        how = c.get("how") or f"replayed together on rank {c.get('rank')}"
+        return (f"Fix these {n} ({names}): −{fmt_us(c['saving_us'])} per step"
                 + (f" ({fmt_ratio(c['saving_fraction'], 0)})" if c.get("saving_fraction") else "")
-                + f", their changes replayed together on rank {c.get('rank')}")
-        left = [rule_of.get(i, i) for i in c.get("not_replayed") or []]
+                + f", their changes {how}")
+    if c.get("basis") == "range":
+        hi = ("their savings summed" if c.get("max_bound") == "summed"
+              else "the step time their classes of cause could free")
+        text = (f"Fixing the top {n} ({names}): between −{fmt_us(c['saving_min_us'])} and −{fmt_us(c['saving_max_us'])} "
+                f"per step, a range, not a replay (at least the largest saving of one fix"
+                + (" or of those replayed together" if c.get("replayed") else "") + f"; at most {hi})")
+        left = c.get("left_out") or []
         if left:
-            text += (f" ({', '.join(dict.fromkeys(done))}; {', '.join(dict.fromkeys(left))} states no change replayed "
-                     "there: not in the figure)")
+            text += ". " + "; ".join(f"{x['rule']}: {x['why']}" for x in left)
         return text
-    return (f"Fixing the top {_COUNT.get(len(rules), str(len(rules)))} ({names}): up to {fmt_us(c['saving_us'])} per "
-            "step, their savings summed, not replayed together (fewer than two of them state a change replayed on one rank)")
+    return (f"Fixing the top {n} ({names}): up to {fmt_us(c['saving_us'])} per "
+            "step, their savings summed, not replayed together (a report of an earlier version)")
 
 
 def window_note(d: Mapping[str, Any]) -> str | None:
