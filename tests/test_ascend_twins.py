@@ -32,16 +32,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ascend_twins")]
 WITHIN = 0.30
 HEALTHY: dict[str, Any] = {"world": 8, "ranks_per_node": 8, "loader_us": 100.0}
 
-_SMALL_PACKETS_SPLIT_INSIDE_THE_OPERATOR = (
-    "each TP all-gather sends its 4,194,304 B per rank as 64 messages of 64 KiB at 65,536 B / 56 GB/s + 2 us = "
-    "3,170 ns (202,880 ns instead of one message's 76,898 ns), and the next layer waits for it: 4 x 125,982 ns = "
-    "503.9 us per step, as measured (8215.6 -> 7711.7 us). The split is inside each operator, whose export "
-    "records one 4 MB transfer: COM005's counterfactual merges whole operators into 25 MB buckets (per-call "
-    "cost = the 202.9 us transit less 4 MB at the 30 GB/s configured HCCS peak = 63.1 us, once per bucket) and "
-    "replays 287.1 us, not the messages' latency; CLU002 reads the same operators as a slow TP link 0 -> 1 "
-    "(20 vs 55 GB/s, 535.9 us) and is the verdict")
-
-
 class Twin:
     """One twin: the healthy layout, the fault's scenario fields, the planted cause, the config."""
 
@@ -80,8 +70,7 @@ TWINS: dict[str, Twin] = {
     "slow_group": Twin({"slow_group": 0}, "cluster.slow_group", layout={"world": 16, "ranks_per_node": 16, "tp": 4}),
     # the TP all-gathers send their 4 MB per rank as 64 KB messages, each paying the generator's fixed message
     # latency; the next layer waits for its all-gather (on both sides), so the all-gathers are on the step
-    "small_packets": Twin({"small_packets": True}, "comm.small_packet", layout={"tp_waits": True},
-                          xfail={"saving": _SMALL_PACKETS_SPLIT_INSIDE_THE_OPERATOR, "verdict": _SMALL_PACKETS_SPLIT_INSIDE_THE_OPERATOR}),
+    "small_packets": Twin({"small_packets": True}, "comm.small_packet", layout={"tp_waits": True}),
 }
 
 _built: dict[tuple[str, str], tuple[Facts, Report]] = {}

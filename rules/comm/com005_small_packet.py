@@ -7,7 +7,26 @@ underused. In Hermes' VGG16 case (§5) HCCS transfers averaged 12.8 MB against t
 HCCS saturates, and gradient fusion fixed it (Table 3, *small packet*).
 
 ## How it is detected
-Transfer sizes per transport come from, in this order of preference:
+Where the export records each operator's packets per transport (Ascend ``Size Distribution``,
+``comm_bandwidth.packet_sizes``: ``{size: [count, total time]}``, sizes and times scaled to the row's
+bytes and transit time, as their units are not documented), the rule reads packets. A packet is small
+below the transport's size (``min_intra_bytes`` / ``min_inter_bytes``, below). An operator splits its
+bytes when it sends more small packets than it needs: its small packets' bytes need
+ceil(bytes / that size) messages, and its collective no fewer than it sends to its peers (2 (n - 1)
+for an all-reduce, n - 1 for an all-gather, reduce-scatter or all-to-all over a group of n ranks, one
+otherwise; n from the group's listed ranks, else the ranks seen in it; unknown n: the operator is not
+judged). The rule fires per transport when the small packets of the operators that split reach
+``min_small_share`` of its packets. The saving is the what-if replay of those packets sent as that
+many messages within each operator, each paying the per-packet cost the rank's packets of that
+transport give (a least-squares fit of the fastest packet per size against its size, or the
+link's peak where the sizes do not vary: :func:`fit_cost`): the operator's transit over the
+transport shortened by the difference (its transfer tasks scaled, or its event shortened:
+``rules.comm._common.transfer_changes``), each rank's steps replayed, per step the cluster's
+slowest rank. Where an operator's packets ran side by side (its transports' summed transit time
+above its own), fewer, larger messages would lose that parallelism by an amount the export does
+not show: its steps are not estimated and the finding is low severity.
+
+Without packets, transfer sizes per transport come from, in this order of preference:
 
 * ``comm_bandwidth`` (Ascend *Communication Bandwidth Info*): bytes per operator and transport;
 * ``comm_ops.bytes`` (Kineto NCCL/HCCL kernels: ``In msg nelems`` × dtype size), transport unknown;
@@ -50,6 +69,8 @@ collectives, and avoid ZeRO-3 where memory allows ZeRO-1/2.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -60,7 +81,18 @@ import pandas as pd
 from advisor.engine.rule import Change, RankPart, RuleContext, Select, knob, rule
 from advisor.model import Finding, Severity
 from advisor.schema import DTYPE_BYTES_SQL
-from rules.comm._common import BW_ROWS_CTE, INTRA_NODE, PeakThresholds, peak_case, step_us
+from rules.comm._common import (
+    BW_ROWS_CTE,
+    INTRA_NODE,
+    REPLAY_COLUMNS,
+    Faster,
+    PeakThresholds,
+    mean_step_us,
+    peak_case,
+    replay_rows,
+    replay_summary,
+    step_us,
+)
 
 
 @dataclass(frozen=True)
@@ -162,6 +194,12 @@ MIN_SIZE_SPREAD = 2.0
 
 REPLAY_TABLES = {
     "com005_host": "rank INTEGER, step INTEGER, name VARCHAR, bytes DOUBLE, time_ns BIGINT",
+    "com005_packets": "rank INTEGER, step INTEGER, name VARCHAR, transport VARCHAR, packets DOUBLE, "
+                      "small_packets DOUBLE, needed DOUBLE, merged_to DOUBLE, small_ns DOUBLE, merged_ns DOUBLE, "
+                      "reason VARCHAR",
+    "com005_packet_fit": "rank INTEGER, transport VARCHAR, sizes BIGINT, per_packet_ns DOUBLE, ns_per_byte DOUBLE, "
+                         "basis VARCHAR",
+    "com005_packet_replay": "transport VARCHAR, " + REPLAY_COLUMNS,
     "com005_replay": "rank INTEGER, src VARCHAR, step INTEGER, measured_ns BIGINT, saving_ns BIGINT, error DOUBLE, "
                      "reason VARCHAR",
     "com005_fit": "rank INTEGER, op VARCHAR, calls BIGINT, sizes BIGINT, per_call_ns DOUBLE, ns_per_byte DOUBLE, "
@@ -180,7 +218,7 @@ class CallCost:
 
 
 def fit_cost(sizes: list[float], times: list[float], half_bytes: float,
-             peak_ns_per_byte: float | None = None) -> CallCost:
+             peak_ns_per_byte: float | None = None, unit: str = "call") -> CallCost:
     """Per-call cost and time per byte of a kind of collective, from its calls' (bytes, ns).
 
     Durations include waiting for peers, which only lengthens them: the fit is of the lower envelope, the
@@ -190,7 +228,8 @@ def fit_cost(sizes: list[float], times: list[float], half_bytes: float,
     ``half_bytes`` (the size the rule calls small: below it the fixed cost dominates) cost as much in
     bytes as in the fixed part (Hockney's half-performance length n½ = per-call cost × bandwidth); where
     the link's peak is known (``peak_ns_per_byte``), the bytes move at the peak instead and the per-call
-    cost is what the fastest call of a size spends beyond its bytes at the peak (at least 0)."""
+    cost is what the fastest call of a size spends beyond its bytes at the peak (at least 0). ``unit`` names
+    what each time is of in the basis (a call, a packet)."""
     fastest: dict[float, float] = {}
     for b, t in zip(sizes, times, strict=True):
         fastest[b] = min(t, fastest.get(b, t))
@@ -201,7 +240,7 @@ def fit_cost(sizes: list[float], times: list[float], half_bytes: float,
         slope, icpt = np.polyfit(x, y, 1)
         if icpt > 0 and slope > 0:
             return CallCost(float(icpt), float(slope),
-                            f"least-squares fit of the fastest call per size ({len(xs)} sizes, "
+                            f"least-squares fit of the fastest {unit} per size ({len(xs)} sizes, "
                             f"{xs[0]:.0f}-{xs[-1]:.0f} B)")
         why = "the fit of time against bytes gives no positive per-call cost and time per byte"
     else:
@@ -210,12 +249,12 @@ def fit_cost(sizes: list[float], times: list[float], half_bytes: float,
     if peak_ns_per_byte:
         a = max(min(t - b * peak_ns_per_byte for b, t in fastest.items()), 0.0)
         return CallCost(a, peak_ns_per_byte,
-                        f"{why}: bytes at the link's peak ({1.0 / peak_ns_per_byte:g} GB/s), per-call cost = what "
-                        f"the fastest call spends beyond them ({a / 1e3:.1f} us)")
+                        f"{why}: bytes at the link's peak ({1.0 / peak_ns_per_byte:g} GB/s), per-{unit} cost = what "
+                        f"the fastest {unit} spends beyond them ({a / 1e3:.1f} us)")
     a = min(fastest.values())
     return CallCost(a, a / half_bytes,
-                    f"{why}: per-call cost = the fastest call ({a / 1e3:.1f} us), bandwidth such that a "
-                    f"{half_bytes / 1e6:g} MB transfer spends as long on bytes as on the per-call cost")
+                    f"{why}: per-{unit} cost = the fastest {unit} ({a / 1e3:.1f} us), bandwidth such that a "
+                    f"{half_bytes / 1e6:g} MB transfer spends as long on bytes as on the per-{unit} cost")
 
 
 def bucket_bounds(works: list[dict[str, Any]], cost: CallCost, bucket_bytes: float) -> list[tuple[int, float, float]]:
@@ -321,6 +360,141 @@ def _device_counterfactual(ctx: RuleContext[Thresholds], rank: int) -> tuple[lis
     return _replayed(ctx, rank, "device", at, True, steps), fits
 
 
+# -- packets: the Size Distribution of each operator's transfers over a transport (Ascend) -------------------
+
+# each rank's operator rows over a transport with a Size Distribution, with the operator's type and group, its
+# transit time (the wall time it moved data) and the transports' summed transit time (above the wall time
+# where its transfers ran side by side)
+PACKET_SQL = f"""
+WITH {BW_ROWS_CTE},
+tot AS (SELECT step, name, sum(transit_ns) AS sum_ns FROM bw_rows WHERE rank = $rank GROUP BY ALL)
+SELECT b.step, b.name, b.transport, b.bytes, b.transit_ns, s.packet_sizes, o.op_type, o.group_name,
+       o.transit_ns AS op_transit_ns, tot.sum_ns, {peak_case("b.transport")} AS peak_gbps
+FROM bw_rows b
+JOIN comm_bandwidth s ON s.rank = b.rank AND s.name = b.name AND s.step IS NOT DISTINCT FROM b.step
+     AND s.group_name IS NOT DISTINCT FROM b.group_name AND upper(s.transport) = b.transport
+LEFT JOIN comm_ops o ON o.rank = b.rank AND o.name = b.name AND o.step IS NOT DISTINCT FROM b.step
+LEFT JOIN tot ON tot.name = b.name AND tot.step IS NOT DISTINCT FROM b.step
+WHERE b.rank = $rank AND b.transit_ns > 0 AND s.packet_sizes IS NOT NULL
+ORDER BY b.step, b.name, b.transport
+"""
+
+# the size of each group: its listed ranks (profiler_metadata), else the ranks seen in it (operators, links)
+GROUP_SIZE_SQL = """
+SELECT g, max(n) AS n FROM (
+    SELECT group_name AS g, json_array_length(global_ranks) AS n FROM comm_groups WHERE global_ranks IS NOT NULL
+    UNION ALL SELECT group_name, count(DISTINCT rank) FROM comm_ops GROUP BY 1
+    UNION ALL SELECT g, count(DISTINCT r) FROM (
+        SELECT coalesce(group_name, regexp_extract(name, '@([^@]*)$', 1)) AS g, unnest([src_rank, dst_rank]) AS r
+        FROM comm_matrix WHERE src_rank IS NOT NULL AND dst_rank IS NOT NULL) GROUP BY 1
+) WHERE g IS NOT NULL AND g <> '' GROUP BY g
+"""
+
+#: the transports' summed transit time above the operator's by more than this share (and
+#: :data:`OVERLAP_SLACK_NS`, the export's rounding) means its packets ran side by side
+OVERLAP_SHARE = 0.01
+OVERLAP_SLACK_NS = 1_000
+
+
+def packets(sizes: Any, nbytes: float, transit_ns: float) -> list[tuple[float, float, float]]:
+    """A Size Distribution (``{"<size>": [count, total time]}``) as (bytes per packet, count, total ns). The
+    export's units are not documented (MB and ms by analogy with the .db columns): the sizes are scaled so
+    that the packets' bytes are the row's bytes, and the times so that they sum to its transit time. Empty
+    where the distribution holds no packets with a size and a time."""
+    try:
+        d = json.loads(sizes) if isinstance(sizes, str) else dict(sizes or {})
+        rows = [(float(k), float(v[0]), float(v[1])) for k, v in d.items()]
+    except (TypeError, ValueError, IndexError, KeyError):
+        return []
+    rows = [r for r in rows if r[0] > 0 and r[1] > 0 and r[2] >= 0]
+    sb, st = sum(k * c for k, c, _ in rows), sum(t for _, _, t in rows)
+    if not rows or sb <= 0 or st <= 0 or nbytes <= 0 or transit_ns <= 0:
+        return []
+    return [(k * nbytes / sb, c, t * transit_ns / st) for k, c, t in rows]
+
+
+def messages_needed(op_type: str | None, n: int | None) -> int | None:
+    """The fewest messages a rank sends in one collective over a group of ``n`` ranks: a ring or a mesh
+    all-reduce sends 2 (n - 1) (a reduce-scatter then an all-gather), an all-gather, reduce-scatter or
+    all-to-all n - 1 (one per peer or ring step), anything else one. None: the group's size is unknown."""
+    if n is None or n < 1:
+        return None
+    if n == 1:
+        return 1
+    t = (op_type or "").lower().replace("_", "").replace("-", "")
+    if "allreduce" in t:
+        return 2 * (n - 1)
+    if any(k in t for k in ("allgather", "reducescatter", "alltoall")):
+        return n - 1
+    return 1
+
+
+def _packet_counterfactual(ctx: RuleContext[Thresholds], rank: int) -> dict[str, list[tuple[Any, ...]]]:
+    """Rank ``rank``'s operators whose transfers over a transport record their packets: the small packets of
+    each sent as the fewest messages its bytes and its collective need (:data:`PACKET_ASSUMPTION`), each
+    paying the per-packet cost fitted on the rank's packets of that transport; replayed per step."""
+    rows = ctx.query(PACKET_SQL, {"rank": int(rank), **{f"peak_{t}_gbps": getattr(ctx.t, f"peak_{t}_gbps")
+                                                         for t in ("hccs", "pcie", "rdma", "sdma", "nvlink")}})
+    if not rows:
+        return {}
+    sizes = {str(r["g"]): int(r["n"]) for r in ctx.query(GROUP_SIZE_SQL)}
+    pk = [(r, packets(r["packet_sizes"], float(r["bytes"]), float(r["transit_ns"]))) for r in rows]
+    fits: list[tuple[Any, ...]] = []
+    facts: list[tuple[Any, ...]] = []
+    faster: list[Faster] = []
+    off: dict[tuple[str, int], str] = {}  # (transport, step) -> why the step is not estimated
+    for transport in sorted({str(r["transport"]) for r, _ in pk}):
+        mine = [(r, p) for r, p in pk if str(r["transport"]) == transport and p]
+        if not mine:
+            continue
+        thr = float(ctx.t.min_inter_bytes if transport == "RDMA" else ctx.t.min_intra_bytes)
+        peak = next((float(r["peak_gbps"]) for r, _ in mine if r["peak_gbps"]), None)
+        cost = fit_cost([s for _, p in mine for s, _, _ in p], [t / c for _, p in mine for _, c, t in p], thr,
+                        1.0 / peak if peak else None, unit="packet")
+        fits.append((rank, transport, len({round(s) for _, p in mine for s, _, _ in p}), cost.per_call_ns,
+                     cost.ns_per_byte, cost.basis))
+        for r, p in mine:
+            small = [(s, c, t) for s, c, t in p if s < thr]
+            c_s, b_s, t_s = sum(c for _, c, _ in small), sum(s * c for s, c, _ in small), sum(t for _, _, t in small)
+            large = sum(c for s, c, _ in p if s >= thr)
+            need = messages_needed(r["op_type"], sizes.get(str(r["group_name"])))
+            step = None if r["step"] is None else int(r["step"])
+            fewest = max(math.ceil(b_s / thr), 1) if c_s else 0
+            why = None
+            if need is None:
+                merged_to = float(c_s)
+                if c_s > fewest:  # split or not: the collective's own messages are unknown
+                    why = f"{r['name']}: the size of its group is unknown (how many messages its collective needs)"
+            else:
+                merged_to = float(min(c_s, max(fewest, need - large))) if c_s else 0.0
+            merged_ns = merged_to * cost.per_call_ns + b_s * cost.ns_per_byte
+            split = need is not None and merged_to < c_s
+            wall, summed = r["op_transit_ns"], float(r["sum_ns"] or 0)
+            if split and (wall is None or summed > float(wall) * (1 + OVERLAP_SHARE) + OVERLAP_SLACK_NS):
+                why = (f"{r['name']}'s packets over its transports ran side by side ({summed / 1e3:.1f} us of "
+                       f"transfers in {float(wall) / 1e3:.1f} us): fewer, larger messages would lose that, by an "
+                       f"amount the export does not show" if wall else
+                       f"{r['name']} has no transit time of its own: whether its packets overlap is unknown")
+            facts.append((rank, step, str(r["name"]), transport, sum(c for _, c, _ in p), c_s, need, merged_to,
+                          t_s, merged_ns, why))
+            if step is None:
+                continue
+            if why is not None:
+                off.setdefault((transport, step), why)
+            elif split and merged_ns < t_s:
+                new = float(r["transit_ns"]) - (t_s - merged_ns)
+                faster.append(Faster(step, str(r["name"]), transport, float(r["bytes"]), float(r["transit_ns"]),
+                                     float(r["bytes"]) / new if new > 0 else 0.0))
+    out: list[tuple[Any, ...]] = []
+    for transport in sorted({f.transport for f in faster}):
+        for rk, st, m, sv, e, why in replay_rows(ctx, rank, [f for f in faster if f.transport == transport]):
+            why = off.get((transport, int(st)), why)
+            out.append((transport, rk, st, m, None if why else sv, e, why))
+    done = {(x[0], int(x[2])) for x in out}
+    out += [(tr, rank, st, None, None, None, why) for (tr, st), why in sorted(off.items()) if (tr, st) not in done]
+    return {"com005_packets": facts, "com005_packet_fit": fits, "com005_packet_replay": out}
+
+
 def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
     """What COM005 reads of each rank's events (see :class:`advisor.engine.rule.RankPart`)."""
     host = [(r["rank"], r["step"], r["name"], r["bytes"], r["time_ns"]) for r in ctx.query(HOST_SQL)]
@@ -328,7 +502,13 @@ def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
     fits: list[tuple[Any, ...]] = []
     device_ranks = {int(r["rank"]) for r in ctx.query(
         "SELECT DISTINCT rank FROM comm_ops WHERE bytes > 0 AND transit_ns IS NOT NULL")}
-    for rank in sorted(device_ranks):
+    packet_ranks = {int(r["rank"]) for r in ctx.query(
+        "SELECT DISTINCT rank FROM comm_bandwidth WHERE packet_sizes IS NOT NULL AND bytes > 0")}
+    out: dict[str, list[tuple[Any, ...]]] = {"com005_packets": [], "com005_packet_fit": [], "com005_packet_replay": []}
+    for rank in sorted(packet_ranks):
+        for k, v in _packet_counterfactual(ctx, rank).items():
+            out[k] += v
+    for rank in sorted(device_ranks - packet_ranks):
         rr, ff = _device_counterfactual(ctx, rank)
         replayed += rr
         fits += ff
@@ -337,7 +517,7 @@ def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
         rr, ff = _host_counterfactual(ctx, rank)
         replayed += rr
         fits += ff
-    return {"com005_host": host, "com005_replay": replayed, "com005_fit": fits}
+    return {"com005_host": host, "com005_replay": replayed, "com005_fit": fits, **out}
 
 
 NOTHING_MERGED = "no step issues two small collectives of a kind with sizes (one per step): merging saves no call"
@@ -380,11 +560,86 @@ def _replay_of(ctx: RuleContext[Thresholds], ranks: list[int], src: str) -> dict
     return out
 
 
+PACKET_ASSUMPTION = ("if each operator sent its small {transport} packets as the fewest messages its bytes need at "
+                     "{min_mb:g} MB (and no fewer than its collective sends: 2 (n - 1) for an all-reduce, n - 1 for an "
+                     "all-gather, reduce-scatter or all-to-all over n ranks, else one), each paying the per-packet "
+                     "cost fitted on the rank's packets of that transport")
+
+
+def _packet_findings(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
+    """Per transport whose operators record their packets: fire when the small packets of the operators that
+    send more of them than their bytes and their collective need reach ``min_small_share`` of its packets."""
+    facts = ctx.df("SELECT * FROM com005_packets")
+    if facts.empty:
+        return
+    for transport, g in facts.groupby("transport"):
+        split = g[g["needed"].notna() & (g["merged_to"] < g["small_packets"])]
+        total = float(g["packets"].sum())
+        small = float(split["small_packets"].sum())
+        share = small / total if total else 0.0
+        if split.empty or share < ctx.t.min_small_share:
+            continue
+        thr = int(ctx.t.min_inter_bytes if transport == "RDMA" else ctx.t.min_intra_bytes)
+        ranks = sorted(int(r) for r in split["rank"].unique())
+        steps = sorted(int(s) for s in split["step"].dropna().unique())
+        replay = replay_summary(
+            ctx.query("SELECT * FROM com005_packet_replay WHERE transport = $t", {"t": transport}), ranks, steps,
+            PACKET_ASSUMPTION.format(transport=transport, min_mb=thr / 1e6), mean_step_us(ctx, ranks, steps))
+        replayed = bool(replay.get("estimated") and replay.get("reproduced"))
+        fit = [f for f in ctx.query("SELECT * FROM com005_packet_fit WHERE transport = $t ORDER BY rank",
+                                    {"t": transport}) if int(f["rank"]) in ranks]
+        ops = split.groupby("name").agg(n=("small_packets", "sum"), ns=("small_ns", "sum"),
+                                        to=("merged_to", "sum"), ms=("merged_ns", "sum"), k=("rank", "size"))
+        ops = ops.sort_values(["ns", "n"], ascending=False, kind="stable")
+        per_op = float(split["small_packets"].mean())
+        yield ctx.finding(
+            title=f"{share:.0%} of {transport} packets are below {thr / 1e6:g} MB in operators that split their "
+                  f"bytes into more packets than they need ({per_op:.0f} small packets per operator where "
+                  f"{float(split['merged_to'].mean()):.0f} would do; {len(split)} operator(s))",
+            evidence={
+                "transport": transport,
+                "packets": int(total),
+                "small_packets_in_split_operators": int(small),
+                "small_share": round(share, 4),
+                "min_small_share": ctx.t.min_small_share,
+                "min_bytes": thr,
+                "split_operators": len(split),
+                "operators_with_packets": len(g),
+                "small_time_ms": round(float(split["small_ns"].sum()) / 1e6, 3),
+                "merged_time_ms": round(float(split["merged_ns"].sum()) / 1e6, 3),
+                "source": "comm_bandwidth Size Distribution",
+                "per_packet_cost": [{"rank": int(f["rank"]), "sizes": int(f["sizes"]),
+                                     "per_packet_us": round(float(f["per_packet_ns"]) / 1e3, 3),
+                                     "bandwidth_gbps": round(1.0 / float(f["ns_per_byte"]), 4)
+                                     if f["ns_per_byte"] else None, "basis": str(f["basis"])}
+                                    for f in fit[:MAX_FIT_ROWS]],
+                **({"per_packet_cost_rows": len(fit)} if len(fit) > MAX_FIT_ROWS else {}),
+            },
+            step_us=step_us(ctx),
+            replay=replay,
+            severity=None if replayed else Severity.LOW,
+            saving_basis="" if replayed else "no estimate: " + str(replay.get("reason") or replay.get(
+                "steps_not_replayed") or "the replay does not reproduce the measured step"),
+            ranks=ranks,
+            steps=steps,
+            ops=[str(n) for n in ops.index[:5]],
+            top=[{"op": str(n), "small_packets": int(x["n"]), "merged_to": int(x["to"]),
+                  "small_time_ms": round(float(x["ns"]) / 1e6, 3), "merged_time_ms": round(float(x["ms"]) / 1e6, 3),
+                  "ranks": int(x["k"])} for n, x in ops.head(5).iterrows()],
+        )
+
+
 @rule("COM005", "comm.small-packet", cause="comm.small_packet", requires=("events", "steps"), thresholds=Thresholds,
       scope="cluster", rank_part=RankPart(REPLAY_TABLES, rank_part))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Fire per transport when too many transfers are below the size that reaches bandwidth."""
+    yield from _packet_findings(ctx)
     df = ctx.df(SQL)
+    # operators whose packets are recorded are read packet by packet (above)
+    packet_of = {(int(r["rank"]), str(r["transport"])) for r in ctx.query(
+        "SELECT DISTINCT rank, transport FROM com005_packets")}
+    if packet_of and not df.empty:
+        df = df[[(int(r), str(t)) not in packet_of for r, t in zip(df["rank"], df["transport"], strict=True)]]
     if df.empty:
         return
     for transport, g in df.groupby("transport"):

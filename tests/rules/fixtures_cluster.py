@@ -177,6 +177,34 @@ def slow_link() -> dict[str, list[dict[str, Any]]]:
     return _links(slow=True)
 
 
+def _with_packets(slow_packets: tuple[float, float]) -> dict[str, list[dict[str, Any]]]:
+    """:func:`slow_link` with each rank's Size Distribution of its group "tp" operators over HCCS (the
+    ring's links): 10 packets of 10 MB per rank, and on rank 5 (the slow link's sender) ``slow_packets``
+    (count, size MB) over its 16.5 ms."""
+    data = _links(slow=True)
+    rows = []
+    for r in range(8):
+        n, mb = slow_packets if r == 5 else (10.0, 10.0)
+        t = 16.5 if r == 5 else 5.5
+        rows.append({"rank": r, "step": 1, "name": "hcom_allReduce__1_1", "group_name": "tp", "transport": "HCCS",
+                     "bytes": 100_000_000, "transit_ns": _ns(t), "bandwidth_gbps": 100 / t,
+                     "packet_sizes": f'{{"{mb:g}": [{n:g}, {t:g}]}}'})
+    data["comm_bandwidth"] = rows
+    return data
+
+
+def slow_link_small_packets() -> dict[str, list[dict[str, Any]]]:
+    """:func:`slow_link` where link 5→6 carries its 100 MB as 1,000 packets of 0.1 MB against 10 packets of
+    10 MB on the other HCCS links: packets 100x smaller, which alone can make a link up to 100x slower;
+    at one third of the others' bandwidth it is not slow beyond its packets."""
+    return _with_packets((1000.0, 0.1))
+
+
+def slow_link_like_packets() -> dict[str, list[dict[str, Any]]]:
+    """:func:`slow_link` with the same packets on every link (10 of 10 MB): 5→6 is slow like for like."""
+    return _with_packets((10.0, 10.0))
+
+
 def even_links() -> dict[str, list[dict[str, Any]]]:
     """See :func:`_links` (every HCCS link at 18.18 GB/s; RDMA slower but a different transport)."""
     return _links(slow=False)

@@ -11,6 +11,7 @@ Until tests/ascend/gen_cluster.py exists, these rows stand in for a generated cl
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 T0 = 1_700_000_000_000_000_000  # ns, an epoch-like origin
@@ -259,6 +260,54 @@ def hccs_small_packets() -> Rows:
 def hccs_large_packets() -> Rows:
     """2 HCCS ops per step of 64 MB each in 2.5 ms (25.6 GB/s): none small."""
     return _bandwidth_profile("HCCS", 2, 64 * MB, 2.5, matmul_during_comm=False)
+
+
+def _split_packets(split: bool, side_by_side: bool = False) -> Rows:
+    """2 ranks, group "g2" of both, 3 steps. Per step, at 10 ms, 10.2 ms and 10.4 ms, three all-gathers over
+    HCCS, one after another: two move 4,000,000 B each, one 20,000,000 B as one packet of 20 MB. Every
+    packet costs 1 us plus its bytes at 50 GB/s: 20 MB in 1 + 400 = 401 us.
+
+    ``split``: the 4 MB ones as 40 packets of 0.1 MB (40 x (1 + 2) = 120 us), else as one packet of 4 MB
+    (1 + 80 = 81 us). An all-gather over 2 ranks sends one message (n - 1); 4 MB < 16 MB needs one: merged,
+    the 40 packets cost 81 us. ``side_by_side``: the operator's own transit time is a quarter of its
+    packets' (they ran four at a time).
+    """
+    rows = _base(2)
+    ops, bw = [], []
+    for r in range(2):
+        for s in (1, 2, 3):
+            t = T0 + (s - 1) * STEP_NS
+            for k, (nbytes, sizes) in enumerate((
+                    (4 * MB, {"0.1": [40, 0.12]} if split else {"4": [1, 0.081]}),
+                    (4 * MB, {"0.1": [40, 0.12]} if split else {"4": [1, 0.081]}),
+                    (20 * MB, {"20": [1, 0.401]}))):
+                name = f"hcom_allGather__456_{(s - 1) * 3 + k}"
+                tr = int(sum(v[1] for v in sizes.values()) * MS)
+                at = t + 10 * MS + k * 200_000
+                own = tr // 4 if side_by_side else tr
+                ops.append({"rank": r, "name": name, "op_type": "allgather", "group_name": "g2", "start_ns": at,
+                            "dur_ns": tr, "transit_ns": own, "wait_ns": 0, "sync_ns": 0, "idle_ns": 0, "bytes": nbytes})
+                bw.append({"rank": r, "step": s, "name": name, "group_name": "g2", "transport": "HCCS",
+                           "bytes": nbytes, "transit_ns": tr, "bandwidth_gbps": nbytes / tr,
+                           "packet_sizes": json.dumps(sizes)})
+                rows["events"].append(_comm_event(r, name, at, tr))
+    rows.update({"comm_ops": ops, "comm_bandwidth": bw})
+    return rows
+
+
+def hccs_split_packets() -> Rows:
+    """See :func:`_split_packets` (the 4 MB all-gathers as 40 packets of 0.1 MB)."""
+    return _split_packets(True)
+
+
+def hccs_unsplit_packets() -> Rows:
+    """See :func:`_split_packets` (each all-gather one packet: under 16 MB, but as few as it needs)."""
+    return _split_packets(False)
+
+
+def hccs_split_packets_side_by_side() -> Rows:
+    """See :func:`_split_packets` (split, four packets at a time)."""
+    return _split_packets(True, side_by_side=True)
 
 
 def hccs_misaligned() -> Rows:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rules.comm.com005_small_packet import CallCost, bucket_bounds, fit_cost
+from rules.comm.com005_small_packet import CallCost, bucket_bounds, fit_cost, messages_needed, packets
 
 
 def test_the_fit_reads_the_fastest_call_of_each_size() -> None:
@@ -38,3 +38,23 @@ def test_buckets_share_one_call_and_a_lone_collective_keeps_its_time() -> None:
     works = [{"bytes": 1000}, {"bytes": 1000}, {"bytes": 1000}]
     out = bucket_bounds(works, CallCost(100_000, 10.0, "test"), 2500)
     assert out == [(0, pytest.approx(60_000), 0.5), (1, pytest.approx(60_000), 0.5)]
+
+
+def test_a_size_distribution_is_read_in_whatever_units_it_is_in() -> None:
+    # the small_packets twin's TP all-gather: 64 packets of 65,536 B (0.065536 MB) in 202,880 ns (0.20288 ms)
+    want = [(65_536.0, 64.0, 202_880.0)]
+    got = packets('{"0.065536": [64, 0.20288]}', 4_194_304, 202_880)
+    assert [tuple(round(x, 6) for x in p) for p in got] == want
+    # the same in bytes and microseconds: scaled to the row's bytes and transit time alike
+    got = packets({"65536": [64, 202.88]}, 4_194_304, 202_880)
+    assert [tuple(round(x, 6) for x in p) for p in got] == want
+    assert packets("not json", 1, 1) == [] and packets("{}", 1, 1) == [] and packets('{"1": [2, 0]}', 2, 5) == []
+
+
+def test_the_messages_a_collective_needs() -> None:
+    # 2 (8 - 1): the 14 packets of each all-reduce over an 8-NPU group in a real torch_npu DDP export
+    # (Ascend-msinsight test data, ResNet level 1)
+    assert messages_needed("allreduce", 8) == 14
+    assert messages_needed("allGather", 2) == 1 and messages_needed("reduce_scatter", 4) == 3
+    assert messages_needed("broadcast", 8) == 1 and messages_needed("allreduce", 1) == 1
+    assert messages_needed("allreduce", None) is None
