@@ -8,7 +8,27 @@ waits. Hermes (Table 2) checks the CPU usage of common processes; a profile has 
 CPU usage, but it shows the symptom.
 
 ## How it is detected
-Host operators are compared with themselves: for each host operator with recorded
+Two symptoms, each a finding of its own.
+
+**Stalls** (preemption). A thread that another process takes the CPU from loses whole scheduler
+slices, milliseconds at a time, inside whatever call it was running: one call's *own* time (its
+duration less what is nested in it) jumps far beyond what the same call takes in the other steps.
+Host calls (operators, and Python functions and ``record_function`` ranges where operators stalled
+too) are compared with the same work: the same thread, name and input shapes and the same occurrence
+in the step (:mod:`rules.cpu._stalls`). A call stalled when its own time exceeds that median by
+``min_stall_us`` to ``max_stall_us`` and is at least ``stall_ratio`` times it. Calls inside a
+data-loader fetch, overlapping a recorded GC event, in the first step of a profiling cycle
+(page faults on first touch, allocator growth, lazy initialisation), during which another thread of the
+process ran (a lock, a hand-off) or that may have waited for the device are not judged, and counted in
+the evidence. The finding fires when the stalled time per step is at least ``min_stall_share`` of the
+mean step; its steps are the *contended* ones: above the calm steps' median (the median of the faster
+half of the steps) by ``min_excess_ratio`` with at least ``min_stalled_share`` of that extra time in
+stalls (all the steps with stalls where none is). The saving is the replayed step with every stalled
+call at its usual own time (what-if replay), else the stalled time averaged over all steps. A step
+fluctuation (CLU003) or an operator's variability (VAR001) in those steps is explained by it: the
+machine, not the job, made the steps slow.
+
+**Broad slowdown.** Host operators are compared with themselves: for each host operator with recorded
 input shapes (``record_shapes=True``; operators without shapes, such as autograd nodes, may do
 different work in different steps and are left out), keyed by name and input shapes, its time per step is compared with
 the time its calls in that step take at its own median time per call over the steps it appears
@@ -24,7 +44,9 @@ scheduler time slice), so the share is weighted by time, not by count. The savin
 the contended steps took beyond the median of the other steps (at most the compared operators'
 extra time), averaged over all steps.
 
-Thread CPU time against wall time would prove it directly, but neither Kineto nor the Ascend
+Steps whose extra time is mostly stalls are left to the stall finding.
+
+Thread CPU time against wall time would prove either directly, but neither Kineto nor the Ascend
 exports carry it per thread; the rule says what it measured and warns that the cause of the
 slowdown (another process, CPU binding, frequency scaling) is inferred, not observed.
 
