@@ -13,15 +13,19 @@ time exceeds its slot's median own time (over at least ``min_steps`` steps) by a
 What else makes a call's own time jump, and how it is told apart:
 
 * nested work (a sync, a copy, a data-loader fetch, a GC pause recorded as an event): not own time;
-* a data-loader fetch: calls inside a ``dataloader`` event are not judged (the loader's waits are IO001's);
+* a data-loader fetch or a compile: calls inside a ``dataloader`` event or a compile event (CPU001's:
+  the compiler runs Python, and collects garbage, inside its ranges) are not judged;
 * Python GC: calls overlapping a recorded GC event (``Python GC`` / ``GC``) on the rank are not judged;
   where GC events are not recorded, a stall in a Python function's or user range's own time could be a
   collection, so those are counted only on ranks where framework operators (``host_op``: the same
   operator on the same shapes does the same work) stalled too, and are reported apart;
-* page faults on first touch, allocator growth, lazy initialisation: the first step of each profiling
-  cycle (the step before it not profiled) is not judged;
+* page faults on first touch, allocator growth, lazy initialisation, recompiles: warm-up steps are not
+  judged: the first step of each profiling cycle (the step before it not profiled) and the steps whose
+  compiles take ``compile_share`` of the median step (CLU003's warm-up);
 * a lock, the GIL, a hand-off: calls during whose stall another thread of the same process ran traced
   host work for at least half of it are not judged (the call may have waited for that thread);
+* a broad slowdown: in a step where the stalled calls are at least ``broad_share`` of the judged calls'
+  usual own time, the whole step ran slower (CPU005's other finding), not a few calls: not counted;
 * a wait for the device: on ranks with device events, calls that read a device value
   (:data:`advisor.stages.replay.HOST_SYNC_OPS_RE`) and calls ending within ``release_us`` after a device
   task ended (the host may have been released by it) are not judged.
@@ -40,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.stages.replay import HOST_SYNC_OPS_RE
+from rules.cpu.cpu001_operator_compilation import COMPILE_RE, NOT_COMPILE_RE
 
 GC_NAMES = ("Python GC", "GC")
 #: kinds of host calls judged; ``host_op`` calls do fixed work for fixed shapes, the others run Python
@@ -66,19 +71,19 @@ class Stalls:
     rank: int
     calls: pd.DataFrame
     left_out: dict[str, int] = field(default_factory=dict)
-    #: the steps judged (those not first in a profiling cycle)
+    #: the steps judged (those not warm-up)
     judged: tuple[int, ...] = ()
 
 
 def _own_times(g: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Own time and whether inside a data-loader event, per row of one thread's events (sorted by start, then
-    longest first). Each instant of the thread belongs to the innermost event running then: the one that started
+    """Own time and whether inside a data-loader or compile event (``g["outer"]``), per row of one thread's
+    events (sorted by start, then longest first). Each instant of the thread belongs to the innermost event running then: the one that started
     last of those still running (so an event that outlives its parent, as record_function ranges end inside
     Python's ``__exit__``, does not swallow what follows its parent)."""
     n = len(g)
     start = g["start_ns"].to_numpy(np.int64)
     end = start + g["dur_ns"].to_numpy(np.int64)
-    loader = (g["kind"] == "dataloader").to_numpy()
+    loader = g["outer"].to_numpy(dtype=bool)
     own = np.zeros(n, dtype=np.int64)
     inside = np.zeros(n, dtype=bool)
     # boundaries: ends before starts at the same instant; zero-length events own nothing
@@ -139,8 +144,8 @@ def _drop(hit: pd.DataFrame, mask: Any, why: str, left: dict[str, int]) -> pd.Da
 
 
 def find(ctx: Any, *, min_steps: int, min_stall_us: float, max_stall_us: float, stall_ratio: float,
-         release_us: float) -> dict[int, Stalls]:
-    """The stalled calls of every rank (see the module doc)."""
+         release_us: float, compile_share: float, broad_share: float, med_step: dict[int, float]) -> dict[int, Stalls]:
+    """The stalled calls of every rank (see the module doc); ``med_step``: each rank's median step (µs)."""
     ev = ctx.df(EVENTS_SQL)
     if ev.empty:
         return {}
@@ -153,6 +158,9 @@ def find(ctx: Any, *, min_steps: int, min_stall_us: float, max_stall_us: float, 
     for rank, er in ev.groupby("rank", sort=True):
         rank = int(rank)
         er = er.reset_index(drop=True)
+        compiling = er["name"].str.contains(COMPILE_RE, regex=True) & ~er["name"].str.contains(NOT_COMPILE_RE, regex=True) \
+            & ~er["kind"].isin(("step", "python"))
+        er["outer"] = (er["kind"] == "dataloader") | compiling
         own = np.zeros(len(er), dtype=np.int64)
         inside = np.zeros(len(er), dtype=bool)
         for ix in er.groupby(["pid", "tid"], sort=False).indices.values():
@@ -163,6 +171,10 @@ def find(ctx: Any, *, min_steps: int, min_stall_us: float, max_stall_us: float, 
         er["end_ns"] = er["start_ns"] + er["dur_ns"]
         steps = sorted(int(s) for s in er["step"].unique())
         first = {s for s in steps if s - 1 not in steps}  # the first step of each profiling cycle
+        # steps whose compiles (CPU001's) take min_excess_ratio of the median step are warm-up too (as CLU003's)
+        comp = er[compiling & ~er["in_loader"]].groupby("step")["dur_ns"].sum()
+        med = med_step.get(rank, 0.0) * 1000.0
+        first |= {int(str(s)) for s, v in comp.items() if med and float(v) >= compile_share * med}
         c = er[er["kind"].isin(JUDGED_KINDS) & ~er["name"].isin(GC_NAMES)].copy()
         if c.empty:
             continue
@@ -186,9 +198,15 @@ def find(ctx: Any, *, min_steps: int, min_stall_us: float, max_stall_us: float, 
         c["excess_ns"] = c["own_ns"] - c["typ_ns"]
         hit = c[(c["excess_ns"] >= min_stall_us * 1000) & (c["own_ns"] >= stall_ratio * c["typ_ns"])].copy()
         left: dict[str, int] = {}
+        # a step where the stalled calls are most of the work (at its usual time) ran slower as a whole: a broad
+        # slowdown, not slices lost by a few calls
+        usual = c.groupby("step")["typ_ns"].sum()
+        part = hit.groupby("step")["typ_ns"].sum() / usual.reindex(hit["step"].unique()).clip(lower=1)
+        broad = {int(str(s)) for s, v in part.items() if float(v) >= broad_share}
+        hit = _drop(hit, hit["step"].isin(broad), "in a step where most of the work ran slower (a broad slowdown)", left)
         hit = _drop(hit, hit["excess_ns"] > max_stall_us * 1000, "longer than a few scheduler slices", left)
-        hit = _drop(hit, hit["step"].isin(first), "in the first step of a profiling cycle (warm-up)", left)
-        hit = _drop(hit, hit["in_loader"], "inside a data-loader fetch", left)
+        hit = _drop(hit, hit["step"].isin(first), "in a warm-up step (first of a profiling cycle, or compiling)", left)
+        hit = _drop(hit, hit["in_loader"], "inside a data-loader fetch or a compile", left)
         gc = er[er["name"].isin(GC_NAMES)]
         if len(gc) and len(hit):
             ga, gb = gc["start_ns"].to_numpy(np.int64), gc["end_ns"].to_numpy(np.int64)

@@ -17,8 +17,9 @@ Host calls (operators, and Python functions and ``record_function`` ranges where
 too) are compared with the same work: the same thread, name and input shapes and the same occurrence
 in the step (:mod:`rules.cpu._stalls`). A call stalled when its own time exceeds that median by
 ``min_stall_us`` to ``max_stall_us`` and is at least ``stall_ratio`` times it. Calls inside a
-data-loader fetch, overlapping a recorded GC event, in the first step of a profiling cycle
-(page faults on first touch, allocator growth, lazy initialisation), during which another thread of the
+data-loader fetch or a compile (CPU001's compile events), overlapping a recorded GC event, in a
+warm-up step (the first of a profiling cycle: page faults on first touch, allocator growth, lazy
+initialisation; or one whose compiles take ``min_excess_ratio`` of the median step, as CLU003's), during which another thread of the
 process ran (a lock, a hand-off) or that may have waited for the device are not judged, and counted in
 the evidence. The finding fires when the stalled time per step is at least ``min_stall_share`` of the
 mean step; its steps are the *contended* ones: above the calm steps' median (the median of the faster
@@ -100,7 +101,8 @@ class Thresholds:
     min_stalled_share: float = knob(0.5, "share of a slow step's extra time (over the median step) in stalls that makes "
                                          "it a contended step",
                                     "first principles: most of the extra time")
-    min_excess_ratio: float = knob(0.10, "a step is slow when above the median step by this fraction",
+    min_excess_ratio: float = knob(0.10, "a step is slow when above the median step by this fraction; a step whose "
+                                         "compiles take this fraction of the median step is warm-up (not judged)",
                                    "Hermes §5.2.1 counts step-time fluctuations exceeding 10 % (as CLU003)")
 
 
@@ -149,21 +151,30 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     which most operators run much slower than their own median (broad slowdown)."""
     bd = step_table(ctx)
     found = _stalls.find(ctx, min_steps=ctx.t.min_steps, min_stall_us=ctx.t.min_stall_us,
-                         max_stall_us=ctx.t.max_stall_us, stall_ratio=ctx.t.stall_ratio, release_us=ctx.t.release_us)
-    stalled: dict[int, set[int]] = {}  # rank -> its steps whose extra time is mostly stalls
+                         max_stall_us=ctx.t.max_stall_us, stall_ratio=ctx.t.stall_ratio, release_us=ctx.t.release_us,
+                         compile_share=ctx.t.min_excess_ratio, broad_share=ctx.t.min_key_share,
+                         med_step={int(str(r)): float(g.median()) for r, g in bd.groupby("rank")["step_us"]})
+    # rank -> its steps whose extra time is mostly stalls (the stall finding's, not the broad slowdown's)
+    stalled = {rank: _contended(ctx, st.calls, bd[bd["rank"] == rank])[0] for rank, st in found.items()}
+    broad = list(_broad(ctx, bd, stalled))
     for rank, st in sorted(found.items()):
-        f = _stall_finding(ctx, st, bd[bd["rank"] == rank])
+        # the steps a broad slowdown holds: their extra time, stalls included, is that finding's
+        held = {s for f in broad if rank in f.ranks for s in f.steps}
+        f = _stall_finding(ctx, st, bd[bd["rank"] == rank], held)
         if f is not None:
-            stalled[rank] = set(f.steps)
             yield f
+    yield from broad
+
+
+def _broad(ctx: RuleContext[Thresholds], bd: pd.DataFrame, stalled: dict[int, list[int]]) -> Iterator[Finding]:
+    """The broad-slowdown findings (see the module doc), leaving out the ``stalled`` steps of each rank."""
     df = ctx.df(SQL)
     if df.empty:
         if not ctx.scalar("SELECT count(*) FROM events WHERE kind = 'host_op' AND shapes IS NOT NULL AND shapes NOT IN ('', '[]')"):
             ctx.warn("no operator input shapes recorded (record_shapes=True): operators cannot be compared with themselves "
                      "doing the same work, so a broad slowdown is not judged")
         return
-    # a step whose extra time is mostly stalls is the stall finding's
-    df = df[[int(s) not in stalled.get(int(r), set()) for r, s in zip(df["rank"], df["step"], strict=True)]]
+    df = df[[int(s) not in stalled.get(int(r), []) for r, s in zip(df["rank"], df["step"], strict=True)]]
     df = df.merge(bd[["rank", "step", "step_us"]], on=["rank", "step"], how="left")
     df["ratio"] = df["dur"] / df["med"]
     df["key_share"] = df["slowed_med"] / df["med"]
@@ -216,9 +227,34 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
 STALL_ASSUMPTION = "if no host call stalled: each stalled call takes its usual own time for the same work"
 
 
-def _stall_finding(ctx: RuleContext[Thresholds], st: _stalls.Stalls, steps_r: pd.DataFrame) -> Finding | None:
-    """The rank's preemption stalls as one finding (None when they take less than ``min_stall_share`` of the step)."""
+def _contended(ctx: RuleContext[Thresholds], calls: pd.DataFrame, steps_r: pd.DataFrame) -> tuple[list[int], float]:
+    """The steps whose extra time over the calm steps' median is mostly stalls, and that median (µs)."""
+    if steps_r.empty:
+        return [], 0.0
+    sums = calls.groupby("step")["excess_ns"].sum()
+    per_step = {int(s): float(v) / 1000.0 for s, v in zip(sums.index.tolist(), sums.tolist(), strict=True)}
+    # the calm steps' median: the median of the faster half of the steps (up to half of them may be slow)
+    times = sorted(float(x) for x in steps_r["step_us"])
+    med = float(pd.Series(times[: max(len(times) // 2, 1)]).median())
+    out = []
+    for s, su in zip(steps_r["step"], steps_r["step_us"], strict=True):
+        extra = float(su) - med
+        if extra >= ctx.t.min_excess_ratio * med and per_step.get(int(s), 0.0) >= ctx.t.min_stalled_share * extra:
+            out.append(int(s))
+    return out, med
+
+
+def _stall_finding(ctx: RuleContext[Thresholds], st: _stalls.Stalls, steps_r: pd.DataFrame,
+                   held: set[int]) -> Finding | None:
+    """The rank's preemption stalls as one finding (None when they take less than ``min_stall_share`` of the step);
+    stalls in the ``held`` steps (a broad slowdown's) are left out."""
     calls = st.calls
+    left_out = dict(st.left_out)
+    if held and len(calls):
+        n = int(calls["step"].isin(held).sum())
+        if n:
+            left_out["in steps the broad-slowdown finding holds"] = n
+        calls = calls[~calls["step"].isin(held)]
     if calls.empty or steps_r.empty:
         return None
     rank = st.rank
@@ -230,14 +266,7 @@ def _stall_finding(ctx: RuleContext[Thresholds], st: _stalls.Stalls, steps_r: pd
     saving = stall_us / n_steps
     if saving < ctx.t.min_stall_share * step_us:
         return None
-    # the calm steps' median: the median of the faster half of the steps (up to half of them may be slow)
-    times = sorted(float(x) for x in steps_r["step_us"])
-    med = float(pd.Series(times[: max(len(times) // 2, 1)]).median())
-    contended = []
-    for s, su in zip(steps_r["step"], steps_r["step_us"], strict=True):
-        extra = float(su) - med
-        if extra >= ctx.t.min_excess_ratio * med and per_step.get(int(s), 0.0) >= ctx.t.min_stalled_share * extra:
-            contended.append(int(s))
+    contended, med = _contended(ctx, calls, steps_r)
     ops = calls[calls["kind"] == "host_op"]
     py = calls[calls["kind"] != "host_op"]
     bounds = tuple((str(n), int(t), int(d - x)) for n, t, d, x in
@@ -262,7 +291,7 @@ def _stall_finding(ctx: RuleContext[Thresholds], st: _stalls.Stalls, steps_r: pd
         detail="A stall is a scheduler slice lost inside one call's own time (the thread was not running): the "
         "machine, not the job. Calls inside data-loader fetches, overlapping a GC event, in the first step of a "
         "profiling cycle, waiting for another thread or possibly for the device are not counted"
-        + (f" ({'; '.join(f'{v} {k}' for k, v in st.left_out.items())})" if st.left_out else "") + ".",
+        + (f" ({'; '.join(f'{v} {k}' for k, v in left_out.items())})" if left_out else "") + ".",
         evidence={
             "stalled_calls": len(calls), "stalled_us_total": round(stall_us, 1), "stalled_us_per_step": round(saving, 1),
             "stalled_us_in_operators": round(float(ops["excess_ns"].sum()) / 1000.0, 1),
@@ -275,7 +304,7 @@ def _stall_finding(ctx: RuleContext[Thresholds], st: _stalls.Stalls, steps_r: pd
             "min_stall_us": ctx.t.min_stall_us, "max_stall_us": ctx.t.max_stall_us, "stall_ratio": ctx.t.stall_ratio,
             "calm_step_us_median": round(med, 1), "step_us_mean": round(step_us, 1),
             "stalled_us_by_step": "; ".join(f"{s}: {per_step.get(s, 0.0):.0f}" for s in st.judged),
-            "calls_not_judged": "; ".join(f"{v} {k}" for k, v in st.left_out.items()) or None,
+            "calls_not_judged": "; ".join(f"{v} {k}" for k, v in left_out.items()) or None,
         },
         saving_us=saving, step_us=step_us,
         saving_basis="the stalled calls' time beyond their usual own time, averaged over all steps",
