@@ -26,9 +26,9 @@ What else makes a call's own time jump, and how it is told apart:
   host work for at least half of it are not judged (the call may have waited for that thread);
 * a broad slowdown: in a step where the stalled calls are at least ``broad_share`` of the judged calls'
   usual own time, the whole step ran slower (CPU005's other finding), not a few calls: not counted;
-* a wait for the device: on ranks with device events, calls that read a device value
-  (:data:`advisor.stages.replay.HOST_SYNC_OPS_RE`) and calls ending within ``release_us`` after a device
-  task ended (the host may have been released by it) are not judged.
+* a wait for the device: on ranks with device events, calls that read a device value or synchronise
+  (CPU003's names: ``aten::item``, ``.item()``, ``synchronize`` ...) and calls ending within
+  ``release_us`` after a device task ended (the host may have been released by it) are not judged.
 
 The trace has no per-thread CPU time, so that the thread was descheduled is inferred, not observed.
 """
@@ -43,8 +43,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from advisor.stages.replay import HOST_SYNC_OPS_RE
 from rules.cpu.cpu001_operator_compilation import COMPILE_RE, NOT_COMPILE_RE
+from rules.cpu.cpu003_host_device_sync import HOST_SYNC_RE, PY_NOT_SYNC_RE, PY_SYNC_RE
+
+_SYNC = re.compile(HOST_SYNC_RE)
+_PY_SYNC = re.compile(PY_SYNC_RE)
+_PY_NOT_SYNC = re.compile(PY_NOT_SYNC_RE)
 
 GC_NAMES = ("Python GC", "GC")
 #: kinds of host calls judged; ``host_op`` calls do fixed work for fixed shapes, the others run Python
@@ -218,7 +222,8 @@ def find(ctx: Any, *, min_steps: int, min_stall_us: float, max_stall_us: float, 
             p = np.searchsorted(ends, e, side="right")
             last = np.where(p > 0, ends[np.clip(p - 1, 0, None)] if len(ends) else 0, np.iinfo(np.int64).min)
             released = (p > 0) & (last >= e - int(release_us * 1000))
-            sync = np.asarray([bool(HOST_SYNC_OPS_RE.match(str(n))) for n in hit["name"]], dtype=bool) | released
+            sync = np.asarray([bool(_SYNC.search(str(n)) or (_PY_SYNC.search(str(n)) and not _PY_NOT_SYNC.search(str(n))))
+                               for n in hit["name"]], dtype=bool) | released
             hit = _drop(hit, sync, "possibly waiting for the device", left)
         if len(hit):
             busy = []
