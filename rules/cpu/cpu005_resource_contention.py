@@ -158,8 +158,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     stalled = {rank: _contended(ctx, st.calls, bd[bd["rank"] == rank])[0] for rank, st in found.items()}
     broad = list(_broad(ctx, bd, stalled))
     for rank, st in sorted(found.items()):
-        # the steps a broad slowdown holds: their extra time, stalls included, is that finding's
-        held = {s for f in broad if rank in f.ranks for s in f.steps}
+        # the steps a broad slowdown holds (one that cost time): their extra time, stalls included, is that finding's
+        held = {s for f in broad if rank in f.ranks and (f.estimated_saving_us or 0.0) > 0 for s in f.steps}
         f = _stall_finding(ctx, st, bd[bd["rank"] == rank], held)
         if f is not None:
             yield f
