@@ -24,6 +24,10 @@ What counts as an explanation:
   steps meet S and either do not cover every profiled step of the rank (step-specific), or whose
   cause is one that typically comes and goes (GC, data loading, compilation, contention, host
   sync) — those rules often list every step they saw but their cost concentrates in the spikes.
+  Where the explaining finding lists the host thread's stalls per step (CPU005's
+  ``stalled_us_by_step``), the step fluctuation also says how much longer the thread stalled in its
+  slow steps than in the others (``slow_steps_stalled_us``, and ``slow_steps_stalled_share`` of its
+  excess) and that the machine, not the job, made that part of the steps slow.
 * **cluster.operator_variability** (one operator explains most of the step-time variance; it
   names every rank and no step, so only its spikes place it: ``evidence["op_spike_steps"]``, the
   steps whose excess over the median step that operator carries on the rank the step waits for,
@@ -36,6 +40,10 @@ What counts as an explanation:
     the operator varies because R was slow in those steps. Where the rank's saving is
     under half the variability's, :func:`advisor.engine.chain.link` keeps it as a partial link
     (the operator also varies elsewhere).
+
+  - a **rank-level cause that slows whatever runs** (:data:`SPIKING_CAUSES`: contention, whose
+    stalls land in whichever operator the thread was running) explains it when at least half of the
+    operator's spikes lie in its ranks and steps.
 
   These links carry no sentence in ``detail``: :func:`advisor.engine.chain.link` keeps them only
   where the cause registry declares them and the savings allow.
@@ -64,6 +72,11 @@ INTERMITTENT_CAUSES = (
 )
 
 
+#: rank-level causes that explain an operator's variability when its spikes lie in their steps (the cause
+#: slows whatever runs there: the declared pairs are in ``rules/causes.toml``)
+SPIKING_CAUSES = ("cpu.resource_contention",)
+
+
 def _peers(f: Finding) -> list[int]:
     text = str(f.evidence.get("peer_ranks", ""))
     out = []
@@ -80,6 +93,7 @@ def annotate(findings: Sequence[Finding], min_share: float = 0.25,
     items = list(findings)
     explains: dict[int, list[str]] = {}      # index of explaining finding -> cluster ids it explains
     explained_by: dict[int, list[str]] = {}  # index of cluster finding -> ids explaining it
+    stalls: dict[int, tuple[str, float, int]] = {}  # step fluctuation -> (rule, stalled µs in its slow steps, steps)
     for ci, c in enumerate(items):
         if c.cause == "cluster.slow_rank" and c.ranks:
             rank = c.ranks[0]
@@ -112,6 +126,9 @@ def annotate(findings: Sequence[Finding], min_share: float = 0.25,
                 specific = every is not None and not set(every) <= set(f.steps)
                 if specific or f.cause in INTERMITTENT_CAUSES:
                     _link(explains, explained_by, fi, ci, f, c)
+                    stalled = _stalled_in(f, slow)
+                    if stalled is not None:
+                        stalls[ci] = (f.rule, *stalled)
         elif c.cause == VARIABILITY:
             _variability_links(items, ci, c, explains)
     out: list[Finding] = []
@@ -126,9 +143,38 @@ def annotate(findings: Sequence[Finding], min_share: float = 0.25,
             changes["evidence"] = ev
             rules = sorted({g.rule for g in items if g.id in ids})
             note = "Explained by this rank's own findings: " + ", ".join(rules) + "."
+            excess = float(f.evidence.get("excess_us_total") or 0.0)
+            if i in stalls and excess > 0:
+                rule, us, n = stalls[i]
+                share = us / excess
+                ev["slow_steps_stalled_us"] = round(us, 1)
+                ev["slow_steps_stalled_share"] = round(share, 4)
+                note += (f" In {n} of the slow steps the host thread stalled {us / 1000:.1f} ms more than in the other "
+                         f"steps ({min(share, 1.0):.0%} of their excess over the baseline; {rule}): calls lost a "
+                         "scheduler slice with nothing nested in them to explain it, so the machine, not the job, made "
+                         + ("most of " if share >= 0.5 else "part of ") + "these steps' extra time.")
             changes["detail"] = (f.detail + " " + note).strip()
         out.append(dataclasses.replace(f, **changes) if changes else f)
     return out
+
+
+def _stalled_in(f: Finding, steps: set[int]) -> tuple[float, int] | None:
+    """How much longer the host thread stalled in ``steps`` than in the finding's other steps: from the stall time
+    it lists per step judged (``evidence["stalled_us_by_step"]``, "step: µs; ..."), the sum over ``steps`` of each
+    one's stalls beyond the median of the other steps' (the calm steps stall too: the baseline holds their
+    stalls), and in how many of ``steps`` it stalled more; None when it lists no step."""
+    text = f.evidence.get("stalled_us_by_step")
+    if not isinstance(text, str) or not text:
+        return None
+    per: dict[int, float] = {}
+    for part in text.split(";"):
+        s, _, us = part.partition(":")
+        if s.strip().lstrip("-").isdigit():
+            per[int(s)] = float(us)
+    calm = sorted(v for s, v in per.items() if s not in steps)
+    base = 0.0 if not calm else (calm[len(calm) // 2] if len(calm) % 2 else (calm[len(calm) // 2 - 1] + calm[len(calm) // 2]) / 2)
+    more = [per[s] - base for s in steps if s in per and per[s] > base]
+    return (sum(more), len(more)) if more else None
 
 
 def _spike_cells(f: Finding) -> set[tuple[int, int]]:
@@ -153,6 +199,12 @@ def _variability_links(items: list[Finding], vi: int, v: Finding, explains: dict
         if f.cause == "cluster.step_fluctuation":
             if len(set(f.steps) & spike_steps) >= MIN_SPIKE_OVERLAP * len(set(f.steps)):
                 explains.setdefault(vi, []).append(f.id)
+        elif f.cause in SPIKING_CAUSES and f.ranks:
+            # the operator spikes in the steps this rank-level cause hit (the machine took the thread's CPU there)
+            hit = {(r, s) for r, s in cells if r in f.ranks and s in f.steps} if cells else \
+                {s for s in spike_steps if s in f.steps}
+            if len(hit) >= MIN_SPIKE_OVERLAP * max(len(cells) if cells else len(spike_steps), 1):
+                explains.setdefault(fi, []).append(v.id)
         elif f.cause == "cluster.slow_rank_step" and f.ranks:
             # its steps in which the spike is on one of its ranks (merged over ranks, a step is one of theirs)
             hit = {s for r, s in cells if r in f.ranks and s in f.steps}

@@ -8,7 +8,28 @@ waits. Hermes (Table 2) checks the CPU usage of common processes; a profile has 
 CPU usage, but it shows the symptom.
 
 ## How it is detected
-Host operators are compared with themselves: for each host operator with recorded
+Two symptoms, each a finding of its own.
+
+**Stalls** (preemption). A thread that another process takes the CPU from loses whole scheduler
+slices, milliseconds at a time, inside whatever call it was running: one call's *own* time (its
+duration less what is nested in it) jumps far beyond what the same call takes in the other steps.
+Host calls (operators, and Python functions and ``record_function`` ranges where operators stalled
+too) are compared with the same work: the same thread, name and input shapes and the same occurrence
+in the step (:mod:`rules.cpu._stalls`). A call stalled when its own time exceeds that median by
+``min_stall_us`` to ``max_stall_us`` and is at least ``stall_ratio`` times it. Calls inside a
+data-loader fetch or a compile (CPU001's compile events), overlapping a recorded GC event, in a
+warm-up step (the first of a profiling cycle: page faults on first touch, allocator growth, lazy
+initialisation; or one whose compiles take ``min_excess_ratio`` of the median step, as CLU003's), during which another thread of the
+process ran (a lock, a hand-off) or that may have waited for the device are not judged, and counted in
+the evidence. The finding fires when the stalled time per step is at least ``min_stall_share`` of the
+mean step; its steps are the *contended* ones: above the calm steps' median (the median of the faster
+half of the steps) by ``min_excess_ratio`` with at least ``min_stalled_share`` of that extra time in
+stalls (all the steps with stalls where none is). The saving is the replayed step with every stalled
+call at its usual own time (what-if replay), else the stalled time averaged over all steps. A step
+fluctuation (CLU003) or an operator's variability (VAR001) in those steps is explained by it: the
+machine, not the job, made the steps slow.
+
+**Broad slowdown.** Host operators are compared with themselves: for each host operator with recorded
 input shapes (``record_shapes=True``; operators without shapes, such as autograd nodes, may do
 different work in different steps and are left out), keyed by name and input shapes, its time per step is compared with
 the time its calls in that step take at its own median time per call over the steps it appears
@@ -24,7 +45,9 @@ scheduler time slice), so the share is weighted by time, not by count. The savin
 the contended steps took beyond the median of the other steps (at most the compared operators'
 extra time), averaged over all steps.
 
-Thread CPU time against wall time would prove it directly, but neither Kineto nor the Ascend
+Steps whose extra time is mostly stalls are left to the stall finding.
+
+Thread CPU time against wall time would prove either directly, but neither Kineto nor the Ascend
 exports carry it per thread; the rule says what it measured and warns that the cause of the
 slowdown (another process, CPU binding, frequency scaling) is inferred, not observed.
 
@@ -39,8 +62,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from advisor.engine.rule import RuleContext, knob, rule
+import pandas as pd
+
+from advisor.engine.rule import Change, RuleContext, Select, knob, rule
 from advisor.model import Finding
+from rules.cpu import _stalls
 from rules.cpu._common import fmt_ms, step_table
 
 
@@ -60,6 +86,24 @@ class Thresholds:
                                     "first principles: the slowdown must explain the step, not a corner of it")
     min_steps: int = knob(3, "steps an operator key must appear in to have a median",
                           "first principles: a median needs at least three points")
+    min_stall_us: float = knob(1000.0, "a call's own time over its usual own time (same work) that is a stall",
+                               "first principles: a descheduled thread waits at least a scheduler slice (a tick is "
+                               "1-10 ms; CFS/EEVDF slices 0.75-24 ms)")
+    max_stall_us: float = knob(20_000.0, "a longer jump of a call's own time is not counted as a stall",
+                               "first principles: a few scheduler slices; longer pauses are a sleep, a full GC, I/O")
+    stall_ratio: float = knob(2.0, "a stalled call's own time is at least this many times its usual own time",
+                              "first principles: beyond the noise of the same work, which varies by tens of percent")
+    release_us: float = knob(50.0, "on device ranks, a call ending this soon after a device task ended may have "
+                                   "waited for it (not judged)",
+                             "first principles: a host thread woken by a device completion resumes within tens of µs")
+    min_stall_share: float = knob(0.02, "stalled time per step, as a share of the mean step, that fires the stall finding",
+                                  "first principles: 2 % of the step; severity then follows CAUSES.md")
+    min_stalled_share: float = knob(0.5, "share of a slow step's extra time (over the median step) in stalls that makes "
+                                         "it a contended step",
+                                    "first principles: most of the extra time")
+    min_excess_ratio: float = knob(0.10, "a step is slow when above the median step by this fraction; a step whose "
+                                         "compiles take this fraction of the median step is warm-up (not judged)",
+                                   "Hermes §5.2.1 counts step-time fluctuations exceeding 10 % (as CLU003)")
 
 
 KEYS = """
@@ -103,14 +147,34 @@ ORDER BY isnan(r), r DESC, step, name, shapes
 @rule("CPU005", "cpu.resource-contention", cause="cpu.resource_contention",
       requires=("events", "steps", "breakdown", "multi_step"), thresholds=Thresholds)
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
-    """One finding per rank with steps in which most operators run much slower than their own median."""
+    """Per rank: a finding for its host calls stalled by a scheduler slice (preemption), and one for steps in
+    which most operators run much slower than their own median (broad slowdown)."""
+    bd = step_table(ctx)
+    found = _stalls.find(ctx, min_steps=ctx.t.min_steps, min_stall_us=ctx.t.min_stall_us,
+                         max_stall_us=ctx.t.max_stall_us, stall_ratio=ctx.t.stall_ratio, release_us=ctx.t.release_us,
+                         compile_share=ctx.t.min_excess_ratio, broad_share=ctx.t.min_key_share,
+                         med_step={int(str(r)): float(g.median()) for r, g in bd.groupby("rank")["step_us"]})
+    # rank -> its steps whose extra time is mostly stalls (the stall finding's, not the broad slowdown's)
+    stalled = {rank: _contended(ctx, st.calls, bd[bd["rank"] == rank])[0] for rank, st in found.items()}
+    broad = list(_broad(ctx, bd, stalled))
+    for rank, st in sorted(found.items()):
+        # the steps a broad slowdown holds (one that cost time): their extra time, stalls included, is that finding's
+        held = {s for f in broad if rank in f.ranks and (f.estimated_saving_us or 0.0) > 0 for s in f.steps}
+        f = _stall_finding(ctx, st, bd[bd["rank"] == rank], held)
+        if f is not None:
+            yield f
+    yield from broad
+
+
+def _broad(ctx: RuleContext[Thresholds], bd: pd.DataFrame, stalled: dict[int, list[int]]) -> Iterator[Finding]:
+    """The broad-slowdown findings (see the module doc), leaving out the ``stalled`` steps of each rank."""
     df = ctx.df(SQL)
     if df.empty:
         if not ctx.scalar("SELECT count(*) FROM events WHERE kind = 'host_op' AND shapes IS NOT NULL AND shapes NOT IN ('', '[]')"):
             ctx.warn("no operator input shapes recorded (record_shapes=True): operators cannot be compared with themselves "
-                     "doing the same work, so contention is not judged")
+                     "doing the same work, so a broad slowdown is not judged")
         return
-    bd = step_table(ctx)
+    df = df[[int(s) not in stalled.get(int(r), []) for r, s in zip(df["rank"], df["step"], strict=True)]]
     df = df.merge(bd[["rank", "step", "step_us"]], on=["rank", "step"], how="left")
     df["ratio"] = df["dur"] / df["med"]
     df["key_share"] = df["slowed_med"] / df["med"]
@@ -158,3 +222,93 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
             saving_basis="time the contended steps took over the median of the other steps, averaged over all steps",
             ranks=[rank], steps=[int(s) for s in hot.index], ops=list(dict.fromkeys(worst["name"]))[:5], top=top,
         )
+
+
+STALL_ASSUMPTION = "if no host call stalled: each stalled call takes its usual own time for the same work"
+
+
+def _contended(ctx: RuleContext[Thresholds], calls: pd.DataFrame, steps_r: pd.DataFrame) -> tuple[list[int], float]:
+    """The steps whose extra time over the calm steps' median is mostly stalls, and that median (µs)."""
+    if steps_r.empty:
+        return [], 0.0
+    sums = calls.groupby("step")["excess_ns"].sum()
+    per_step = {int(s): float(v) / 1000.0 for s, v in zip(sums.index.tolist(), sums.tolist(), strict=True)}
+    # the calm steps' median: the median of the faster half of the steps (up to half of them may be slow)
+    times = sorted(float(x) for x in steps_r["step_us"])
+    med = float(pd.Series(times[: max(len(times) // 2, 1)]).median())
+    out = []
+    for s, su in zip(steps_r["step"], steps_r["step_us"], strict=True):
+        extra = float(su) - med
+        if extra >= ctx.t.min_excess_ratio * med and per_step.get(int(s), 0.0) >= ctx.t.min_stalled_share * extra:
+            out.append(int(s))
+    return out, med
+
+
+def _stall_finding(ctx: RuleContext[Thresholds], st: _stalls.Stalls, steps_r: pd.DataFrame,
+                   held: set[int]) -> Finding | None:
+    """The rank's preemption stalls as one finding (None when they take less than ``min_stall_share`` of the step);
+    stalls in the ``held`` steps (a broad slowdown's) are left out."""
+    calls = st.calls
+    left_out = dict(st.left_out)
+    if held and len(calls):
+        n = int(calls["step"].isin(held).sum())
+        if n:
+            left_out["in steps the broad-slowdown finding holds"] = n
+        calls = calls[~calls["step"].isin(held)]
+    if calls.empty or steps_r.empty:
+        return None
+    rank = st.rank
+    n_steps = len(steps_r)
+    step_us = float(steps_r["step_us"].mean())
+    sums = calls.groupby("step")["excess_ns"].sum()
+    per_step = {int(s): float(v) / 1000.0 for s, v in zip(sums.index.tolist(), sums.tolist(), strict=True)}
+    stall_us = float(calls["excess_ns"].sum()) / 1000.0
+    saving = stall_us / n_steps
+    if saving < ctx.t.min_stall_share * step_us:
+        return None
+    contended, med = _contended(ctx, calls, steps_r)
+    ops = calls[calls["kind"] == "host_op"]
+    py = calls[calls["kind"] != "host_op"]
+    bounds = tuple((str(n), int(t), int(d - x)) for n, t, d, x in
+                   zip(calls["name"], calls["start_ns"], calls["dur_ns"], calls["excess_ns"], strict=True))
+    change = (Change("bound", Select(at=tuple((n, t) for n, t, _ in bounds), device=False), at=bounds),)
+    replay = ctx.what_if(rank, change, STALL_ASSUMPTION, steps=[int(x) for x in steps_r["step"]])
+    ratio = calls["own_ns"] / calls["typ_ns"].clip(lower=1)
+    where = (f"; steps {', '.join(map(str, contended))} are slow by mostly these stalls" if contended
+             else "; no step is slow by mostly these stalls (they are spread over the steps)")
+    ctx.warn(f"rank {rank}: {len(calls)} host calls stalled {fmt_ms(float(calls['excess_ns'].min()) / 1000)}-"
+             f"{fmt_ms(float(calls['excess_ns'].max()) / 1000)} in their own time; the trace has no per-thread CPU "
+             "time, so that the thread was descheduled (another process took the CPU) is inferred, not observed")
+    top = [{"step": int(r["step"]), "name": str(r["name"]), "kind": str(r["kind"]),
+            "own_us": round(float(r["own_ns"]) / 1000.0, 1), "usual_own_us": round(float(r["typ_ns"]) / 1000.0, 1),
+            "stall_us": round(float(r["excess_ns"]) / 1000.0, 1)}
+           for _, r in calls.sort_values("excess_ns", ascending=False).head(20).iterrows()]
+    return ctx.finding(
+        title=f"Rank {rank}: the host thread stalled {fmt_ms(saving)} per step ({saving / step_us:.0%} of "
+        f"{fmt_ms(step_us)}): {len(calls)} host calls each took {fmt_ms(float(calls['excess_ns'].min()) / 1000)}-"
+        f"{fmt_ms(float(calls['excess_ns'].max()) / 1000)} beyond their usual own time for the same work, with "
+        f"nothing nested in them to explain it: the machine preempted the job{where}",
+        detail="A stall is a scheduler slice lost inside one call's own time (the thread was not running): the "
+        "machine, not the job. Calls inside data-loader fetches, overlapping a GC event, in the first step of a "
+        "profiling cycle, waiting for another thread or possibly for the device are not counted"
+        + (f" ({'; '.join(f'{v} {k}' for k, v in left_out.items())})" if left_out else "") + ".",
+        evidence={
+            "stalled_calls": len(calls), "stalled_us_total": round(stall_us, 1), "stalled_us_per_step": round(saving, 1),
+            "stalled_us_in_operators": round(float(ops["excess_ns"].sum()) / 1000.0, 1),
+            "stalled_us_in_python_or_ranges": round(float(py["excess_ns"].sum()) / 1000.0, 1),
+            "steps_with_stalls": len(per_step), "steps": n_steps,
+            "contended_steps": ", ".join(map(str, contended)) or None,
+            "stall_us_min": round(float(calls["excess_ns"].min()) / 1000.0, 1),
+            "stall_us_max": round(float(calls["excess_ns"].max()) / 1000.0, 1),
+            "own_time_ratio_median": round(float(ratio.median()), 2),
+            "min_stall_us": ctx.t.min_stall_us, "max_stall_us": ctx.t.max_stall_us, "stall_ratio": ctx.t.stall_ratio,
+            "calm_step_us_median": round(med, 1), "step_us_mean": round(step_us, 1),
+            "stalled_us_by_step": "; ".join(f"{s}: {per_step.get(s, 0.0):.0f}" for s in st.judged),
+            "calls_not_judged": "; ".join(f"{v} {k}" for k, v in left_out.items()) or None,
+        },
+        saving_us=saving, step_us=step_us,
+        saving_basis="the stalled calls' time beyond their usual own time, averaged over all steps",
+        ranks=[rank], steps=contended or sorted(per_step),
+        ops=list(dict.fromkeys(str(n) for n in calls.sort_values("excess_ns", ascending=False)["name"]))[:5],
+        top=top, replay=replay,
+    )
