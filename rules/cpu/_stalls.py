@@ -68,6 +68,10 @@ ORDER BY rank, end_ns
 """
 
 
+#: the columns of :attr:`Stalls.calls`
+STALL_COLUMNS = ("step", "pid", "tid", "kind", "name", "shapes", "start_ns", "dur_ns", "own_ns", "typ_ns", "excess_ns")
+
+
 @dataclass
 class Stalls:
     """The stalls found on one rank: one row per stalled call (``calls``) and the calls not judged, by why."""
@@ -147,12 +151,43 @@ def _drop(hit: pd.DataFrame, mask: Any, why: str, left: dict[str, int]) -> pd.Da
     return hit[~m]
 
 
+
+def _typical(c: pd.DataFrame, grp: list[str], min_steps: int, min_stall_us: float,
+             stall_ratio: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each call of ``c`` (one rank's judged calls) with its usual own time (``typ_ns``: the median of the
+    same occurrence in the step where its key runs as often in every step, else of the key's calls where
+    they have shapes; ``typ_steps``: over how many steps) and ``excess_ns``, those with a usual time over
+    ``min_steps`` steps; and the calls that stalled."""
+    c = c.copy()
+    c["ord"] = c.groupby([*grp, "step"]).cumcount()
+    per_step = c.groupby([*grp, "step"]).size().rename("n").reset_index()
+    steady = per_step.groupby(grp)["n"].agg(["min", "max"]).reset_index()
+    steady["same_count"] = steady["min"] == steady["max"]
+    c = c.merge(steady[[*grp, "same_count"]], on=grp, how="left")
+    slot = c[c["same_count"]].groupby([*grp, "ord"])["own_ns"].agg(["median", "size"]).reset_index()
+    slot.columns = [*grp, "ord", "typ_ns", "typ_steps"]
+    keyed = c[~c["same_count"] & c["shapes"].str.contains(r"\d", regex=True)]
+    key = keyed.groupby(grp)["own_ns"].agg(["median", "size"]).reset_index()
+    key.columns = [*grp, "typ_ns", "typ_steps"]
+    key["typ_steps"] = keyed.groupby(grp)["step"].nunique().to_numpy()
+    a = c[c["same_count"]].merge(slot, on=[*grp, "ord"], how="inner")
+    b = keyed.merge(key, on=grp, how="inner")
+    c = pd.concat([a, b], ignore_index=True)
+    c = c[c["typ_steps"] >= min_steps]
+    c["excess_ns"] = c["own_ns"] - c["typ_ns"]
+    hit = c[(c["excess_ns"] >= min_stall_us * 1000) & (c["own_ns"] >= stall_ratio * c["typ_ns"])].copy()
+    return c, hit
+
 def find(ctx: Any, *, min_steps: int, min_stall_us: float, max_stall_us: float, stall_ratio: float,
          release_us: float, compile_share: float, broad_share: float, med_step: dict[int, float]) -> dict[int, Stalls]:
     """The stalled calls of every rank (see the module doc); ``med_step``: each rank's median step (µs)."""
     ev = ctx.df(EVENTS_SQL)
     if ev.empty:
         return {}
+    # plain Python strings: the many row selections below copy them by reference, Arrow strings by value
+    for col in ev.columns:
+        if ev[col].dtype.kind not in "iufb":
+            ev[col] = ev[col].astype(object)
     out: dict[int, Stalls] = {}
     dev_ranks = set(ctx.device_ranks)
     dev_ends: dict[int, np.ndarray] = {}
@@ -184,23 +219,22 @@ def find(ctx: Any, *, min_steps: int, min_stall_us: float, max_stall_us: float, 
             continue
         c["key"] = c["name"].map(lambda n: _ADDR.sub("", str(n)))
         grp = ["pid", "tid", "key", "shapes"]
-        c["ord"] = c.groupby([*grp, "step"]).cumcount()
-        per_step = c.groupby([*grp, "step"]).size().rename("n").reset_index()
-        steady = per_step.groupby(grp)["n"].agg(["min", "max"]).reset_index()
-        steady["same_count"] = steady["min"] == steady["max"]
-        c = c.merge(steady[[*grp, "same_count"]], on=grp, how="left")
-        slot = c[c["same_count"]].groupby([*grp, "ord"])["own_ns"].agg(["median", "size"]).reset_index()
-        slot.columns = [*grp, "ord", "typ_ns", "typ_steps"]
-        keyed = c[~c["same_count"] & c["shapes"].str.contains(r"\d", regex=True)]
-        key = keyed.groupby(grp)["own_ns"].agg(["median", "size"]).reset_index()
-        key.columns = [*grp, "typ_ns", "typ_steps"]
-        key["typ_steps"] = keyed.groupby(grp)["step"].nunique().to_numpy()
-        a = c[c["same_count"]].merge(slot, on=[*grp, "ord"], how="inner")
-        b = keyed.merge(key, on=grp, how="inner")
-        c = pd.concat([a, b], ignore_index=True)
-        c = c[c["typ_steps"] >= min_steps]
-        c["excess_ns"] = c["own_ns"] - c["typ_ns"]
-        hit = c[(c["excess_ns"] >= min_stall_us * 1000) & (c["own_ns"] >= stall_ratio * c["typ_ns"])].copy()
+        # a call's usual time is a median of its key's calls (at least their shortest): a key whose calls
+        # differ by less than min_stall_us holds no stall, and the rest of the work is only for those that do
+        spread = c.groupby(grp, observed=True)["own_ns"].agg(["min", "max"])
+        if not ((spread["max"] - spread["min"]) >= min_stall_us * 1000).any():
+            out[rank] = Stalls(rank, pd.DataFrame(columns=list(STALL_COLUMNS)), {},
+                               tuple(s for s in steps if s not in first))
+            continue
+        # the usual time of the keys whose calls spread that much first: where none of their calls stalled,
+        # nothing did (the other keys' usual times only weigh a stall against its step's work)
+        wide = spread.index[(spread["max"] - spread["min"]) >= min_stall_us * 1000]
+        c_wide = c.merge(wide.to_frame(index=False), on=grp, how="inner")
+        if _typical(c_wide, grp, min_steps, min_stall_us, stall_ratio)[1].empty:
+            out[rank] = Stalls(rank, pd.DataFrame(columns=list(STALL_COLUMNS)), {},
+                               tuple(s for s in steps if s not in first))
+            continue
+        c, hit = _typical(c, grp, min_steps, min_stall_us, stall_ratio)
         left: dict[str, int] = {}
         # a step where the stalled calls are most of the work (at its usual time) ran slower as a whole: a broad
         # slowdown, not slices lost by a few calls
@@ -238,7 +272,6 @@ def find(ctx: Any, *, min_steps: int, min_stall_us: float, max_stall_us: float, 
                 left["in Python code or user ranges only (no operator stalled: could be unrecorded GC or the "
                      "code's own work)"] = len(hit)
             hit = hit.iloc[0:0]
-        cols = ["step", "pid", "tid", "kind", "name", "shapes", "start_ns", "dur_ns", "own_ns", "typ_ns", "excess_ns"]
-        out[rank] = Stalls(rank, hit[cols].sort_values("start_ns").reset_index(drop=True), left,
+        out[rank] = Stalls(rank, hit[list(STALL_COLUMNS)].sort_values("start_ns").reset_index(drop=True), left,
                            tuple(s for s in steps if s not in first))
     return out
