@@ -54,6 +54,16 @@ GC_NAMES = ("Python GC", "GC")
 #: kinds of host calls judged; ``host_op`` calls do fixed work for fixed shapes, the others run Python
 JUDGED_KINDS = ("host_op", "python", "annotation")
 _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
+_COMPILE = re.compile(COMPILE_RE)
+_NOT_COMPILE = re.compile(NOT_COMPILE_RE)
+
+
+def _by_name(names: pd.Series, f: Any, dtype: Any = object) -> pd.Series:
+    """``f`` of each name (a text), computed once per distinct name."""
+    codes, uniques = pd.factorize(names, use_na_sentinel=False)
+    values = np.asarray([f(str(u)) for u in uniques], dtype=dtype)
+    out: pd.Series = pd.Series(values[codes], index=names.index, dtype=dtype)
+    return out
 
 EVENTS_SQL = """
 SELECT rank, step, pid, tid, kind::VARCHAR AS kind, name, coalesce(shapes, '') AS shapes, start_ns, dur_ns
@@ -197,7 +207,7 @@ def find(ctx: Any, *, min_steps: int, min_stall_us: float, max_stall_us: float, 
     for rank, er in ev.groupby("rank", sort=True):
         rank = int(rank)
         er = er.reset_index(drop=True)
-        compiling = er["name"].str.contains(COMPILE_RE, regex=True) & ~er["name"].str.contains(NOT_COMPILE_RE, regex=True) \
+        compiling = _by_name(er["name"], lambda n: bool(_COMPILE.search(n)) and not _NOT_COMPILE.search(n), bool) \
             & ~er["kind"].isin(("step", "python"))
         er["outer"] = (er["kind"] == "dataloader") | compiling
         own = np.zeros(len(er), dtype=np.int64)
@@ -217,24 +227,27 @@ def find(ctx: Any, *, min_steps: int, min_stall_us: float, max_stall_us: float, 
         c = er[er["kind"].isin(JUDGED_KINDS) & ~er["name"].isin(GC_NAMES)].copy()
         if c.empty:
             continue
-        c["key"] = c["name"].map(lambda n: _ADDR.sub("", str(n)))
-        grp = ["pid", "tid", "key", "shapes"]
+        c["key"] = _by_name(c["name"], lambda n: _ADDR.sub("", n))
+        # a call's key (thread, name, shapes) as one integer: the groupings below are over it
+        c["gid"] = c.groupby(["pid", "tid", "key", "shapes"], sort=False, dropna=False).ngroup()
+        grp = ["gid"]
         # a call's usual time is a median of its key's calls (at least their shortest): a key whose calls
         # differ by less than min_stall_us holds no stall, and the rest of the work is only for those that do
-        spread = c.groupby(grp, observed=True)["own_ns"].agg(["min", "max"])
+        spread = c.groupby(grp)["own_ns"].agg(["min", "max"])
         if not ((spread["max"] - spread["min"]) >= min_stall_us * 1000).any():
             out[rank] = Stalls(rank, pd.DataFrame(columns=list(STALL_COLUMNS)), {},
                                tuple(s for s in steps if s not in first))
             continue
         # the usual time of the keys whose calls spread that much first: where none of their calls stalled,
         # nothing did (the other keys' usual times only weigh a stall against its step's work)
-        wide = spread.index[(spread["max"] - spread["min"]) >= min_stall_us * 1000]
-        c_wide = c.merge(wide.to_frame(index=False), on=grp, how="inner")
-        if _typical(c_wide, grp, min_steps, min_stall_us, stall_ratio)[1].empty:
+        wide = spread.index[(spread["max"] - spread["min"]) >= min_stall_us * 1000].to_frame(index=False)
+        is_wide = c.merge(wide.assign(_wide=True), on=grp, how="left")["_wide"].fillna(False).to_numpy(dtype=bool)
+        c_wide, hit = _typical(c[is_wide], grp, min_steps, min_stall_us, stall_ratio)
+        if hit.empty:
             out[rank] = Stalls(rank, pd.DataFrame(columns=list(STALL_COLUMNS)), {},
                                tuple(s for s in steps if s not in first))
             continue
-        c, hit = _typical(c, grp, min_steps, min_stall_us, stall_ratio)
+        c = pd.concat([c_wide, _typical(c[~is_wide], grp, min_steps, min_stall_us, stall_ratio)[0]], ignore_index=True)
         left: dict[str, int] = {}
         # a step where the stalled calls are most of the work (at its usual time) ran slower as a whole: a broad
         # slowdown, not slices lost by a few calls
