@@ -99,8 +99,10 @@ def test_baseline_from_earlier_json_report(healthy_json: Path, tmp_path: Path) -
     assert run_cli(SLOW, "--baseline", healthy_json, "--max-regression", "500").returncode == 0
 
 
-@pytest.mark.parametrize("fmt,marker", [("terminal", "Against the baseline"), ("md", "### Against the baseline"),
-                                        ("html", 'id="baseline-diff"')])
+# the quick suite renders the Markdown form; the marked run every form
+@pytest.mark.parametrize("fmt,marker", [pytest.param("terminal", "Against the baseline", marks=pytest.mark.slow),
+                                        ("md", "### Against the baseline"),
+                                        pytest.param("html", 'id="baseline-diff"', marks=pytest.mark.slow)])
 def test_every_format_shows_the_diff(healthy_json: Path, fmt: str, marker: str) -> None:
     res = run_cli(SLOW, "--baseline", healthy_json, "--format", fmt)
     assert res.returncode == 1

@@ -197,6 +197,7 @@ def test_breakdown_agrees_with_generated_vendor_lanes(loaded_faults8_text):
         assert abs(g["comm_only_us"].sum() - lanes[f"{r}:comm_not_overlapped"]) <= 0.01 * total
 
 
+@pytest.mark.slow  # broken exports in the quick suite: tests/ascend/test_partial_exports.py, test_bad_input.py
 def test_broken_rank_exports(tmp_path, faults8_text):
     root = tmp_path / "cluster"
     shutil.copytree(faults8_text.root, root)
@@ -217,6 +218,7 @@ def test_broken_rank_exports(tmp_path, faults8_text):
     assert q(ctx, "SELECT count(*) FROM events WHERE rank = 6")[0][0] == 0
 
 
+@pytest.mark.slow
 def test_broken_db_rank(tmp_path, faults8_db):
     root = tmp_path / "cluster"
     shutil.copytree(faults8_db.root, root)

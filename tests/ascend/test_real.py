@@ -83,7 +83,9 @@ def _assert_agrees(bd: list[dict[str, Any]], vendor: dict[tuple[int, int], dict[
         assert abs(b["overlapped_us"] - v["overlapped"]) <= tol, (key, b, v)
 
 
-@pytest.mark.parametrize("form", [pytest.param("text", marks=profile_group(TEXT)), pytest.param("db", marks=profile_group(DB))])
+# the quick suite checks the text form; the marked run both
+@pytest.mark.parametrize("form", [pytest.param("text", marks=profile_group(TEXT)),
+                                  pytest.param("db", marks=[profile_group(DB), pytest.mark.slow])])
 def test_breakdown_agrees_with_vendor_step_table(form: str) -> None:
     from advisor.stages import breakdown
 

@@ -53,6 +53,7 @@ def test_an_operators_hccs_tasks_are_scaled_and_nothing_else() -> None:
     assert sum(b for _, _, b in bounds) == pytest.approx(row["bytes"] / GBPS, abs=len(tasks))
 
 
+@pytest.mark.slow  # the quick suite: the task-level bound (the test above)
 def test_an_operator_recorded_as_one_event_loses_its_wall_transits_share() -> None:
     """.db form: the second all-reduce is one device event (2,180,324 ns on rank 0), its HCCS tasks summing to
     9,265,805 ns of transit, more than the event (they run side by side); the operator table's Transit Time is
