@@ -240,6 +240,25 @@ def mean_step_us(ctx: RuleContext[Any], ranks: list[int], steps: list[int]) -> f
     return float(sel.mean()) if len(sel) else None
 
 
+def slowest_rank_savings(by_step: dict[int, list[dict[str, Any]]]
+                         ) -> tuple[list[tuple[int, int]], list[float], set[str]]:
+    """Per step of ``by_step`` (its ranks' replay rows: ``measured_ns``, ``saving_ns``, ``error``, ``reason``),
+    the cluster's step (its slowest rank) measured less replayed, with that measured step: (saving ns,
+    measured ns) of the steps whose every rank was replayed; the no-change replays' errors; why the others
+    were not."""
+    pairs: list[tuple[int, int]] = []
+    errors: list[float] = []
+    reasons: set[str] = set()
+    for members in by_step.values():
+        errors += [float(r["error"]) for r in members if r["error"] is not None]
+        if any(r["saving_ns"] is None for r in members):
+            reasons |= {str(r["reason"]) for r in members if r["reason"]}
+            continue
+        measured = max(int(r["measured_ns"]) for r in members)
+        pairs.append((measured - max(int(r["measured_ns"]) - int(r["saving_ns"]) for r in members), measured))
+    return pairs, errors, reasons
+
+
 def replay_summary(rows: list[dict[str, Any]], ranks: list[int], steps: list[int], assumption: str,
                    step_us: float | None = None) -> dict[str, Any]:
     """A finding's ``replay`` from its ranks' :data:`REPLAY_COLUMNS` rows over ``steps`` (a step no rank
@@ -255,15 +274,8 @@ def replay_summary(rows: list[dict[str, Any]], ranks: list[int], steps: list[int
     if not by_step:
         return {"estimated": False, "assumption": assumption,
                 "reason": "no step of these ranks has a transfer slower than that bandwidth: nothing to shorten"}
-    savings, measured, errors, reasons = [], [], [], set()
-    for members in by_step.values():
-        errors += [float(r["error"]) for r in members if r["error"] is not None]
-        if any(r["saving_ns"] is None for r in members):
-            reasons |= {str(r["reason"]) for r in members if r["reason"]}
-            continue
-        m = max(int(r["measured_ns"]) for r in members)
-        savings.append(m - max(int(r["measured_ns"]) - int(r["saving_ns"]) for r in members))
-        measured.append(m)
+    pairs, errors, reasons = slowest_rank_savings(by_step)
+    savings, measured = [sv for sv, _ in pairs], [m for _, m in pairs]
     if not savings:
         return {"estimated": False, "assumption": assumption, "reason": "; ".join(sorted(reasons)) or "not replayed"}
     n = len(savings) + len(want - set(by_step))  # the steps no change touches save nothing

@@ -59,7 +59,7 @@ from typing import Any
 
 from advisor.engine.rule import Change, RankPart, RuleContext, Select, knob, rule, straggler_summary
 from advisor.model import Finding
-from rules.comm._common import P2P_RE, ms, step_us
+from rules.comm._common import P2P_RE, ms, slowest_rank_savings, step_us
 
 
 @dataclass(frozen=True)
@@ -282,15 +282,7 @@ def _replay_of(ctx: RuleContext[Thresholds], ranks: list[int], steps: list[int],
     by_step: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
         by_step.setdefault(int(r["step"]), []).append(r)
-    savings, errors, reasons = [], [], set()
-    for members in by_step.values():
-        errors += [float(r["error"]) for r in members if r["error"] is not None]
-        if any(r["saving_ns"] is None for r in members):
-            reasons |= {str(r["reason"]) for r in members if r["reason"]}
-            continue
-        measured = max(int(r["measured_ns"]) for r in members)
-        replayed = max(int(r["measured_ns"]) - int(r["saving_ns"]) for r in members)
-        savings.append((measured - replayed, measured))
+    savings, errors, reasons = slowest_rank_savings(by_step)
     if not savings:
         return {"estimated": False, "assumption": assumption, "reason": "; ".join(sorted(reasons)) or "not replayed"}
     saving_us = sum(sv for sv, _ in savings) / len(savings) / 1000.0

@@ -91,6 +91,7 @@ from rules.comm._common import (
     peak_case,
     replay_rows,
     replay_summary,
+    slowest_rank_savings,
     step_us,
 )
 
@@ -537,15 +538,7 @@ def _replay_of(ctx: RuleContext[Thresholds], ranks: list[int], src: str) -> dict
     by_step: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
         by_step.setdefault(int(r["step"]), []).append(r)
-    savings, errors, reasons = [], [], set()
-    for members in by_step.values():
-        errors += [float(r["error"]) for r in members if r["error"] is not None]
-        if any(r["saving_ns"] is None for r in members):
-            reasons |= {str(r["reason"]) for r in members if r["reason"]}
-            continue
-        measured = max(int(r["measured_ns"]) for r in members)
-        replayed = max(int(r["measured_ns"]) - int(r["saving_ns"]) for r in members)
-        savings.append((measured - replayed, measured))
+    savings, errors, reasons = slowest_rank_savings(by_step)
     if not savings:
         return {"estimated": False, "assumption": assumption, "reason": "; ".join(sorted(reasons)) or "not replayed"}
     saving_us = sum(sv for sv, _ in savings) / len(savings) / 1000.0
