@@ -66,19 +66,28 @@ def _islands(rank: np.ndarray, s: np.ndarray, e: np.ndarray) -> pd.DataFrame:
                          "next_s": pd.arrays.IntegerArray(nxt, last)})
 
 
-def busy_islands(con: Any, where: str) -> pd.DataFrame:
-    """Busy periods per rank of the events matching ``where`` (positive durations, known times)."""
+def _busy_rows(con: Any, where: str) -> tuple[np.ndarray, ...]:
+    """(rank, s, e) of the events matching ``where`` (positive durations, known times), by rank and start."""
     d = con.cursor().execute(
         f"SELECT rank, start_ns AS s, start_ns + dur_ns AS e FROM events "
         f"WHERE ({where}) AND dur_ns > 0 AND rank IS NOT NULL AND start_ns IS NOT NULL ORDER BY rank, s"
     ).fetchnumpy()
-    return _islands(*(np.ma.getdata(d[c]) for c in ("rank", "s", "e")))
+    return tuple(np.ma.getdata(d[c]) for c in ("rank", "s", "e"))
+
+
+def busy_islands(con: Any, where: str) -> pd.DataFrame:
+    """Busy periods per rank of the events matching ``where`` (positive durations, known times)."""
+    return _islands(*_busy_rows(con, where))
 
 
 def _islands_table(where: str) -> Callable[[Any, str], None]:
     def build(con: Any, name: str) -> None:
-        df = busy_islands(con, where)
+        rows = _busy_rows(con, where)
         cur = con.cursor()
+        if not len(rows[0]):  # no such event (a CPU-only trace): the table's columns only
+            cur.execute(f"CREATE OR REPLACE TABLE {name} (rank INTEGER, s BIGINT, e BIGINT, before BIGINT, next_s BIGINT)")
+            return
+        df = _islands(*rows)
         cur.register("_islands_df", df)
         cur.execute(
             f"CREATE OR REPLACE TABLE {name} AS "
@@ -90,13 +99,10 @@ def _islands_table(where: str) -> Callable[[Any, str], None]:
     return build
 
 
+# th numbers the threads (rank, pid, tid; NULLs equal)
 _HOST_OPS_SQL = """
-WITH threads AS (SELECT rank, pid, tid, row_number() OVER () AS th
-                 FROM (SELECT DISTINCT rank, pid, tid FROM events WHERE NOT device AND kind = 'host_op'))
-SELECT e.rowid AS rid, t.th, e.start_ns, e.dur_ns
-FROM events e JOIN threads t
-     ON e.rank IS NOT DISTINCT FROM t.rank AND e.pid IS NOT DISTINCT FROM t.pid AND e.tid IS NOT DISTINCT FROM t.tid
-WHERE NOT e.device AND e.kind = 'host_op'
+SELECT rowid AS rid, dense_rank() OVER (ORDER BY rank, pid, tid) AS th, start_ns, dur_ns
+FROM events WHERE NOT device AND kind = 'host_op'
 """
 
 
@@ -255,12 +261,16 @@ def _values(a: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _top_table(con: Any, name: str) -> None:
+    import pyarrow as pa
+
+    rid = top_level_rows(con)
+    cols = "e.rowid AS oid, e.rank, e.step, e.pid, e.tid, e.name, e.start_ns, e.dur_ns"
     cur = con.cursor()
-    cur.register("_top_rows", pd.DataFrame({"rid": top_level_rows(con)}))
-    cur.execute(
-        f"CREATE OR REPLACE TABLE {name} AS SELECT e.rowid AS oid, e.rank, e.step, e.pid, e.tid, e.name, e.start_ns, "
-        "e.dur_ns FROM events e JOIN _top_rows t ON e.rowid = t.rid"
-    )
+    if not len(rid):  # no host operator: the table's columns only
+        cur.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT {cols} FROM events e WHERE false")
+        return
+    cur.register("_top_rows", pa.table({"rid": np.asarray(rid, np.int64)}))
+    cur.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT {cols} FROM events e JOIN _top_rows t ON e.rowid = t.rid")
     cur.unregister("_top_rows")
 
 

@@ -271,6 +271,17 @@ LEFT JOIN (SELECT oid, name, shapes FROM _kop_ops WHERE conv) c ON c.oid = r.con
 """
 
 
+# the table's columns when no device kernel has a correlation id (a CPU-only trace): no launch to attribute
+_NO_LAUNCHES = """
+CREATE OR REPLACE TABLE {name} AS
+SELECT rank::INTEGER AS rank, step::INTEGER AS step, corr, start_ns, dur_ns, pid, tid, start_ns AS launch_ns,
+       NULL::BIGINT AS top_oid, NULL::BIGINT AS top_start_ns, NULL::BIGINT AS top_dur_ns, NULL::BIGINT AS fop_oid,
+       NULL::BIGINT AS fop_start_ns, NULL::BIGINT AS fop_dur_ns, NULL::BIGINT AS conv_oid, name AS fop_name,
+       flops::DOUBLE AS fop_flops, shapes AS fop_shapes, dtypes AS fop_dtypes, name AS conv_name, shapes AS conv_shapes
+FROM events WHERE false
+"""
+
+
 def _build_kernel_ops(con: Any, name: str) -> None:
     import numpy as np
     import pandas as pd
@@ -278,6 +289,9 @@ def _build_kernel_ops(con: Any, name: str) -> None:
     from advisor.engine.derived import enclosing_intervals
 
     cur = con.cursor()
+    if not cur.execute("SELECT 1 FROM events WHERE device AND kind = 'kernel' AND corr IS NOT NULL LIMIT 1").fetchone():
+        cur.execute(_NO_LAUNCHES.format(name=name))
+        return
     try:
         cur.execute(_THREADS)
         la = cur.execute(_LAUNCHES).fetchnumpy()
