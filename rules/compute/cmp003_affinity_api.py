@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from advisor.causes import for_platform
 from advisor.engine.rule import RuleContext, knob, rule
@@ -143,7 +142,7 @@ lanes AS (  -- each thread ('pid:tid') numbered in the order of that text
 -- lane: the thread's number (NULL where pid or tid is unknown); tok as an ENUM (a pandas
 -- category): no Python string per operator
 SELECT o.rank, o.step, l.lane, o.start_ns,
-       CASE WHEN d.has_dev THEN coalesce(w.dev_ns, 0) ELSE o.dur_ns END AS dur_ns, 0 AS wait_ns,
+       (CASE WHEN d.has_dev THEN coalesce(w.dev_ns, 0) ELSE o.dur_ns END)::DOUBLE AS dur_ns, 0 AS wait_ns,
        CASE WHEN o.tok <> '_' THEN o.name END AS name,  -- only chain links are named in findings
        CAST(o.tok AS {TOKEN_ENUM}) AS tok,
        -- host times (exact integers, NULL-free): a per-tensor update counts inside Optimizer.step only
@@ -178,24 +177,21 @@ def inside_windows(rank: np.ndarray, s: np.ndarray, e: np.ndarray, w_rank: np.nd
     return out
 
 
-def _optimizer_inside(ctx: RuleContext[Any], df: pd.DataFrame) -> None:
-    """Per-tensor update operators (token ``optel``) outside every Optimizer.step become '_'."""
-    opt = (df["tok"] == "optel").to_numpy()
-    if not opt.any():
+def _optimizer_inside(ctx: RuleContext[Any], ops: Any, tok: np.ndarray) -> None:
+    """Per-tensor update operators (token ``optel``) outside every Optimizer.step become '_' in ``tok``."""
+    opt = np.flatnonzero(tok == "optel")
+    if not len(opt):
         return
-    sel = df.loc[opt, ["rank", "host_s", "host_e", "timed"]]
-    known = sel["timed"].to_numpy(bool)
+    known = ops["timed"][opt].astype(bool)
     w = ctx.query(OPTIMIZER_SQL)
-    inside = np.zeros(len(sel), dtype=bool)
+    inside = np.zeros(len(opt), dtype=bool)
     if known.any() and w:
-        k = sel[known]
+        k = opt[known]
         inside[known] = inside_windows(
-            k["rank"].to_numpy(np.int64), k["host_s"].to_numpy(np.int64), k["host_e"].to_numpy(np.int64),
+            ops["rank"][k].astype(np.int64), ops["host_s"][k].astype(np.int64), ops["host_e"][k].astype(np.int64),
             np.array([r["rank"] for r in w], np.int64), np.array([r["s"] for r in w], np.int64),
             np.array([r["e"] for r in w], np.int64))
-    out = np.ones(len(df), dtype=bool)
-    out[np.flatnonzero(opt)[~inside]] = False
-    df["tok"] = df["tok"].where(out, "_")
+    tok[opt[~inside]] = "_"
 
 # Whether any operator name can give a token at all (each distinct name tested once): without one
 # no chain and no optimizer pattern can match, and the per-operator sequences need not be read.
@@ -241,16 +237,19 @@ def _regex(links: list[str], gap: int) -> re.Pattern[str]:
     return re.compile("".join(parts))
 
 
-def _optimizer_stats(df: pd.DataFrame) -> dict[int, dict[str, float]]:
+def _optimizer_stats(rank: np.ndarray, tok: np.ndarray, dur: np.ndarray,
+                     wait: np.ndarray) -> dict[int, dict[str, float]]:
     """Per rank with per-parameter or multi-tensor optimizer operators: their count, time and wait."""
     out: dict[int, dict[str, float]] = {}
-    opt = df[df["tok"] == "optel"]
-    rank: Any  # groupby / value_counts keys: values of the rank column (numpy integers)
-    for rank, g in opt.groupby("rank"):
-        out[int(rank)] = {"ops": float(len(g)), "time_ns": float(g["dur_ns"].sum()), "wait_ns": float(g["wait_ns"].sum()),
-                          "multi": 0.0}
-    for rank, n in df.loc[df["tok"] == "multi", "rank"].value_counts().items():
-        out.setdefault(int(rank), {"ops": 0.0, "time_ns": 0.0, "wait_ns": 0.0, "multi": 0.0})["multi"] = float(n)
+    opt = tok == "optel"
+    for r in np.unique(rank[opt]):
+        mine = opt & (rank == r)
+        out[int(r)] = {"ops": float(mine.sum()), "time_ns": float(np.nansum(dur[mine])),
+                       "wait_ns": float(np.nansum(wait[mine])), "multi": 0.0}
+    multi = tok == "multi"
+    for r in np.unique(rank[multi]):
+        out.setdefault(int(r), {"ops": 0.0, "time_ns": 0.0, "wait_ns": 0.0, "multi": 0.0})["multi"] = float(
+            (multi & (rank == r)).sum())
     return out
 
 
@@ -264,27 +263,30 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
         wanted = {*PATTERNS, "optimizer"}
     if not ctx.query(ASCEND_TOKENS_SQL if ascend else KINETO_TOKENS_SQL)[0]["n"]:
         return
-    df = ctx.df(ASCEND_SQL if ascend else KINETO_SQL)
+    ops = ctx.arrays(ASCEND_SQL if ascend else KINETO_SQL, codes=("tok", "name", "lane"))
+    tok_all = np.array(ops.names["tok"], dtype=object)[ops["tok"]]
     if not ascend:
-        _optimizer_inside(ctx, df)
+        _optimizer_inside(ctx, ops, tok_all)
         if note := kernel_tie_note(ctx):
             ctx.warn(note)
-    if df.empty:
+    if not len(tok_all):
         return
-    n_steps = df[df["step"] >= 0].groupby("rank")["step"].nunique().to_dict()
+    rank_all, step_all, lane = ops["rank"], ops["step"], ops["lane"]
+    has_step = step_all >= 0
+    pairs = np.unique(np.stack([rank_all[has_step], step_all[has_step]]), axis=1)
+    n_steps = dict(zip(*np.unique(pairs[0], return_counts=True), strict=True))
     # matches[(rank, pattern)] -> list of (step, names, total_ns, saving_ns)
     matches: dict[tuple[int, str], list[dict[str, Any]]] = {}
     patterns = [(key, _regex(links, ctx.t.max_gap)) for key, (_label, links, _fix) in PATTERNS.items()
                 if key in wanted and not (ascend and key in KINETO_ONLY) and not (not ascend and key in ASCEND_ONLY)]
-    # the operator sequence of each (rank, step, lane), in order of appearance
-    gid = df.groupby(["rank", "step", "lane"], sort=False).ngroup().to_numpy()
-    rows = np.flatnonzero(gid >= 0)
-    rows = rows[np.argsort(gid[rows], kind="stable")]
-    tok_all, name_all = df["tok"].to_numpy(dtype=object), df["name"].to_numpy(dtype=object)
-    dur_all = df["dur_ns"].astype(float).to_numpy()
-    rank_all, step_all = df["rank"].to_numpy(), df["step"].to_numpy()
+    # the operator sequence of each (rank, step, lane), in order of appearance (the rows come ordered by them;
+    # an operator of an unknown thread is in none)
+    name_all = np.array(ops.names["name"], dtype=object)[ops["name"]]
+    dur_all = np.asarray(ops["dur_ns"], dtype=float)
+    rows = np.flatnonzero(np.array([v is not None for v in ops.names["lane"]], dtype=bool)[lane])
+    new = (np.diff(rank_all[rows]) != 0) | (np.diff(step_all[rows]) != 0) | (np.diff(lane[rows]) != 0)
     linked = (tok_all != "_") & (dur_all != 0)  # a link that took time (NaN counts: it is not known to be 0)
-    for idx in np.split(rows, np.flatnonzero(np.diff(gid[rows])) + 1):
+    for idx in np.split(rows, np.flatnonzero(new) + 1):
         if not len(idx) or not linked[idx].any():
             continue  # no chain link that took time in this sequence: no match can count
         rank, step = rank_all[idx[0]], step_all[idx[0]]
@@ -302,7 +304,8 @@ def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
                     saving = 0.0  # no measured FastGelu speed-up to apply; reported with its time only
                 matches.setdefault((int(rank), key), []).append(
                     {"step": int(step), "ops": [names[i] for i in chain], "time_ns": sum(times), "saving_ns": saving})
-    opt_stats = _optimizer_stats(df[gid >= 0])
+    opt_stats = _optimizer_stats(rank_all[rows], tok_all[rows], dur_all[rows],
+                                 np.asarray(ops["wait_ns"], dtype=float)[rows])
     platform = ctx.platform
     for (rank, key), ms in sorted(matches.items()):
         label, _links, fix = PATTERNS[key]
