@@ -85,7 +85,8 @@ SELECT rank, step, name AS op_type, '' AS grp, sum(n) AS n, sum(total_ns) / 1000
 FROM op_step_stats WHERE kind = 'comm' AND rank IS NOT NULL AND step IS NOT NULL AND step >= 0
 GROUP BY ALL
 """
-# the operators with the longest total time (i: their order), then their rows by that index (no names per row)
+# the operators with the longest total time (i: their order), each with its rows (one row with NULL
+# rank and step for an operator none of whose rows joins back: a NULL kind or name)
 _TOP_OPS_SQL = """
 SELECT kind, name, row_number() OVER (ORDER BY sum(total_ns) DESC, kind, name) - 1 AS i, sum(n) AS n
 FROM op_step_stats WHERE rank IS NOT NULL AND step IS NOT NULL AND step >= 0 {comm}
@@ -93,9 +94,9 @@ GROUP BY kind, name QUALIFY i < {limit}
 """
 _OPS_SQL = """
 WITH top AS ({top})
-SELECT t.i, o.rank, o.step, o.total_ns / 1000.0 AS us
-FROM op_step_stats o JOIN top t ON o.kind = t.kind AND o.name = t.name
-WHERE o.rank IS NOT NULL AND o.step IS NOT NULL AND o.step >= 0
+SELECT t.i, t.kind, t.name, t.n, o.rank, o.step, o.total_ns / 1000.0 AS us
+FROM top t LEFT JOIN op_step_stats o ON o.kind = t.kind AND o.name = t.name
+     AND o.rank IS NOT NULL AND o.step IS NOT NULL AND o.step >= 0
 """
 _P2P_SQL = """
 SELECT DISTINCT least(src_rank, dst_rank) AS a, greatest(src_rank, dst_rank) AS b FROM comm_matrix
@@ -375,8 +376,8 @@ def _ops_table(sql: Sql, ranks: list[int], common: list[int], ridx: dict[int, in
                S: int) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
     """Per operator: its time per (rank, step) and its distribution; with ``own``, its series share."""
     top_sql = _TOP_OPS_SQL.format(comm="AND kind <> 'comm'" if comm_keys else "", limit=2 * CANDIDATES)
-    names = sql(top_sql)
     df = sql(_OPS_SQL.format(top=top_sql))
+    names = df[["i", "kind", "name", "n"]].drop_duplicates("i")
     df = df[df["rank"].isin(ridx) & df["step"].isin(sidx)]
     mats: dict[str, np.ndarray] = {}
     meta: dict[str, dict[str, Any]] = {}
