@@ -502,9 +502,10 @@ def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
     replayed: list[tuple[Any, ...]] = []
     fits: list[tuple[Any, ...]] = []
     device_ranks = {int(r["rank"]) for r in ctx.query(
-        "SELECT DISTINCT rank FROM comm_ops WHERE bytes > 0 AND transit_ns IS NOT NULL")}
+        "SELECT DISTINCT rank FROM comm_ops WHERE bytes > 0 AND transit_ns IS NOT NULL")} if ctx.rows("comm_ops") else set()
     packet_ranks = {int(r["rank"]) for r in ctx.query(
-        "SELECT DISTINCT rank FROM comm_bandwidth WHERE packet_sizes IS NOT NULL AND bytes > 0")}
+        "SELECT DISTINCT rank FROM comm_bandwidth WHERE packet_sizes IS NOT NULL AND bytes > 0")} \
+        if ctx.rows("comm_bandwidth") else set()
     out: dict[str, list[tuple[Any, ...]]] = {"com005_packets": [], "com005_packet_fit": [], "com005_packet_replay": []}
     for rank in sorted(packet_ranks):
         for k, v in _packet_counterfactual(ctx, rank).items():
@@ -563,8 +564,6 @@ def _packet_findings(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Per transport whose operators record their packets: fire when the small packets of the operators that
     send more of them than their bytes and their collective need reach ``min_small_share`` of its packets."""
     facts = ctx.df("SELECT * FROM com005_packets")
-    if facts.empty:
-        return
     for transport, g in facts.groupby("transport"):
         split = g[g["needed"].notna() & (g["merged_to"] < g["small_packets"])]
         total = float(g["packets"].sum())
@@ -626,11 +625,16 @@ def _packet_findings(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
       scope="cluster", rank_part=RankPart(REPLAY_TABLES, rank_part))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """Fire per transport when too many transfers are below the size that reaches bandwidth."""
-    yield from _packet_findings(ctx)
-    df = ctx.df(SQL)
-    # operators whose packets are recorded are read packet by packet (above)
+    # operators whose packets are recorded are read packet by packet (first)
     packet_of = {(int(r["rank"]), str(r["transport"])) for r in ctx.query(
         "SELECT DISTINCT rank, transport FROM com005_packets")}
+    if packet_of:
+        yield from _packet_findings(ctx)
+    # no transfer to judge: no communication operator, bandwidth row or host collective
+    if not ctx.rows("comm_ops") and not ctx.rows("comm_bandwidth") and not ctx.scalar(
+            "SELECT count(*) FROM com005_host WHERE bytes > 0"):
+        return
+    df = ctx.df(SQL)
     if packet_of and not df.empty:
         df = df[[(int(r), str(t)) not in packet_of for r, t in zip(df["rank"], df["transport"], strict=True)]]
     if df.empty:
