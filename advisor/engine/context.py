@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -196,28 +196,30 @@ class AnalysisContext:
         """Row count of a canonical table or of the derived ``breakdown`` table (cached)."""
         if table == "breakdown":
             return 0 if self.breakdown is None else len(self.breakdown)
-        if table not in self._counts:
-            self._counts[table] = int(self.scalar(f"SELECT count(*) FROM {table}")) if table in TABLES else 0
-        return self._counts[table]
+        return self._kept(table, lambda: int(self.scalar(f"SELECT count(*) FROM {table}")) if table in TABLES else 0)
+
+    def _kept(self, key: str, compute: Callable[[], Any]) -> int:
+        """``compute()`` (a figure of the loaded tables) once per analysis under ``key``; a thread asking
+        while another computes it waits for that answer."""
+        if key not in self._counts:
+            with self._building.setdefault("_counts:" + key, threading.Lock()):
+                if key not in self._counts:
+                    self._counts[key] = int(compute())
+        return self._counts[key]
 
     @property
     def vendor_kernels(self) -> int:
         """Rows of ``kernels`` from a vendor's per-operator export (Ascend op_summary /
         kernel_details), not the launch geometry Kineto records for GPU kernels (core type GPU):
         rules with an Ascend path and a Kineto path choose by this, not by ``rows("kernels")``."""
-        if "_vendor_kernels" not in self._counts:
-            self._counts["_vendor_kernels"] = int(
-                self.scalar("SELECT count(*) FROM kernels WHERE core_type IS DISTINCT FROM 'GPU'") or 0
-            )
-        return self._counts["_vendor_kernels"]
+        return self._kept("_vendor_kernels", lambda: int(
+            self.scalar("SELECT count(*) FROM kernels WHERE core_type IS DISTINCT FROM 'GPU'") or 0))
 
     # -- capabilities ----------------------------------------------------------------------
     @property
     def has_device(self) -> bool:
         """Some rank has device events (cached: ``ranks`` is not changed once loaded)."""
-        if "_has_device" not in self._counts:
-            self._counts["_has_device"] = int(bool(self.scalar("SELECT bool_or(has_device) FROM ranks")))
-        return bool(self._counts["_has_device"])
+        return bool(self._kept("_has_device", lambda: bool(self.scalar("SELECT bool_or(has_device) FROM ranks"))))
 
     def missing(self, requirement: str) -> str | None:
         """Why a requirement is not met (None when it is)."""
@@ -227,12 +229,14 @@ class AnalysisContext:
             return None if self.has_device else "CPU-only trace: no device events"
         if requirement == "multi_rank":
             return None if len(self.ranks) >= 2 else "single rank"
+        # the loaded tables do not change once rules run: the answers below are kept
         if requirement == "multi_step":
-            n = self.scalar("SELECT max(c) FROM (SELECT count(*) c FROM steps WHERE step >= 0 GROUP BY rank)")
-            return None if (n or 0) >= 2 else "fewer than two steps"
+            n = self._kept("_max_steps", lambda: self.scalar(
+                "SELECT max(c) FROM (SELECT count(*) c FROM steps WHERE step >= 0 GROUP BY rank)") or 0)
+            return None if n >= 2 else "fewer than two steps"
         if requirement == "kernel_detail":
-            grids = self.scalar("SELECT count(*) FROM (SELECT 1 FROM events WHERE block_dim IS NOT NULL LIMIT 1)")
-            return None if self.rows("kernels") > 0 or grids else (
+            return None if self.rows("kernels") > 0 or self._kept("_grids", lambda: self.scalar(
+                "SELECT count(*) FROM (SELECT 1 FROM events WHERE block_dim IS NOT NULL LIMIT 1)") or 0) else (
                 "no per-kernel detail in this profile (Ascend kernel_details / op_summary, Kineto kernel launch grids)")
         if requirement == "breakdown":
             return None if self.breakdown is not None and len(self.breakdown) else "no breakdown"

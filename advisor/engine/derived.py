@@ -66,9 +66,10 @@ def _islands(rank: np.ndarray, s: np.ndarray, e: np.ndarray) -> pd.DataFrame:
                          "next_s": pd.arrays.IntegerArray(nxt, last)})
 
 
-def _busy_rows(con: Any, where: str) -> tuple[np.ndarray, ...]:
-    """(rank, s, e) of the events matching ``where`` (positive durations, known times), by rank and start."""
-    d = con.cursor().execute(
+def _busy_rows(cur: Any, where: str) -> tuple[np.ndarray, ...]:
+    """(rank, s, e) of the events matching ``where`` (positive durations, known times), by rank and start
+    (``cur``: a cursor)."""
+    d = cur.execute(
         f"SELECT rank, start_ns AS s, start_ns + dur_ns AS e FROM events "
         f"WHERE ({where}) AND dur_ns > 0 AND rank IS NOT NULL AND start_ns IS NOT NULL ORDER BY rank, s"
     ).fetchnumpy()
@@ -77,13 +78,13 @@ def _busy_rows(con: Any, where: str) -> tuple[np.ndarray, ...]:
 
 def busy_islands(con: Any, where: str) -> pd.DataFrame:
     """Busy periods per rank of the events matching ``where`` (positive durations, known times)."""
-    return _islands(*_busy_rows(con, where))
+    return _islands(*_busy_rows(con.cursor(), where))
 
 
 def _islands_table(where: str) -> Callable[[Any, str], None]:
     def build(con: Any, name: str) -> None:
-        rows = _busy_rows(con, where)
         cur = con.cursor()
+        rows = _busy_rows(cur, where)
         if not len(rows[0]):  # no such event (a CPU-only trace): the table's columns only
             cur.execute(f"CREATE OR REPLACE TABLE {name} (rank INTEGER, s BIGINT, e BIGINT, before BIGINT, next_s BIGINT)")
             return
@@ -106,14 +107,14 @@ FROM events WHERE NOT device AND kind = 'host_op'
 """
 
 
-def top_level_rows(con: Any) -> np.ndarray:
+def top_level_rows(con: Any, cur: Any = None) -> np.ndarray:
     """Row ids of the host operators that no earlier-starting operator of their thread still covers.
 
     Per thread, operators are taken by start, longer first (NULL start or duration last, equal
     ones in storage order); an operator is top-level when the latest end before it (NULL ends
-    ignored) is unknown or not after its start.
+    ignored) is unknown or not after its start. ``cur``: a cursor of ``con`` to run the query on.
     """
-    d = con.cursor().execute(_HOST_OPS_SQL).fetchnumpy()
+    d = (cur if cur is not None else con.cursor()).execute(_HOST_OPS_SQL).fetchnumpy()
     rid, th = np.ma.getdata(d["rid"]), np.ma.getdata(d["th"])
     if not len(rid):
         return rid
@@ -263,9 +264,9 @@ def _values(a: Any) -> tuple[np.ndarray, np.ndarray]:
 def _top_table(con: Any, name: str) -> None:
     import pyarrow as pa
 
-    rid = top_level_rows(con)
-    cols = "e.rowid AS oid, e.rank, e.step, e.pid, e.tid, e.name, e.start_ns, e.dur_ns"
     cur = con.cursor()
+    rid = top_level_rows(con, cur)
+    cols = "e.rowid AS oid, e.rank, e.step, e.pid, e.tid, e.name, e.start_ns, e.dur_ns"
     if not len(rid):  # no host operator: the table's columns only
         cur.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT {cols} FROM events e WHERE false")
         return

@@ -83,7 +83,7 @@ def build_rank_part(spec: RuleSpec[Any], ctx: AnalysisContext, thresholds: Any) 
 
         ctx.ensure_derived(part.derived)
         got = part.build(RuleContext(spec, ctx, thresholds))
-        cur = ctx.con.cursor()
+        cur = ctx._cursor()  # this thread's (a new cursor costs a statement)
         for name, columns in part.tables.items():
             cur.execute(f"CREATE OR REPLACE TABLE {name} ({columns})")
             rows = [tuple(r) for r in got.get(name, ())]
