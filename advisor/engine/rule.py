@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
@@ -314,7 +315,15 @@ class RuleContext(Generic[T]):
         """``compute()`` once per analysis under ``key``: a figure several rules read."""
         cache = self.analysis.extras
         if key not in cache:
-            cache[key] = compute()
+            # rules run in threads: one that asks while another computes it waits for that answer
+            building = getattr(self.analysis, "_building", None)
+            lock = building.setdefault("once:" + key, threading.Lock()) if building is not None else None
+            if lock is None:
+                cache[key] = compute()
+            else:
+                with lock:
+                    if key not in cache:
+                        cache[key] = compute()
         return cast(T2, cache[key])
 
     def parallel_groups(self) -> dict[str, Any] | None:

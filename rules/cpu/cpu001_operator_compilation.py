@@ -115,11 +115,18 @@ GROUP BY s.rank, s.name
 """
 
 
+def compile_rows(ctx: RuleContext[Any]) -> list[dict[str, Any]]:
+    """:data:`COMPILE_SQL`'s rows (rank, step, n, compile_us, names), once per analysis (CPU001 and CLU003
+    read them; not to be changed)."""
+    return ctx.once("cpu001_compile_rows", lambda: ctx.query(
+        COMPILE_SQL, {"compile_re": COMPILE_RE, "not_compile_re": NOT_COMPILE_RE}))
+
+
 @rule("CPU001", "cpu.operator-compilation", cause="cpu.operator_compilation",
       requires=("events", "steps", "breakdown"), thresholds=Thresholds, derived=("event_names",))
 def check(ctx: RuleContext[Thresholds]) -> Iterator[Finding]:
     """One finding per rank: compile time per step, recompiles and dynamic-shape operators."""
-    comp = ctx.query(COMPILE_SQL, {"compile_re": COMPILE_RE, "not_compile_re": NOT_COMPILE_RE})
+    comp = compile_rows(ctx)
     recompiles = {int(r["rank"]): r for r in ctx.query(RECOMPILE_SQL, {"recompile_re": RECOMPILE_RE})}
     shapes = ctx.query(SHAPES_SQL)
     bd = step_table(ctx)
