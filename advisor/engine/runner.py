@@ -116,10 +116,13 @@ def inapplicable(ctx: AnalysisContext, requirement: str) -> bool:
     if requirement in COMM_TABLES:
         if any(ctx.rows(t) for t in COMM_TABLES):
             return False
-        try:  # the events, where this context holds them (a cluster reduce holds the per-rank tables only)
-            return not ctx.scalar("SELECT count(*) FROM (SELECT 1 FROM events WHERE kind = 'comm' LIMIT 1)")
-        except Exception:  # noqa: BLE001 - no events table: the communication tables are all there is
-            return True
+        def comm_events() -> int:
+            try:  # the events, where this context holds them (a cluster reduce holds the per-rank tables only)
+                return int(ctx.scalar("SELECT count(*) FROM (SELECT 1 FROM events WHERE kind = 'comm' LIMIT 1)") or 0)
+            except Exception:  # noqa: BLE001 - no events table: the communication tables are all there is
+                return 0
+
+        return not ctx._kept("_comm_events", comm_events)
     if requirement in VENDOR_TABLES:
         return bool(ctx.sources) and all(s == "kineto" for s in ctx.sources)
     return False
