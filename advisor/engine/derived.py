@@ -39,10 +39,17 @@ def sql_table(sql: str) -> Callable[[Any, str], None]:
 
 def _islands(rank: np.ndarray, s: np.ndarray, e: np.ndarray) -> pd.DataFrame:
     """Disjoint unions (rank, s, e) of intervals sorted by (rank, s); touching intervals merge."""
-    n = len(s)
-    if n == 0:
+    if len(s) == 0:
         return pd.DataFrame({"rank": rank[:0], "s": s[:0], "e": e[:0], "before": e[:0],
                              "next_s": pd.array(e[:0], dtype="Int64")})
+    cols, last = _island_columns(rank, s, e)
+    return pd.DataFrame({**cols, "next_s": pd.arrays.IntegerArray(cols["next_s"], last)})
+
+
+def _island_columns(rank: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """:func:`_islands` of at least one interval as columns rank, s, e, before, next_s (0 where NULL),
+    and the NULL flags of next_s."""
+    n = len(s)
     first = np.flatnonzero(np.concatenate([[True], rank[1:] != rank[:-1]]))
     reach = np.empty(n, dtype=np.int64)  # latest end so far within the rank
     for a, b in zip(first, [*first[1:], n], strict=True):
@@ -62,8 +69,7 @@ def _islands(rank: np.ndarray, s: np.ndarray, e: np.ndarray) -> pd.DataFrame:
     last = np.zeros(len(idx), dtype=bool)
     last[rank_first[1:] - 1] = True
     last[-1] = True
-    return pd.DataFrame({"rank": rank[idx], "s": isl_s, "e": isl_e, "before": done,
-                         "next_s": pd.arrays.IntegerArray(nxt, last)})
+    return {"rank": rank[idx], "s": isl_s, "e": isl_e, "before": done, "next_s": nxt}, last
 
 
 def _busy_rows(cur: Any, where: str) -> tuple[np.ndarray, ...]:
@@ -88,8 +94,10 @@ def _islands_table(where: str) -> Callable[[Any, str], None]:
         if not len(rows[0]):  # no such event (a CPU-only trace): the table's columns only
             cur.execute(f"CREATE OR REPLACE TABLE {name} (rank INTEGER, s BIGINT, e BIGINT, before BIGINT, next_s BIGINT)")
             return
-        df = _islands(*rows)
-        cur.register("_islands_df", df)
+        import pyarrow as pa
+
+        cols, last = _island_columns(*rows)
+        cur.register("_islands_df", pa.table({**cols, "next_s": pa.array(cols["next_s"], mask=last)}))
         cur.execute(
             f"CREATE OR REPLACE TABLE {name} AS "
             "SELECT rank::INTEGER AS rank, s::BIGINT AS s, e::BIGINT AS e, before::BIGINT AS before, "

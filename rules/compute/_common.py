@@ -284,7 +284,7 @@ FROM events WHERE false
 
 def _build_kernel_ops(con: Any, name: str) -> None:
     import numpy as np
-    import pandas as pd
+    import pyarrow as pa
 
     from advisor.engine.derived import enclosing_intervals
 
@@ -299,8 +299,8 @@ def _build_kernel_ops(con: Any, name: str) -> None:
 
         def nullable(a: Any) -> Any:
             if isinstance(a, np.ma.MaskedArray):
-                return pd.arrays.IntegerArray(np.ma.getdata(a.filled(0)).astype(np.int64), np.ma.getmaskarray(a))
-            return a
+                return pa.array(np.ma.getdata(a.filled(0)).astype(np.int64), mask=np.ma.getmaskarray(a))
+            return pa.array(a)
 
         cols: dict[str, Any] = {c: nullable(la[c]) for c in ("rank", "step", "corr", "start_ns", "dur_ns", "th", "launch_ns")}
 
@@ -314,7 +314,7 @@ def _build_kernel_ops(con: Any, name: str) -> None:
             def col(values: np.ndarray) -> Any:  # per launch; NULL where no operator was found
                 out = np.zeros(len(idx), np.int64)
                 out[~none] = values[at]
-                return pd.arrays.IntegerArray(out, none)
+                return pa.array(out, mask=none)
 
             cols[f"{role}_oid"] = col(oid)
             if times:
@@ -326,7 +326,7 @@ def _build_kernel_ops(con: Any, name: str) -> None:
         for role, flag, times in (("fop", "has_flops", True), ("conv", "conv", False)):
             keep = np.ma.getdata(ops[flag]).astype(bool)
             owner(role, {c: np.ma.getdata(ops[c])[keep] for c in ("th", "s", "e", "oid")}, times)
-        cur.register("_kop_res", pd.DataFrame(cols))
+        cur.register("_kop_res", pa.table(cols))
         cur.execute(_ASSEMBLE.format(name=name))
         cur.unregister("_kop_res")
     finally:
