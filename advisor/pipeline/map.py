@@ -221,17 +221,16 @@ def _summarise(ctx: AnalysisContext, res: ShardResult, cluster_rules: dict[str, 
     names = [*SUMMARY_TABLES, *carried, RANK_DEVICE_TABLE, PHASE_TABLE,
              *(t for s in cluster_rules.values() if s.rank_part is not None for t in s.rank_part.tables)]
     have = {r[0] for r in cur.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    present = [name for name in dict.fromkeys(names) if name in have]  # not a rank part that failed
     kept: list[str] = []
-    for name in dict.fromkeys(names):
-        if name not in have:  # a rank part that failed
-            continue
-        if keep_db:
-            if name in SUMMARY_TABLES or cur.execute(f"SELECT count(*) FROM (SELECT 1 FROM {name} LIMIT 1)").fetchone()[0]:
-                kept.append(name)
-            continue
-        table = query_arrow(cur, f"SELECT * FROM {name}")
-        if table.num_rows:
-            res.tables[name] = to_ipc(table)
+    if keep_db:
+        kept = [name for name in present if name in SUMMARY_TABLES]
+        kept += _with_rows(cur, [name for name in present if name not in SUMMARY_TABLES])
+    else:
+        for name in present:
+            table = query_arrow(cur, f"SELECT * FROM {name}")
+            if table.num_rows:
+                res.tables[name] = to_ipc(table)
     for name in BIG_TABLES:
         res.counts[name] = ctx.rows(name)
     res.counts["_vendor_kernels"] = ctx.vendor_kernels
@@ -242,12 +241,27 @@ def _summarise(ctx: AnalysisContext, res: ShardResult, cluster_rules: dict[str, 
     cur.close()
 
 
+def _with_rows(cur: Any, names: list[str]) -> list[str]:
+    """Those of the tables ``names`` that hold a row, in their order (one statement)."""
+    if not names:
+        return []
+    sql = " UNION ALL ".join(f"SELECT {i} AS i FROM (SELECT 1 FROM {name} LIMIT 1)" for i, name in enumerate(names))
+    full = {int(r[0]) for r in cur.execute(sql).fetchall()}
+    return [name for i, name in enumerate(names) if i in full]
+
+
 def keep_summary(cur: Any, kept: list[str]) -> None:
     """Drop from the shard's DuckDB every table but ``kept`` (the canonical summary tables and the
     other summary tables with rows): what is left is what the reduce's own DuckDB would hold once
     the shard's summary is appended to it, so that the reduce reads the same tables either way."""
     keep = set(kept)
-    for db, schema, name, temporary in cur.execute(
-            "SELECT database_name, schema_name, table_name, temporary FROM duckdb_tables() WHERE NOT internal").fetchall():
-        if temporary or name not in keep:
-            cur.execute(f'DROP TABLE "{db}"."{schema}"."{name}"')
+    drops = [f'DROP TABLE "{db}"."{schema}"."{name}"' for db, schema, name, temporary in cur.execute(
+             "SELECT database_name, schema_name, table_name, temporary FROM duckdb_tables() WHERE NOT internal").fetchall()
+             if temporary or name not in keep]
+    if drops:  # in one transaction: one commit
+        try:
+            cur.execute("BEGIN TRANSACTION; " + "; ".join(drops) + "; COMMIT")
+        except Exception:
+            with contextlib.suppress(Exception):
+                cur.execute("ROLLBACK")
+            raise
