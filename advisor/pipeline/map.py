@@ -85,6 +85,8 @@ class ShardResult:
     #: the shard's own DuckDB holding its summary (``tables`` then empty), when the map ran in the
     #: process that reduces and was asked to keep it (:func:`map_shard` ``keep_db``); never pickled
     db: Any = None
+    #: the breakdown as a pandas frame instead of ``breakdown`` bytes, beside ``db``; never pickled
+    frame: Any = None
 
 
 def map_shard(root: str, units: list[Unit], cfg: Config, *, rank: int | None = None, step: int | None = None,
@@ -216,7 +218,10 @@ def _summarise(ctx: AnalysisContext, res: ShardResult, cluster_rules: dict[str, 
     ctx.ensure_derived(carried)
     import pyarrow as pa
 
-    res.breakdown = to_ipc(pa.Table.from_pandas(ctx.breakdown, preserve_index=False))
+    if keep_db:  # the reduce runs in this process: the frame itself, not its Arrow bytes
+        res.frame = ctx.breakdown
+    else:
+        res.breakdown = to_ipc(pa.Table.from_pandas(ctx.breakdown, preserve_index=False))
     cur = ctx.con.cursor()
     names = [*SUMMARY_TABLES, *carried, RANK_DEVICE_TABLE, PHASE_TABLE,
              *(t for s in cluster_rules.values() if s.rank_part is not None for t in s.rank_part.tables)]

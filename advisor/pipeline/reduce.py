@@ -83,7 +83,7 @@ def gather(root: str, units: list[Unit], results: Iterator[ShardResult], warning
         next_id += res.file_ids
         out.stage_warnings.extend(res.stage_warnings)
         out.dones.append(res.done)
-        out.frames.append(from_ipc(res.breakdown).to_pandas())
+        out.frames.append(res.frame if res.frame is not None else from_ipc(res.breakdown).to_pandas())
         if res.critical_path is not None:
             out.candidates.append(ShardResult(ranks=res.ranks, load_warnings=[], focus=res.focus,
                                               critical_path=res.critical_path, cp_warnings=res.cp_warnings))

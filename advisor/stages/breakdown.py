@@ -348,10 +348,8 @@ def _frame_grouped(sums: dict[str, np.ndarray]) -> pd.DataFrame:
 
 def store(con: Any, df: pd.DataFrame) -> None:
     """Keep the breakdown as table ``breakdown`` (µs columns) so rules can join it in SQL."""
-    cur = con.cursor()
-    cur.register("_breakdown_df", df)
-    cur.execute("CREATE OR REPLACE TABLE breakdown AS SELECT * FROM _breakdown_df")
-    cur.unregister("_breakdown_df")
+    _breakdown_df = df  # read by name by DuckDB's scan of Python objects (no view to register and drop)
+    con.cursor().execute("CREATE OR REPLACE TABLE breakdown AS SELECT * FROM _breakdown_df")
 
 
 #: Largest gap, as a share of the vendor's Stage, between a figure here and the vendor's own.

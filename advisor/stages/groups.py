@@ -402,13 +402,22 @@ def pipeline_stages(groups: list[dict[str, Any]]) -> list[list[int]]:
 _LOCK = threading.Lock()
 
 
+def _no_comm(analysis: Any) -> bool:
+    """Whether the analysis knows ``comm_ops`` and ``comm_matrix`` to hold no row (its cached counts),
+    the only tables :func:`reconstruct` finds groups in."""
+    try:
+        return not analysis.rows("comm_ops") and not analysis.rows("comm_matrix")
+    except Exception:  # noqa: BLE001 -- a context built from a few tables: reconstruct says
+        return False
+
+
 def of_context(analysis: Any) -> dict[str, Any] | None:
     """:func:`reconstruct` once per analysis (rules and the report share it)."""
     extras = analysis.extras
     with _LOCK:
         if "parallel_groups" not in extras:
             try:
-                extras["parallel_groups"] = reconstruct(analysis.con)
+                extras["parallel_groups"] = None if _no_comm(analysis) else reconstruct(analysis.con)
             except Exception as exc:  # noqa: BLE001 -- the analysis goes on without groups, and says so
                 from advisor.model import Warning_
 
