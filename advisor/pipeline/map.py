@@ -206,6 +206,15 @@ def _summarise(ctx: AnalysisContext, res: ShardResult, cluster_rules: dict[str, 
     the per-event tables' row counts, the file ids used and the platform's parts."""
     from advisor.engine.derived import DERIVED
 
+    # the row counts not known yet and the file ids used, in one statement
+    uncounted = [name for name in ("hw_metrics", *BIG_TABLES) if name not in ctx._counts]
+    cur = ctx.con.cursor()
+    *counts, file_ids = cur.execute(
+        "SELECT " + ", ".join([*(f"(SELECT count(*) FROM {name})" for name in uncounted),
+                               "(SELECT coalesce(max(file_id) + 1, 0) FROM profile_files)"])).fetchone()
+    for name, n in zip(uncounted, counts, strict=True):
+        ctx._counts.setdefault(name, int(n))
+    res.file_ids = int(file_ids)
     # the device each rank ran on (its device lanes' process id), for --metrics files in the reduce,
     # which holds no tracks (advisor.metrics.rank_devices)
     ctx.con.execute(
@@ -222,7 +231,6 @@ def _summarise(ctx: AnalysisContext, res: ShardResult, cluster_rules: dict[str, 
         res.frame = ctx.breakdown
     else:
         res.breakdown = to_ipc(pa.Table.from_pandas(ctx.breakdown, preserve_index=False))
-    cur = ctx.con.cursor()
     names = [*SUMMARY_TABLES, *carried, RANK_DEVICE_TABLE, PHASE_TABLE,
              *(t for s in cluster_rules.values() if s.rank_part is not None for t in s.rank_part.tables)]
     have = {r[0] for r in cur.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
@@ -239,7 +247,6 @@ def _summarise(ctx: AnalysisContext, res: ShardResult, cluster_rules: dict[str, 
     for name in BIG_TABLES:
         res.counts[name] = ctx.rows(name)
     res.counts["_vendor_kernels"] = ctx.vendor_kernels
-    res.file_ids = int(cur.execute("SELECT coalesce(max(file_id) + 1, 0) FROM profile_files").fetchone()[0])
     res.platform = platform_parts(ctx)
     if keep_db:
         keep_summary(cur, kept)
