@@ -23,12 +23,9 @@ def _insert(con: Any, table: str, cols: Sequence[str], values: list[tuple[Any, .
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
         insert_rows(con, table, values, chunk=200)
         return
-    con.register("_advisor_rows", arrow)
-    try:
-        names = ", ".join('"' + c + '"' for c in cols)
-        con.execute(f"INSERT INTO {table} SELECT {names} FROM _advisor_rows")
-    finally:
-        con.unregister("_advisor_rows")
+    _advisor_rows = arrow  # read by name by DuckDB's scan of Python objects (no view to register and drop)
+    names = ", ".join('"' + c + '"' for c in cols)
+    con.execute(f"INSERT INTO {table} SELECT {names} FROM _advisor_rows")
 
 
 def context_from_tables(tables: dict[str, list[dict[str, Any]]], *, run_stages: bool = True) -> AnalysisContext:

@@ -43,7 +43,7 @@ rows, ``op_step_stats``, ``comm_ops``, ``comm_matrix``), never from ``events``:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -205,13 +205,15 @@ def predict_max(pooled: np.ndarray, n: int, baseline: float) -> dict[str, Any]:
 
 
 # -- the stage ----------------------------------------------------------------------------------
-def compute(bd: pd.DataFrame | None, sql: Sql, cells: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def compute(bd: pd.DataFrame | None, sql: Sql, cells: dict[str, Any] | None = None,
+            empty: Collection[str] = ()) -> dict[str, Any] | None:
     """The report's ``variability`` object (None when the profile has no step breakdown), from the
     breakdown rows and the small tables that ``sql`` reads (``op_step_stats`` must be built).
 
     ``cells``, when given, receives what :func:`spikes` reads (kept out of the report): the ranks and
     steps composed, the cluster's step time per step, the own time and the leading operator's time
-    per (rank, step)."""
+    per (rank, step). ``empty``: tables known to hold no row (``comm_ops``, ``comm_matrix``), not read.
+    """
     if bd is None or bd.empty:
         return None
     ranks_in_profile = int(bd["rank"].nunique())
@@ -249,7 +251,7 @@ def compute(bd: pd.DataFrame | None, sql: Sql, cells: dict[str, Any] | None = No
     if (per_rank_steps > S).any():
         notes.append(f"only the {S} steps every rank has are composed")
 
-    comm_keys, wait = _waits(sql, ridx, sidx, R, S)
+    comm_keys, wait = _waits(sql, ridx, sidx, R, S, no_ops="comm_ops" in empty)
     wait = np.minimum(wait, np.nan_to_num(exposed, nan=0.0))
     own = T - wait
     out["own_time"] = {**dist(own.ravel()), "wait_mean_us": _r(float(np.nanmean(wait)))}
@@ -295,7 +297,8 @@ def compute(bd: pd.DataFrame | None, sql: Sql, cells: dict[str, Any] | None = No
             notes.append(f"at this scale the model's median step is {fit:+.0%} off the measured one: the ranks are "
                          "not alike (a systematically slow rank, pipeline stages doing different work), so the "
                          "prediction at scale is indicative only")
-        out["sensitivity"] = {"tp": _tp(sql, pooled), "pipeline": _pipeline(sql, ridx, T, own)}
+        out["sensitivity"] = {"tp": _tp(sql, pooled, no_ops="comm_ops" in empty),
+                              "pipeline": None if "comm_matrix" in empty else _pipeline(sql, ridx, T, own)}
     if notes:
         out["note"] = "; ".join(notes)
     return out
@@ -345,13 +348,13 @@ def _rank_table(bd: pd.DataFrame, ranks: list[int]) -> dict[str, Any]:
     return {"rows": rows, "shown": len(rows), "of": len(ranks)}
 
 
-def _waits(sql: Sql, ridx: dict[int, int], sidx: dict[int, int], R: int,
-           S: int) -> tuple[dict[tuple[str, str], np.ndarray], np.ndarray]:
+def _waits(sql: Sql, ridx: dict[int, int], sidx: dict[int, int], R: int, S: int,
+           no_ops: bool = False) -> tuple[dict[tuple[str, str], np.ndarray], np.ndarray]:
     """Per collective (op type, group; without ``comm_ops``, per communication operator name): its time per
     (rank, step) (NaN where the rank is not a member), and the wait per (rank, step) summed over collectives:
-    the excess over the member that arrived last."""
-    df = sql(_COMM_SQL)
-    if df.empty:
+    the excess over the member that arrived last. ``no_ops``: ``comm_ops`` is known to hold no row."""
+    df = None if no_ops else sql(_COMM_SQL)
+    if df is None or df.empty:
         df = sql(_COMM_OPS_SQL)
     keys: dict[tuple[str, str], np.ndarray] = {}
     wait = np.zeros((R, S))
@@ -437,12 +440,13 @@ def _ops_table(sql: Sql, ranks: list[int], common: list[int], ridx: dict[int, in
     return ops, mats
 
 
-def _tp(sql: Sql, pooled: np.ndarray) -> dict[str, Any]:
-    """P(the slowest of g ranks is more than x % above a typical rank) for group sizes g."""
+def _tp(sql: Sql, pooled: np.ndarray, no_ops: bool = False) -> dict[str, Any]:
+    """P(the slowest of g ranks is more than x % above a typical rank) for group sizes g (``no_ops``:
+    ``comm_ops`` is known to hold no row: no group size in the profile)."""
     base = float(np.median(pooled))
-    sizes = sql("SELECT coalesce(group_name, '') AS grp, count(DISTINCT rank) AS n FROM comm_ops "
+    sizes = None if no_ops else sql("SELECT coalesce(group_name, '') AS grp, count(DISTINCT rank) AS n FROM comm_ops "
                    "WHERE rank IS NOT NULL GROUP BY ALL")
-    present = sorted({int(n) for n in sizes["n"]} - {1}) if not sizes.empty else []
+    present = sorted({int(n) for n in sizes["n"]} - {1}) if sizes is not None and not sizes.empty else []
     rows = []
     for g in sorted(set(GROUP_SIZES) | set(present)):
         p = predict_max(pooled, g, base)

@@ -85,6 +85,8 @@ class ShardResult:
     #: the shard's own DuckDB holding its summary (``tables`` then empty), when the map ran in the
     #: process that reduces and was asked to keep it (:func:`map_shard` ``keep_db``); never pickled
     db: Any = None
+    #: the breakdown as a pandas frame instead of ``breakdown`` bytes, beside ``db``; never pickled
+    frame: Any = None
 
 
 def map_shard(root: str, units: list[Unit], cfg: Config, *, rank: int | None = None, step: int | None = None,
@@ -204,6 +206,15 @@ def _summarise(ctx: AnalysisContext, res: ShardResult, cluster_rules: dict[str, 
     the per-event tables' row counts, the file ids used and the platform's parts."""
     from advisor.engine.derived import DERIVED
 
+    # the row counts not known yet and the file ids used, in one statement
+    uncounted = [name for name in ("hw_metrics", *BIG_TABLES) if name not in ctx._counts]
+    cur = ctx.con.cursor()
+    *counts, file_ids = cur.execute(
+        "SELECT " + ", ".join([*(f"(SELECT count(*) FROM {name})" for name in uncounted),
+                               "(SELECT coalesce(max(file_id) + 1, 0) FROM profile_files)"])).fetchone()
+    for name, n in zip(uncounted, counts, strict=True):
+        ctx._counts.setdefault(name, int(n))
+    res.file_ids = int(file_ids)
     # the device each rank ran on (its device lanes' process id), for --metrics files in the reduce,
     # which holds no tracks (advisor.metrics.rank_devices)
     ctx.con.execute(
@@ -216,30 +227,39 @@ def _summarise(ctx: AnalysisContext, res: ShardResult, cluster_rules: dict[str, 
     ctx.ensure_derived(carried)
     import pyarrow as pa
 
-    res.breakdown = to_ipc(pa.Table.from_pandas(ctx.breakdown, preserve_index=False))
-    cur = ctx.con.cursor()
+    if keep_db:  # the reduce runs in this process: the frame itself, not its Arrow bytes
+        res.frame = ctx.breakdown
+    else:
+        res.breakdown = to_ipc(pa.Table.from_pandas(ctx.breakdown, preserve_index=False))
     names = [*SUMMARY_TABLES, *carried, RANK_DEVICE_TABLE, PHASE_TABLE,
              *(t for s in cluster_rules.values() if s.rank_part is not None for t in s.rank_part.tables)]
     have = {r[0] for r in cur.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    present = [name for name in dict.fromkeys(names) if name in have]  # not a rank part that failed
     kept: list[str] = []
-    for name in dict.fromkeys(names):
-        if name not in have:  # a rank part that failed
-            continue
-        if keep_db:
-            if name in SUMMARY_TABLES or cur.execute(f"SELECT count(*) FROM (SELECT 1 FROM {name} LIMIT 1)").fetchone()[0]:
-                kept.append(name)
-            continue
-        table = query_arrow(cur, f"SELECT * FROM {name}")
-        if table.num_rows:
-            res.tables[name] = to_ipc(table)
+    if keep_db:
+        kept = [name for name in present if name in SUMMARY_TABLES]
+        kept += _with_rows(cur, [name for name in present if name not in SUMMARY_TABLES])
+    else:
+        for name in present:
+            table = query_arrow(cur, f"SELECT * FROM {name}")
+            if table.num_rows:
+                res.tables[name] = to_ipc(table)
     for name in BIG_TABLES:
         res.counts[name] = ctx.rows(name)
     res.counts["_vendor_kernels"] = ctx.vendor_kernels
-    res.file_ids = int(cur.execute("SELECT coalesce(max(file_id) + 1, 0) FROM profile_files").fetchone()[0])
     res.platform = platform_parts(ctx)
     if keep_db:
         keep_summary(cur, kept)
     cur.close()
+
+
+def _with_rows(cur: Any, names: list[str]) -> list[str]:
+    """Those of the tables ``names`` that hold a row, in their order (one statement)."""
+    if not names:
+        return []
+    sql = " UNION ALL ".join(f"SELECT {i} AS i FROM (SELECT 1 FROM {name} LIMIT 1)" for i, name in enumerate(names))
+    full = {int(r[0]) for r in cur.execute(sql).fetchall()}
+    return [name for i, name in enumerate(names) if i in full]
 
 
 def keep_summary(cur: Any, kept: list[str]) -> None:
@@ -247,7 +267,13 @@ def keep_summary(cur: Any, kept: list[str]) -> None:
     other summary tables with rows): what is left is what the reduce's own DuckDB would hold once
     the shard's summary is appended to it, so that the reduce reads the same tables either way."""
     keep = set(kept)
-    for db, schema, name, temporary in cur.execute(
-            "SELECT database_name, schema_name, table_name, temporary FROM duckdb_tables() WHERE NOT internal").fetchall():
-        if temporary or name not in keep:
-            cur.execute(f'DROP TABLE "{db}"."{schema}"."{name}"')
+    drops = [f'DROP TABLE "{db}"."{schema}"."{name}"' for db, schema, name, temporary in cur.execute(
+             "SELECT database_name, schema_name, table_name, temporary FROM duckdb_tables() WHERE NOT internal").fetchall()
+             if temporary or name not in keep]
+    if drops:  # in one transaction: one commit
+        try:
+            cur.execute("BEGIN TRANSACTION; " + "; ".join(drops) + "; COMMIT")
+        except Exception:
+            with contextlib.suppress(Exception):
+                cur.execute("ROLLBACK")
+            raise

@@ -83,7 +83,7 @@ def gather(root: str, units: list[Unit], results: Iterator[ShardResult], warning
         next_id += res.file_ids
         out.stage_warnings.extend(res.stage_warnings)
         out.dones.append(res.done)
-        out.frames.append(from_ipc(res.breakdown).to_pandas())
+        out.frames.append(res.frame if res.frame is not None else from_ipc(res.breakdown).to_pandas())
         if res.critical_path is not None:
             out.candidates.append(ShardResult(ranks=res.ranks, load_warnings=[], focus=res.focus,
                                               critical_path=res.critical_path, cp_warnings=res.cp_warnings))
@@ -160,12 +160,19 @@ def _declare_carried(ctx: AnalysisContext, cur: Any, cluster: dict[str, Any]) ->
     declared built, so that no rule builds them again over a reduce without events."""
     from advisor.engine.derived import DERIVED
 
+    tables = cur.execute("SELECT table_name, NOT temporary AND database_name = current_database() "
+                         "AND schema_name = current_schema() FROM duckdb_tables()").fetchall()
+    have = {name for name, _ in tables}
+    own = {name for name, default in tables if default}  # those an unqualified CREATE names
+    creates: dict[str, str] = {}
     for spec in cluster.values():
         if spec.rank_part is not None:
             ctx._derived.add(f"rank_part:{spec.id}")
             for name, columns in spec.rank_part.tables.items():
-                cur.execute(f"CREATE TABLE IF NOT EXISTS {name} ({columns})")
+                if name not in own:
+                    creates.setdefault(name, f"CREATE TABLE IF NOT EXISTS {name} ({columns})")
+    if creates:
+        cur.execute("; ".join(creates.values()))
     for name in CARRIED_DERIVED:
-        if name in DERIVED and cur.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?",
-                                           [name]).fetchone()[0]:
+        if name in DERIVED and name in have:
             ctx._derived.add(name)

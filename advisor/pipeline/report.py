@@ -156,8 +156,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
     bd = ctx.breakdown
     rows: list[dict[str, Any]] = []
     sel = bd  # the breakdown of the focus (--rank / --step): its rows and the step times
-    inferred = {(int(r), int(s)) for r, s in ctx.con.cursor().execute(
-        "SELECT rank, step FROM steps WHERE inferred").fetchall()}
+    inferred = {(int(r["rank"]), int(r["step"])) for r in ctx.query("SELECT rank, step FROM steps WHERE inferred")}
     if bd is not None and not bd.empty:
         if rank is not None:
             sel = sel[sel["rank"] == rank]
@@ -209,7 +208,6 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
                 }
             )
     from advisor.engine.chain import median_steps, summary
-    from advisor.stages.comm_links import links
     from advisor.stages.critical_path import summarise_segments
 
     cp = ctx.critical_path or {"rank": None, "step": None, "length_us": 0.0, "ops": []}
@@ -241,7 +239,7 @@ def build_report(ctx: AnalysisContext, findings: list[Any], outcomes: list[Any],
         rules=outcomes,
         step_times=step_stats,
         savings=savings,
-        comm_matrix=links(ctx.con) or None,
+        comm_matrix=_links(ctx) or None,
         rule_docs=rule_docs({f.rule for f in findings}),
         hardware=hardware,
         variability=variability,
@@ -258,14 +256,14 @@ def trace_times(ctx: AnalysisContext, rank: Any, step: Any) -> dict[str, Any]:
     (Kineto only records it)."""
     if rank is None:
         return {}
-    cur = ctx.con.cursor()
     try:
-        bases = {r[0] for r in cur.execute(
-            "SELECT DISTINCT value FROM meta WHERE rank = ? AND key = 'kineto.time_base_ns'", [rank]).fetchall()}
-        rows = cur.execute("SELECT step, start_ns, end_ns FROM steps WHERE rank = ? ORDER BY step", [rank]).fetchall()
+        bases = {r["value"] for r in ctx.query(
+            "SELECT DISTINCT value FROM meta WHERE rank = $rank AND key = 'kineto.time_base_ns'", {"rank": rank})}
+        if len(bases) != 1:
+            return {}
+        rows = [(r["step"], r["start_ns"], r["end_ns"]) for r in ctx.query(
+            "SELECT step, start_ns, end_ns FROM steps WHERE rank = $rank ORDER BY step", {"rank": rank})]
     except Exception:  # noqa: BLE001 - a profile without these tables has no trace times
-        return {}
-    if len(bases) != 1:
         return {}
     try:
         base = int(next(iter(bases)))
@@ -291,6 +289,18 @@ MAX_TRACE_STEPS = 1000
 
 #: rows of the report's ``window_phases`` at most (the costliest first)
 MAX_WINDOW_PHASES = 200
+
+
+def _links(ctx: AnalysisContext) -> list[dict[str, Any]]:
+    """The report's ``comm_matrix`` (:func:`advisor.stages.comm_links.links`): empty without matrix rows."""
+    from advisor.stages.comm_links import links
+
+    try:
+        if not ctx.rows("comm_matrix"):
+            return []
+    except Exception:  # noqa: BLE001 -- no comm_matrix table (a context built from a few tables): no links
+        return []
+    return links(ctx.con)
 
 
 def window_phases(ctx: AnalysisContext) -> list[dict[str, Any]]:

@@ -313,6 +313,28 @@ def _empty_sums() -> dict[str, np.ndarray]:
 
 def _frame(sums: dict[str, np.ndarray]) -> pd.DataFrame:
     """The breakdown: one row per (rank, step) in rank and step order, µs columns."""
+    step = np.asarray(sums["step"])
+    if np.isnan(step).any() or not all(np.asarray(sums[c]).dtype.kind in "iu" for c in NS_COLUMNS):
+        return _frame_grouped(sums)  # a window without a step id: as pandas says of it
+    rank = np.asarray(sums["rank"], dtype=np.int64)
+    order = np.lexsort((step, rank))  # (rank, step) order, as a sorted groupby gives
+    rank, step = rank[order], step[order]
+    first = np.flatnonzero(np.r_[True, (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])]) if len(order) else order
+    out: dict[str, np.ndarray] = {"rank": rank[first], "step": step[first].astype(np.int64)}
+    for c in NS_COLUMNS:
+        col = np.asarray(sums[c], dtype=np.int64)[order]
+        total = np.add.reduceat(col, first) if len(first) else col  # integer sums: exact in any order
+        out[c[:-3] + "_us"] = total.astype(np.float64) / 1000.0
+    out["compute_us"] = out["compute_only_us"] + out["overlapped_us"]
+    comm = out["comm_us"] = out["comm_only_us"] + out["overlapped_us"]
+    ratio = np.full(len(comm), np.nan)
+    np.divide(out["overlapped_us"], comm, out=ratio, where=comm > 0)
+    out["overlap_ratio"] = ratio
+    return pd.DataFrame(out)
+
+
+def _frame_grouped(sums: dict[str, np.ndarray]) -> pd.DataFrame:
+    """:func:`_frame` by a pandas groupby (NULL step ids)."""
     df = pd.DataFrame({"rank": sums["rank"], "step": sums["step"], **{c: sums[c] for c in NS_COLUMNS}})
     df = df.groupby(["rank", "step"], sort=True, dropna=False, as_index=False).sum()
     out = pd.DataFrame({"rank": df["rank"].astype(int), "step": df["step"].astype(int)})
@@ -326,10 +348,8 @@ def _frame(sums: dict[str, np.ndarray]) -> pd.DataFrame:
 
 def store(con: Any, df: pd.DataFrame) -> None:
     """Keep the breakdown as table ``breakdown`` (µs columns) so rules can join it in SQL."""
-    cur = con.cursor()
-    cur.register("_breakdown_df", df)
-    cur.execute("CREATE OR REPLACE TABLE breakdown AS SELECT * FROM _breakdown_df")
-    cur.unregister("_breakdown_df")
+    _breakdown_df = df  # read by name by DuckDB's scan of Python objects (no view to register and drop)
+    con.cursor().execute("CREATE OR REPLACE TABLE breakdown AS SELECT * FROM _breakdown_df")
 
 
 #: Largest gap, as a share of the vendor's Stage, between a figure here and the vendor's own.

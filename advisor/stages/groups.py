@@ -120,27 +120,28 @@ def _median(xs: Sequence[float]) -> float:
     return float(s[mid]) if len(s) % 2 else (s[mid - 1] + s[mid]) / 2.0
 
 
-def _rows(con: Any, sql: str) -> list[dict[str, Any]]:
+def _rows(cur: Any, sql: str) -> list[dict[str, Any]]:
+    """The rows of ``sql`` run on ``cur`` (a cursor, or a connection its thread alone uses) as dicts."""
     try:
-        res = con.cursor().execute(sql)
+        res = cur.execute(sql)
     except Exception:  # noqa: BLE001 -- a context built from a few tables lacks this one: no rows
         return []
     cols = [d[0] for d in res.description]
     return [dict(zip(cols, r, strict=True)) for r in res.fetchall()]
 
 
-def _nodes(con: Any) -> tuple[dict[int, str], str | None]:
+def _nodes(cur: Any) -> tuple[dict[int, str], str | None]:
     """rank -> host name and where it comes from: the export's host names (Ascend device_info hostname,
     any ``*hostname`` key, a Kineto trace's top-level ``host_name``), else, when every rank knows how many devices its host has, the usual
     launch (one process per device, ranks filling the nodes in order: node = rank // devices)."""
     out: dict[int, str] = {}
-    for r in _rows(con, "SELECT rank, min(value) AS v FROM meta WHERE rank IS NOT NULL AND "
+    for r in _rows(cur, "SELECT rank, min(value) AS v FROM meta WHERE rank IS NOT NULL AND "
                         "(lower(key) LIKE '%hostname' OR lower(key) IN ('host', 'host_name', 'node')) GROUP BY rank"):
         if r["v"]:
             out[int(r["rank"])] = str(r["v"])
     if out:
         return out, "host names"
-    counts = {int(r["rank"]): r["n"] for r in _rows(con, "SELECT rank, device_count AS n FROM ranks WHERE rank IS NOT NULL")}
+    counts = {int(r["rank"]): r["n"] for r in _rows(cur, "SELECT rank, device_count AS n FROM ranks WHERE rank IS NOT NULL")}
     if counts and all(n and int(n) > 0 for n in counts.values()):
         return {r: f"node{r // int(n)}" for r, n in counts.items()}, "device count (rank // devices per host)"
     return {}, None
@@ -197,12 +198,23 @@ def reconstruct(con: Any) -> dict[str, Any] | None:
     """The ``parallel_groups`` report field: one entry per group (name, exported name and kind, inferred
     kind and its basis and evidence, members), the layout (how many groups of each kind and their
     size), the pipeline stages, and the disagreements with the export. None without communication."""
-    rows = _rows(con, OPS_SQL)
-    world_ranks = sorted({int(r["rank"]) for r in _rows(con, "SELECT DISTINCT rank FROM ranks WHERE rank IS NOT NULL")})
-    exported = _rows(con, "SELECT group_name, rank, pg_name, comm_name, global_ranks FROM comm_groups")
-    nodes, nodes_from = _nodes(con)
+    cur = con.cursor()
+    try:
+        return _reconstruct(cur)
+    finally:
+        cur.close()
+
+
+def _reconstruct(cur: Any) -> dict[str, Any] | None:
+    rows = _rows(cur, OPS_SQL)
+    if not rows:  # no named group: the point-to-point pairs alone can give groups
+        pairs = _rows(cur, PAIRS_SQL)
+        return _finish([], "names", pairs, *_nodes(cur)) if pairs else None
+    world_ranks = sorted({int(r["rank"]) for r in _rows(cur, "SELECT DISTINCT rank FROM ranks WHERE rank IS NOT NULL")})
+    exported = _rows(cur, "SELECT group_name, rank, pg_name, comm_name, global_ranks FROM comm_groups")
+    nodes, nodes_from = _nodes(cur)
     transports: dict[str, dict[str, int]] = {}
-    for t in _rows(con, TRANSPORT_SQL):
+    for t in _rows(cur, TRANSPORT_SQL):
         transports.setdefault(str(t["g"]), {})[str(t["transport"])] = int(t["bytes"] or 0)
     by_group: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
@@ -280,9 +292,16 @@ def reconstruct(con: Any) -> dict[str, Any] | None:
             "order": (exp or {}).get("order") or members,
             "evidence": ev,
         })
-    source = "names"
-    if not any(g["kind"] == "pp" for g in groups):
-        pair_groups = _pair_groups(_rows(con, PAIRS_SQL))
+    pairs = [] if any(g["kind"] == "pp" for g in groups) else _rows(cur, PAIRS_SQL)
+    return _finish(groups, "names", pairs, nodes, nodes_from)
+
+
+def _finish(groups: list[dict[str, Any]], source: str, pairs: list[dict[str, Any]], nodes: dict[int, str],
+            nodes_from: str | None = None) -> dict[str, Any] | None:
+    """The ``parallel_groups`` field from the groups named by the operators and the point-to-point
+    ``pairs`` (read when no named group is a pipeline group); None without any group."""
+    if pairs:
+        pair_groups = _pair_groups(pairs)
         if pair_groups:
             source = "names+pairs" if groups else "pairs"
             groups.extend(pair_groups)
@@ -383,13 +402,22 @@ def pipeline_stages(groups: list[dict[str, Any]]) -> list[list[int]]:
 _LOCK = threading.Lock()
 
 
+def _no_comm(analysis: Any) -> bool:
+    """Whether the analysis knows ``comm_ops`` and ``comm_matrix`` to hold no row (its cached counts),
+    the only tables :func:`reconstruct` finds groups in."""
+    try:
+        return not analysis.rows("comm_ops") and not analysis.rows("comm_matrix")
+    except Exception:  # noqa: BLE001 -- a context built from a few tables: reconstruct says
+        return False
+
+
 def of_context(analysis: Any) -> dict[str, Any] | None:
     """:func:`reconstruct` once per analysis (rules and the report share it)."""
     extras = analysis.extras
     with _LOCK:
         if "parallel_groups" not in extras:
             try:
-                extras["parallel_groups"] = reconstruct(analysis.con)
+                extras["parallel_groups"] = None if _no_comm(analysis) else reconstruct(analysis.con)
             except Exception as exc:  # noqa: BLE001 -- the analysis goes on without groups, and says so
                 from advisor.model import Warning_
 

@@ -93,6 +93,14 @@ def critical_path_of(ctx: Any, warnings: list[Warning_]) -> dict[str, Any]:
     return cp
 
 
+def _may_hold(ctx: Any, table: str) -> bool:
+    """False when ``ctx`` knows ``table`` to hold no row (its cached row counts), else True."""
+    try:
+        return bool(ctx.rows(table))
+    except Exception:  # noqa: BLE001 -- a context without counts or without the table: read it
+        return True
+
+
 def run_stages(ctx: Any, rank: int | None, step: int | None, *, warnings: list[Warning_],
                path_warnings: list[Warning_], progress: Callable[[str, int, int], None] | None = None) -> None:
     """The breakdown, the focus and its critical path, set on ``ctx``; the breakdown's warnings go
@@ -105,7 +113,8 @@ def run_stages(ctx: Any, rank: int | None, step: int | None, *, warnings: list[W
     bd = breakdown_stage.compute(ctx.con)
     breakdown_stage.store(ctx.con, bd)
     ctx.breakdown = bd
-    warnings.extend(Warning_(code, msg) for code, msg in breakdown_stage.vendor_check(ctx.con, bd))
+    if _may_hold(ctx, "vendor_steps"):  # the exporter's own step table, to compare the breakdown with
+        warnings.extend(Warning_(code, msg) for code, msg in breakdown_stage.vendor_check(ctx.con, bd))
     if rank is not None and rank not in ctx.ranks:
         ctx.focus_rank, ctx.focus_step = None, None
         ctx.critical_path = None

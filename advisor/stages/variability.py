@@ -16,7 +16,22 @@ KEY = "variability"  # the analysis' extras key (the VAR rules' ``ctx.once`` sha
 def compute(ctx: Any) -> dict[str, Any] | None:
     """The report's ``variability`` object for an analysis context."""
     ctx.ensure_derived(["op_step_stats"])
-    return variability.compute(ctx.breakdown, ctx.df, ctx.extras.setdefault(variability.CELLS_KEY, {}))
+    return variability.compute(ctx.breakdown, ctx.df, ctx.extras.setdefault(variability.CELLS_KEY, {}),
+                               _empty(ctx, ("comm_ops", "comm_matrix")))
+
+
+def _empty(ctx: Any, tables: tuple[str, ...]) -> list[str]:
+    """Those of ``tables`` the context knows to hold no row (its cached counts; a table it lacks is
+    not said empty: the query that reads it says what it says)."""
+    out = []
+    for name in tables:
+        try:
+            n = ctx.rows(name)
+        except Exception:  # noqa: BLE001 -- no such table here
+            n = None
+        if n == 0:
+            out.append(name)
+    return out
 
 
 def of(ctx: Any) -> dict[str, Any] | None:
