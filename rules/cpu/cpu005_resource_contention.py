@@ -62,6 +62,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from advisor.engine.rule import Change, RuleContext, Select, knob, rule
@@ -175,6 +176,12 @@ def _broad(ctx: RuleContext[Thresholds], bd: pd.DataFrame, stalled: dict[int, li
                      "doing the same work, so a broad slowdown is not judged")
         return
     df = df[[int(s) not in stalled.get(int(r), []) for r, s in zip(df["rank"], df["step"], strict=True)]]
+    # the conditions that need no step time first: where no step meets them, none is contended
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dur, med = df["dur"].to_numpy(np.float64), df["med"].to_numpy(np.float64)
+        if not ((dur / med >= ctx.t.slow_ratio) & (df["slowed_med"].to_numpy(np.float64) / med >= ctx.t.min_key_share)
+                & (df["n_keys"].to_numpy() >= ctx.t.min_keys) & (df["slowed"].to_numpy() >= ctx.t.min_slowed_keys)).any():
+            return
     df = df.merge(bd[["rank", "step", "step_us"]], on=["rank", "step"], how="left")
     df["ratio"] = df["dur"] / df["med"]
     df["key_share"] = df["slowed_med"] / df["med"]
