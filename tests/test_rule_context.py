@@ -80,6 +80,9 @@ def test_scalar_binds_thresholds_and_params() -> None:
     assert ctx.scalar("SELECT count(*) FROM events WHERE rank = $r", {"r": 0}) == 3
     assert ctx.scalar("SELECT count(*) FROM events WHERE rank = $r AND false", {"r": 0}) == 0
     assert ctx.scalar("SELECT 1 WHERE false") is None
+    # the scalar's result is read to its end: the thread's cursor takes the next query, of any kind
+    assert ctx.scalar("SELECT count(*) FROM events") == 4
+    assert ctx.arrays("SELECT rank FROM events WHERE kind = 'step' ORDER BY rank")["rank"].tolist() == [0, 0, 1]
 
 
 def test_query_frames_reads_a_dataframe_beside_the_tables() -> None:

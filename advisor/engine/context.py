@@ -180,10 +180,11 @@ class AnalysisContext:
         return Arrays.of(table, codes)
 
     def scalar(self, sql: str, params: dict[str, Any] | None = None) -> Any:
-        """First column of the first row (None when there is no row)."""
+        """First column of the first row (None when there is no row). The rows are all fetched: a result
+        left unread keeps the thread's cursor busy, and :meth:`arrays` on it would fail."""
         self.prepare(sql)
-        row = self._cursor().execute(sql, bind(sql, params)).fetchone()
-        return None if row is None else row[0]
+        rows = self._cursor().execute(sql, bind(sql, params)).fetchall()
+        return rows[0][0] if rows else None
 
     def _cursor(self) -> Any:
         """This thread's cursor for :meth:`query`, :meth:`df` and :meth:`scalar`."""

@@ -59,9 +59,11 @@ and bind each rank to its own NUMA node's cores (``numactl``/``taskset``) with
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from advisor.engine.rule import Change, RuleContext, Select, knob, rule
@@ -175,6 +177,12 @@ def _broad(ctx: RuleContext[Thresholds], bd: pd.DataFrame, stalled: dict[int, li
                      "doing the same work, so a broad slowdown is not judged")
         return
     df = df[[int(s) not in stalled.get(int(r), []) for r, s in zip(df["rank"], df["step"], strict=True)]]
+    # the conditions that need no step time first: where no step meets them, none is contended
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dur, med = df["dur"].to_numpy(np.float64), df["med"].to_numpy(np.float64)
+        if not ((dur / med >= ctx.t.slow_ratio) & (df["slowed_med"].to_numpy(np.float64) / med >= ctx.t.min_key_share)
+                & (df["n_keys"].to_numpy() >= ctx.t.min_keys) & (df["slowed"].to_numpy() >= ctx.t.min_slowed_keys)).any():
+            return
     df = df.merge(bd[["rank", "step", "step_us"]], on=["rank", "step"], how="left")
     df["ratio"] = df["dur"] / df["med"]
     df["key_share"] = df["slowed_med"] / df["med"]
@@ -231,11 +239,18 @@ def _contended(ctx: RuleContext[Thresholds], calls: pd.DataFrame, steps_r: pd.Da
     """The steps whose extra time over the calm steps' median is mostly stalls, and that median (µs)."""
     if steps_r.empty:
         return [], 0.0
-    sums = calls.groupby("step")["excess_ns"].sum()
-    per_step = {int(s): float(v) / 1000.0 for s, v in zip(sums.index.tolist(), sums.tolist(), strict=True)}
+    per_step: dict[int, float] = {}
+    if len(calls):
+        sums = calls.groupby("step")["excess_ns"].sum()
+        per_step = {int(s): float(v) / 1000.0 for s, v in zip(sums.index.tolist(), sums.tolist(), strict=True)}
     # the calm steps' median: the median of the faster half of the steps (up to half of them may be slow)
     times = sorted(float(x) for x in steps_r["step_us"])
-    med = float(pd.Series(times[: max(len(times) // 2, 1)]).median())
+    half = times[: max(len(times) // 2, 1)]
+    if any(math.isnan(x) for x in half):
+        med = float(pd.Series(half).median())
+    else:  # as pandas': the mean of the two middle values for an even count
+        k = len(half) // 2
+        med = half[k] if len(half) % 2 else (half[k - 1] + half[k]) / 2
     out = []
     for s, su in zip(steps_r["step"], steps_r["step_us"], strict=True):
         extra = float(su) - med
