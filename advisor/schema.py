@@ -379,6 +379,11 @@ TABLES: dict[str, Table] = {
 KINETO_ONLY = ("block_dim", "wait_stream", "wait_corr")
 EVENTS_INSERT = "events (" + ", ".join(c for c in TABLES["events"].column_names if c not in KINETO_ONLY) + ")"
 
+#: The condition on DuckDB's catalog functions (``duckdb_tables()``, ``duckdb_columns()``) that keeps
+#: what the connection's own analysis sees: its database and its temporary tables, not the other
+#: analyses' databases attached to the same DuckDB instance (:func:`advisor.ingest.connect`)
+OWN_TABLES_SQL = "database_name IN (current_database(), 'temp')"
+
 KIND_TYPE_DDL = "CREATE TYPE IF NOT EXISTS event_kind AS ENUM (" + ", ".join(f"'{k}'" for k in (*KINDS, "meta")) + ")"
 
 

@@ -25,7 +25,7 @@ from advisor.ingest.arrow import adopt, from_ipc
 from advisor.ingest.base import Unit
 from advisor.model import Finding, RuleOutcome, Warning_
 from advisor.pipeline.map import BIG_TABLES, CARRIED_DERIVED, ShardResult
-from advisor.schema import create_all
+from advisor.schema import OWN_TABLES_SQL, create_all
 from advisor.stages.sequence import CPU_ONLY, check_focus, choose_focus, empty_path
 
 
@@ -166,6 +166,6 @@ def _declare_carried(ctx: AnalysisContext, cur: Any, cluster: dict[str, Any]) ->
             for name, columns in spec.rank_part.tables.items():
                 cur.execute(f"CREATE TABLE IF NOT EXISTS {name} ({columns})")
     for name in CARRIED_DERIVED:
-        if name in DERIVED and cur.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?",
-                                           [name]).fetchone()[0]:
+        if name in DERIVED and cur.execute(
+                f"SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND {OWN_TABLES_SQL}", [name]).fetchone()[0]:
             ctx._derived.add(name)
