@@ -388,10 +388,9 @@ KIND_TYPE_DDL = "CREATE TYPE IF NOT EXISTS event_kind AS ENUM (" + ", ".join(f"'
 
 
 def create_all(con: object) -> None:
-    """Create every canonical table (empty) on a DuckDB connection."""
-    con.execute(KIND_TYPE_DDL)  # type: ignore[attr-defined]
-    for table in TABLES.values():
-        con.execute(table.ddl())  # type: ignore[attr-defined]
+    """Create every canonical table (empty) on a DuckDB connection, in one multi-statement string
+    (statement by statement took ~1.4 times as long)."""
+    con.execute(";\n".join([KIND_TYPE_DDL, *(table.ddl() for table in TABLES.values())]))  # type: ignore[attr-defined]
 
 
 #: ``comm_matrix.transport`` of a point-to-point transfer read from a Kineto trace: this prefix

@@ -20,8 +20,8 @@ def _attached(con: ingest.Connection) -> set[str]:
 
 def test_each_connection_has_its_own_tables() -> None:
     a, b = connect(), connect()
-    create_all(a)
-    create_all(b)
+    a.create_tables()
+    b.create_tables()
     assert a.db != b.db
     a.execute("INSERT INTO meta VALUES (0, 'k', 'v')")
     assert a.execute("SELECT count(*) FROM meta").fetchone() == (1,)
@@ -60,3 +60,21 @@ def test_analyses_side_by_side_in_one_process() -> None:
     with ThreadPoolExecutor(4) as pool:
         together = list(pool.map(lambda p: _strip(report_json(analyze(p))), paths * 2))
     assert together == alone * 2
+
+
+def test_the_copied_tables_are_those_create_all_makes() -> None:
+    """create_tables copies a template's schema: the columns (types, defaults, nullability) and the
+    event_kind type are those of create_all."""
+    made, copied = connect(), connect()
+    create_all(made)
+    copied.create_tables()
+
+    def schema(con: ingest.Connection) -> list[tuple[object, ...]]:
+        cur = con.cursor()
+        return [*cur.execute(
+            "SELECT table_name, column_index, column_name, data_type, column_default, is_nullable FROM duckdb_columns() "
+            "WHERE database_name = current_database() ORDER BY ALL").fetchall(),
+            *cur.execute("SELECT type_name, logical_type, labels FROM duckdb_types() "
+                         "WHERE database_name = current_database() AND type_name = 'event_kind'").fetchall()]
+
+    assert len(schema(made)) > len(TABLES) and schema(copied) == schema(made)

@@ -90,15 +90,36 @@ def _shared_instance(key: tuple[str | None, int | None]) -> _Instance:
     with _INSTANCES_LOCK:
         inst = _INSTANCES.get(key)
         if inst is None:
-            inst = _INSTANCES[key] = _Instance(*key)
+            inst = _INSTANCES[key] = _Instance(*key, shared=True)
         return inst
 
 
 class _Instance:
-    """A DuckDB instance with the settings of :func:`connect`."""
+    """A DuckDB instance with the settings of :func:`connect`. A ``shared`` one keeps an empty
+    copy of the canonical tables (database ``advisor_tables``): copying its schema into a new
+    database takes ~1 ms, creating the tables statement by statement ~10 ms."""
 
-    def __init__(self, memory_limit: str | None, threads: int | None) -> None:
+    def __init__(self, memory_limit: str | None, threads: int | None, *, shared: bool = False) -> None:
         self.base = _instance(memory_limit, threads)
+        self.shared = shared
+        self._template: str | None = None
+        self._lock = threading.Lock()
+
+    def template(self) -> str | None:
+        """The database holding the empty canonical tables (made on first use); None for a private instance."""
+        if not self.shared:
+            return None
+        with self._lock:
+            if self._template is None:
+                cur = self.base.cursor()
+                try:
+                    cur.execute(f"ATTACH ':memory:' AS {TEMPLATE_DB}")
+                    cur.execute(f"USE {TEMPLATE_DB}")
+                    create_all(cur)
+                finally:
+                    cur.close()
+                self._template = TEMPLATE_DB
+            return self._template
 
 
 def _instance(memory_limit: str | None, threads: int | None) -> Any:
@@ -117,6 +138,7 @@ def _instance(memory_limit: str | None, threads: int | None) -> Any:
 
 
 DB = "advisor"  # the databases' names: advisor_1, advisor_2 ...
+TEMPLATE_DB = "advisor_tables"  # a shared instance's empty canonical tables (never written once made)
 COMPRESS_EVERY_ROWS = 4_000_000  # events appended from readers' parts between two compressions (~1 GB uncompressed)
 
 
@@ -189,6 +211,14 @@ class Connection:
         cur.execute(f"USE {self._db.name}")
         self._db.users.add(cur)
         return cur
+
+    def create_tables(self) -> None:
+        """Create every canonical table (empty) in the database (:func:`advisor.schema.create_all`)."""
+        template = self._db.instance.template()
+        if template is None:
+            create_all(self._raw)
+        else:
+            self._raw.execute(f"COPY FROM DATABASE {template} TO {self._db.name} (SCHEMA)")
 
     def compress(self) -> None:
         """Compress the loaded tables (after bulk loading; later changes stay uncompressed)."""
@@ -427,7 +457,7 @@ def load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: Ca
     dict what they need (``spans``: :func:`file_spans`; ``worlds``: :func:`unit_worlds`).
     ``threads``: DuckDB's threads from the start (a map beside other maps: its share of the cores)."""
     con = connect(memory_limit=memory_limit, threads=threads)
-    create_all(con)
+    con.create_tables()
     lctx = LoadContext(con, warnings, max_events=max_events, on_scan=on_scan)
     for u in units:
         lctx.units_per_rank[u.rank] = lctx.units_per_rank.get(u.rank, 0) + 1
