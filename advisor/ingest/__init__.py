@@ -36,6 +36,7 @@ from advisor.ingest.base import (
     one_line,
     overlapping_files,
     release_memory,
+    too_small_to_compress,
     walk_files,
 )
 from advisor.ingest.runs import Span, split_runs, strays, when
@@ -139,10 +140,6 @@ def _instance(memory_limit: str | None, threads: int | None) -> Any:
 
 DB = "advisor"  # the databases' names: advisor_1, advisor_2 ...
 TEMPLATE_DB = "advisor_tables"  # a shared instance's empty canonical tables (never written once made)
-#: Loaded tables of fewer rows in all are not compressed: they take a few MB either way (54 k rows:
-#: 4.0 MB loaded, 3.7 MB compressed; 10 k rows: 1.7 MB loaded, 2.6 MB compressed, by DuckDB's
-#: duckdb_memory()), and the checkpoint costs ~5-15 ms of CPU however small they are.
-COMPRESS_MIN_ROWS = 50_000
 COMPRESS_EVERY_ROWS = 4_000_000  # events appended from readers' parts between two compressions (~1 GB uncompressed)
 
 
@@ -226,11 +223,8 @@ class Connection:
 
     def compress(self) -> None:
         """Compress the loaded tables (after bulk loading; later changes stay uncompressed), unless
-        they hold fewer than :data:`COMPRESS_MIN_ROWS` rows in all (DuckDB's count: rows deleted
-        since the last compression included)."""
-        rows = self._raw.execute("SELECT coalesce(sum(estimated_size), 0) FROM duckdb_tables() "
-                                 "WHERE database_name = current_database()").fetchone()[0]
-        if rows < COMPRESS_MIN_ROWS:
+        they are small (:func:`advisor.ingest.base.too_small_to_compress`)."""
+        if too_small_to_compress(self._raw):
             return
         checkpoint(self._raw, self._db.name)
         release_memory()
