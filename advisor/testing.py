@@ -8,7 +8,7 @@ from typing import Any
 from advisor.engine.context import AnalysisContext
 from advisor.ingest import connect
 from advisor.ingest.steps import finalize
-from advisor.schema import TABLES, create_all, insert_rows
+from advisor.schema import TABLES, insert_rows
 
 EVENT_DEFAULTS = {"device": False, "dur_ns": 0, "cat": "", "pid": "1", "tid": "1", "file_id": 0}
 
@@ -37,7 +37,7 @@ def context_from_tables(tables: dict[str, list[dict[str, Any]]], *, run_stages: 
     from advisor.stages.sequence import choose_focus, critical_path_of
 
     con = connect()
-    create_all(con)
+    con.create_tables()
     for name, rows in tables.items():
         if name not in TABLES:
             raise KeyError(f"unknown canonical table {name!r}")

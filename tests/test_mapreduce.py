@@ -21,6 +21,7 @@ from advisor.model import Finding, RuleOutcome, Severity
 from advisor.options import LoadOptions
 from advisor.pipeline import map as pmap
 from advisor.pipeline import plan, schedule
+from advisor.schema import OWN_TABLES_SQL
 from tests.ascend import gen_cluster
 from tests.conftest import SAMPLES, TRACES, report_json
 from tests.test_determinism import _strip
@@ -132,7 +133,7 @@ def test_reduce_holds_no_events(monkeypatch: pytest.MonkeyPatch) -> None:
     keep: list[AnalysisContext] = []
     report = _report(TRACES / "gloo_slow_rank", 1, monkeypatch, keep=keep)
     con = keep[0].con.cursor()
-    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    tables = {r[0] for r in con.execute(f"SELECT table_name FROM duckdb_tables() WHERE {OWN_TABLES_SQL}").fetchall()}
     assert not tables & set(pmap.BIG_TABLES)
     assert con.execute("SELECT count(*) FROM ranks").fetchone()[0] == 2
     assert keep[0].rows("events") > 0  # counted by the maps: rules' requirements on events still hold
@@ -161,7 +162,7 @@ def test_the_only_shard_hands_its_database_to_the_reduce() -> None:
         res = pmap.map_shard(str(path), units, Config(), keep_db=keep_db)
         assert (res.db is not None, bool(res.tables)) == (keep_db, not keep_db)
         cur = gather(str(path), units, iter([res]), [], lambda *a: None, memory_limit=None).con.cursor()
-        names = [r[0] for r in cur.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
+        names = [r[0] for r in cur.execute(f"SELECT table_name FROM duckdb_tables() WHERE {OWN_TABLES_SQL}").fetchall()]
         return {n: sorted(map(repr, cur.execute(f"SELECT * FROM {n}").fetchall())) for n in names}
 
     kept, sent = summary(True), summary(False)

@@ -10,8 +10,11 @@ warning; the rest is analysed.
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
+import threading
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +36,7 @@ from advisor.ingest.base import (
     one_line,
     overlapping_files,
     release_memory,
+    too_small_to_compress,
     walk_files,
 )
 from advisor.ingest.runs import Span, split_runs, strays, when
@@ -57,10 +61,71 @@ def readers() -> list[Any]:
     return out
 
 
-def connect(memory_limit: str | None = None, threads: int | None = None) -> Any:
-    """An in-memory DuckDB connection that never writes beside the profile (no spill files)."""
-    cfg: dict[str, Any] = {"temp_directory": ""}
-    con = duckdb.connect(":memory:", config=cfg)
+def connect(memory_limit: str | None = None, threads: int | None = None) -> Connection:
+    """An in-memory DuckDB database of its own, for one analysis, that never writes beside the
+    profile (no spill files): a :class:`Connection`.
+
+    Creating a DuckDB instance costs ~18 ms of CPU (it loads its extensions), a connection to one
+    ~0.01 ms: the databases of a process share one instance per ``threads`` setting, each attached
+    to it under a name of its own. With a ``memory_limit`` the database gets an instance of its
+    own: the limit is one analysis's (one map's: :func:`advisor.pipeline.executors.share_of`
+    shares a run's limit out among the maps that run at once), and sharing an instance would make
+    the analyses running side by side in one process (a Dask worker's threads) share it too.
+    Without one, every instance may take DuckDB's default (80% of the RAM): sharing one bounds
+    the process's analyses together by that, not each by it."""
+    _sweep()
+    key = (memory_limit or None, int(threads) if threads else None)
+    inst = _Instance(*key) if memory_limit else _shared_instance(key)
+    name = f"{DB}_{next(_NUMBERS)}"
+    raw = inst.base.cursor()
+    raw.execute(f"ATTACH ':memory:' AS {name} (COMPRESS)")
+    raw.execute(f"USE {name}")
+    db = _Database(inst, name)
+    with _INSTANCES_LOCK:
+        _ATTACHED.append(db)
+    return Connection(raw, db)
+
+
+def _shared_instance(key: tuple[str | None, int | None]) -> _Instance:
+    """This process's instance of these settings (made on first use)."""
+    with _INSTANCES_LOCK:
+        inst = _INSTANCES.get(key)
+        if inst is None:
+            inst = _INSTANCES[key] = _Instance(*key, shared=True)
+        return inst
+
+
+class _Instance:
+    """A DuckDB instance with the settings of :func:`connect`. A ``shared`` one keeps an empty
+    copy of the canonical tables (database ``advisor_tables``): copying its schema into a new
+    database takes ~1 ms, creating the tables statement by statement ~10 ms."""
+
+    def __init__(self, memory_limit: str | None, threads: int | None, *, shared: bool = False) -> None:
+        self.base = _instance(memory_limit, threads)
+        self.shared = shared
+        self._template: str | None = None
+        self._lock = threading.Lock()
+
+    def template(self) -> str | None:
+        """The database holding the empty canonical tables (made on first use); None for a private instance."""
+        if not self.shared:
+            return None
+        with self._lock:
+            if self._template is None:
+                cur = self.base.cursor()
+                try:
+                    cur.execute(f"ATTACH ':memory:' AS {TEMPLATE_DB}")
+                    cur.execute(f"USE {TEMPLATE_DB}")
+                    create_all(cur)
+                finally:
+                    cur.close()
+                self._template = TEMPLATE_DB
+            return self._template
+
+
+def _instance(memory_limit: str | None, threads: int | None) -> Any:
+    """A new DuckDB instance with the settings of :func:`connect`."""
+    con = duckdb.connect(":memory:", config={"temp_directory": ""})
     if memory_limit:
         con.execute(f"SET memory_limit = '{memory_limit}'")
     if threads:
@@ -70,32 +135,105 @@ def connect(memory_limit: str | None = None, threads: int | None = None) -> Any:
     # of the integer columns (start_ns, dur_ns, corr ...); without it they are stored plain or
     # run-length encoded (its measured effect: benchmarks/README.md)
     con.execute("SET disabled_compression_methods = 'bitpacking'")
-    con.execute(f"ATTACH ':memory:' AS {DB} (COMPRESS)")
-    con.execute(f"USE {DB}")
-    return Connection(con)
+    return con
 
 
-DB = "advisor"
+DB = "advisor"  # the databases' names: advisor_1, advisor_2 ...
+TEMPLATE_DB = "advisor_tables"  # a shared instance's empty canonical tables (never written once made)
 COMPRESS_EVERY_ROWS = 4_000_000  # events appended from readers' parts between two compressions (~1 GB uncompressed)
 
 
-class Connection:
-    """The DuckDB connection of an analysis: every cursor works in the compressed in-memory
-    database ``advisor`` (checkpointed once the profile is loaded, the canonical tables then
-    take a fraction of their loaded size). Anything else is the DuckDB connection's own."""
+class _Database:
+    """A database attached to an instance, and who uses it: its :class:`Connection` and the DuckDB
+    connections it handed out (weakly held: once all are gone, :func:`_sweep` detaches it)."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, instance: _Instance, name: str) -> None:
+        self.instance = instance
+        self.name = name
+        self.users: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.closed = False
+
+
+_INSTANCES: dict[tuple[str | None, int | None], _Instance] = {}  # the shared instances, by (memory limit, threads)
+_INSTANCES_LOCK = threading.Lock()
+_ATTACHED: list[_Database] = []  # the databases not detached yet
+_NUMBERS = itertools.count(1)
+
+
+def _sweep() -> None:
+    """Detach the databases nobody uses any more (their connection closed, or it and every cursor
+    it handed out garbage-collected). Done here, at the next :func:`connect` or ``close``, not when
+    the last of them goes: that may be inside a DuckDB call of the same thread (a collection run
+    while it converts rows), where a statement on the instance is best not run."""
+    with _INSTANCES_LOCK:
+        done = [db for db in _ATTACHED if db.closed or not db.users]
+        if not done:
+            return
+        _ATTACHED[:] = [db for db in _ATTACHED if not (db.closed or not db.users)]
+    for db in done:
+        cur = db.instance.base.cursor()
+        try:
+            cur.execute(f"DETACH DATABASE IF EXISTS {db.name}")
+        finally:
+            cur.close()
+
+
+def _forget_instances() -> None:
+    """In a forked child: the parent's instances are not usable (their threads are not there)."""
+    global _INSTANCES_LOCK
+    _INSTANCES_LOCK = threading.Lock()  # another thread of the parent may have held it
+    _INSTANCES.clear()
+    _ATTACHED.clear()
+
+
+os.register_at_fork(after_in_child=_forget_instances)
+
+
+class Connection:
+    """The DuckDB connection of an analysis: every cursor works in the analysis's own compressed
+    in-memory database (:attr:`db`, checkpointed once the profile is loaded, the canonical tables
+    then take a fraction of their loaded size). Anything else is the DuckDB connection's own.
+    The database is detached (its tables freed) once the connection is closed, or once it and
+    every cursor it handed out are garbage-collected (at the next :func:`connect`)."""
+
+    def __init__(self, raw: Any, db: _Database) -> None:
         self._raw = raw
+        self._db = db
+        db.users.add(self)
+        db.users.add(raw)
+
+    @property
+    def db(self) -> str:
+        """The name of the analysis's database in its DuckDB instance."""
+        return self._db.name
 
     def cursor(self) -> Any:
         cur = self._raw.cursor()
-        cur.execute(f"USE {DB}")
+        cur.execute(f"USE {self._db.name}")
+        self._db.users.add(cur)
         return cur
 
+    def create_tables(self) -> None:
+        """Create every canonical table (empty) in the database (:func:`advisor.schema.create_all`)."""
+        template = self._db.instance.template()
+        if template is None:
+            create_all(self._raw)
+        else:
+            self._raw.execute(f"COPY FROM DATABASE {template} TO {self._db.name} (SCHEMA)")
+
     def compress(self) -> None:
-        """Compress the loaded tables (after bulk loading; later changes stay uncompressed)."""
-        checkpoint(self._raw, DB)
+        """Compress the loaded tables (after bulk loading; later changes stay uncompressed), unless
+        they are small (:func:`advisor.ingest.base.too_small_to_compress`)."""
+        if too_small_to_compress(self._raw):
+            return
+        checkpoint(self._raw, self._db.name)
         release_memory()
+
+    def close(self) -> None:
+        """Close the connection and detach its database (cursors it handed out no longer see it)."""
+        self._raw.close()
+        self._db.closed = True
+        _sweep()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)
@@ -323,7 +461,7 @@ def load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: Ca
     dict what they need (``spans``: :func:`file_spans`; ``worlds``: :func:`unit_worlds`).
     ``threads``: DuckDB's threads from the start (a map beside other maps: its share of the cores)."""
     con = connect(memory_limit=memory_limit, threads=threads)
-    create_all(con)
+    con.create_tables()
     lctx = LoadContext(con, warnings, max_events=max_events, on_scan=on_scan)
     for u in units:
         lctx.units_per_rank[u.rank] = lctx.units_per_rank.get(u.rank, 0) + 1
@@ -418,7 +556,7 @@ def _adopt_events_parts(con: Any, parts: list[str]) -> None:
         cur.execute(f"INSERT INTO events SELECT * FROM {part}")
         cur.execute(f"DROP TABLE {part}")
         if pending >= COMPRESS_EVERY_ROWS:  # big inputs: compress as they are appended (bounded memory)
-            checkpoint(cur, DB)
+            checkpoint(cur, con.db)
             release_memory()
             pending = 0
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from advisor.schema import OWN_TABLES_SQL
+
 
 def to_ipc(table: Any) -> bytes:
     """A pyarrow Table as Arrow IPC stream bytes."""
@@ -35,7 +37,8 @@ def adopt(cur: Any, name: str, data: bytes, first_file_id: int) -> None:
     table = from_ipc(data)
     cur.register("_shard_rows", table)
     try:
-        exists = cur.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchone()[0]
+        exists = cur.execute(f"SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND {OWN_TABLES_SQL}",
+                             [name]).fetchone()[0]
         if not exists:
             cur.execute(f"CREATE TABLE {name} AS SELECT * FROM _shard_rows LIMIT 0")
         cols = [c for c in table.column_names]

@@ -162,6 +162,20 @@ def checkpoint(cur: Any, db: str = "") -> None:
             cur.execute(f"SET threads = {threads}")
 
 
+#: A database whose tables hold fewer rows in all is not compressed: its tables take a few MB
+#: either way (by DuckDB's duckdb_memory(), 54 k rows: 4.0 MB loaded, 3.7 MB compressed; 10 k
+#: rows: 1.7 MB loaded, 2.6 MB compressed), and a checkpoint costs ~5-20 ms of CPU however small.
+COMPRESS_MIN_ROWS = 50_000
+
+
+def too_small_to_compress(cur: Any) -> bool:
+    """Whether the tables of ``cur``'s database hold fewer than :data:`COMPRESS_MIN_ROWS` rows in
+    all (DuckDB's count: the rows deleted since the last compression included)."""
+    rows = cur.execute("SELECT coalesce(sum(estimated_size), 0) FROM duckdb_tables() "
+                       "WHERE database_name = current_database()").fetchone()[0]
+    return bool(rows < COMPRESS_MIN_ROWS)
+
+
 def release_memory() -> None:
     """Hand the memory DuckDB has freed back to the system (best effort).
 

@@ -57,6 +57,7 @@ from advisor.ingest.base import (
     overlapping_files,
     read_head,
     release_memory,
+    too_small_to_compress,
     update_rows,
 )
 from advisor.ingest.jsonstream import (
@@ -931,7 +932,10 @@ def _compress(cur: Any) -> None:
     (deletes, the step UPDATE, comm_ops) read it compressed and only what they change
     is rewritten at the next checkpoint; compressing after them cost the same time at a higher
     peak (32 ranks x 10 MB: 610 -> 490 MB; 500 MB: 830 -> 680 MB). Best effort: DuckDB refuses a
-    checkpoint while another file's load writes (the final one then compresses)."""
+    checkpoint while another file's load writes (the final one then compresses). Not done while
+    the database is small (:func:`advisor.ingest.base.too_small_to_compress`)."""
+    if too_small_to_compress(cur):
+        return
     try:
         checkpoint(cur)
     except duckdb.Error:

@@ -24,7 +24,7 @@ from advisor.ingest import load_units, readers
 from advisor.ingest.arrow import query_arrow, to_ipc
 from advisor.ingest.base import InputError, Unit, one_line
 from advisor.model import Warning_
-from advisor.schema import TABLES
+from advisor.schema import OWN_TABLES_SQL, TABLES
 from advisor.stages.replay import PART_KEY as REPLAY_PART_KEY
 from advisor.stages.sequence import run_stages
 
@@ -233,7 +233,7 @@ def _summarise(ctx: AnalysisContext, res: ShardResult, cluster_rules: dict[str, 
         res.breakdown = to_ipc(pa.Table.from_pandas(ctx.breakdown, preserve_index=False))
     names = [*SUMMARY_TABLES, *carried, RANK_DEVICE_TABLE, PHASE_TABLE,
              *(t for s in cluster_rules.values() if s.rank_part is not None for t in s.rank_part.tables)]
-    have = {r[0] for r in cur.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    have = {r[0] for r in cur.execute(f"SELECT table_name FROM duckdb_tables() WHERE {OWN_TABLES_SQL}").fetchall()}
     present = [name for name in dict.fromkeys(names) if name in have]  # not a rank part that failed
     kept: list[str] = []
     if keep_db:
@@ -268,7 +268,8 @@ def keep_summary(cur: Any, kept: list[str]) -> None:
     the shard's summary is appended to it, so that the reduce reads the same tables either way."""
     keep = set(kept)
     drops = [f'DROP TABLE "{db}"."{schema}"."{name}"' for db, schema, name, temporary in cur.execute(
-             "SELECT database_name, schema_name, table_name, temporary FROM duckdb_tables() WHERE NOT internal").fetchall()
+             "SELECT database_name, schema_name, table_name, temporary FROM duckdb_tables() "
+             f"WHERE NOT internal AND {OWN_TABLES_SQL}").fetchall()
              if temporary or name not in keep]
     if drops:  # in one transaction: one commit
         try:

@@ -25,7 +25,7 @@ from advisor.ingest.arrow import adopt, from_ipc
 from advisor.ingest.base import Unit
 from advisor.model import Finding, RuleOutcome, Warning_
 from advisor.pipeline.map import BIG_TABLES, CARRIED_DERIVED, ShardResult
-from advisor.schema import create_all
+from advisor.schema import OWN_TABLES_SQL
 from advisor.stages.sequence import CPU_ONLY, check_focus, choose_focus, empty_path
 
 
@@ -66,7 +66,7 @@ def gather(root: str, units: list[Unit], results: Iterator[ShardResult], warning
         con, first.db = first.db, None
     else:
         con = connect(memory_limit=memory_limit)
-        create_all(con)
+        con.create_tables()
         for name in BIG_TABLES:  # a cluster rule that reads one fails loudly (a rule error), not on no rows
             con.execute(f"DROP TABLE {name}")
     cur = con.cursor()
@@ -161,7 +161,8 @@ def _declare_carried(ctx: AnalysisContext, cur: Any, cluster: dict[str, Any]) ->
     from advisor.engine.derived import DERIVED
 
     tables = cur.execute("SELECT table_name, NOT temporary AND database_name = current_database() "
-                         "AND schema_name = current_schema() FROM duckdb_tables()").fetchall()
+                         "AND schema_name = current_schema() FROM duckdb_tables() "
+                         f"WHERE {OWN_TABLES_SQL}").fetchall()
     have = {name for name, _ in tables}
     own = {name for name, default in tables if default}  # those an unqualified CREATE names
     creates: dict[str, str] = {}

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from advisor.schema import NO_STEP
+from advisor.schema import NO_STEP, OWN_TABLES_SQL
 from advisor.units import fmt_value, unit_of
 
 # Moneo's variance filter: a series whose standard deviation is below this share of its largest
@@ -176,7 +176,8 @@ def _load(con: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
     node, device; a rank is its own device). A series with more than :data:`MAX_PER_SERIES` samples
     is averaged over that many equal time buckets of the profile (the stage's memory stays bounded
     whatever the rate)."""
-    cols = {r[0] for r in con.cursor().execute("SELECT column_name FROM duckdb_columns() WHERE table_name = 'hw_metrics'")
+    cols = {r[0] for r in con.cursor().execute(
+        f"SELECT column_name FROM duckdb_columns() WHERE table_name = 'hw_metrics' AND {OWN_TABLES_SQL}")
             .fetchall()}
     node = "coalesce(node, '')" if "node" in cols else "''"
     device = "coalesce(device, '')" if "device" in cols else "''"
