@@ -76,7 +76,7 @@ from typing import Any
 from advisor.engine.rule import RankPart, RuleContext, knob, rule
 from advisor.model import Finding
 from rules.cluster._stats import distribution, median, spacing_pattern, warmup_steps
-from rules.cpu import cpu001_operator_compilation as cpu001
+from rules.cpu.cpu001_operator_compilation import compile_rows as cpu001_compile_rows
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def rank_part(ctx: RuleContext[Thresholds]) -> dict[str, list[tuple[Any, ...]]]:
     compile_rows: list[tuple[Any, ...]] = []
     compile_us: dict[int, dict[int, float]] = {}  # rank -> step -> host compile time
     if any(len(v) >= ctx.t.min_steps for v in per_rank.values()):
-        for r in cpu001.compile_rows(ctx):
+        for r in cpu001_compile_rows(ctx):
             if r["step"] is not None:
                 compile_us.setdefault(int(r["rank"]), {})[int(r["step"])] = float(r["compile_us"])
                 compile_rows.append((int(r["rank"]), int(r["step"]), float(r["compile_us"])))

@@ -82,6 +82,13 @@ def _rule_sql_text(module_name: str) -> str:
                 texts.append(inspect.getsource(obj))
             except (OSError, TypeError):
                 pass
+            # the SQL constants that helper (or a function nested in it) reads from its own module
+            glb = getattr(obj, "__globals__", {})
+            codes = [obj.__code__] if hasattr(obj, "__code__") else []
+            while codes:
+                code = codes.pop()
+                texts += [glb[n] for n in code.co_names if isinstance(glb.get(n), str)]
+                codes += [c for c in code.co_consts if inspect.iscode(c)]
     return "\n".join(texts)
 
 
