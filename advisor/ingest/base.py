@@ -74,6 +74,7 @@ class LoadContext:
         self._warnings = warnings
         self._lock = threading.Lock()
         self._next_file_id = 0
+        self._files_cur: Any = None  # the cursor files are registered with (under the lock): one for all
         self.max_events = max_events
         self.units_per_rank: dict[int, int] = {}
         self.stepped: set[int] = set()  # ranks whose events got their step on insert
@@ -118,9 +119,18 @@ class LoadContext:
         with self._lock:
             first = self._next_file_id
             self._next_file_id += len(files)
-            insert_rows(self._con.cursor(), "profile_files",
+            if self._files_cur is None:
+                self._files_cur = self._con.cursor()
+            insert_rows(self._files_cur, "profile_files",
                         [(first + i, rank, str(path), source, 0) for i, (path, rank, source) in enumerate(files)])
         return list(range(first, first + len(files)))
+
+    def done_reading(self) -> None:
+        """The files are read: the cursor that registered them is closed."""
+        with self._lock:
+            if self._files_cur is not None:
+                self._files_cur.close()
+                self._files_cur = None
 
     def warn(self, code: str, message: str, path: Path | str | None = None) -> None:
         """Record an input problem (shown in the report and on stderr)."""
