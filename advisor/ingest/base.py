@@ -145,6 +145,33 @@ _PURGE: Any = None
 DUCKDB_ERRORS: tuple[type[BaseException], ...] = (duckdb.Error, UnicodeDecodeError)
 
 
+# Python types a column of rows may hold for :func:`insert_columns` to pass it as one typed list
+# (a DOUBLE column may mix int and float: each becomes the same double either way)
+_LIST_TYPES: tuple[set[type], ...] = ({int}, {float}, {str}, {bool}, set())
+
+
+def insert_columns(cur: Any, table: str, rows: list[tuple[Any, ...]], chunk: int = 100_000) -> None:
+    """:func:`insert_rows` of many rows, each column passed as one list cast to the column's type:
+    an INSERT of 1,000 rows x 8 values as VALUES binds 8,000 parameters (~0.1 s); as 8 lists, ~0.01 s.
+    A column whose values are not all of one plain type (int, float, str, bool, None) goes
+    through :func:`insert_rows` (VALUES), as do rows not as wide as the table."""
+    from advisor.schema import TABLES
+
+    cols = TABLES[table].columns
+    for a in range(0, len(rows), chunk):
+        part = rows[a:a + chunk]
+        values = [list(c) for c in zip(*part, strict=True)]
+        plain = len(values) == len(cols) and all(
+            (kinds := {type(v) for v in c if v is not None}) in _LIST_TYPES
+            or (kinds == {int, float} and col.sql_type == "DOUBLE")
+            for c, col in zip(values, cols, strict=True))
+        if not plain:
+            insert_rows(cur, table, part)
+            continue
+        cur.execute(f"INSERT INTO {table} SELECT "
+                    + ", ".join(f"unnest(${i + 1}::{col.sql_type}[])" for i, col in enumerate(cols)), values)
+
+
 def update_rows(cur: Any, table: str, set_sql: str, key: str, rows: list[tuple[Any, Any]], chunk: int = 1000) -> None:
     """Many ``UPDATE table SET <set_sql using v.value> WHERE key = v.key`` in one statement per
     ``chunk`` rows; ``rows`` are (value, key) pairs, as executemany took them."""

@@ -957,22 +957,14 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
                    count(*) FILTER (WHERE kind <> 'meta' AND dur_ns >= 0 AND {FAR_TIMES_SQL}),
                    count(*) FILTER (WHERE kind <> 'meta' AND start_ns IS NOT NULL AND dur_ns >= 0 AND NOT {FAR_TIMES_SQL}),
                    count(*) FILTER (WHERE kind = 'meta' AND device IS NULL),
-                   count(*), count(DISTINCT name) FILTER (WHERE {cut_sql("name")}),
-                   count(*) FILTER (WHERE kind = 'meta' AND starts_with(x_extra, chr(1))),
-                   count(*) FILTER (WHERE kind = 'kernel'),
-                   count(*) FILTER (WHERE kind IN ('kernel', 'comm') AND lower(coalesce(cat, '')) = 'kernel'),
-                   count(x_p2p), count(*) FILTER (WHERE kind <> 'meta' AND device)
+                   count(*), count(DISTINCT name) FILTER (WHERE {cut_sql("name")})
             FROM {part} GROUP BY file_id"""
         ).fetchall()
     }
-    # what the part holds before its untimed rows go (none: the passes over those rows are skipped):
-    # counter events, kernels, communication kernels, point-to-point records, device events
-    has_counters, has_kernels, has_comm, has_p2p, has_device = (
-        any(v[i] for v in stats.values()) for i in range(8, 13))
     results: dict[int, dict[str, Any] | ParseError] = {}
     ok, gone, shift = [], [], []
     for f in files:
-        med, n_null, n_neg, n_far, total, n_begin_end, n_read, n_cut = stats.get(f.fid, (None, 0, 0, 0, 0, 0, 0, 0))[:8]
+        med, n_null, n_neg, n_far, total, n_begin_end, n_read, n_cut = stats.get(f.fid, (None, 0, 0, 0, 0, 0, 0, 0))
         base = bases[f.fid]
         if f.reread_header and f.header is not None and f.header[2] is None and med is not None and med < 10**17:
             # relative timestamps but no base before the events: it may follow them
@@ -1031,14 +1023,18 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
             SELECT rank, pid, tid, NULL, NULL, x_extra FROM {part} WHERE kind = 'meta' AND name = 'thread_name' AND device IS NOT NULL
         ) WHERE rank IN (SELECT rank FROM {kf}) GROUP BY rank, pid, tid"""
     )
-    if has_counters:  # counter events ('C')
-        insert_counters(cur, part, [(f.fid, f.rank, f.path) for f in files if f.fid not in gone])
+    # whether the part may hold device events (its tracks say, a superset: rows of dropped files)
+    # and point-to-point records: without them their passes are skipped
+    has_device, has_p2p = cur.execute(
+        f"""SELECT coalesce((SELECT bool_or(device) FROM tracks WHERE rank IN (SELECT rank FROM {kf})), false),
+                  EXISTS (SELECT 1 FROM {part} WHERE x_p2p IS NOT NULL)"""
+    ).fetchall()[0]
+    insert_counters(cur, part, [(f.fid, f.rank, f.path) for f in files if f.fid not in gone])  # counter events ('C')
     cur.execute(
         f"""DELETE FROM {part} WHERE kind = 'meta' OR start_ns IS NULL OR dur_ns IS NULL OR dur_ns < 0 OR {FAR_TIMES_SQL}
             OR lower(coalesce(cat, '')) IN ('trace', 'ac2g', 'flow') OR file_id IN ({gone_sql})"""
     )
-    if has_kernels:
-        _comm_kernels(cur, part)
+    has_comm = _comm_kernels(cur, part)
     marks = (f"(SELECT rank, kind = 'step' AS is_mark, kind, device, tid, name, start_ns, dur_ns, corr, file_id AS fid "
              f"FROM {part})")
     stepped = _steps_from_part(cur, marks, kf, files, lctx, {fid: n for n, fid in ok}, has_device,
@@ -1124,8 +1120,6 @@ def _p2p_links(cur: Any, part: str, join: str, step: str, files: list[_File], lc
     direction of the data, ``transport`` ``kineto:<backend>`` (see advisor.stages.comm_links),
     ``transit_ns`` NULL: the op's duration includes waiting for the peer.
     """
-    if cur.execute(f"SELECT 1 FROM {part} WHERE x_p2p IS NOT NULL LIMIT 1").fetchone() is None:
-        return
     rows = cur.execute(
         f"""WITH p AS (
             SELECT row_number() OVER () AS pid, t.rank, t.file_id, t.tid, t.start_ns, t.start_ns + t.dur_ns AS end_ns,
@@ -1298,9 +1292,10 @@ def _all_to_all_launches(cur: Any, part: str) -> str:
     return name
 
 
-def _comm_kernels(cur: Any, part: str) -> None:
+def _comm_kernels(cur: Any, part: str) -> bool:
     """Device kernels of a communication library (COMM_KERNEL_RE: NCCL, RCCL, HCCL, all-reduce
-    ...) become kind 'comm'; each distinct kernel name is tested once."""
+    ...) become kind 'comm'; each distinct kernel name is tested once. Whether there were any
+    (the part's only kind 'comm' rows of category kernel)."""
     # the distinct names are fetched first: a filter on them in the same query is pushed down onto
     # every kernel event
     names = [r[0] for r in cur.execute(f"SELECT DISTINCT name FROM {part} WHERE kind = 'kernel'").fetchall()]
@@ -1309,6 +1304,7 @@ def _comm_kernels(cur: Any, part: str) -> None:
         {"names": names}).fetchall()] if names else []
     if comm:
         cur.execute(f"UPDATE {part} SET kind = 'comm' WHERE kind = 'kernel' AND name IN (SELECT unnest($n))", {"n": comm})
+    return bool(comm)
 
 
 def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadContext, counts: dict[int, int],
