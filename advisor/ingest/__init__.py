@@ -473,6 +473,7 @@ def load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: Ca
             infos[unit.rank].append((unit, info))
         if progress:
             progress("ingest", done, len(units))
+    lctx.done_reading()
     read = {rank: [(u, info) for u, info in items if info is not None] for rank, items in infos.items()}
     read = {rank: items for rank, items in read.items() if items}
     if not read:
@@ -480,20 +481,24 @@ def load_units(root: Path, units: list[Unit], warnings: list[Warning_], warn: Ca
 
     _adopt_events_parts(con, lctx.events_parts)
     _drop_far_times(con, warn)
-    _drop_duplicate_files(con, warn, lctx.clashes)
+    # the files' spans are read once, for the duplicate files and the check of runs, when the latter is made
+    spans = _file_rows(con) if cluster is not None or len(units) >= 2 else None
+    kept = _drop_duplicate_files(con, warn, lctx.clashes, spans)
     if cluster is None:
-        _check_runs_of_files(root, con, units, read, lctx.clashes, warn)
+        _check_runs_of_files(root, con, units, read, lctx.clashes, warn, kept)
     else:
-        cluster["spans"], cluster["worlds"] = file_spans(con, lctx.clashes), unit_worlds(read)
-    _merge_tracks(con)
+        cluster["spans"], cluster["worlds"] = file_spans(con, lctx.clashes, kept), unit_worlds(read)
+    dup_tracks, devices = _tracks_and_devices(con)
+    _merge_tracks(con, dup_tracks)
     _check_late_ranks(read, warn)
-    _write_ranks(con, read)
+    _write_ranks(con, read, devices)
     finalize(con, warn, assigned=lctx.stepped)
-    if cluster is None:
+    if cluster is None and len(lctx.units_per_rank) > 1:  # one rank: its steps are one run
         check_runs(con, warn)
     con.compress()
-    ranks = [r[0] for r in con.execute("SELECT DISTINCT rank FROM ranks ORDER BY rank").fetchall()]
-    sources = [r[0] for r in con.execute("SELECT DISTINCT source FROM ranks ORDER BY source").fetchall()]
+    # what _write_ranks wrote: one row per rank read, the source of its first unit
+    ranks = sorted(read)
+    sources = sorted({items[0][0].source for items in read.values()})
     return Profile(con=con, path=str(root), sources=sources, ranks=ranks, warnings=warnings,
                    parse_seconds=time.perf_counter() - t0)
 
@@ -566,38 +571,51 @@ def _drop_far_times(con: Any, warn: Callable[..., None]) -> None:
     a warning; the Kineto reader drops its own before building steps, the others' go here."""
     cur = con.cursor()
     dropped: dict[str | None, int] = {}
-    for table in ("events", "kernels", "comm_ops"):  # a kernel row mirrors its event: the larger count is said
-        rows = cur.execute(
-            f"""SELECT p.path, count(*) FROM {table} e LEFT JOIN profile_files p USING (file_id)
-            WHERE {FAR_TIMES_SQL} GROUP BY ALL"""
-        ).fetchall()
-        if rows:
+    tables = ("events", "kernels", "comm_ops")
+    rows = cur.execute(" UNION ALL ".join(
+        f"""SELECT '{table}' AS t, p.path, count(*) FROM {table} e LEFT JOIN profile_files p USING (file_id)
+        WHERE {FAR_TIMES_SQL} GROUP BY ALL""" for table in tables)).fetchall()
+    for table in tables:  # a kernel row mirrors its event: the larger count is said
+        mine = [r[1:] for r in rows if r[0] == table]
+        if mine:
             cur.execute(f"DELETE FROM {table} WHERE {FAR_TIMES_SQL}")
-            for path, n in rows:
+            for path, n in mine:
                 dropped[path] = max(dropped.get(path, 0), int(n))
     for path, n in sorted(dropped.items(), key=lambda kv: str(kv[0])):
         warn("bad_events", FAR_TIMES_WARNING.format(n=n), path)
 
 
 def _check_runs_of_files(root: Path, con: Any, units: list[Unit], infos: dict[int, list[tuple[Unit, dict[str, Any]]]],
-                         clashes: list[tuple[Any, ...]], warn: Callable[..., None]) -> None:
+                         clashes: list[tuple[Any, ...]], warn: Callable[..., None],
+                         rows: list[tuple[Any, ...]] | None = None) -> None:
     """Raise :class:`SeveralRuns` when the loaded rank traces belong to several runs (see
     :func:`advisor.ingest.runs.split_runs`); else name in a warning each trace that overlaps
     no other rank's trace (:func:`advisor.ingest.runs.strays`). ``clashes``: the spans of the
-    files dropped for overlapping another of their rank (they are no longer in the tables)."""
+    files dropped for overlapping another of their rank (they are no longer in the tables);
+    ``rows``: the loaded files' :func:`_file_rows`, when read already."""
     if len(units) < 2:
         return
-    check_run_spans(units, file_spans(con, clashes), unit_worlds(infos), warn)
+    check_run_spans(units, file_spans(con, clashes, rows), unit_worlds(infos), warn)
 
 
-def file_spans(con: Any, clashes: list[tuple[Any, ...]]) -> list[tuple[str, int, int]]:
-    """(path, first start, last end) of each loaded trace file, and of the files dropped for
-    overlapping another of their rank (``clashes``)."""
-    rows = con.cursor().execute(
-        """SELECT p.path, a, b FROM profile_files p
-        JOIN (SELECT file_id, min(start_ns) AS a, max(start_ns + dur_ns) AS b FROM events GROUP BY file_id) USING (file_id)"""
+def _file_rows(con: Any) -> list[tuple[Any, ...]]:
+    """(file_id, rank, path, first start, last end, events) of each loaded file with events, by file id."""
+    rows: list[tuple[Any, ...]] = con.cursor().execute(
+        """SELECT file_id, p.rank, p.path, a, b, n FROM profile_files p
+        JOIN (SELECT file_id, min(start_ns) AS a, max(start_ns + dur_ns) AS b, count(*) AS n FROM events GROUP BY file_id)
+        USING (file_id) ORDER BY file_id"""
     ).fetchall()
-    return [(str(r[0]), r[1], r[2]) for r in rows] + [(str(c[2]), c[3], c[4]) for c in clashes]
+    return rows
+
+
+def file_spans(con: Any, clashes: list[tuple[Any, ...]],
+               rows: list[tuple[Any, ...]] | None = None) -> list[tuple[str, int, int]]:
+    """(path, first start, last end) of each loaded trace file, and of the files dropped for
+    overlapping another of their rank (``clashes``). ``rows``: the files' :func:`_file_rows`,
+    when read already."""
+    if rows is None:
+        rows = _file_rows(con)
+    return [(str(r[2]), r[3], r[4]) for r in rows] + [(str(c[2]), c[3], c[4]) for c in clashes]
 
 
 def unit_worlds(infos: dict[int, list[tuple[Unit, dict[str, Any]]]]) -> dict[str, Any]:
@@ -627,26 +645,54 @@ def check_run_spans(units: list[Unit], rows: list[tuple[str, Any, Any]], worlds:
              "come from another run (its steps are merged with the rank's other traces)", s.label)
 
 
-def _drop_duplicate_files(con: Any, warn: Callable[..., None], clashes: list[tuple[Any, ...]] | None = None) -> None:
-    """Drop files that overlap another file of the same rank (see :func:`overlapping_files`)."""
-    rows = con.cursor().execute(
-        """SELECT p.file_id, p.rank, p.path, min(e.start_ns) AS a, max(e.start_ns + e.dur_ns) AS b, count(*) AS n
-        FROM profile_files p JOIN events e USING (file_id)
-        WHERE p.rank IN (SELECT rank FROM profile_files GROUP BY rank HAVING count(*) > 1)
-        GROUP BY ALL ORDER BY p.rank, n DESC, p.file_id"""
-    ).fetchall()
+def _drop_duplicate_files(con: Any, warn: Callable[..., None], clashes: list[tuple[Any, ...]] | None = None,
+                          files: list[tuple[Any, ...]] | None = None) -> list[tuple[Any, ...]] | None:
+    """Drop files that overlap another file of the same rank (see :func:`overlapping_files`).
+    ``files``: every loaded file's :func:`_file_rows` (read here, for the ranks of several files,
+    when None); returns those kept (None when not given)."""
+    if files is None:
+        rows = con.cursor().execute(
+            """SELECT p.file_id, p.rank, p.path, min(e.start_ns) AS a, max(e.start_ns + e.dur_ns) AS b, count(*) AS n
+            FROM profile_files p JOIN events e USING (file_id)
+            WHERE p.rank IN (SELECT rank FROM profile_files GROUP BY rank HAVING count(*) > 1)
+            GROUP BY ALL ORDER BY p.rank, n DESC, p.file_id"""
+        ).fetchall()
+    else:  # a rank with one file that has events overlaps nothing
+        per_rank: dict[Any, int] = defaultdict(int)
+        for r in files:
+            per_rank[r[1]] += 1
+        rows = sorted((r for r in files if per_rank[r[1]] > 1), key=lambda r: (r[1], -r[5], r[0]))
     dropped = [d[0] for d in overlapping_files(rows, warn, clashes)]
+    gone = set(dropped)
+    kept = None if files is None else [r for r in files if r[0] not in gone]
     if dropped:
         cur = con.cursor()
         ids = ", ".join(map(str, dropped))
         for table in ("events", "kernels", "comm_ops", "profile_files"):
             cur.execute(f"DELETE FROM {table} WHERE file_id IN ({ids})")
+    return kept
 
 
-def _merge_tracks(con: Any) -> None:
-    """One row per (rank, pid, tid): files of one rank loaded one by one each listed their tracks."""
+DEVICE_WORK_SQL = "device AND kind IN ('kernel','comm','memcpy','memset')"  # what makes a rank's ``has_device``
+
+
+def _tracks_and_devices(con: Any) -> tuple[bool, tuple[set[Any], set[Any]]]:
+    """In one statement: whether ``tracks`` lists a (rank, pid, tid) twice (see :func:`_merge_tracks`),
+    and the ranks with device work in ``events`` and those in ``vendor_steps`` (see :func:`_write_ranks`)."""
+    dup, dev, vendor = con.cursor().execute(
+        f"""SELECT (SELECT count(*) > count(DISTINCT (rank, pid, tid)) FROM tracks),
+                  (SELECT list(DISTINCT rank) FROM events WHERE {DEVICE_WORK_SQL}),
+                  (SELECT list(DISTINCT rank) FROM vendor_steps)"""
+    ).fetchall()[0]
+    return bool(dup), (set(dev or ()), set(vendor or ()))
+
+
+def _merge_tracks(con: Any, dup: bool | None = None) -> None:
+    """One row per (rank, pid, tid): files of one rank loaded one by one each listed their tracks.
+    ``dup``: whether some are listed twice, when known."""
     cur = con.cursor()
-    dup = cur.execute("SELECT count(*) > count(DISTINCT (rank, pid, tid)) FROM tracks").fetchall()[0][0]
+    if dup is None:
+        dup = cur.execute("SELECT count(*) > count(DISTINCT (rank, pid, tid)) FROM tracks").fetchall()[0][0]
     if dup:
         cur.execute(
             """CREATE OR REPLACE TEMP TABLE _tracks AS
@@ -687,7 +733,11 @@ def _check_late_ranks(infos: dict[int, list[tuple[Unit, dict[str, Any]]]], warn:
                      f"events names rank {named}: rank-to-rank comparisons may be mislabelled", unit.root)
 
 
-def _write_ranks(con: Any, infos: dict[int, list[tuple[Unit, dict[str, Any]]]]) -> None:
+def _write_ranks(con: Any, infos: dict[int, list[tuple[Unit, dict[str, Any]]]],
+                 devices: tuple[set[Any], set[Any]] | None = None) -> None:
+    """The ``ranks`` rows of the ranks read. ``has_device``: the rank ran device work, or an
+    exporter's device step table (no timeline) names it; ``devices``: the ranks of each, when
+    read already (:func:`_tracks_and_devices`)."""
     rows = []
     hosts = []  # (rank, 'host_name', the host its trace names): meta, beside the exports' other metadata
     for rank, items in sorted(infos.items()):
@@ -709,7 +759,7 @@ def _write_ranks(con: Any, infos: dict[int, list[tuple[Unit, dict[str, Any]]]]) 
                 backend,
                 merged.get("device_name"),
                 merged.get("device_count"),
-                None,
+                None if devices is None else _has_device(rank, *devices),
                 units[0].rank_source,
                 ";".join(str(f) for u in units for f in u.files),
             )
@@ -717,11 +767,20 @@ def _write_ranks(con: Any, infos: dict[int, list[tuple[Unit, dict[str, Any]]]]) 
     insert_rows(con, "ranks", rows)
     if hosts:
         insert_rows(con, "meta", hosts)
-    con.execute(
-        """UPDATE ranks SET has_device = coalesce((SELECT bool_or(device AND kind IN ('kernel','comm','memcpy','memset'))
-                                                   FROM events e WHERE e.rank = ranks.rank), false)
-           OR rank IN (SELECT rank FROM vendor_steps)"""  # an exporter's device step table (no timeline)
-    )
+    if devices is None:
+        con.execute(
+            f"""UPDATE ranks SET has_device = coalesce((SELECT bool_or({DEVICE_WORK_SQL})
+                                                       FROM events e WHERE e.rank = ranks.rank), false)
+               OR rank IN (SELECT rank FROM vendor_steps)"""
+        )
+
+
+def _has_device(rank: int, device_ranks: set[Any], vendor_ranks: set[Any]) -> bool | None:
+    """SQL's ``coalesce(<rank has device work>, false) OR rank IN (<vendor_steps ranks>)``: NULL
+    (None) when neither holds and a vendor rank is NULL."""
+    if rank in device_ranks or rank in vendor_ranks:
+        return True
+    return None if None in vendor_ranks else False
 
 
 __all__ = ["InputError", "ParseError", "Profile", "load"]

@@ -122,7 +122,7 @@ _TEXT_LANES = ("AI Core Freq", "HBM", "LLC", "NPU MEM", "DDR", "HCCS", "PCIe", "
 def insert_text_series(cur: Any, tv: str, lanes: str) -> None:
     """``hw_metrics`` rows from the staged timeline ``tv`` (columns fno, rank, pid, ph, name, ts_ns,
     mhz, cargs: the JSON arguments of counter events) and its lanes (fno, pid, pname)."""
-    from advisor.schema import insert_rows
+    from advisor.ingest.base import insert_columns
 
     names = "(" + ", ".join("'" + n.replace("'", "''") + "'" for n in _TEXT_LANES) + ")"
     got = cur.execute(
@@ -142,7 +142,7 @@ def insert_text_series(cur: Any, tv: str, lanes: str) -> None:
         text_rows(rank, pname or "", name or "", key or "", value, ts, out)
     rows = [r for out in by_rank.values() for r in out.done()]
     if rows:
-        insert_rows(cur, "hw_metrics", rows)
+        insert_columns(cur, "hw_metrics", rows)
 
 
 # -- .db: the system sample tables ---------------------------------------------------------------
@@ -256,11 +256,11 @@ def db_rows(db: SafeSqlite, rank: int) -> list[Row]:
 
 def insert_db_series(cur: Any, db: SafeSqlite, rank: int) -> None:
     """``hw_metrics`` rows from one rank's database ``db``."""
-    from advisor.schema import insert_rows
+    from advisor.ingest.base import insert_columns
 
     try:
         rows = db_rows(db, rank)
     except sqlite3.Error:
         return
     if rows:
-        insert_rows(cur, "hw_metrics", rows)
+        insert_columns(cur, "hw_metrics", rows)

@@ -146,9 +146,16 @@ class ReadContext:
 
     def file_id(self, st: Export, path: Path) -> int:
         """Register ``path`` as a file of ``st``'s rank; its id."""
-        fid = self.lctx.file_id(path, st.unit.rank, st.info["flavor"])
-        st.fids[path] = fid
-        return fid
+        return self.file_ids([(st, path)])[0]
+
+    def file_ids(self, files: list[tuple[Export, Path]]) -> list[int]:
+        """Register each ``(st, path)`` as a file of ``st``'s rank (one statement); their ids, in order."""
+        if not files:
+            return []
+        fids = self.lctx.file_ids([(path, st.unit.rank, st.info["flavor"]) for st, path in files])
+        for (st, path), fid in zip(files, fids, strict=True):
+            st.fids[path] = fid
+        return fids
 
     def of_form(self, form: str) -> list[Export]:
         """The exports a reader of ``form`` serves."""
@@ -191,11 +198,11 @@ class BatchReader:
                 st.fno,
                 path,
                 st.unit.rank,
-                ctx.file_id(st, path),
+                fid,
                 {k: pred(st) for k, pred in self.flags},
                 ctx.lctx.max_events,
             )
-            for st, path in files
+            for (st, path), fid in zip(files, ctx.file_ids(files), strict=True)
         ]
         for fno, r in run_jobs(ctx, jobs, self.load, self.label or self.name).items():
             st = by_fno[fno]
@@ -327,8 +334,7 @@ def _read_info(ctx: ReadContext, st: Export, paths: list[Path]) -> None:
     if st.unit.info.get("info_doc") is not None:
         rows, _ = info_meta(st.unit.info["info_doc"])
         st.meta_rows.extend(rows)
-    for p in paths:
-        ctx.file_id(st, p)
+    ctx.file_ids([(st, p) for p in paths])
 
 
 def _read_metadata(ctx: ReadContext, st: Export, paths: list[Path]) -> None:
@@ -343,8 +349,7 @@ def _read_metadata(ctx: ReadContext, st: Export, paths: list[Path]) -> None:
             if not is_read_error(exc):
                 raise
             ctx.warn("bad_file", f"cannot use parallel_group_info: {short_error(exc)}", st.first("metadata"))
-    for p in paths:
-        ctx.file_id(st, p)
+    ctx.file_ids([(st, p) for p in paths])
 
 
 def _read_device_info(ctx: ReadContext, st: Export, paths: list[Path]) -> None:
@@ -354,8 +359,7 @@ def _read_device_info(ctx: ReadContext, st: Export, paths: list[Path]) -> None:
         st.meta_rows.extend(rows)
         for k, v in dinfo.items():
             st.info.setdefault(k, v)
-    for p in paths:
-        ctx.file_id(st, p)
+    ctx.file_ids([(st, p) for p in paths])
 
 
 def _device_info(p: Path) -> tuple[list[tuple[str, str]], dict[str, Any]]:

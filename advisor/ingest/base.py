@@ -74,6 +74,7 @@ class LoadContext:
         self._warnings = warnings
         self._lock = threading.Lock()
         self._next_file_id = 0
+        self._files_cur: Any = None  # the cursor files are registered with (under the lock): one for all
         self.max_events = max_events
         self.units_per_rank: dict[int, int] = {}
         self.stepped: set[int] = set()  # ranks whose events got their step on insert
@@ -118,9 +119,18 @@ class LoadContext:
         with self._lock:
             first = self._next_file_id
             self._next_file_id += len(files)
-            insert_rows(self._con.cursor(), "profile_files",
+            if self._files_cur is None:
+                self._files_cur = self._con.cursor()
+            insert_rows(self._files_cur, "profile_files",
                         [(first + i, rank, str(path), source, 0) for i, (path, rank, source) in enumerate(files)])
         return list(range(first, first + len(files)))
+
+    def done_reading(self) -> None:
+        """The files are read: the cursor that registered them is closed."""
+        with self._lock:
+            if self._files_cur is not None:
+                self._files_cur.close()
+                self._files_cur = None
 
     def warn(self, code: str, message: str, path: Path | str | None = None) -> None:
         """Record an input problem (shown in the report and on stderr)."""
@@ -133,6 +143,33 @@ _PURGE: Any = None
 # what a failed DuckDB statement raises: its own errors, or UnicodeDecodeError when the Python
 # binding cannot decode an error message that quotes bytes of the input which are not UTF-8
 DUCKDB_ERRORS: tuple[type[BaseException], ...] = (duckdb.Error, UnicodeDecodeError)
+
+
+# Python types a column of rows may hold for :func:`insert_columns` to pass it as one typed list
+# (a DOUBLE column may mix int and float: each becomes the same double either way)
+_LIST_TYPES: tuple[set[type], ...] = ({int}, {float}, {str}, {bool}, set())
+
+
+def insert_columns(cur: Any, table: str, rows: list[tuple[Any, ...]], chunk: int = 100_000) -> None:
+    """:func:`insert_rows` of many rows, each column passed as one list cast to the column's type:
+    an INSERT of 1,000 rows x 8 values as VALUES binds 8,000 parameters (~0.1 s); as 8 lists, ~0.01 s.
+    A column whose values are not all of one plain type (int, float, str, bool, None) goes
+    through :func:`insert_rows` (VALUES), as do rows not as wide as the table."""
+    from advisor.schema import TABLES
+
+    cols = TABLES[table].columns
+    for a in range(0, len(rows), chunk):
+        part = rows[a:a + chunk]
+        values = [list(c) for c in zip(*part, strict=True)]
+        plain = len(values) == len(cols) and all(
+            (kinds := {type(v) for v in c if v is not None}) in _LIST_TYPES
+            or (kinds == {int, float} and col.sql_type == "DOUBLE")
+            for c, col in zip(values, cols, strict=True))
+        if not plain:
+            insert_rows(cur, table, part)
+            continue
+        cur.execute(f"INSERT INTO {table} SELECT "
+                    + ", ".join(f"unnest(${i + 1}::{col.sql_type}[])" for i, col in enumerate(cols)), values)
 
 
 def update_rows(cur: Any, table: str, set_sql: str, key: str, rows: list[tuple[Any, Any]], chunk: int = 1000) -> None:

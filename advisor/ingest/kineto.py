@@ -874,8 +874,8 @@ def _fill_part(cur: Any, part: str, files: list[_File], unnest: str | None, lctx
 
     kf = f"{part}_f"
     bases = {f.fid: _base_ns((f.header or (None, None, None, None))[2], f, lctx) for f in files}
-    cur.execute(f"CREATE OR REPLACE TEMP TABLE {kf} (fname VARCHAR, fid INTEGER, rank INTEGER, base_ns BIGINT, path VARCHAR, n BIGINT)")
-    insert_rows(cur, kf, [(f.fname, f.fid, f.rank, bases[f.fid], str(f.path), 0) for f in files])
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE {kf} (fname VARCHAR, fid INTEGER, rank INTEGER, base_ns BIGINT, path VARCHAR)")
+    insert_rows(cur, kf, [(f.fname, f.fid, f.rank, bases[f.fid], str(f.path)) for f in files])
     try:
         # typed as the schema says: the part may become ``events`` itself (renamed, not copied)
         cols = ", ".join(f"CAST({_PART_COLUMNS.get(c.name, c.name)} AS {c.sql_type}) AS {c.name}" for c in TABLES["events"].columns)
@@ -1014,8 +1014,8 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
     if not ok:
         cur.execute(f"DROP TABLE {part}")
         return results
-    cur.execute(f"DELETE FROM {kf} WHERE fid IN ({gone_sql})")
-    update_rows(cur, kf, "n = v.value", "fid", ok)
+    if gone:
+        cur.execute(f"DELETE FROM {kf} WHERE fid IN ({gone_sql})")
     # tracks before the metadata and untimed rows go
     cur.execute(
         f"""INSERT INTO tracks
@@ -1027,54 +1027,74 @@ def _finish_part(cur: Any, part: str, kf: str, files: list[_File], bases: dict[i
             SELECT rank, pid, tid, NULL, NULL, x_extra FROM {part} WHERE kind = 'meta' AND name = 'thread_name' AND device IS NOT NULL
         ) WHERE rank IN (SELECT rank FROM {kf}) GROUP BY rank, pid, tid"""
     )
+    # whether the part may hold device events (its tracks say, a superset: rows of dropped files)
+    # and point-to-point records: without them their passes are skipped
+    has_device, has_p2p = cur.execute(
+        f"""SELECT coalesce((SELECT bool_or(device) FROM tracks WHERE rank IN (SELECT rank FROM {kf})), false),
+                  EXISTS (SELECT 1 FROM {part} WHERE x_p2p IS NOT NULL)"""
+    ).fetchall()[0]
     insert_counters(cur, part, [(f.fid, f.rank, f.path) for f in files if f.fid not in gone])  # counter events ('C')
     cur.execute(
         f"""DELETE FROM {part} WHERE kind = 'meta' OR start_ns IS NULL OR dur_ns IS NULL OR dur_ns < 0 OR {FAR_TIMES_SQL}
             OR lower(coalesce(cat, '')) IN ('trace', 'ac2g', 'flow') OR file_id IN ({gone_sql})"""
     )
-    _comm_kernels(cur, part)
+    has_comm = _comm_kernels(cur, part)
     marks = (f"(SELECT rank, kind = 'step' AS is_mark, kind, device, tid, name, start_ns, dur_ns, corr, file_id AS fid "
              f"FROM {part})")
-    stepped = _steps_from_part(cur, marks, kf, files, lctx,
+    stepped = _steps_from_part(cur, marks, kf, files, lctx, {fid: n for n, fid in ok}, has_device,
                                on_drop=lambda ids: cur.execute(f"DELETE FROM {part} WHERE file_id IN ({ids})"))
     # comm_ops first, their steps by the window join (the part is still unchanged), then the
     # part's own steps by one UPDATE
     ranks_sql = ", ".join(map(str, sorted(stepped))) or "NULL"
     lookup, hlookup = f"{part}_sw", f"{part}_sh"
-    win = window_lookup(cur, lookup, ranks_sql)
-    hwin = window_lookup(cur, hlookup, ranks_sql, host=True)
+    # the step windows: for comm_ops, point-to-point transfers and device events; the host
+    # windows: for host events (built only where they are read)
+    win = window_lookup(cur, lookup, ranks_sql) if has_comm or has_p2p or (stepped and has_device) else None
+    hwin = window_lookup(cur, hlookup, ranks_sql, host=True) if stepped else None
     try:
         step = f"CASE WHEN t.rank IN ({ranks_sql}) THEN {step_of('t.start_ns')} END"
-        a2a = _all_to_all_launches(cur, part)
-        cur.execute(
+        if has_comm and win is not None:
+            _comm_ops(cur, part, win.join, step)
+        if has_p2p and win is not None:
+            _p2p_links(cur, part, win.join, step, files, lctx)
+        _pg_groups(cur, files)
+        cur.execute(f"ALTER TABLE {part} DROP COLUMN x_extra")
+        cur.execute(f"ALTER TABLE {part} DROP COLUMN x_group")
+        cur.execute(f"ALTER TABLE {part} DROP COLUMN x_p2p")
+        release_memory()  # before the UPDATE, the peak of the load
+        # device events by the step windows, host events by the host windows
+        if win is not None and stepped and has_device:
+            cur.execute(f"UPDATE {part} t SET step = s.step FROM {lookup} s WHERE t.rank IN ({ranks_sql}) AND t.device "
+                        f"AND {win.match}")
+        if hwin is not None:
+            cur.execute(f"UPDATE {part} t SET step = s.step FROM {hlookup} s WHERE t.rank IN ({ranks_sql}) "
+                        f"AND NOT t.device AND {hwin.match}")
+    finally:
+        if win is not None:
+            drop_window_lookup(cur, lookup)
+        if hwin is not None:
+            drop_window_lookup(cur, hlookup)
+    update_rows(cur, "profile_files", "events = v.value", "file_id", ok)
+    lctx.mark_stepped(stepped)
+    lctx.add_events_part(part)
+    return results
+
+
+def _comm_ops(cur: Any, part: str, join: str, step: str) -> None:
+    """The communication kernels of the part -> ``comm_ops``, their steps by the window ``join``
+    (``step``: the SQL of an event's step)."""
+    a2a = _all_to_all_launches(cur, part)
+    cur.execute(
             f"""INSERT INTO comm_ops
             SELECT t.rank, {step}, t.name,
               CASE WHEN a.corr IS NOT NULL THEN 'alltoall' ELSE
               regexp_replace(lower(regexp_extract(t.name, '(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|send_?recv|send|recv|reduce|barrier|gather|scatter)', 1, 'i')), '_', '', 'g')
               END,
               t.x_group, t.start_ns, t.dur_ns, NULL, NULL, NULL, NULL, t.bytes, t.file_id
-            FROM {part} t {win.join} LEFT JOIN {a2a} a ON a.rank = t.rank AND a.corr = t.corr
+            FROM {part} t {join} LEFT JOIN {a2a} a ON a.rank = t.rank AND a.corr = t.corr
             WHERE t.kind = 'comm' AND lower(coalesce(t.cat, '')) = 'kernel'"""
-        )
-        cur.execute(f"DROP TABLE IF EXISTS {a2a}")
-        _p2p_links(cur, part, win.join, step, files, lctx)
-        _pg_groups(cur, files)
-        cur.execute(f"ALTER TABLE {part} DROP COLUMN x_extra")
-        cur.execute(f"ALTER TABLE {part} DROP COLUMN x_group")
-        cur.execute(f"ALTER TABLE {part} DROP COLUMN x_p2p")
-        release_memory()  # before the UPDATE, the peak of the load
-        if stepped:  # device events by the step windows, host events by the host windows
-            cur.execute(f"UPDATE {part} t SET step = s.step FROM {lookup} s WHERE t.rank IN ({ranks_sql}) AND t.device "
-                        f"AND {win.match}")
-            cur.execute(f"UPDATE {part} t SET step = s.step FROM {hlookup} s WHERE t.rank IN ({ranks_sql}) "
-                        f"AND NOT t.device AND {hwin.match}")
-    finally:
-        drop_window_lookup(cur, lookup)
-        drop_window_lookup(cur, hlookup)
-    update_rows(cur, "profile_files", "events = v.value", "file_id", ok)
-    lctx.mark_stepped(stepped)
-    lctx.add_events_part(part)
-    return results
+    )
+    cur.execute(f"DROP TABLE IF EXISTS {a2a}")
 
 
 # a backend's annotation of one point-to-point transfer, e.g. ``gloo:send``, ``nccl:send 0->1``
@@ -1104,8 +1124,6 @@ def _p2p_links(cur: Any, part: str, join: str, step: str, files: list[_File], lc
     direction of the data, ``transport`` ``kineto:<backend>`` (see advisor.stages.comm_links),
     ``transit_ns`` NULL: the op's duration includes waiting for the peer.
     """
-    if cur.execute(f"SELECT 1 FROM {part} WHERE x_p2p IS NOT NULL LIMIT 1").fetchone() is None:
-        return
     rows = cur.execute(
         f"""WITH p AS (
             SELECT row_number() OVER () AS pid, t.rank, t.file_id, t.tid, t.start_ns, t.start_ns + t.dur_ns AS end_ns,
@@ -1278,9 +1296,10 @@ def _all_to_all_launches(cur: Any, part: str) -> str:
     return name
 
 
-def _comm_kernels(cur: Any, part: str) -> None:
+def _comm_kernels(cur: Any, part: str) -> bool:
     """Device kernels of a communication library (COMM_KERNEL_RE: NCCL, RCCL, HCCL, all-reduce
-    ...) become kind 'comm'; each distinct kernel name is tested once."""
+    ...) become kind 'comm'; each distinct kernel name is tested once. Whether there were any
+    (the part's only kind 'comm' rows of category kernel)."""
     # the distinct names are fetched first: a filter on them in the same query is pushed down onto
     # every kernel event
     names = [r[0] for r in cur.execute(f"SELECT DISTINCT name FROM {part} WHERE kind = 'kernel'").fetchall()]
@@ -1289,15 +1308,18 @@ def _comm_kernels(cur: Any, part: str) -> None:
         {"names": names}).fetchall()] if names else []
     if comm:
         cur.execute(f"UPDATE {part} SET kind = 'comm' WHERE kind = 'kernel' AND name IN (SELECT unnest($n))", {"n": comm})
+    return bool(comm)
 
 
-def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadContext, on_drop: Any) -> set[int]:
+def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadContext, counts: dict[int, int],
+                     device: bool, on_drop: Any) -> set[int]:
     """Build the step windows of the ranks whose every file is in this part (others: later).
 
     ``ev``: the events with ``fid``, ``rank``, ``is_mark``, ``kind``, ``device``, ``tid``, ``name``, ``start_ns``,
     ``dur_ns``, ``corr``. Files of one rank whose time ranges overlap cannot both be its
     timeline: the one with fewer events is dropped here (the same rule as for files loaded one
-    by one); ``on_drop(sql_ids)`` removes its rows.
+    by one); ``on_drop(sql_ids)`` removes its rows. ``counts``: the events of each file kept (by id);
+    ``device``: False when the part holds no device event.
     """
     ranks = {f.rank for f in files}
     whole = {r for r in ranks if lctx.units_of_rank(r) == sum(1 for f in files if f.rank == r)}
@@ -1305,11 +1327,11 @@ def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadC
         return set()
     multi = [r for r in whole if sum(1 for f in files if f.rank == r) > 1]
     if multi:
-        spans = cur.execute(
-            f"""SELECT f.fid, f.rank, f.path, min(t.start_ns), max(t.start_ns + t.dur_ns), f.n
+        spans = sorted(((*r, counts.get(r[0], 0)) for r in cur.execute(
+            f"""SELECT f.fid, f.rank, f.path, min(t.start_ns), max(t.start_ns + t.dur_ns)
             FROM {ev} t JOIN {kf} f USING (fid) WHERE f.rank IN ({", ".join(map(str, multi))})
-            GROUP BY ALL ORDER BY f.rank, f.n DESC, f.fid"""
-        ).fetchall()
+            GROUP BY ALL"""
+        ).fetchall()), key=lambda r: (r[1], -r[5], r[0]))
         dropped = [d[0] for d in overlapping_files(spans, lctx.warn, lctx.clashes)]
         if dropped:
             ids = ", ".join(map(str, dropped))
@@ -1321,7 +1343,7 @@ def _steps_from_part(cur: Any, ev: str, kf: str, files: list[_File], lctx: LoadC
     src = (f"(SELECT rank, is_mark, device, tid, CASE WHEN is_mark THEN name END AS name, start_ns, dur_ns, corr "
            f"FROM {ev} WHERE rank IN ({', '.join(map(str, sorted(whole)))}))")
     with lctx.steps_lock:
-        build_steps(cur, src, lctx.warn, detail=ev)
+        build_steps(cur, src, lctx.warn, detail=ev, device=device)
     return whole
 
 

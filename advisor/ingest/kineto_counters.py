@@ -61,7 +61,7 @@ def insert_counters(cur: Any, part: str, files: list[tuple[int, int, Path]]) -> 
     rank, name, pid, start_ns, x_extra); ``files``: (file id, rank, path) of the files kept.
     Files whose counters lost their arguments in the scan (read as a typed STRUCT) are read once
     more for their counter events only."""
-    from advisor.schema import insert_rows
+    from advisor.ingest.base import insert_columns
 
     keep = {fid: (rank, path) for fid, rank, path in files}
     got = cur.execute(
@@ -90,7 +90,7 @@ def insert_counters(cur: Any, part: str, files: list[tuple[int, int, Path]]) -> 
         rank, path = keep[fid]
         rows.extend(_rescan(cur, rank, path, first_ns))
     if rows:
-        insert_rows(cur, "hw_metrics", rows)
+        insert_columns(cur, "hw_metrics", rows)
 
 
 def _us_ns(us: float) -> int:

@@ -101,7 +101,8 @@ def windows_sql(marks: str, src: str | None, *, inferred: bool = False) -> str:
         FROM _e"""
 
 
-def build_steps(con: Any, src: str, warn: Callable[..., None], detail: str | None = None) -> None:
+def build_steps(con: Any, src: str, warn: Callable[..., None], detail: str | None = None, *,
+                device: bool = True) -> None:
     """Insert the step windows of the ranks in ``src`` that have none yet.
 
     ``src`` is a relation (table name or ``(SELECT ...)``) with the columns ``rank``,
@@ -110,6 +111,7 @@ def build_steps(con: Any, src: str, warn: Callable[..., None], detail: str | Non
     steps can be assigned while the events are inserted (no second pass over them).
     ``detail``: the same events with ``kind`` and every event's ``name`` (``src`` when None),
     read to infer the steps of a rank without markers (:mod:`advisor.ingest.step_inference`).
+    ``device``: False when ``src`` holds no device event (no launch links to follow).
     """
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE _marks AS
@@ -119,15 +121,24 @@ def build_steps(con: Any, src: str, warn: Callable[..., None], detail: str | Non
         WHERE is_mark AND NOT device AND rank NOT IN (SELECT DISTINCT rank FROM steps)
         GROUP BY ALL HAVING step IS NOT NULL"""
     )
-    dups = con.execute("SELECT rank, step, n FROM _marks WHERE n > 1 ORDER BY rank, step LIMIT 5").fetchall()
-    for rank, step, n in dups:
+    # in one statement: the steps marked more than once (the first five), whether any step is
+    # marked, and the ranks without steps once the marked ones are inserted (each marked step
+    # gives one ``steps`` row: the ranks of ``src`` neither in ``steps`` nor in ``_marks``)
+    rows = con.execute(
+        f"""SELECT 0 AS k, rank, step, n FROM (SELECT rank, step, n FROM _marks WHERE n > 1 ORDER BY rank, step LIMIT 5)
+        UNION ALL SELECT 1, NULL, NULL, count(*) FROM _marks
+        UNION ALL SELECT 2, rank, NULL, NULL FROM (
+            SELECT DISTINCT rank FROM {src}
+            WHERE rank NOT IN (SELECT DISTINCT rank FROM steps) AND rank NOT IN (SELECT rank FROM _marks))
+        ORDER BY k, rank, step"""
+    ).fetchall()
+    for _k, rank, step, n in (r for r in rows if r[0] == 0):
         warn("duplicate_step", f"rank {rank}: step {step} is marked {n} times (duplicated events or files); merged")
-    marked = "(SELECT rank, step, host_start_ns, host_end_ns FROM _marks)"
-    con.execute(f"INSERT INTO steps {windows_sql(marked, src)}")
+    if any(r[0] == 1 and r[3] for r in rows):
+        marked = "(SELECT rank, step, host_start_ns, host_end_ns FROM _marks)"
+        con.execute(f"INSERT INTO steps {windows_sql(marked, src if device else None)}")
     con.execute("DROP TABLE _marks")
-    no_marks = [r[0] for r in con.execute(
-        f"SELECT DISTINCT rank FROM {src} WHERE rank NOT IN (SELECT DISTINCT rank FROM steps) ORDER BY rank"
-    ).fetchall()]
+    no_marks = [r[1] for r in rows if r[0] == 2]
     if no_marks:
         no_marks = _infer_steps(con, src, detail or src, no_marks, warn)
     for rank, reason in no_marks:
@@ -220,19 +231,19 @@ def window_lookup(con: Any, name: str, ranks: str | None = None, *, host: bool =
     """
     where = f"WHERE rank IN ({ranks})" if ranks is not None else ""
     bounds = "host_start_ns AS start_ns, greatest(host_end_ns, end_ns) AS end_ns" if host else "start_ns, end_ns"
-    con.execute(
-        f"""CREATE OR REPLACE TEMP TABLE {name}_w AS
+    # the windows clipped at the next one's start (a CTE each statement computes again: the
+    # windows are few, a table of them cost two statements more)
+    clipped = f"""WITH w AS (
         SELECT rank, step, start_ns,
                least(end_ns, coalesce(lead(start_ns) OVER (PARTITION BY rank ORDER BY start_ns, step), end_ns)) AS end_ns
-        FROM (SELECT rank, step, {bounds} FROM steps {where})"""
-    )
+        FROM (SELECT rank, step, {bounds} FROM steps {where}))"""
     # the width gives each rank ~4 buckets per window (+64) over its own span: the lookup holds
     # ~5 rows per window whatever the number of ranks (a width from the windows of all ranks
     # over the span of one listed every rank's windows under R times too many buckets: 1,024
     # ranks, 0.7 GB). A rank whose span is far longer than the others' (a garbage window) takes
     # more of the buckets and leaves the others wider ones: slower, never wrong.
     origin, end, width, wide = con.execute(
-        f"""WITH r AS (SELECT rank, min(start_ns) AS s, max(end_ns) AS e, count(*) AS n FROM {name}_w GROUP BY rank)
+        f"""{clipped}, r AS (SELECT rank, min(start_ns) AS s, max(end_ns) AS e, count(*) AS n FROM w GROUP BY rank)
             SELECT coalesce(min(s), 0), coalesce(max(e), 0),
                    coalesce(greatest(1, sum(e::HUGEINT - s) // (4 * sum(n) + 64 * count(*))), 1)::BIGINT,
                    coalesce(max(e)::HUGEINT - min(s) >= {1 << 62}, false)
@@ -246,12 +257,11 @@ def window_lookup(con: Any, name: str, ranks: str | None = None, *, host: bool =
         return f"(({x})::HUGEINT - {origin}) // {width}" if wide else f"({x} - {origin}) // {width}"
 
     con.execute(
-        f"""CREATE OR REPLACE TEMP TABLE {name} AS
+        f"""CREATE OR REPLACE TEMP TABLE {name} AS {clipped}
         SELECT rank, unnest(range(({bucket("start_ns")})::BIGINT, ({bucket("end_ns - 1")})::BIGINT + 1)) AS bucket,
                step, start_ns, end_ns
-        FROM {name}_w WHERE end_ns > start_ns"""
+        FROM w WHERE end_ns > start_ns"""
     )
-    con.execute(f"DROP TABLE {name}_w")
     # an event outside every window has no bucket (its distance to the origin may not fit a BIGINT)
     a = alias
     match = (f"{a}.rank = t.rank AND {a}.bucket = CASE WHEN t.start_ns >= {origin} AND t.start_ns < {end} "
@@ -275,18 +285,23 @@ def finalize(con: Any, warn: Callable[..., None], assigned: set[int] | frozenset
     ``assigned``: ranks whose events already carry their step (a reader assigned it on insert);
     when every rank is in it, ``events`` is not rewritten.
     """
-    ranks = {r[0] for r in con.execute("SELECT DISTINCT rank FROM events").fetchall()}
-    have = {r[0] for r in con.execute("SELECT DISTINCT rank FROM steps").fetchall()}
+    # the ranks of events and of steps, and whether kernels / comm_ops have rows without a step
+    ranks, have, *unset = con.execute(
+        """SELECT (SELECT list(DISTINCT rank) FROM events), (SELECT list(DISTINCT rank) FROM steps),
+                  EXISTS (SELECT 1 FROM kernels WHERE step IS NULL), EXISTS (SELECT 1 FROM comm_ops WHERE step IS NULL)"""
+    ).fetchall()[0]
+    ranks, have = set(ranks or ()), set(have or ())
     if ranks - have:
         build_steps(con, "(SELECT rank, kind = 'step' AS is_mark, kind, device, tid, name, start_ns, dur_ns, corr, bytes "
                     "FROM events)", warn)
     if ranks - set(assigned):
         _assign(con)
-    for table in ("kernels", "comm_ops"):
-        con.execute(
-            f"""UPDATE {table} t SET step = s.step FROM steps s
-            WHERE t.step IS NULL AND t.rank = s.rank AND t.start_ns >= s.start_ns AND t.start_ns < s.end_ns"""
-        )
+    for table, todo in zip(("kernels", "comm_ops"), unset, strict=True):
+        if todo:
+            con.execute(
+                f"""UPDATE {table} t SET step = s.step FROM steps s
+                WHERE t.step IS NULL AND t.rank = s.rank AND t.start_ns >= s.start_ns AND t.start_ns < s.end_ns"""
+            )
     from advisor.ingest.window import review
 
     review(con, warn)

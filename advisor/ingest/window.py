@@ -180,6 +180,7 @@ def _candidates(con: Any) -> pd.DataFrame:
 
 
 def _first_runtime(con: Any) -> dict[int, tuple[str, int, int]]:
+    """Each rank's first runtime call: (name, start, duration)."""
     rows = con.execute(
         """SELECT rank, arg_min(name, start_ns), min(start_ns), arg_min(dur_ns, start_ns)
         FROM events WHERE NOT device AND kind = 'runtime' AND start_ns IS NOT NULL GROUP BY rank"""
@@ -191,21 +192,31 @@ def _later_names(con: Any, after: dict[int, int]) -> set[tuple[int, str]]:
     """(rank, name) of runtime calls starting at or after ``after[rank]``."""
     if not after:
         return set()
-    con.execute("CREATE OR REPLACE TEMP TABLE _win_after (rank INTEGER, t BIGINT)")
-    con.executemany("INSERT INTO _win_after VALUES (?, ?)", sorted(after.items()))
+    ranks, times = zip(*sorted(after.items()), strict=True)
     rows = con.execute(
-        """SELECT DISTINCT e.rank, e.name FROM events e JOIN _win_after a ON e.rank = a.rank
-        WHERE NOT e.device AND e.kind = 'runtime' AND e.start_ns >= a.t"""
+        """SELECT DISTINCT e.rank, e.name FROM events e
+        JOIN (SELECT unnest($ranks::INTEGER[]) AS rank, unnest($times::BIGINT[]) AS t) a ON e.rank = a.rank
+        WHERE NOT e.device AND e.kind = 'runtime' AND e.start_ns >= a.t""",
+        {"ranks": list(ranks), "times": list(times)},
     ).fetchall()
-    con.execute("DROP TABLE _win_after")
     return {(int(r), str(n)) for r, n in rows}
 
 
-def find(con: Any) -> dict[int, RankWindow]:
-    """The one-time work and capture phase of every rank (see the module doc); steps untouched."""
-    steps = con.execute("SELECT rank, step, start_ns, end_ns FROM steps ORDER BY rank, start_ns, step").df()
+def find(con: Any, steps: pd.DataFrame | None = None,
+         first: dict[int, tuple[str, int, int]] | None = None) -> dict[int, RankWindow]:
+    """The one-time work and capture phase of every rank (see the module doc); steps untouched.
+    ``steps``: the ``steps`` rows (rank, step, start_ns, end_ns ...) in (rank, start_ns, step)
+    order, and ``first``: :func:`_first_runtime`, when read already."""
+    if steps is None:
+        steps = con.execute("SELECT rank, step, start_ns, end_ns FROM steps ORDER BY rank, start_ns, step").df()
+    return _find(con, steps, first)
+
+
+def _find(con: Any, steps: Any, first: dict[int, tuple[str, int, int]] | None) -> dict[int, RankWindow]:
+    """:func:`find` once the steps are read."""
     cand = _candidates(con)
-    first = _first_runtime(con)
+    if first is None:
+        first = _first_runtime(con)
     fams, _ = declared()
     capture_rx = re.compile(_regex([p for f in fams if f.capture for p in f.prefixes]))
     n_steps_of = {int(r): int(n) for r, n in steps[steps["step"] != NO_STEP].groupby("rank").size().items()}
@@ -300,7 +311,13 @@ def _left_out(steps: pd.DataFrame, win: RankWindow | None) -> dict[int, str]:
 def device_gaps(con: Any) -> list[tuple[Any, ...]]:
     """``window_phases`` rows (kind in :data:`DEVICE_GAP_KINDS`, the reason in ``names``) of the
     ranks whose device activity is absent or not modelled, at most one per rank."""
+    return _gaps_and_first_runtime(con)[0]
+
+
+def _gaps_and_first_runtime(con: Any) -> tuple[list[tuple[Any, ...]], dict[int, tuple[str, int, int]]]:
+    """:func:`device_gaps` and :func:`_first_runtime`, from one pass over the events."""
     cats = ", ".join(f"'{c}'" for c in UNMODELLED_DEVICE_CATS)
+    runtime = "NOT device AND kind = 'runtime' AND start_ns IS NOT NULL"
     rows = con.execute(
         f"""SELECT rank,
                count(*) FILTER (WHERE device AND kind IN ('kernel', 'comm', 'memcpy', 'memset')) AS dev,
@@ -308,10 +325,13 @@ def device_gaps(con: Any) -> list[tuple[Any, ...]]:
                count(*) FILTER (WHERE lower(cat) = 'cuda_profiler_range') AS ranges,
                count(*) FILTER (WHERE NOT device AND kind IN ('runtime', 'sync')
                                 AND regexp_matches(name, $launch)) AS launches,
-               min(start_ns) AS a, max(start_ns + dur_ns) AS b
+               min(start_ns) AS a, max(start_ns + dur_ns) AS b,
+               arg_min(name, start_ns) FILTER (WHERE {runtime}), min(start_ns) FILTER (WHERE {runtime}),
+               arg_min(dur_ns, start_ns) FILTER (WHERE {runtime})
         FROM events GROUP BY rank ORDER BY rank""", {"launch": LAUNCH_RE}).fetchall()
+    first = {int(r[0]): (str(r[7]), int(r[8]), int(r[9])) for r in rows if r[8] is not None}
     out: list[tuple[Any, ...]] = []
-    for rank, dev, unmodelled, ranges, launches, a, b in rows:
+    for rank, dev, unmodelled, ranges, launches, a, b, *_first in rows:
         if unmodelled:
             kind, n = "device_unmodelled", int(unmodelled)
             why = (f"the trace's device activity is an accelerator's own event category "
@@ -334,13 +354,13 @@ def device_gaps(con: Any) -> list[tuple[Any, ...]]:
             continue
         a, b = int(a or 0), int(b or 0)
         out.append((int(rank), kind, None, a, b, max(b - a, 0), n, why, False))
-    return out
+    return out, first
 
 
 def review(con: Any, warn: Callable[..., None]) -> None:
     """Leave one-time phases and stub steps out of every rank's steps; record them in
     ``window_phases`` and say so in warnings. Runs once the steps and the events' steps are set."""
-    gaps = device_gaps(con)
+    gaps, first = _gaps_and_first_runtime(con)
     if gaps:
         con.executemany("INSERT INTO window_phases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", gaps)
         by_kind: dict[str, list[tuple[int, str]]] = {}
@@ -358,7 +378,7 @@ def review(con: Any, warn: Callable[..., None]) -> None:
         ) n USING (rank, step) ORDER BY s.rank, s.start_ns, s.step""").df()
     if steps.empty:
         return
-    found = find(con)
+    found = find(con, steps, first)
     phases: list[tuple[Any, ...]] = []
     drops: list[tuple[int, int]] = []
     trims: list[tuple[int, int]] = []
