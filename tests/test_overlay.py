@@ -122,25 +122,16 @@ def test_overlay_suffix_names_the_format() -> None:
     assert format_of(Path("overlay.json")) == "json"
 
 
-class _Cur:
-    """A cursor over a rank whose files count ts from 5 µs, with ``n`` steps of 10 µs."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.sql = n, ""
-
-    def execute(self, sql: str, params: Any) -> _Cur:
-        self.sql = sql
-        return self
-
-    def fetchall(self) -> list[tuple[Any, ...]]:
-        if "meta" in self.sql:
-            return [("5000",)]
-        return [(i, 5000 + 10_000 * i, 15_000 + 10_000 * i) for i in range(self.n)]
-
-
 class _Ctx:
+    """A context over a rank whose files count ts from 5 µs, with ``n`` steps of 10 µs."""
+
     def __init__(self, n: int) -> None:
-        self.con = type("Con", (), {"cursor": lambda _self: _Cur(n)})()
+        self.n = n
+
+    def query(self, sql: str, params: Any = None) -> list[dict[str, Any]]:
+        if "meta" in sql:
+            return [{"value": "5000"}]
+        return [{"step": i, "start_ns": 5000 + 10_000 * i, "end_ns": 15_000 + 10_000 * i} for i in range(self.n)]
 
 
 def test_trace_times_undo_the_base_and_keep_the_steps_near_the_focus() -> None:
